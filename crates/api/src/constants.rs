@@ -1,0 +1,163 @@
+//! Well-known labels, annotations, finalizers, taints, condition types and placeholders, with
+//! the exact strings the Go machine-controller-manager uses.
+
+/// Labels put on machine objects and Nodes.
+pub mod labels {
+    /// Label on a Machine naming its Node.
+    pub const NODE: &str = "node";
+    /// Label on Machines/MachineSets naming the MachineDeployment they belong to.
+    pub const NAME: &str = "name";
+    /// Label (and selector key) distinguishing the MachineSets of one MachineDeployment by
+    /// template hash.
+    pub const MACHINE_TEMPLATE_HASH: &str = "machine-template-hash";
+    /// Label on a Machine (value `"True"`) that makes its drain and deletion forceful.
+    pub const FORCE_DELETION: &str = "force-deletion";
+    /// Label on a MachineSet/MachineDeployment (value `"True"`) set by the safety controller
+    /// when it is frozen.
+    pub const FREEZE: &str = "freeze";
+    /// Value of [`FREEZE`] and [`FORCE_DELETION`] when set.
+    pub const TRUE_VALUE: &str = "True";
+    /// Label on a Node naming the Machine backing it.
+    pub const NODE_MACHINE_NAME: &str = "node.gardener.cloud/machine-name";
+    /// Label on a MachineSet disabling its scale-up.
+    pub const MACHINE_SET_SCALE_UP_DISABLED: &str = "node.machine.sapcloud.io/scale-up-disabled";
+    /// Label on a Node (value `"true"`) selecting it for a manual in-place update.
+    pub const SELECTED_FOR_UPDATE: &str = "node.machine.sapcloud.io/selected-for-update";
+}
+
+/// Annotations read or written by the controllers.
+pub mod annotations {
+    /// Deletion priority of a Machine (`"1"`..`"3"`, default 3); lower is deleted first, `"1"`
+    /// means the machine was triggered for deletion.
+    pub const MACHINE_PRIORITY: &str = "machinepriority.machine.sapcloud.io";
+    /// Node annotation: the Node is not managed by the machine-controller-manager.
+    pub const NOT_MANAGED_BY_MCM: &str = "node.machine.sapcloud.io/not-managed-by-mcm";
+    /// MachineDeployment annotation set by the cluster-autoscaler: machines to delete, as
+    /// `name~time` pairs separated by commas.
+    pub const TRIGGER_DELETION_BY_MCM: &str = "node.machine.sapcloud.io/trigger-deletion-by-mcm";
+    /// Node annotation holding the annotations, labels and taints last applied from the
+    /// node template (JSON), so removed entries can be removed from the Node.
+    pub const LAST_APPLIED_ANNO_LABELS_TAINTS: &str =
+        "node.machine.sapcloud.io/last-applied-anno-labels-taints";
+    /// Node annotation holding the virtual capacity last applied from the MachineClass (JSON).
+    pub const LAST_APPLIED_VIRTUAL_CAPACITY: &str =
+        "node.machine.sapcloud.io/last-applied-virtual-capacity";
+    /// Machine annotation: when the machine was marked for deletion.
+    pub const MARKED_FOR_DELETION_TIME: &str = "machine.sapcloud.io/marked-for-deletion-time";
+    /// MachineDeployment annotation: when a scaler last changed the replicas.
+    pub const LAST_DEPLOYMENT_REPLICA_CHANGE_BY_SCALER_TIME: &str =
+        "machine.sapcloud.io/last-deployment-replica-change-by-scaler-time";
+    /// Node annotation telling the cluster-autoscaler not to scale the Node down.
+    pub const CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED: &str =
+        "cluster-autoscaler.kubernetes.io/scale-down-disabled";
+    /// Node annotation recording that [`CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED`] was set by
+    /// the machine-controller-manager (so only it removes it again).
+    pub const CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED_BY_MCM: &str =
+        "cluster-autoscaler.kubernetes.io/scale-down-disabled-by-mcm";
+    /// Value of both cluster-autoscaler annotations when set.
+    pub const CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED_VALUE: &str = "true";
+    /// Revision of a MachineDeployment / MachineSet (Deployment semantics).
+    pub const REVISION: &str = "deployment.kubernetes.io/revision";
+    /// Comma-separated former revisions of a MachineSet.
+    pub const REVISION_HISTORY: &str = "deployment.kubernetes.io/revision-history";
+    /// Desired replicas of the MachineDeployment, recorded on its MachineSets.
+    pub const DESIRED_REPLICAS: &str = "deployment.kubernetes.io/desired-replicas";
+    /// Maximum replicas (desired + surge) of the MachineDeployment, recorded on MachineSets.
+    pub const MAX_REPLICAS: &str = "deployment.kubernetes.io/max-replicas";
+    /// Deprecated rollback request annotation.
+    pub const DEPRECATED_ROLLBACK_TO: &str = "deprecated.deployment.rollback.to";
+    /// Annotation asking the safety controller to unfreeze a MachineSet/MachineDeployment.
+    pub const UNFREEZE: &str = "safety.machine.sapcloud.io/unfreeze";
+    /// Machine/Node annotation requesting preservation (values in [`preserve_values`]).
+    pub const PRESERVE: &str = "node.machine.sapcloud.io/preserve";
+    /// Node annotation holding the preserve value last applied by the controller.
+    pub const LAST_APPLIED_NODE_PRESERVE_VALUE: &str =
+        "node.machine.sapcloud.io/last-applied-node-preserve-value";
+
+    /// Values of the [`PRESERVE`] annotation.
+    pub mod preserve_values {
+        /// Preserve now, whatever the phase.
+        pub const NOW: &str = "now";
+        /// Preserve if and when the machine fails.
+        pub const WHEN_FAILED: &str = "when-failed";
+        /// Set by the controllers on failed machines they preserve automatically.
+        pub const AUTO_PRESERVED: &str = "auto-preserved";
+        /// Never preserve automatically; stops an ongoing preservation.
+        pub const FALSE: &str = "false";
+    }
+}
+
+/// Finalizers.
+pub mod finalizers {
+    /// Finalizer of the machine-controller-manager on machine objects and MachineClasses.
+    pub const MACHINE_CONTROLLER_MANAGER: &str = "machine.sapcloud.io/machine-controller-manager";
+    /// Finalizer of the machine controller (e.g. on Secrets referenced by MachineClasses).
+    pub const MACHINE_CONTROLLER: &str = "machine.sapcloud.io/machine-controller";
+}
+
+/// Node taints.
+pub mod taints {
+    /// `PreferNoSchedule` taint put on the Nodes of old MachineSets during a rolling update.
+    pub const PREFER_NO_SCHEDULE: &str = "deployment.machine.sapcloud.io/prefer-no-schedule";
+    /// Kubernetes' cordon taint (`NoSchedule`), added together with `spec.unschedulable`.
+    pub const UNSCHEDULABLE: &str = "node.kubernetes.io/unschedulable";
+    /// Gardener taint: critical components of the Node are not ready yet.
+    pub const CRITICAL_COMPONENTS_NOT_READY: &str =
+        "node.gardener.cloud/critical-components-not-ready";
+    /// Taint cordoning the Node of a preserved failed machine.
+    pub const NODE_PRESERVED: &str = "node.machine.sapcloud.io/preserved";
+}
+
+/// Node condition types and reasons used by the controllers.
+pub mod node_conditions {
+    /// Condition set on a Node while its machine is being deleted.
+    pub const TERMINATING: &str = "Terminating";
+    /// Reason of [`TERMINATING`] when an unhealthy machine is replaced.
+    pub const REASON_UNHEALTHY: &str = "Unhealthy";
+    /// Reason of [`TERMINATING`] when a healthy machine is scaled down.
+    pub const REASON_SCALE_DOWN: &str = "ScaleDown";
+    /// Kernel deadlock detected (node-problem-detector).
+    pub const KERNEL_DEADLOCK: &str = "KernelDeadlock";
+    /// Read-only root filesystem detected (node-problem-detector).
+    pub const READONLY_FILESYSTEM: &str = "ReadonlyFilesystem";
+    /// Kubelet reports disk pressure.
+    pub const DISK_PRESSURE: &str = "DiskPressure";
+    /// The Node's network is not configured.
+    pub const NETWORK_UNAVAILABLE: &str = "NetworkUnavailable";
+    /// The kubelet's readiness condition.
+    pub const READY: &str = "Ready";
+    /// Condition tracking an in-place update of the Node.
+    pub const IN_PLACE_UPDATE: &str = "InPlaceUpdate";
+    /// Condition showing that the Node is preserved.
+    pub const NODE_PRESERVED: &str = "NodePreserved";
+    /// The default of `--node-conditions`: types that make a machine unhealthy when `True`.
+    pub const DEFAULT_UNHEALTHY: &[&str] = &[
+        KERNEL_DEADLOCK,
+        READONLY_FILESYSTEM,
+        DISK_PRESSURE,
+        NETWORK_UNAVAILABLE,
+    ];
+}
+
+/// Placeholders replaced in the MachineClass user data before a VM is created.
+pub mod placeholders {
+    /// Replaced by the bootstrap token created for the machine.
+    pub const BOOTSTRAP_TOKEN: &str = "<<BOOTSTRAP_TOKEN>>";
+    /// Replaced by the machine's name.
+    pub const MACHINE_NAME: &str = "<<MACHINE_NAME>>";
+}
+
+/// Reasons with which the safety controller freezes objects.
+pub mod freeze_reasons {
+    /// More machines than desired exist (overshooting).
+    pub const OVERSHOOTING_REPLICA_COUNT: &str = "OverShootingReplicaCount";
+    /// The MachineDeployment was found in an inconsistent state.
+    pub const MACHINE_DEPLOYMENT_STATE_SYNC: &str = "MachineDeploymentStateSync";
+    /// A MachineSet timed out.
+    pub const TIMEOUT_OCCURRED: &str = "MachineSetTimeoutOccurred";
+}
+
+/// Default deletion priority of a machine (value of the machine priority annotation).
+pub const DEFAULT_MACHINE_PRIORITY: &str = "3";
+/// The `kind` a Machine's `spec.class.kind` names for generic machine classes.
+pub const MACHINE_CLASS_KIND: &str = "MachineClass";

@@ -1,0 +1,448 @@
+//! CustomResourceDefinitions of the four kinds, generated from the Rust types.
+//!
+//! The schemas are structural (every node typed, no `$ref`, no `nullable`, no defaults),
+//! int-or-string fields carry `x-kubernetes-int-or-string`, `providerSpec` keeps unknown
+//! fields, and a few CEL rules (`x-kubernetes-validations`) reject specs the controllers could
+//! not act on:
+//! - `spec.replicas` of MachineSets/MachineDeployments must not be negative (`minimum: 0`);
+//! - a rolling update must not have both `maxSurge` and `maxUnavailable` zero;
+//! - `spec.selector.matchLabels` must match `spec.template.metadata.labels`.
+//!
+//! To keep the estimated CEL cost of the selector rule bounded, label values in
+//! `spec.selector.matchLabels` and `spec.template.metadata.labels` are limited to 63
+//! characters (the Kubernetes limit for label values, which the API server enforces on the
+//! created Machines anyway) and `matchLabels` to 64 entries.
+
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use serde_json::{Map, Value, json};
+
+use crate::{
+    GROUP, Machine, MachineClass, MachineDeployment, MachineSet, VERSION,
+    machine::{MachineSpec, MachineStatus},
+    machine_deployment::{MachineDeploymentSpec, MachineDeploymentStatus},
+    machine_set::{MachineSetSpec, MachineSetStatus},
+    schema::structural_schema_for,
+};
+
+/// Error rendering a CRD.
+#[derive(Debug, thiserror::Error)]
+pub enum CrdError {
+    /// The CRD could not be serialized to YAML.
+    #[error("cannot serialize CRD {name} to YAML")]
+    Yaml {
+        /// Name of the CRD.
+        name: String,
+        /// The serializer's error.
+        #[source]
+        source: serde_saphyr::ser::Error,
+    },
+}
+
+/// CEL rule: a rolling update with both limits zero can never make progress.
+pub const RULE_ROLLING_UPDATE_NOT_BOTH_ZERO: &str = "!(has(self.maxSurge) && has(self.maxUnavailable) && (type(self.maxSurge) == int ? self.maxSurge == 0 : self.maxSurge == '0%') && (type(self.maxUnavailable) == int ? self.maxUnavailable == 0 : self.maxUnavailable == '0%'))";
+/// Message of [`RULE_ROLLING_UPDATE_NOT_BOTH_ZERO`].
+pub const MESSAGE_ROLLING_UPDATE_NOT_BOTH_ZERO: &str =
+    "spec.strategy.rollingUpdate: maxSurge and maxUnavailable must not both be 0";
+/// CEL rule: every `matchLabels` entry must be a label of the template.
+pub const RULE_SELECTOR_MATCHES_TEMPLATE: &str = "!has(self.selector) || !has(self.selector.matchLabels) || size(self.selector.matchLabels) == 0 || (has(self.template) && has(self.template.metadata) && has(self.template.metadata.labels) && self.selector.matchLabels.all(k, k in self.template.metadata.labels && self.template.metadata.labels[k] == self.selector.matchLabels[k]))";
+/// Message of [`RULE_SELECTOR_MATCHES_TEMPLATE`].
+pub const MESSAGE_SELECTOR_MATCHES_TEMPLATE: &str =
+    "spec.selector.matchLabels must match spec.template.metadata.labels";
+
+/// Maximum length of a Kubernetes label value.
+const LABEL_VALUE_MAX_LENGTH: u64 = 63;
+/// Maximum number of `matchLabels` entries accepted by the CRDs.
+const MATCH_LABELS_MAX_PROPERTIES: u64 = 64;
+
+/// The CRDs of all four kinds: Machine, MachineClass, MachineSet, MachineDeployment.
+pub fn all() -> Vec<CustomResourceDefinition> {
+    vec![
+        machine(),
+        machine_class(),
+        machine_set(),
+        machine_deployment(),
+    ]
+}
+
+/// The file name under which a CRD is stored: `machine.sapcloud.io_<plural>.yaml`.
+pub fn file_name(crd: &CustomResourceDefinition) -> String {
+    format!("{}_{}.yaml", crd.spec.group, crd.spec.names.plural)
+}
+
+/// Renders a CRD as YAML.
+pub fn render(crd: &CustomResourceDefinition) -> Result<String, CrdError> {
+    serde_saphyr::to_string(crd).map_err(|source| CrdError::Yaml {
+        name: crd.metadata.name.clone().unwrap_or_default(),
+        source,
+    })
+}
+
+/// The CRD of `Machine`.
+pub fn machine() -> CustomResourceDefinition {
+    let schema = root_schema(
+        "A physical or virtual machine backing one Kubernetes Node.",
+        vec![
+            ("spec", structural_schema_for::<MachineSpec>()),
+            ("status", structural_schema_for::<MachineStatus>()),
+        ],
+    );
+    build(Spec {
+        kind: Machine::KIND,
+        plural: Machine::PLURAL,
+        short_name: "mc",
+        schema,
+        status: true,
+        scale: false,
+        columns: vec![
+            column(
+                "Status",
+                "string",
+                ".status.currentStatus.phase",
+                "Current phase of the machine.",
+                0,
+            ),
+            column(
+                "Age",
+                "date",
+                ".metadata.creationTimestamp",
+                "Time since the machine was created.",
+                0,
+            ),
+            column(
+                "Node",
+                "string",
+                ".metadata.labels.node",
+                "Node backing the machine.",
+                0,
+            ),
+            column(
+                "ProviderID",
+                "string",
+                ".spec.providerID",
+                "ID of the VM at the provider.",
+                1,
+            ),
+        ],
+    })
+}
+
+/// The CRD of `MachineClass`.
+pub fn machine_class() -> CustomResourceDefinition {
+    let mut schema = structural_schema_for::<MachineClass>();
+    set(
+        &mut schema,
+        &["properties", "metadata"],
+        json!({"type": "object"}),
+    );
+    set(&mut schema, &["required"], json!(["providerSpec"]));
+    set(
+        &mut schema,
+        &[
+            "properties",
+            "nodeTemplate",
+            "x-kubernetes-preserve-unknown-fields",
+        ],
+        json!(true),
+    );
+    set(
+        &mut schema,
+        &["properties", "nodeTemplate", "required"],
+        json!(["capacity", "instanceType", "region", "zone"]),
+    );
+    build(Spec {
+        kind: MachineClass::KIND,
+        plural: MachineClass::PLURAL,
+        short_name: "mcc",
+        schema,
+        status: false,
+        scale: false,
+        columns: vec![],
+    })
+}
+
+/// The CRD of `MachineSet`.
+pub fn machine_set() -> CustomResourceDefinition {
+    let mut spec = structural_schema_for::<MachineSetSpec>();
+    replicated_spec_rules(&mut spec);
+    let schema = root_schema(
+        "Keeps a number of identical Machines running.",
+        vec![
+            ("spec", spec),
+            ("status", structural_schema_for::<MachineSetStatus>()),
+        ],
+    );
+    build(Spec {
+        kind: MachineSet::KIND,
+        plural: MachineSet::PLURAL,
+        short_name: "mcs",
+        schema,
+        status: true,
+        scale: true,
+        columns: vec![
+            column(
+                "Desired",
+                "integer",
+                ".spec.replicas",
+                "Number of desired machines.",
+                0,
+            ),
+            column(
+                "Current",
+                "integer",
+                ".status.replicas",
+                "Number of actual machines.",
+                0,
+            ),
+            column(
+                "Ready",
+                "integer",
+                ".status.readyReplicas",
+                "Number of ready machines.",
+                0,
+            ),
+            column(
+                "Available",
+                "integer",
+                ".status.availableReplicas",
+                "Number of available machines.",
+                0,
+            ),
+            column(
+                "Age",
+                "date",
+                ".metadata.creationTimestamp",
+                "Time since the machine set was created.",
+                0,
+            ),
+        ],
+    })
+}
+
+/// The CRD of `MachineDeployment`.
+pub fn machine_deployment() -> CustomResourceDefinition {
+    let mut spec = structural_schema_for::<MachineDeploymentSpec>();
+    replicated_spec_rules(&mut spec);
+    set(&mut spec, &["required"], json!(["template"]));
+    set(
+        &mut spec,
+        &[
+            "properties",
+            "strategy",
+            "properties",
+            "rollingUpdate",
+            "x-kubernetes-validations",
+        ],
+        json!([{
+            "rule": RULE_ROLLING_UPDATE_NOT_BOTH_ZERO,
+            "message": MESSAGE_ROLLING_UPDATE_NOT_BOTH_ZERO,
+        }]),
+    );
+    let schema = root_schema(
+        "Declarative updates of Machines through MachineSets.",
+        vec![
+            ("spec", spec),
+            ("status", structural_schema_for::<MachineDeploymentStatus>()),
+        ],
+    );
+    build(Spec {
+        kind: MachineDeployment::KIND,
+        plural: MachineDeployment::PLURAL,
+        short_name: "mcd",
+        schema,
+        status: true,
+        scale: true,
+        columns: vec![
+            column(
+                "Desired",
+                "integer",
+                ".spec.replicas",
+                "Number of desired machines.",
+                0,
+            ),
+            column(
+                "Current",
+                "integer",
+                ".status.replicas",
+                "Number of non-terminated machines.",
+                0,
+            ),
+            column(
+                "Ready",
+                "integer",
+                ".status.readyReplicas",
+                "Number of ready machines.",
+                0,
+            ),
+            column(
+                "Up-to-date",
+                "integer",
+                ".status.updatedReplicas",
+                "Number of machines with the current template.",
+                0,
+            ),
+            column(
+                "Available",
+                "integer",
+                ".status.availableReplicas",
+                "Number of available machines.",
+                0,
+            ),
+            column(
+                "Age",
+                "date",
+                ".metadata.creationTimestamp",
+                "Time since the machine deployment was created.",
+                0,
+            ),
+        ],
+    })
+}
+
+/// Validation shared by MachineSet and MachineDeployment specs.
+fn replicated_spec_rules(spec: &mut Value) {
+    set(spec, &["properties", "replicas", "minimum"], json!(0));
+    set(
+        spec,
+        &[
+            "properties",
+            "selector",
+            "properties",
+            "matchLabels",
+            "maxProperties",
+        ],
+        json!(MATCH_LABELS_MAX_PROPERTIES),
+    );
+    set(
+        spec,
+        &[
+            "properties",
+            "selector",
+            "properties",
+            "matchLabels",
+            "additionalProperties",
+            "maxLength",
+        ],
+        json!(LABEL_VALUE_MAX_LENGTH),
+    );
+    set(
+        spec,
+        &[
+            "properties",
+            "template",
+            "properties",
+            "metadata",
+            "properties",
+            "labels",
+            "additionalProperties",
+            "maxLength",
+        ],
+        json!(LABEL_VALUE_MAX_LENGTH),
+    );
+    set(
+        spec,
+        &["x-kubernetes-validations"],
+        json!([{
+            "rule": RULE_SELECTOR_MATCHES_TEMPLATE,
+            "message": MESSAGE_SELECTOR_MATCHES_TEMPLATE,
+        }]),
+    );
+}
+
+struct Spec {
+    kind: &'static str,
+    plural: &'static str,
+    short_name: &'static str,
+    schema: Value,
+    status: bool,
+    scale: bool,
+    columns: Vec<Value>,
+}
+
+fn column(name: &str, ty: &str, path: &str, description: &str, priority: i32) -> Value {
+    let mut c = json!({"name": name, "type": ty, "jsonPath": path, "description": description});
+    if priority != 0 {
+        set(&mut c, &["priority"], json!(priority));
+    }
+    c
+}
+
+/// The top-level object schema: `apiVersion`, `kind`, `metadata` plus `props`.
+fn root_schema(description: &str, props: Vec<(&str, Value)>) -> Value {
+    let mut properties = Map::new();
+    properties.insert(
+        "apiVersion".into(),
+        json!({"type": "string", "description": "Versioned schema of this object."}),
+    );
+    properties.insert(
+        "kind".into(),
+        json!({"type": "string", "description": "REST resource this object represents."}),
+    );
+    properties.insert("metadata".into(), json!({"type": "object"}));
+    for (name, schema) in props {
+        properties.insert(name.into(), schema);
+    }
+    json!({"type": "object", "description": description, "properties": properties})
+}
+
+/// Sets `value` at `path` inside `target`, creating objects on the way.
+fn set(target: &mut Value, path: &[&str], value: Value) {
+    let mut cur = target;
+    for key in path {
+        if !cur.is_object() {
+            *cur = Value::Object(Map::new());
+        }
+        let Value::Object(map) = cur else { return };
+        cur = map.entry(*key).or_insert(Value::Null);
+    }
+    *cur = value;
+}
+
+fn build(spec: Spec) -> CustomResourceDefinition {
+    let singular = spec.kind.to_lowercase();
+    let mut subresources = Map::new();
+    if spec.status {
+        subresources.insert("status".into(), json!({}));
+    }
+    if spec.scale {
+        subresources.insert(
+            "scale".into(),
+            json!({"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas"}),
+        );
+    }
+    let mut version = json!({
+        "name": VERSION,
+        "served": true,
+        "storage": true,
+        "schema": {"openAPIV3Schema": spec.schema},
+    });
+    if !subresources.is_empty() {
+        set(&mut version, &["subresources"], Value::Object(subresources));
+    }
+    if !spec.columns.is_empty() {
+        set(
+            &mut version,
+            &["additionalPrinterColumns"],
+            Value::Array(spec.columns),
+        );
+    }
+    let crd = json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": format!("{}.{GROUP}", spec.plural)},
+        "spec": {
+            "group": GROUP,
+            "names": {
+                "kind": spec.kind,
+                "listKind": format!("{}List", spec.kind),
+                "plural": spec.plural,
+                "singular": singular,
+                "shortNames": [spec.short_name],
+            },
+            "scope": "Namespaced",
+            "versions": [version],
+        },
+    });
+    // The JSON above is built from constants and generated schemas only; failing to convert it
+    // is a programming error caught by this crate's tests, not something input can cause.
+    serde_json::from_value(crd).expect("generated CRD JSON matches CustomResourceDefinition")
+}

@@ -1,0 +1,119 @@
+//! JSON-schema generation tuned for structural CRD schemas.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use schemars::{JsonSchema, Schema, SchemaGenerator, generate::SchemaSettings, json_schema};
+use serde_json::Value;
+
+/// Schema of an arbitrary JSON object whose unknown fields the API server keeps.
+pub(crate) fn preserved_object(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
+}
+
+/// Schema of an `ObjectMeta` that also keeps unknown fields (like the Go CRD's node template).
+pub(crate) fn preserved_object_meta(generator: &mut SchemaGenerator) -> Schema {
+    let mut schema = generator.subschema_for::<ObjectMeta>();
+    schema.insert(
+        "x-kubernetes-preserve-unknown-fields".into(),
+        Value::Bool(true),
+    );
+    schema
+}
+
+/// The structural (CRD-ready) schema of `T`: subschemas inlined, no `$ref`, no `nullable`, no
+/// `default`, `Option` wrappers removed.
+pub(crate) fn structural_schema_for<T: JsonSchema>() -> Value {
+    let settings = SchemaSettings::openapi3().with(|s| {
+        s.inline_subschemas = true;
+        s.meta_schema = None;
+    });
+    let mut value = settings
+        .into_generator()
+        .into_root_schema_for::<T>()
+        .to_value();
+    normalize(&mut value);
+    value
+}
+
+/// Whether `v` is a schema that only admits `null`.
+fn is_null_schema(v: &Value) -> bool {
+    let Some(obj) = v.as_object() else {
+        return false;
+    };
+    obj.get("type").and_then(Value::as_str) == Some("null")
+        || obj.get("enum") == Some(&Value::Array(vec![Value::Null]))
+        || obj.get("const") == Some(&Value::Null)
+}
+
+/// Rewrites a schemars schema into the structural subset accepted by `apiextensions.k8s.io/v1`.
+pub(crate) fn normalize(value: &mut Value) {
+    match value {
+        Value::Object(obj) => {
+            for key in ["anyOf", "oneOf"] {
+                let collapsed = match obj.get(key).and_then(Value::as_array) {
+                    Some(variants)
+                        if variants.len() == 2 && variants.iter().any(is_null_schema) =>
+                    {
+                        variants.iter().find(|v| !is_null_schema(v)).cloned()
+                    }
+                    _ => None,
+                };
+                if let Some(Value::Object(inner)) = collapsed {
+                    obj.remove(key);
+                    for (k, v) in inner {
+                        obj.entry(k).or_insert(v);
+                    }
+                }
+            }
+            if let Some(Value::Array(types)) = obj.get("type") {
+                let non_null: Vec<Value> = types
+                    .iter()
+                    .filter(|t| t.as_str() != Some("null"))
+                    .cloned()
+                    .collect();
+                if non_null.len() == 1 {
+                    obj.insert("type".into(), non_null[0].clone());
+                }
+            }
+            for key in [
+                "nullable",
+                "default",
+                "$schema",
+                "title",
+                "examples",
+                "example",
+                "$defs",
+                "definitions",
+                "readOnly",
+                "writeOnly",
+            ] {
+                obj.remove(key);
+            }
+            if obj.get("additionalProperties") == Some(&Value::Bool(false)) {
+                obj.remove("additionalProperties");
+            }
+            if obj.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true)) {
+                obj.remove("type");
+                obj.remove("anyOf");
+            }
+            // Recurse only into subschema positions, never into a `properties` map's keys.
+            if let Some(Value::Object(props)) = obj.get_mut("properties") {
+                props.values_mut().for_each(normalize);
+            }
+            for key in ["items", "additionalProperties", "not"] {
+                if let Some(v) = obj.get_mut(key) {
+                    normalize(v);
+                }
+            }
+            for key in ["anyOf", "oneOf", "allOf"] {
+                if let Some(Value::Array(vs)) = obj.get_mut(key) {
+                    vs.iter_mut().for_each(normalize);
+                }
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(normalize),
+        _ => {}
+    }
+}

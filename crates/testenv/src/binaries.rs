@@ -1,0 +1,142 @@
+//! Where the control-plane binaries come from.
+//!
+//! Two sources, in this order:
+//! 1. `KUBEBUILDER_ASSETS` (the envtest convention): a directory holding `etcd`, `kube-apiserver`,
+//!    and, when asked for, `kube-controller-manager` and `kube-scheduler`.
+//! 2. The cache that `cargo xtask testenv` fills: [`cache_bin_dir`].
+
+use std::path::{Path, PathBuf};
+
+use crate::TestEnvError;
+
+/// The Kubernetes release the tests run against (k8s-openapi feature `v1_36`).
+pub const KUBERNETES_VERSION: &str = "v1.36.3";
+
+/// The etcd release the tests run against.
+pub const ETCD_VERSION: &str = "v3.6.16";
+
+/// The environment variable that names a directory of control-plane binaries.
+pub const ASSETS_ENV: &str = "KUBEBUILDER_ASSETS";
+
+/// One control-plane binary.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Binary {
+    /// `etcd`
+    Etcd,
+    /// `kube-apiserver`
+    KubeApiserver,
+    /// `kube-controller-manager`
+    KubeControllerManager,
+    /// `kube-scheduler`
+    KubeScheduler,
+}
+
+impl Binary {
+    /// Every binary `cargo xtask testenv` provides.
+    pub const ALL: [Binary; 4] = [
+        Binary::Etcd,
+        Binary::KubeApiserver,
+        Binary::KubeControllerManager,
+        Binary::KubeScheduler,
+    ];
+
+    /// The file name of the binary.
+    pub fn file_name(self) -> &'static str {
+        match self {
+            Binary::Etcd => "etcd",
+            Binary::KubeApiserver => "kube-apiserver",
+            Binary::KubeControllerManager => "kube-controller-manager",
+            Binary::KubeScheduler => "kube-scheduler",
+        }
+    }
+}
+
+/// The root of this project's cache: `$XDG_CACHE_HOME/mcm-rs`, else `$HOME/.cache/mcm-rs`.
+pub fn cache_root() -> Result<PathBuf, TestEnvError> {
+    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
+        return Ok(PathBuf::from(dir).join("mcm-rs"));
+    }
+    std::env::var_os("HOME")
+        .filter(|d| !d.is_empty())
+        .map(|home| PathBuf::from(home).join(".cache").join("mcm-rs"))
+        .ok_or(TestEnvError::NoCacheDir)
+}
+
+/// The directory `cargo xtask testenv` installs the binaries of this release set into.
+pub fn cache_bin_dir() -> Result<PathBuf, TestEnvError> {
+    Ok(cache_root()?
+        .join("testenv")
+        .join(format!(
+            "kubernetes-{KUBERNETES_VERSION}-etcd-{ETCD_VERSION}"
+        ))
+        .join("bin"))
+}
+
+/// Finds the directory holding every binary in `needed`.
+///
+/// `KUBEBUILDER_ASSETS` wins when set; a set variable that lacks a binary is an error rather
+/// than a silent fall-back to the cache, so a misconfigured environment is noticed.
+pub fn find_bin_dir(needed: &[Binary]) -> Result<PathBuf, TestEnvError> {
+    if let Some(dir) = std::env::var_os(ASSETS_ENV).filter(|d| !d.is_empty()) {
+        let dir = PathBuf::from(dir);
+        return check_dir(&dir, needed, ASSETS_ENV).map(|()| dir);
+    }
+    let dir = cache_bin_dir()?;
+    check_dir(&dir, needed, "the cargo xtask testenv cache").map(|()| dir)
+}
+
+fn check_dir(dir: &Path, needed: &[Binary], source: &'static str) -> Result<(), TestEnvError> {
+    let missing: Vec<&'static str> = needed
+        .iter()
+        .filter(|b| !is_executable(&dir.join(b.file_name())))
+        .map(|b| b.file_name())
+        .collect();
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(TestEnvError::BinariesMissing {
+            dir: dir.to_path_buf(),
+            source_name: source,
+            missing: missing.join(", "),
+        })
+    }
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path)
+        .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_binaries_are_named_with_the_fix() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("etcd"), b"").unwrap();
+        let err = check_dir(
+            dir.path(),
+            &[Binary::Etcd, Binary::KubeApiserver],
+            "the cargo xtask testenv cache",
+        )
+        .unwrap_err();
+        let msg = err.to_string();
+        assert!(msg.contains("etcd, kube-apiserver"), "{msg}");
+        assert!(msg.contains("cargo xtask testenv"), "{msg}");
+    }
+
+    #[test]
+    fn executable_binaries_are_accepted() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        for b in Binary::ALL {
+            let p = dir.path().join(b.file_name());
+            std::fs::write(&p, b"#!/bin/sh\n").unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        check_dir(dir.path(), &Binary::ALL, "test").unwrap();
+    }
+}

@@ -1,0 +1,65 @@
+//! Project automation: `cargo xtask <command>`.
+
+mod crds;
+mod testenv;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "cargo xtask", about = "mcm-rs project automation")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Write the CRDs generated from mcm-api into deploy/crds (or check they are current).
+    Crds {
+        /// Fail instead of writing when a file differs.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Build the test control plane (etcd, kube-apiserver, kube-controller-manager,
+    /// kube-scheduler) from Go modules into the cache, unless it is there already.
+    Testenv {
+        /// Print `KUBEBUILDER_ASSETS=<dir>` on stdout.
+        #[arg(long)]
+        print_env: bool,
+        /// Rebuild even when the cache is complete.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Run the whole test suite: builds the control plane if needed (unless
+    /// KUBEBUILDER_ASSETS names one), then `cargo test --workspace`.
+    Test {
+        /// Extra arguments passed to `cargo test` (after `--`, e.g. a test name filter).
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().command {
+        Cmd::Crds { check } => crds::run(check),
+        Cmd::Testenv { print_env, force } => testenv::run(print_env, force),
+        Cmd::Test { args } => test(&args),
+    }
+}
+
+fn test(args: &[String]) -> Result<()> {
+    if std::env::var_os(mcm_testenv::binaries::ASSETS_ENV).is_none() {
+        testenv::run(false, false)?;
+    }
+    let status =
+        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .current_dir(crds::workspace_root())
+            .args(["test", "--workspace", "--locked"])
+            .args(args)
+            .status()?;
+    if !status.success() {
+        anyhow::bail!("cargo test failed ({status})");
+    }
+    Ok(())
+}

@@ -1,0 +1,273 @@
+//! `cargo xtask testenv`: builds etcd, kube-apiserver, kube-controller-manager and
+//! kube-scheduler from their Go modules into the cache `mcm-testenv` looks in.
+//!
+//! `k8s.io/kubernetes` pins its staging modules (`k8s.io/api`, `k8s.io/client-go`, ...) at
+//! `v0.0.0` with `replace` directives into its own `staging/` tree, so `go install
+//! k8s.io/kubernetes/cmd/kube-apiserver@v1.x` fails. We generate a small wrapper module that
+//! requires `k8s.io/kubernetes` and re-points each of those replace directives at the published
+//! module of the matching version (`v0.<minor>.<patch>`). etcd's server module does the same with
+//! relative paths (`../api`), which we re-point at the published modules of the same release.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use mcm_testenv::binaries::{self, Binary, ETCD_VERSION, KUBERNETES_VERSION};
+
+/// Runs the command: builds what is missing, then reports where the binaries are.
+pub fn run(print_env: bool, force: bool) -> Result<()> {
+    let bin_dir = binaries::cache_bin_dir()?;
+    let stamp = bin_dir.join(".complete");
+    let complete = stamp.is_file()
+        && Binary::ALL
+            .iter()
+            .all(|b| bin_dir.join(b.file_name()).is_file());
+    if !complete || force {
+        let began = Instant::now();
+        build_all(&bin_dir)?;
+        std::fs::write(&stamp, format!("{KUBERNETES_VERSION} {ETCD_VERSION}\n"))?;
+        eprintln!(
+            "built the control plane ({KUBERNETES_VERSION}, etcd {ETCD_VERSION}) in {:.0?}",
+            began.elapsed()
+        );
+    }
+    if print_env {
+        println!("KUBEBUILDER_ASSETS={}", bin_dir.display());
+    } else {
+        eprintln!("control-plane binaries in {}", bin_dir.display());
+    }
+    Ok(())
+}
+
+fn build_all(bin_dir: &Path) -> Result<()> {
+    let work = bin_dir
+        .parent()
+        .context("the cache bin dir has no parent")?
+        .join("src");
+    std::fs::create_dir_all(bin_dir)?;
+
+    let kube = work.join("kubernetes");
+    let kube_minor_patch = KUBERNETES_VERSION
+        .strip_prefix("v1.")
+        .context("KUBERNETES_VERSION must look like v1.<minor>.<patch>")?;
+    let staging_version = format!("v0.{kube_minor_patch}");
+    wrapper_module(
+        &kube,
+        "mcm-rs.local/testenv-kubernetes",
+        "k8s.io/kubernetes",
+        KUBERNETES_VERSION,
+        &[
+            "k8s.io/kubernetes/cmd/kube-apiserver",
+            "k8s.io/kubernetes/cmd/kube-controller-manager",
+            "k8s.io/kubernetes/cmd/kube-scheduler",
+        ],
+        |_| staging_version.clone(),
+    )?;
+    let mut ldflags = vec!["-s".to_string(), "-w".to_string()];
+    let minor = kube_minor_patch
+        .split('.')
+        .next()
+        .context("no minor version")?;
+    for pkg in [
+        "k8s.io/component-base/version",
+        "k8s.io/client-go/pkg/version",
+    ] {
+        for (var, value) in [
+            ("gitVersion", KUBERNETES_VERSION),
+            ("gitMajor", "1"),
+            ("gitMinor", minor),
+            ("gitTreeState", "clean"),
+            ("buildDate", "1970-01-01T00:00:00Z"),
+        ] {
+            ldflags.push(format!("-X={pkg}.{var}={value}"));
+        }
+    }
+    go_build(
+        &kube,
+        bin_dir,
+        &ldflags.join(" "),
+        &[
+            "k8s.io/kubernetes/cmd/kube-apiserver",
+            "k8s.io/kubernetes/cmd/kube-controller-manager",
+            "k8s.io/kubernetes/cmd/kube-scheduler",
+        ],
+    )?;
+
+    let etcd = work.join("etcd");
+    wrapper_module(
+        &etcd,
+        "mcm-rs.local/testenv-etcd",
+        "go.etcd.io/etcd/server/v3",
+        ETCD_VERSION,
+        &["go.etcd.io/etcd/server/v3"],
+        |_| ETCD_VERSION.to_string(),
+    )?;
+    let tmp_out = etcd.join("out");
+    std::fs::create_dir_all(&tmp_out)?;
+    go_build(&etcd, &tmp_out, "-s -w", &["go.etcd.io/etcd/server/v3"])?;
+    // The main package of the server module is named after its directory ("v3").
+    let built = ["v3", "server", "etcd"]
+        .iter()
+        .map(|n| tmp_out.join(n))
+        .find(|p| p.is_file())
+        .context("go build of go.etcd.io/etcd/server/v3 produced no binary")?;
+    std::fs::rename(&built, bin_dir.join("etcd"))?;
+    Ok(())
+}
+
+/// Writes `dir/go.mod` requiring `module@version`, with the local-path replace directives of
+/// that module's own go.mod re-pointed at published versions, plus a `tools.go` importing
+/// `packages`, then resolves the module graph.
+fn wrapper_module(
+    dir: &Path,
+    name: &str,
+    module: &str,
+    version: &str,
+    packages: &[&str],
+    published_version: impl Fn(&str) -> String,
+) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let upstream_mod = download_go_mod(dir, module, version)?;
+    let replaces = local_replaces(&upstream_mod);
+    if replaces.is_empty() && module == "k8s.io/kubernetes" {
+        bail!("found no staging replace directives in {module}@{version}'s go.mod");
+    }
+    let mut go_mod = format!(
+        "module {name}\n\ngo {}\n\nrequire {module} {version}\n",
+        go_directive(&upstream_mod)
+    );
+    if !replaces.is_empty() {
+        go_mod.push_str("\nreplace (\n");
+        for m in &replaces {
+            go_mod.push_str(&format!("\t{m} => {m} {}\n", published_version(m)));
+        }
+        go_mod.push_str(")\n");
+    }
+    std::fs::write(dir.join("go.mod"), go_mod)?;
+    let _ = std::fs::remove_file(dir.join("go.sum"));
+    let mut tools = String::from("//go:build tools\n\npackage tools\n\nimport (\n");
+    for p in packages {
+        tools.push_str(&format!("\t_ \"{p}\"\n"));
+    }
+    tools.push_str(")\n");
+    std::fs::write(dir.join("tools.go"), tools)?;
+    go(dir, &["mod", "tidy"])?;
+    Ok(())
+}
+
+/// The `go` directive of an upstream go.mod (the wrapper needs at least that language version).
+fn go_directive(go_mod: &str) -> String {
+    go_mod
+        .lines()
+        .find_map(|l| l.strip_prefix("go ").map(|v| v.trim().to_string()))
+        .unwrap_or_else(|| "1.22".to_string())
+}
+
+/// Modules a go.mod replaces with a local path (`=> ./staging/...` or `=> ../api`).
+fn local_replaces(go_mod: &str) -> Vec<String> {
+    go_mod
+        .lines()
+        .map(|l| l.trim().trim_start_matches("replace").trim())
+        .filter_map(|l| {
+            let (from, to) = l.split_once("=>")?;
+            let to = to.trim();
+            let from = from.split_whitespace().next()?;
+            let local = to.starts_with("./") || to.starts_with("../");
+            (local && !to.contains("FORBIDDEN")).then(|| from.to_string())
+        })
+        .collect()
+}
+
+fn download_go_mod(dir: &Path, module: &str, version: &str) -> Result<String> {
+    // A throwaway module so `go mod download` has somewhere to run.
+    std::fs::write(
+        dir.join("go.mod"),
+        "module mcm-rs.local/download\n\ngo 1.22\n",
+    )?;
+    let out = go_output(
+        dir,
+        &["mod", "download", "-json", &format!("{module}@{version}")],
+    )?;
+    let info: serde_json::Value = serde_json::from_str(&out)
+        .with_context(|| format!("unexpected output of go mod download: {out}"))?;
+    let path = info["GoMod"]
+        .as_str()
+        .with_context(|| format!("go mod download reported no GoMod for {module}@{version}"))?;
+    Ok(std::fs::read_to_string(PathBuf::from(path))?)
+}
+
+fn go_build(dir: &Path, out: &Path, ldflags: &str, packages: &[&str]) -> Result<()> {
+    let mut args = vec![
+        "build".to_string(),
+        "-trimpath".to_string(),
+        format!("-ldflags={ldflags}"),
+        "-o".to_string(),
+        format!("{}/", out.display()),
+    ];
+    args.extend(packages.iter().map(|p| p.to_string()));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    eprintln!(
+        "go build {} (this takes several minutes on a cold cache)",
+        packages.join(" ")
+    );
+    go(dir, &args)
+}
+
+fn go_command(dir: &Path, args: &[&str]) -> Command {
+    let mut c = Command::new("go");
+    c.args(args)
+        .current_dir(dir)
+        .env("GOFLAGS", "-mod=mod")
+        .env("GOTOOLCHAIN", "local")
+        .env("CGO_ENABLED", "0");
+    c
+}
+
+fn go(dir: &Path, args: &[&str]) -> Result<()> {
+    let status = go_command(dir, args)
+        .status()
+        .context("cannot run `go`: is the Go toolchain installed and on PATH?")?;
+    if !status.success() {
+        bail!(
+            "`go {}` in {} failed with {status}",
+            args.join(" "),
+            dir.display()
+        );
+    }
+    Ok(())
+}
+
+fn go_output(dir: &Path, args: &[&str]) -> Result<String> {
+    let out = go_command(dir, args)
+        .output()
+        .context("cannot run `go`: is the Go toolchain installed and on PATH?")?;
+    if !out.status.success() {
+        bail!(
+            "`go {}` failed with {}: {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn local_replaces_are_found_and_forbidden_ones_skipped() {
+        let go_mod = "module x\n\ngo 1.26.0\n\nreplace (\n\tk8s.io/api => ./staging/src/k8s.io/api\n\
+                      \tk8s.io/client-go => ./staging/src/k8s.io/client-go\n)\n\
+                      replace go.etcd.io/etcd/api/v3 => ../api\n\
+                      replace go.etcd.io/etcd => ./FORBIDDEN_DEPENDENCY\n\
+                      replace github.com/a/b => github.com/c/d v1.0.0\n";
+        assert_eq!(
+            local_replaces(go_mod),
+            vec!["k8s.io/api", "k8s.io/client-go", "go.etcd.io/etcd/api/v3"]
+        );
+        assert_eq!(go_directive(go_mod), "1.26.0");
+    }
+}
