@@ -1,0 +1,401 @@
+//! The machine controller end to end in one process tree: real control plane, the
+//! `machine-controller-local` binary, VMs as `local-node` processes.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, DeleteParams, PostParams};
+use kube::runtime::wait::await_condition;
+use mcm_api::MachinePhase;
+use mcm_driver::{CreateMachineRequest, Driver, RequestId, SecretData};
+use mcm_provider_local::{LocalDriver, LocalDriverConfig};
+use serde_json::json;
+
+fn token_secret_name(h: &Harness, machine: &str) -> String {
+    mcm_reconcilers::machine::token::secret_name(&mcm_reconcilers::machine::token::token_id(
+        &h.ns, machine,
+    ))
+}
+
+#[tokio::test]
+async fn a_machine_runs_with_its_bootstrap_token_consumed_and_is_deleted_cleanly() {
+    let h = Harness::new("create", json!({ "labels": { "pool": "a" } })).await;
+    let _mc = h.spawn_controller("mc", &[]);
+    h.create_machine("m1", "local").await;
+
+    let running = h.await_phase("m1", MachinePhase::Running, WAIT).await;
+    assert_eq!(running.spec.provider_id.as_deref(), Some("local:///m1"));
+    assert_eq!(
+        running
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get("node"))
+            .map(String::as_str),
+        Some("m1")
+    );
+    assert!(
+        running
+            .finalizers()
+            .iter()
+            .any(|f| f == "machine.sapcloud.io/machine-controller"),
+        "finalizer"
+    );
+    // The VM booted with the token (it refuses to boot with a bad one), and the token is
+    // gone once the node joined.
+    let tokens: Api<Secret> = Api::namespaced(h.client.clone(), "kube-system");
+    let token = token_secret_name(&h, "m1");
+    within(
+        WAIT,
+        "the bootstrap token to be deleted",
+        await_condition(tokens, &token, |s: Option<&Secret>| s.is_none()),
+    )
+    .await
+    .unwrap();
+    let conditions = running
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True"),
+        "{conditions:?}"
+    );
+    assert!(
+        !h.events_for("m1", "Created").await.is_empty(),
+        "a Created event"
+    );
+
+    // Deletion: the VM, the Node and the finalizer go.
+    h.delete_machine("m1").await;
+    h.await_gone("m1", WAIT).await;
+    assert!(
+        h.vm_records().is_empty(),
+        "VM record left: {:?}",
+        h.vm_records()
+    );
+    assert!(
+        h.nodes().get_opt("m1").await.unwrap().is_none(),
+        "node left"
+    );
+}
+
+use kube::ResourceExt;
+
+#[tokio::test]
+async fn a_missing_secret_and_an_invalid_class_are_reported_and_heal_when_corrected() {
+    let h = Harness::new("badclass", json!({})).await;
+    // A class whose secret does not exist yet, and a class with an invalid providerSpec.
+    h.create_class("nosecret", json!({}), "later-secret").await;
+    h.create_class(
+        "invalid",
+        json!({ "capacity": { "cpu": "lots" } }),
+        "local-secret",
+    )
+    .await;
+    let mc = h.spawn_controller("mc", &[]);
+    h.create_machine("m-nosecret", "nosecret").await;
+    h.create_machine("m-invalid", "invalid").await;
+
+    let m = h
+        .await_description(
+            "m-nosecret",
+            WAIT,
+            "the missing secret to be reported",
+            |d| d.contains("later-secret") && d.contains("not found"),
+        )
+        .await;
+    let op = m.status.unwrap().last_operation.unwrap();
+    assert_eq!(op.state.unwrap().as_str(), "Failed");
+    let m = h
+        .await_description(
+            "m-invalid",
+            WAIT,
+            "the invalid providerSpec to be reported",
+            |d| d.contains("capacity.cpu"),
+        )
+        .await;
+    let op = m.status.unwrap().last_operation.unwrap();
+    assert_eq!(op.error_code.as_deref(), Some("InvalidArgument"));
+    assert!(
+        h.vm_records().is_empty(),
+        "nothing may be created for a bad class"
+    );
+    assert!(
+        !h.events_for("m-nosecret", "MachineClassProblem")
+            .await
+            .is_empty()
+    );
+    assert!(!h.events_for("m-invalid", "CreationFailed").await.is_empty());
+
+    // No hot loop: with the backoff capped at 2s, a 6s window sees a handful of attempts
+    // (each a status lookup and maybe a create), not hundreds.
+    let failed_creates = |text: &str| {
+        text.lines()
+            .filter(|l| l.starts_with("mcm_cloud_api_driver_requests_failed_total{"))
+            .filter(|l| l.contains("error_code=\"InvalidArgument\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>()
+    };
+    let before = failed_creates(&mc.metrics().await);
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let after = failed_creates(&mc.metrics().await);
+    assert!(before >= 1.0, "the failure is counted");
+    assert!(
+        after - before <= 12.0,
+        "hot loop: {} failed creates in 6s",
+        after - before
+    );
+
+    // Correct both: they heal without a restart.
+    h.create_secret("later-secret").await;
+    let fixed = h.class_body(
+        "invalid",
+        json!({ "capacity": { "cpu": "2" } }),
+        "local-secret",
+    );
+    let mut current = h.classes().get("invalid").await.unwrap();
+    current.provider_spec = fixed.provider_spec;
+    h.classes()
+        .replace("invalid", &PostParams::default(), &current)
+        .await
+        .unwrap();
+    h.await_phase("m-nosecret", MachinePhase::Running, WAIT)
+        .await;
+    h.await_phase("m-invalid", MachinePhase::Running, WAIT)
+        .await;
+    for m in ["m-nosecret", "m-invalid"] {
+        h.delete_machine(m).await;
+    }
+    for m in ["m-nosecret", "m-invalid"] {
+        h.await_gone(m, WAIT).await;
+    }
+}
+
+#[tokio::test]
+async fn a_crashed_vm_goes_unknown_then_failed_and_replacements_are_throttled() {
+    let h = Harness::new("health", json!({})).await;
+    // Two machines of one MachineDeployment (maxSurge 1): only one may be replaced at a time.
+    let md: mcm_api::MachineDeployment = serde_json::from_value(json!({
+        "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "MachineDeployment",
+        "metadata": { "name": "md" },
+        "spec": {
+            "replicas": 2,
+            "selector": { "matchLabels": { "app": "w" } },
+            "strategy": { "type": "RollingUpdate", "rollingUpdate": { "maxSurge": 1, "maxUnavailable": 0 } },
+            "template": { "metadata": { "labels": { "app": "w" } },
+                          "spec": { "class": { "kind": "MachineClass", "name": "local" } } }
+        }
+    }))
+    .unwrap();
+    let md = Api::<mcm_api::MachineDeployment>::namespaced(h.client.clone(), &h.ns)
+        .create(&PostParams::default(), &md)
+        .await
+        .unwrap();
+    let ms: mcm_api::MachineSet = serde_json::from_value(json!({
+        "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "MachineSet",
+        "metadata": { "name": "ms", "labels": { "app": "w" },
+            "ownerReferences": [{ "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "MachineDeployment",
+                "name": "md", "uid": md.uid().unwrap(), "controller": true }] },
+        "spec": {
+            "replicas": 2,
+            "selector": { "matchLabels": { "app": "w" } },
+            "template": { "metadata": { "labels": { "app": "w" } },
+                          "spec": { "class": { "kind": "MachineClass", "name": "local" } } }
+        }
+    }))
+    .unwrap();
+    let ms = Api::<mcm_api::MachineSet>::namespaced(h.client.clone(), &h.ns)
+        .create(&PostParams::default(), &ms)
+        .await
+        .unwrap();
+    for name in ["w1", "w2"] {
+        let body = h.machine_body(
+            name,
+            "local",
+            json!({ "metadata": { "labels": { "app": "w" }, "ownerReferences": [{
+                "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "MachineSet",
+                "name": "ms", "uid": ms.uid().unwrap(), "controller": true }] } }),
+        );
+        h.machines()
+            .create(&PostParams::default(), &body)
+            .await
+            .unwrap();
+    }
+    let _mc = h.spawn_controller("mc", &["--machine-health-timeout=5s".to_string()]);
+    for name in ["w1", "w2"] {
+        h.await_phase(name, MachinePhase::Running, WAIT).await;
+    }
+    let (recorder, phases) = record_phases(h.machines());
+
+    // Crash both VMs (kill -9).
+    for name in ["w1", "w2"] {
+        let pid = h.state().read(name).unwrap().unwrap().pid;
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+    }
+    // The node lifecycle controller marks the nodes Unknown; the machines follow.
+    for name in ["w1", "w2"] {
+        h.await_phase(name, MachinePhase::Unknown, WAIT).await;
+    }
+    // One is marked Failed; the other is throttled because the budget (maxSurge 1) is used.
+    let failed = within(WAIT, "one machine to fail", async {
+        loop {
+            let list = h.machines().list(&Default::default()).await.unwrap();
+            let failed: Vec<String> = list
+                .items
+                .iter()
+                .filter(|m| m.phase() == Some(&MachinePhase::Failed))
+                .map(|m| m.name_any())
+                .collect();
+            if !failed.is_empty() {
+                return failed;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    })
+    .await;
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    let other = if failed[0] == "w1" { "w2" } else { "w1" };
+    h.await_description(other, WAIT, "the other machine to be throttled", |d| {
+        d.contains("replacement throttled")
+    })
+    .await;
+    // Once the failed machine is gone (its owner would delete it), the other may fail.
+    h.delete_machine(&failed[0]).await;
+    h.await_gone(&failed[0], WAIT).await;
+    h.await_phase(other, MachinePhase::Failed, WAIT).await;
+    recorder.abort();
+    let seen = phases.lock().unwrap().clone();
+    for name in ["w1", "w2"] {
+        let p = &seen[name];
+        let unknown = p.iter().position(|x| x == "Unknown").expect("Unknown seen");
+        let failed = p.iter().position(|x| x == "Failed").expect("Failed seen");
+        assert!(unknown < failed, "{name}: {p:?}");
+    }
+    h.delete_machine(other).await;
+    h.await_gone(other, WAIT).await;
+}
+
+#[tokio::test]
+async fn deletion_respects_a_pdb_and_reports_it_then_drains() {
+    let h = Harness::new("drain", json!({})).await;
+    let _mc = h.spawn_controller("mc", &[]);
+    h.create_machine("d1", "local").await;
+    h.await_phase("d1", MachinePhase::Running, WAIT).await;
+
+    // A workload pod on the node, protected by a PDB that allows no disruption.
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(h.client.clone(), &h.ns);
+    let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(json!({
+        "metadata": { "name": "web", "labels": { "app": "web" } },
+        "spec": { "nodeName": "d1", "containers": [{ "name": "c", "image": "example.invalid/web" }] }
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    within(
+        WAIT,
+        "the pod to run",
+        await_condition(
+            pods.clone(),
+            "web",
+            |p: Option<&k8s_openapi::api::core::v1::Pod>| {
+                p.and_then(|p| p.status.as_ref())
+                    .and_then(|s| s.phase.as_deref())
+                    == Some("Running")
+            },
+        ),
+    )
+    .await
+    .unwrap();
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(h.client.clone(), &h.ns);
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+        "metadata": { "name": "web-pdb" },
+        "spec": { "minAvailable": 1, "selector": { "matchLabels": { "app": "web" } } }
+    }))
+    .unwrap();
+    pdbs.create(&PostParams::default(), &pdb).await.unwrap();
+    within(
+        WAIT,
+        "the PDB status",
+        await_condition(
+            pdbs.clone(),
+            "web-pdb",
+            |p: Option<&PodDisruptionBudget>| {
+                p.and_then(|p| p.status.as_ref())
+                    .is_some_and(|s| s.current_healthy == Some(1))
+            },
+        ),
+    )
+    .await
+    .unwrap();
+
+    h.delete_machine("d1").await;
+    let m = h
+        .await_description("d1", WAIT, "the blocking PDB to show on the machine", |d| {
+            d.contains("web-pdb")
+        })
+        .await;
+    assert_eq!(m.phase(), Some(&MachinePhase::Terminating));
+    assert!(
+        h.vm_alive("d1"),
+        "the VM must not be deleted while the drain is blocked"
+    );
+    assert!(
+        pods.get_opt("web").await.unwrap().is_some(),
+        "the pod must survive while the PDB forbids it"
+    );
+
+    // Lift the budget: the drain completes and everything goes.
+    pdbs.delete("web-pdb", &DeleteParams::default())
+        .await
+        .unwrap();
+    h.await_gone("d1", WAIT).await;
+    assert!(pods.get_opt("web").await.unwrap().is_none(), "pod evicted");
+    assert!(h.vm_records().is_empty());
+    assert!(h.nodes().get_opt("d1").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn an_orphan_vm_is_collected() {
+    let h = Harness::new("orphan", json!({})).await;
+    let _mc = h.spawn_controller("mc", &[]);
+    h.create_machine("kept", "local").await;
+    h.await_phase("kept", MachinePhase::Running, WAIT).await;
+
+    // A VM started behind the controller's back, recorded for the class "local".
+    let driver = LocalDriver::new(LocalDriverConfig {
+        node_binary: node_binary(),
+    });
+    let class = h.classes().get("local").await.unwrap();
+    let kubeconfig = h.kubeconfig();
+    driver
+        .create_machine(CreateMachineRequest {
+            machine: mcm_api::Machine::new("stray", Default::default()),
+            machine_class: class,
+            secret: SecretData::from_pairs([("kubeconfig", kubeconfig.as_str())]),
+            request_id: RequestId::generate(),
+        })
+        .await
+        .unwrap();
+    assert!(h.vm_alive("stray"));
+    within(WAIT, "the orphan VM to be deleted", async {
+        while h.vm_records().contains(&"stray".to_string()) {
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    })
+    .await;
+    assert!(h.vm_alive("kept"), "a VM with a Machine is never collected");
+    let _ = h.nodes().delete("stray", &DeleteParams::default()).await;
+    h.delete_machine("kept").await;
+    h.await_gone("kept", WAIT).await;
+}

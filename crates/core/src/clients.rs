@@ -1,0 +1,131 @@
+//! Kubernetes clients from MCM-style kubeconfig flags, with a client-side rate limit
+//! (`--kube-api-qps` / `--kube-api-burst`).
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use kube::client::ClientBuilder;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use mcm_driver::TokenBucket;
+use tower::{Layer, Service};
+
+/// The kubeconfig value meaning "the service account of the pod".
+pub const IN_CLUSTER: &str = "inClusterConfig";
+/// The kubeconfig value meaning "no such cluster" (the manager can run without a target).
+pub const NONE: &str = "none";
+
+/// Errors building clients. Each keeps its cause.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The in-cluster configuration is unavailable.
+    #[error("cannot use the in-cluster configuration")]
+    InCluster(#[source] kube::config::InClusterError),
+    /// A kubeconfig file could not be read or used.
+    #[error("cannot use kubeconfig {path}")]
+    Kubeconfig {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    /// Neither a flag nor the environment names a cluster.
+    #[error("no kubeconfig given and none can be inferred from the environment")]
+    Infer(#[source] kube::config::InferConfigError),
+    /// The client could not be built.
+    #[error("cannot build a Kubernetes client")]
+    Build(#[source] kube::Error),
+}
+
+/// Loads a client configuration from a kubeconfig flag value: a path, `inClusterConfig`, or
+/// empty (infer from `KUBECONFIG`, `~/.kube/config` or the pod environment).
+pub async fn load_config(kubeconfig: &str) -> Result<kube::Config, ClientError> {
+    match kubeconfig {
+        "" => kube::Config::infer().await.map_err(ClientError::Infer),
+        IN_CLUSTER => kube::Config::incluster().map_err(ClientError::InCluster),
+        path => {
+            let path = PathBuf::from(path);
+            let kc = Kubeconfig::read_from(&path).map_err(|source| ClientError::Kubeconfig {
+                path: path.clone(),
+                source,
+            })?;
+            kube::Config::from_custom_kubeconfig(kc, &KubeConfigOptions::default())
+                .await
+                .map_err(|source| ClientError::Kubeconfig { path, source })
+        }
+    }
+}
+
+/// A client for `config` that sends at most `qps` requests per second (bursts of `burst`).
+pub fn rate_limited_client(
+    config: kube::Config,
+    qps: f32,
+    burst: u32,
+) -> Result<kube::Client, ClientError> {
+    let bucket = Arc::new(TokenBucket::new(f64::from(qps), burst));
+    let builder = ClientBuilder::try_from(config).map_err(ClientError::Build)?;
+    Ok(builder.with_layer(&RateLimitLayer { bucket }).build())
+}
+
+/// A tower layer that takes a token before each request.
+#[derive(Clone)]
+pub struct RateLimitLayer {
+    bucket: Arc<TokenBucket>,
+}
+
+impl<S> Layer<S> for RateLimitLayer {
+    type Service = RateLimit<S>;
+
+    fn layer(&self, inner: S) -> RateLimit<S> {
+        RateLimit {
+            inner,
+            bucket: self.bucket.clone(),
+            waiting: None,
+            permitted: false,
+        }
+    }
+}
+
+type Waiting = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// The service of [`RateLimitLayer`]: not ready until a token was taken.
+pub struct RateLimit<S> {
+    inner: S,
+    bucket: Arc<TokenBucket>,
+    waiting: Option<Waiting>,
+    permitted: bool,
+}
+
+impl<S, R> Service<R> for RateLimit<S>
+where
+    S: Service<R>,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        if !self.permitted {
+            let bucket = self.bucket.clone();
+            let waiting = self
+                .waiting
+                .get_or_insert_with(|| Box::pin(async move { bucket.acquire().await }));
+            match waiting.as_mut().poll(cx) {
+                Poll::Ready(()) => {
+                    self.waiting = None;
+                    self.permitted = true;
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: R) -> Self::Future {
+        self.permitted = false;
+        self.inner.call(req)
+    }
+}

@@ -1,0 +1,280 @@
+//! Command-line options with the names and defaults of Gardener's machine-controller.
+//!
+//! Go's pflag accepts `--flag=value` and `--flag value`, durations in Go syntax (`20m`,
+//! `1h30m`) and booleans as `--flag`, `--flag=true` or `--flag=false`; so do these.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use clap::{ArgAction, Args, Parser};
+use mcm_reconcilers::machine::Settings;
+use mcm_reconcilers::machine::observe::{Defaults, split_list};
+use mcm_reconcilers::machine_controller::MachineControllerConfig;
+use mcm_reconcilers::safety::SafetySettings;
+
+/// Parses a Go duration flag value.
+pub fn go_duration(s: &str) -> Result<Duration, String> {
+    mcm_api::duration::parse_go_duration(s).map_err(|e| e.to_string())
+}
+
+/// Flags shared by both binaries: clusters, API rate, HTTP endpoint, leader election, logs.
+#[derive(Debug, Clone, Args)]
+pub struct CommonOptions {
+    /// Filepath to the control cluster's kubeconfig where machine objects would be created.
+    /// `inClusterConfig` uses the pod's service account. (Default: same as --target-kubeconfig)
+    #[arg(long, default_value = "")]
+    pub control_kubeconfig: String,
+    /// Filepath to the target cluster's kubeconfig where node objects are expected to join.
+    #[arg(long, default_value = "")]
+    pub target_kubeconfig: String,
+    /// Name of the namespace in the control cluster where the controller looks for machine
+    /// objects, classes and secrets.
+    #[arg(long, default_value = "default")]
+    pub namespace: String,
+    /// QPS to use while talking with the Kubernetes API servers.
+    #[arg(long, default_value_t = 20.0)]
+    pub kube_api_qps: f32,
+    /// Burst to use while talking with the Kubernetes API servers.
+    #[arg(long, default_value_t = 30)]
+    pub kube_api_burst: u32,
+    /// Content type of requests sent to the API server (accepted for compatibility; JSON is
+    /// always used).
+    #[arg(long, default_value = "application/vnd.kubernetes.protobuf")]
+    pub kube_api_content_type: String,
+    /// The IP address to serve /metrics, /healthz and /readyz on.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub address: IpAddr,
+    /// Interval between starting controller managers (accepted for compatibility).
+    #[arg(long, default_value = "0s", value_parser = go_duration)]
+    pub controller_start_interval: Duration,
+    /// The resync period of reflectors (accepted for compatibility; watches are used).
+    #[arg(long, default_value = "12h0m0s", value_parser = go_duration)]
+    pub min_resync_period: Duration,
+    /// Enable profiling via web interface (accepted for compatibility; not served).
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, default_value_t = true, default_missing_value = "true")]
+    pub profiling: bool,
+    /// Enable lock contention profiling (accepted for compatibility).
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, default_value_t = false, default_missing_value = "true")]
+    pub contention_profiling: bool,
+    /// Start a leader election client and gain leadership before executing the main loop.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, default_value_t = true, default_missing_value = "true")]
+    pub leader_elect: bool,
+    /// The duration that non-leader candidates will wait before forcing to acquire
+    /// leadership.
+    #[arg(long, default_value = "15s", value_parser = go_duration)]
+    pub leader_elect_lease_duration: Duration,
+    /// The interval between attempts by the leader to renew its lease.
+    #[arg(long, default_value = "10s", value_parser = go_duration)]
+    pub leader_elect_renew_deadline: Duration,
+    /// The duration clients should wait between attempts to acquire and renew leadership.
+    #[arg(long, default_value = "2s", value_parser = go_duration)]
+    pub leader_elect_retry_period: Duration,
+    /// The type of resource object used for locking (only `leases` is supported).
+    #[arg(long, default_value = "leases")]
+    pub leader_elect_resource_lock: String,
+    /// The name of the lease object (default: the binary's name).
+    #[arg(long, default_value = "")]
+    pub leader_elect_resource_name: String,
+    /// The namespace of the lease object (default: --namespace).
+    #[arg(long, default_value = "")]
+    pub leader_elect_resource_namespace: String,
+    /// Log verbosity (klog style: 0-2 info, 3-4 debug, 5+ trace).
+    #[arg(short = 'v', long = "v", default_value_t = 2)]
+    pub verbosity: u8,
+    /// Log format: `text` or `json`.
+    #[arg(long, default_value = "text", value_parser = ["text", "json"])]
+    pub log_format: String,
+}
+
+/// The options of a machine-controller binary (`machine-controller-<provider>`).
+#[derive(Debug, Clone, Parser)]
+#[command(
+    about = "Machine controller of mcm-rs: creates, watches and deletes the VMs of Machines",
+    // Like Go's pflag: a repeated flag is not an error, the last value wins.
+    args_override_self = true
+)]
+pub struct MachineControllerOptions {
+    /// Shared flags.
+    #[command(flatten)]
+    pub common: CommonOptions,
+    /// The port the HTTP endpoints run on.
+    #[arg(long, default_value_t = 10259)]
+    pub port: u16,
+    /// The provider for cloud services (accepted for compatibility; the binary decides).
+    #[arg(long, default_value = "")]
+    pub cloud_provider: String,
+    /// The number of machines that are allowed to sync concurrently.
+    #[arg(long, default_value_t = 50)]
+    pub concurrent_syncs: u16,
+    /// Timeout used while joining (during creation) of a machine before it is declared
+    /// as failed.
+    #[arg(long, default_value = "20m", value_parser = go_duration)]
+    pub machine_creation_timeout: Duration,
+    /// Timeout used while re-joining (in case of temporary health issues) of a machine before
+    /// it is declared as failed.
+    #[arg(long, default_value = "10m", value_parser = go_duration)]
+    pub machine_health_timeout: Duration,
+    /// Timeout used while draining a machine before deletion, beyond which pods are forcefully
+    /// deleted.
+    #[arg(long, default_value = "2h", value_parser = go_duration)]
+    pub machine_drain_timeout: Duration,
+    /// Timeout used while in-place updating a machine (accepted; in-place updates are not
+    /// implemented).
+    #[arg(long = "machine-inplace-update-timeout", default_value = "20m", value_parser = go_duration)]
+    pub machine_inplace_update_timeout: Duration,
+    /// Maximum number of times evicts would be attempted on a pod before it is forcibly
+    /// deleted during draining of a machine.
+    #[arg(long, default_value_t = 360)]
+    pub machine_max_evict_retries: i32,
+    /// Timeout used while waiting for detach of PVs while evicting/deleting pods.
+    #[arg(long, default_value = "2m", value_parser = go_duration)]
+    pub machine_pv_detach_timeout: Duration,
+    /// Timeout used while waiting for reattach of PVs onto a different node.
+    #[arg(long, default_value = "90s", value_parser = go_duration)]
+    pub machine_pv_reattach_timeout: Duration,
+    /// Timeout for which the API server can be down before the machine controller is frozen
+    /// by the safety controller.
+    #[arg(long, default_value = "30s", value_parser = go_duration)]
+    pub machine_safety_apiserver_statuscheck_timeout: Duration,
+    /// Time period used to poll for orphan VMs by the safety controller.
+    #[arg(long, default_value = "15m", value_parser = go_duration)]
+    pub machine_safety_orphan_vms_period: Duration,
+    /// Time period used to poll for the API servers' health by the safety controller.
+    #[arg(long, default_value = "1m", value_parser = go_duration)]
+    pub machine_safety_apiserver_statuscheck_period: Duration,
+    /// Comma-separated, case-sensitive node conditions which, when True, change a machine to
+    /// Unknown and, after the health timeout, Failed.
+    #[arg(
+        long,
+        default_value = "KernelDeadlock,ReadonlyFilesystem,DiskPressure,NetworkUnavailable"
+    )]
+    pub node_conditions: String,
+    /// Comma-separated list of groups to set the bootstrap token's "auth-extra-groups" to.
+    #[arg(long, default_value = "")]
+    pub bootstrap_token_auth_extra_groups: String,
+    /// (mcm-rs) Retry period after the provider reported ResourceExhausted (quota, capacity).
+    #[arg(long, default_value = "10m", value_parser = go_duration)]
+    pub resource_exhausted_retry: Duration,
+    /// (mcm-rs) Longest retry period after repeated failures of one machine.
+    #[arg(long, default_value = "5m", value_parser = go_duration)]
+    pub machine_backoff_max: Duration,
+    /// (mcm-rs) Pods evicted at the same time while draining a node.
+    #[arg(long, default_value_t = 10)]
+    pub machine_drain_parallelism: usize,
+    /// (mcm-rs) Pause between evictions refused by a PodDisruptionBudget.
+    #[arg(long, default_value = "20s", value_parser = go_duration)]
+    pub machine_eviction_retry_interval: Duration,
+    /// (mcm-rs) Period in which healthy machines are re-checked without a change event.
+    #[arg(long, default_value = "5m", value_parser = go_duration)]
+    pub machine_resync_period: Duration,
+}
+
+impl MachineControllerOptions {
+    /// The controller configuration these flags describe.
+    pub fn controller_config(&self) -> MachineControllerConfig {
+        MachineControllerConfig {
+            machine: Settings {
+                namespace: self.common.namespace.clone(),
+                defaults: Defaults {
+                    creation_timeout: self.machine_creation_timeout,
+                    health_timeout: self.machine_health_timeout,
+                    drain_timeout: self.machine_drain_timeout,
+                    max_evict_retries: self.machine_max_evict_retries,
+                    bad_conditions: split_list(&self.node_conditions),
+                },
+                pv_detach_timeout: self.machine_pv_detach_timeout,
+                pv_reattach_timeout: self.machine_pv_reattach_timeout,
+                bootstrap_token_auth_extra_groups: self.bootstrap_token_auth_extra_groups.clone(),
+                resource_exhausted_retry: self.resource_exhausted_retry,
+                backoff_initial: Duration::from_secs(5).min(self.machine_backoff_max),
+                backoff_max: self.machine_backoff_max,
+                eviction_retry_interval: self.machine_eviction_retry_interval,
+                drain_parallelism: self.machine_drain_parallelism.max(1),
+                resync: self.machine_resync_period,
+            },
+            safety: SafetySettings {
+                orphan_vms_period: self.machine_safety_orphan_vms_period,
+                apiserver_statuscheck_period: self.machine_safety_apiserver_statuscheck_period,
+                apiserver_statuscheck_timeout: self.machine_safety_apiserver_statuscheck_timeout,
+            },
+            concurrent_syncs: self.concurrent_syncs.max(1),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_gardener_machine_controller() {
+        let o = MachineControllerOptions::parse_from(["mc"]);
+        assert_eq!(o.port, 10259);
+        assert_eq!(o.common.namespace, "default");
+        assert_eq!(o.concurrent_syncs, 50);
+        assert_eq!(o.machine_creation_timeout, Duration::from_secs(20 * 60));
+        assert_eq!(o.machine_health_timeout, Duration::from_secs(10 * 60));
+        assert_eq!(o.machine_drain_timeout, Duration::from_secs(2 * 3600));
+        assert_eq!(o.machine_pv_detach_timeout, Duration::from_secs(120));
+        assert_eq!(o.machine_pv_reattach_timeout, Duration::from_secs(90));
+        assert_eq!(
+            o.machine_safety_orphan_vms_period,
+            Duration::from_secs(15 * 60)
+        );
+        assert_eq!(
+            o.machine_safety_apiserver_statuscheck_period,
+            Duration::from_secs(60)
+        );
+        assert_eq!(
+            o.machine_safety_apiserver_statuscheck_timeout,
+            Duration::from_secs(30)
+        );
+        assert_eq!(o.common.kube_api_qps, 20.0);
+        assert_eq!(o.common.kube_api_burst, 30);
+        assert!(o.common.leader_elect);
+        assert_eq!(
+            o.node_conditions,
+            "KernelDeadlock,ReadonlyFilesystem,DiskPressure,NetworkUnavailable"
+        );
+    }
+
+    #[test]
+    fn go_style_values_parse() {
+        let o = MachineControllerOptions::parse_from([
+            "mc",
+            "--control-kubeconfig=inClusterConfig",
+            "--target-kubeconfig",
+            "/var/run/kubeconfig",
+            "--machine-drain-timeout=1h30m",
+            "--leader-elect=false",
+            "--v=3",
+            "--namespace=shoot--a--b",
+        ]);
+        assert_eq!(o.common.control_kubeconfig, "inClusterConfig");
+        assert_eq!(o.common.target_kubeconfig, "/var/run/kubeconfig");
+        assert_eq!(o.machine_drain_timeout, Duration::from_secs(5400));
+        assert!(!o.common.leader_elect);
+        assert_eq!(o.common.verbosity, 3);
+        let cfg = o.controller_config();
+        assert_eq!(cfg.machine.namespace, "shoot--a--b");
+        assert_eq!(cfg.machine.defaults.bad_conditions.len(), 4);
+    }
+
+    #[test]
+    fn a_repeated_flag_takes_the_last_value_like_pflag() {
+        let o = MachineControllerOptions::parse_from([
+            "mc",
+            "--machine-health-timeout=10m",
+            "--machine-health-timeout=5s",
+        ]);
+        assert_eq!(o.machine_health_timeout, Duration::from_secs(5));
+    }
+
+    #[test]
+    fn bad_durations_are_rejected_with_the_flag_named() {
+        let err = MachineControllerOptions::try_parse_from(["mc", "--machine-health-timeout=ten"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("--machine-health-timeout"), "{err}");
+    }
+}

@@ -1,0 +1,351 @@
+//! Process lifecycle shared by the binaries: logging, clients, HTTP endpoints, signals and
+//! leader election around the controllers.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use kube_lease_manager::LeaseManagerBuilder;
+use mcm_driver::{Driver, DriverMetrics, Instrumented};
+use mcm_reconcilers::machine::MachineMetrics;
+use mcm_reconcilers::machine_controller::{self, Handles};
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+
+use crate::clients::{self, ClientError};
+use crate::http::{self, Readiness};
+use crate::options::{CommonOptions, MachineControllerOptions};
+
+/// Errors that end a controller process. Each keeps its cause.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// A client could not be built.
+    #[error("cannot connect to the {cluster} cluster")]
+    Client {
+        /// `control` or `target`.
+        cluster: &'static str,
+        /// The cause.
+        #[source]
+        source: ClientError,
+    },
+    /// A flag value is not usable.
+    #[error("invalid flag {flag}: {reason}")]
+    Flag {
+        /// The flag.
+        flag: &'static str,
+        /// Why.
+        reason: String,
+    },
+    /// The HTTP endpoint could not be bound.
+    #[error("cannot serve HTTP on {addr}")]
+    Http {
+        /// The address.
+        addr: SocketAddr,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Leader election failed.
+    #[error("leader election failed")]
+    LeaderElection(#[source] kube_lease_manager::LeaseManagerError),
+    /// This replica lost the leadership; it exits so that it restarts as a candidate.
+    #[error("lost the leader lease {0}; exiting")]
+    LeadershipLost(String),
+}
+
+/// An error and its chain of causes on one line (`a: b: c`), for messages on exit.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        out.push_str(": ");
+        out.push_str(&c.to_string());
+        cause = c.source();
+    }
+    out
+}
+
+/// Installs the tracing subscriber: `--v` maps to a level, `RUST_LOG` overrides it.
+pub fn init_logging(common: &CommonOptions) {
+    let level = match common.verbosity {
+        0..=2 => "info",
+        3..=4 => "debug",
+        _ => "trace",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new(format!("{level},kube=warn,hyper=warn,tower=warn"))
+    });
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false);
+    // A second initialisation (tests running several controllers) is not an error.
+    let _ = if common.log_format == "json" {
+        builder.json().try_init()
+    } else {
+        builder.try_init()
+    };
+}
+
+/// A token cancelled on SIGTERM or SIGINT.
+pub fn shutdown_on_signals() -> CancellationToken {
+    let token = CancellationToken::new();
+    let t = token.clone();
+    tokio::spawn(async move {
+        let term = async {
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(mut s) => {
+                    s.recv().await;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                    std::future::pending::<()>().await;
+                }
+            }
+        };
+        tokio::select! {
+            _ = term => tracing::info!("SIGTERM received: finishing in-flight work"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received: finishing in-flight work"),
+        }
+        t.cancel();
+    });
+    token
+}
+
+/// Builds the control and target clients from the flags (`--control-kubeconfig` defaults to
+/// `--target-kubeconfig`).
+pub async fn clients(
+    common: &CommonOptions,
+    target_required: bool,
+) -> Result<(kube::Client, Option<kube::Client>), RunError> {
+    let target_flag = common.target_kubeconfig.as_str();
+    let control_flag = if common.control_kubeconfig.is_empty() && target_flag != clients::NONE {
+        target_flag
+    } else {
+        common.control_kubeconfig.as_str()
+    };
+    let build = |cfg: kube::Config, cluster: &'static str| {
+        clients::rate_limited_client(cfg, common.kube_api_qps, common.kube_api_burst)
+            .map_err(|source| RunError::Client { cluster, source })
+    };
+    let control_cfg =
+        clients::load_config(control_flag)
+            .await
+            .map_err(|source| RunError::Client {
+                cluster: "control",
+                source,
+            })?;
+    let control = build(control_cfg, "control")?;
+    if target_flag == clients::NONE {
+        if target_required {
+            return Err(RunError::Flag {
+                flag: "--target-kubeconfig",
+                reason: "the machine controller needs the target cluster; `none` is only valid for the manager".into(),
+            });
+        }
+        return Ok((control, None));
+    }
+    let target_cfg =
+        clients::load_config(target_flag)
+            .await
+            .map_err(|source| RunError::Client {
+                cluster: "target",
+                source,
+            })?;
+    Ok((control, Some(build(target_cfg, "target")?)))
+}
+
+/// Runs `work` while this replica holds the lease named `lease` (or at once without leader
+/// election) until `cancel` fires. Losing the lease cancels the work and returns
+/// [`RunError::LeadershipLost`].
+pub async fn with_leader_election<F, Fut>(
+    client: kube::Client,
+    common: &CommonOptions,
+    lease: &str,
+    readiness: Readiness,
+    cancel: CancellationToken,
+    work: F,
+) -> Result<(), RunError>
+where
+    F: FnOnce(CancellationToken) -> Fut,
+    Fut: Future<Output = ()>,
+{
+    if !common.leader_elect {
+        readiness.leader.store(true, Ordering::SeqCst);
+        work(cancel).await;
+        return Ok(());
+    }
+    let name = if common.leader_elect_resource_name.is_empty() {
+        lease.to_string()
+    } else {
+        common.leader_elect_resource_name.clone()
+    };
+    let namespace = if common.leader_elect_resource_namespace.is_empty() {
+        common.namespace.clone()
+    } else {
+        common.leader_elect_resource_namespace.clone()
+    };
+    let identity = std::env::var("POD_NAME")
+        .ok()
+        .or_else(|| {
+            std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_string())
+        })
+        .map(|h| format!("{h}_{}", std::process::id()))
+        .unwrap_or_else(|| format!("mcm-rs_{}", std::process::id()));
+    let duration = common.leader_elect_lease_duration.as_secs().max(2);
+    let grace = duration
+        .saturating_sub(common.leader_elect_renew_deadline.as_secs())
+        .clamp(1, duration - 1);
+    let manager = LeaseManagerBuilder::new(client, &name)
+        .with_namespace(&namespace)
+        .with_identity(&identity)
+        .with_duration(duration)
+        .with_grace(grace)
+        .build()
+        .await
+        .map_err(RunError::LeaderElection)?;
+    let (mut leading, lease_task) = manager.watch().await;
+    tracing::info!(lease = %name, %namespace, %identity, "waiting for leadership");
+    loop {
+        if *leading.borrow_and_update() {
+            break;
+        }
+        tokio::select! {
+            changed = leading.changed() => {
+                if changed.is_err() {
+                    return Err(RunError::LeadershipLost(name));
+                }
+            }
+            _ = cancel.cancelled() => {
+                drop(leading);
+                let _ = lease_task.await;
+                return Ok(());
+            }
+        }
+    }
+    tracing::info!(lease = %name, %identity, "became leader");
+    readiness.leader.store(true, Ordering::SeqCst);
+    let work_cancel = cancel.child_token();
+    let lost = {
+        let work_cancel = work_cancel.clone();
+        let mut leading = leading.clone();
+        async move {
+            loop {
+                if leading.changed().await.is_err() || !*leading.borrow_and_update() {
+                    work_cancel.cancel();
+                    return true;
+                }
+            }
+        }
+    };
+    let mut lost = Box::pin(lost);
+    let mut was_lost = false;
+    let work = work(work_cancel.clone());
+    tokio::pin!(work);
+    tokio::select! {
+        _ = &mut work => {}
+        l = &mut lost => {
+            was_lost = l;
+            work.await;
+        }
+    }
+    readiness.leader.store(false, Ordering::SeqCst);
+    // Dropping the receivers makes the lease task release the lease.
+    drop(leading);
+    let _ = tokio::time::timeout(Duration::from_secs(5), lease_task).await;
+    if was_lost && !cancel.is_cancelled() {
+        return Err(RunError::LeadershipLost(name));
+    }
+    Ok(())
+}
+
+/// The provider name used in metric labels: `--cloud-provider`, else the binary name without
+/// `machine-controller-`.
+fn provider_name(options: &MachineControllerOptions) -> String {
+    if !options.cloud_provider.is_empty() {
+        return options.cloud_provider.clone();
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .map(|n| n.trim_start_matches("machine-controller-").to_string())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Runs a machine controller for `driver` until SIGTERM/SIGINT: the whole `main` of a
+/// provider binary.
+///
+/// ```no_run
+/// # async fn main_of_a_provider(driver: impl mcm_core::driver::Driver) -> Result<(), mcm_core::RunError> {
+/// use clap::Parser;
+/// let options = mcm_core::MachineControllerOptions::parse();
+/// mcm_core::run_machine_controller(options, driver).await
+/// # }
+/// ```
+pub async fn run_machine_controller(
+    options: MachineControllerOptions,
+    driver: impl Driver,
+) -> Result<(), RunError> {
+    init_logging(&options.common);
+    let cancel = shutdown_on_signals();
+    run_machine_controller_until(options, Arc::new(driver), cancel).await
+}
+
+/// [`run_machine_controller`] with an explicit cancellation token instead of signals (tests,
+/// embedding both halves in one process).
+pub async fn run_machine_controller_until(
+    options: MachineControllerOptions,
+    driver: Arc<dyn Driver>,
+    cancel: CancellationToken,
+) -> Result<(), RunError> {
+    let (control, target) = clients(&options.common, true).await?;
+    let target = target.ok_or_else(|| RunError::Flag {
+        flag: "--target-kubeconfig",
+        reason: "required".into(),
+    })?;
+    let mut registry = Registry::default();
+    let driver_metrics = DriverMetrics::register(&mut registry);
+    let provider = provider_name(&options);
+    let driver: Arc<dyn Driver> = Arc::new(Instrumented::new(driver, &provider, driver_metrics));
+    let metrics = MachineMetrics::register(&mut registry);
+
+    let handles = Handles::default();
+    let readiness = Readiness {
+        leader: Default::default(),
+        synced: handles.ready.clone(),
+    };
+    let registry = Arc::new(Mutex::new(registry));
+    let addr = SocketAddr::new(options.common.address, options.port);
+    let (bound, server) = http::serve(addr, registry.clone(), readiness.clone(), cancel.clone())
+        .await
+        .map_err(|source| RunError::Http { addr, source })?;
+    tracing::info!(%bound, provider, namespace = %options.common.namespace, "machine controller starting");
+
+    let config = options.controller_config();
+    let result = with_leader_election(
+        control.clone(),
+        &options.common,
+        "machine-controller",
+        readiness,
+        cancel.clone(),
+        |work_cancel| async move {
+            machine_controller::run(
+                control,
+                target,
+                driver,
+                config,
+                metrics,
+                handles,
+                work_cancel,
+            )
+            .await
+        },
+    )
+    .await;
+    cancel.cancel();
+    let _ = server.await;
+    result
+}

@@ -1,0 +1,819 @@
+//! The async half of the machine controller: one small action per [`Step`]. Every action is
+//! idempotent: it may run again after a crash at any point.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Node, Secret};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::{Resource, ResourceExt};
+use mcm_api::constants::{finalizers, labels, node_conditions};
+use mcm_api::{Machine, MachineClass, MachineOperationType, MachinePhase};
+use mcm_driver::{
+    Code, CreateMachineRequest, DeleteMachineRequest, DriverError, GetMachineStatusRequest,
+    InitializeMachineRequest, RequestId, SecretData, USER_DATA_KEY,
+};
+use serde_json::json;
+
+use super::decide::{ClassProblem, MachineConfig};
+use super::status::{self, Operation};
+use super::{Ctx, Error, token};
+
+const RECHECK: Duration = Duration::from_secs(30);
+
+fn machine_api(ctx: &Ctx) -> Api<Machine> {
+    Api::namespaced(ctx.control.clone(), &ctx.settings.namespace)
+}
+
+fn name(m: &Machine) -> String {
+    m.name_any()
+}
+
+async fn patch_status(ctx: &Ctx, m: &Machine, patch: serde_json::Value) -> Result<(), Error> {
+    machine_api(ctx)
+        .patch_status(&name(m), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map(|_| ())
+        .map_err(|e| Error::kube("update machine status", e))
+}
+
+/// Writes `op` (and `phase`) unless the Machine already shows exactly that: every status
+/// write triggers another reconcile through the watch, so rewriting an unchanged failure
+/// (with a new timestamp) would turn a retry backoff into a hot loop.
+async fn record(
+    ctx: &Ctx,
+    m: &Machine,
+    phase: Option<&MachinePhase>,
+    op: &Operation,
+) -> Result<(), Error> {
+    if status::already_recorded(m, phase, op) {
+        return Ok(());
+    }
+    patch_status(ctx, m, status::status_patch(m, phase, op, Timestamp::now())).await
+}
+
+/// Adds our finalizer, guarded by the resource version.
+pub async fn add_finalizer(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
+    let mut list = m.finalizers().to_vec();
+    list.push(finalizers::MACHINE_CONTROLLER.to_string());
+    let patch = json!({
+        "metadata": { "finalizers": list, "resourceVersion": m.resource_version() }
+    });
+    machine_api(ctx)
+        .patch(&name(m), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(|e| Error::kube("add the machine finalizer", e))?;
+    Ok(Action::await_change())
+}
+
+/// Removes our finalizer (the last step of deletion).
+async fn remove_finalizer(ctx: &Ctx, m: &Machine) -> Result<(), Error> {
+    let list: Vec<String> = m
+        .finalizers()
+        .iter()
+        .filter(|f| *f != finalizers::MACHINE_CONTROLLER)
+        .cloned()
+        .collect();
+    let patch = json!({
+        "metadata": { "finalizers": list, "resourceVersion": m.resource_version() }
+    });
+    match machine_api(ctx)
+        .patch(&name(m), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(Error::kube("remove the machine finalizer", e)),
+    }
+}
+
+/// Records why the class cannot be used; retries with backoff (class changes also wake us).
+pub async fn report_class_problem(
+    ctx: &Ctx,
+    m: &Machine,
+    problem: &ClassProblem,
+) -> Result<Action, Error> {
+    let kind = if m.metadata.deletion_timestamp.is_some() {
+        MachineOperationType::Delete
+    } else {
+        MachineOperationType::Create
+    };
+    let description = format!("cannot use the machine class: {problem}");
+    let unchanged = last_description(m) == Some(description.as_str());
+    record(
+        ctx,
+        m,
+        None,
+        &Operation::failed(kind, description.clone(), None),
+    )
+    .await?;
+    if !unchanged {
+        ctx.events
+            .warning(
+                &m.object_ref(&()),
+                "MachineClassProblem",
+                "Validate",
+                description,
+            )
+            .await;
+    }
+    Ok(Action::requeue(ctx.backoff(m, None)))
+}
+
+fn last_description(m: &Machine) -> Option<&str> {
+    m.status
+        .as_ref()
+        .and_then(|s| s.last_operation.as_ref())
+        .and_then(|o| o.description.as_deref())
+}
+
+/// Reads the class and its secrets for a driver call.
+pub async fn class_and_secret(ctx: &Ctx, m: &Machine) -> Result<(MachineClass, SecretData), Error> {
+    let class_name = super::observe::class_name(m).map_err(Error::Class)?;
+    let class = ctx.class(class_name).ok_or_else(|| {
+        Error::Class(ClassProblem::ClassMissing {
+            name: class_name.into(),
+        })
+    })?;
+    let [secret_ref, credentials] = super::observe::class_secret_refs(&class);
+    let mut fetched = Vec::new();
+    for r in [secret_ref, credentials].into_iter().flatten() {
+        let api: Api<Secret> = Api::namespaced(ctx.control.clone(), &r.namespace);
+        let secret = api
+            .get_opt(&r.name)
+            .await
+            .map_err(|e| Error::kube("read a class secret", e))?
+            .ok_or_else(|| {
+                Error::Class(ClassProblem::SecretMissing {
+                    class: class_name.into(),
+                    secret: r.name.clone(),
+                })
+            })?;
+        fetched.push(secret);
+    }
+    let data = SecretData::merge(fetched.first(), fetched.get(1));
+    Ok((class, data))
+}
+
+/// Ensures the machine's bootstrap token exists in the target cluster and returns it.
+async fn ensure_bootstrap_token(
+    ctx: &Ctx,
+    m: &Machine,
+    cfg: &MachineConfig,
+) -> Result<String, Error> {
+    let api: Api<Secret> = Api::namespaced(ctx.target.clone(), token::TOKEN_NAMESPACE);
+    let id = token::token_id(&ctx.settings.namespace, &name(m));
+    let secret_name = token::secret_name(&id);
+    let existing = api
+        .get_opt(&secret_name)
+        .await
+        .map_err(|e| Error::kube("read the bootstrap token", e))?;
+    if let Some(t) = existing.as_ref().and_then(token::token_of) {
+        return Ok(t);
+    }
+    let secret = token::token_secret(
+        &id,
+        &token::random_secret(),
+        &name(m),
+        token::expiry(Timestamp::now(), cfg.creation_timeout),
+        &ctx.settings.bootstrap_token_auth_extra_groups,
+    );
+    let created = match api.create(&PostParams::default(), &secret).await {
+        Ok(s) => s,
+        Err(kube::Error::Api(s)) if s.code == 409 => api
+            .get(&secret_name)
+            .await
+            .map_err(|e| Error::kube("read the bootstrap token", e))?,
+        Err(e) => return Err(Error::kube("create the bootstrap token", e)),
+    };
+    token::token_of(&created)
+        .or_else(|| token::token_of(&secret))
+        .ok_or_else(|| Error::Invariant("bootstrap token secret without token data".into()))
+}
+
+/// Deletes the machine's bootstrap token (the Node joined, or the machine goes away).
+async fn delete_bootstrap_token(ctx: &Ctx, m: &Machine) -> Result<(), Error> {
+    let api: Api<Secret> = Api::namespaced(ctx.target.clone(), token::TOKEN_NAMESPACE);
+    let id = token::token_id(&ctx.settings.namespace, &name(m));
+    match api
+        .delete(&token::secret_name(&id), &DeleteParams::default())
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(Error::kube("delete the bootstrap token", e)),
+    }
+}
+
+/// Finds the VM (adoption after a crash) or creates it, initializes it when the driver asks
+/// for it, and records providerID, the `node` label and Pending.
+pub async fn create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Action, Error> {
+    match try_create_vm(ctx, m, cfg).await {
+        Ok(action) => {
+            ctx.reset_backoff(m);
+            Ok(action)
+        }
+        Err(Error::Driver { op, source }) => creation_failed(ctx, m, op, source).await,
+        Err(Error::Class(problem)) => report_class_problem(ctx, m, &problem).await,
+        Err(e) => Err(e),
+    }
+}
+
+async fn try_create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Action, Error> {
+    let (class, mut secret) = class_and_secret(ctx, m).await?;
+    let machine_name = name(m);
+    let token = ensure_bootstrap_token(ctx, m, cfg).await?;
+    if let Some(user_data) = secret.get_str(USER_DATA_KEY) {
+        let rendered = token::render_user_data(user_data, &token, &machine_name);
+        secret.0.insert(USER_DATA_KEY.into(), rendered.into_bytes());
+    }
+    let request_id = RequestId::generate();
+    tracing::info!(machine = %machine_name, %request_id, "looking for the machine's VM");
+    let found = ctx
+        .driver
+        .get_machine_status(GetMachineStatusRequest {
+            machine: m.clone(),
+            machine_class: class.clone(),
+            secret: secret.clone(),
+            request_id: request_id.clone(),
+        })
+        .await;
+    let (provider_id, node_name, adopted) = match found {
+        Ok(s) => (s.provider_id, s.node_name, true),
+        Err(e) if matches!(e.code, Code::NotFound | Code::Unimplemented) => {
+            tracing::info!(machine = %machine_name, %request_id, "creating the VM");
+            let created = ctx
+                .driver
+                .create_machine(CreateMachineRequest {
+                    machine: m.clone(),
+                    machine_class: class.clone(),
+                    secret: secret.clone(),
+                    request_id: request_id.clone(),
+                })
+                .await
+                .map_err(|source| Error::driver("create_machine", source))?;
+            initialize(ctx, m, &class, &secret, &request_id).await?;
+            (created.provider_id, created.node_name, false)
+        }
+        Err(e) if e.code == Code::Uninitialized => {
+            initialize(ctx, m, &class, &secret, &request_id).await?;
+            let s = ctx
+                .driver
+                .get_machine_status(GetMachineStatusRequest {
+                    machine: m.clone(),
+                    machine_class: class.clone(),
+                    secret: secret.clone(),
+                    request_id: request_id.clone(),
+                })
+                .await
+                .map_err(|source| Error::driver("get_machine_status", source))?;
+            (s.provider_id, s.node_name, true)
+        }
+        Err(e) => return Err(Error::driver("get_machine_status", e)),
+    };
+
+    let patch = json!({
+        "metadata": { "labels": { labels::NODE: node_name } },
+        "spec": { "providerID": provider_id },
+    });
+    machine_api(ctx)
+        .patch(
+            &machine_name,
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+        .map_err(|e| Error::kube("record the machine's providerID", e))?;
+    let verb = if adopted {
+        "Adopted existing"
+    } else {
+        "Created"
+    };
+    let description = format!("{verb} VM {provider_id}; waiting for node {node_name} to join");
+    record(
+        ctx,
+        m,
+        Some(&MachinePhase::Pending),
+        &Operation::processing(MachineOperationType::Create, description.clone()),
+    )
+    .await?;
+    ctx.events
+        .normal(&m.object_ref(&()), "Created", "Create", description)
+        .await;
+    ctx.metrics.created(adopted);
+    Ok(Action::requeue(cfg.creation_timeout.min(RECHECK)))
+}
+
+async fn initialize(
+    ctx: &Ctx,
+    m: &Machine,
+    class: &MachineClass,
+    secret: &SecretData,
+    request_id: &RequestId,
+) -> Result<(), Error> {
+    match ctx
+        .driver
+        .initialize_machine(InitializeMachineRequest {
+            machine: m.clone(),
+            machine_class: class.clone(),
+            secret: secret.clone(),
+            request_id: request_id.clone(),
+        })
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.code == Code::Unimplemented => Ok(()),
+        Err(e) => Err(Error::driver("initialize_machine", e)),
+    }
+}
+
+/// A failed creation: CrashLoopBackOff with the error, an Event, and a backoff retry.
+async fn creation_failed(
+    ctx: &Ctx,
+    m: &Machine,
+    op: &'static str,
+    err: DriverError,
+) -> Result<Action, Error> {
+    let description = format!("{op} failed: {}", err.full_message());
+    tracing::warn!(machine = %name(m), error = %description, "VM creation failed");
+    record(
+        ctx,
+        m,
+        Some(&MachinePhase::CrashLoopBackOff),
+        &Operation::failed(
+            MachineOperationType::Create,
+            description.clone(),
+            Some(err.code.as_str().to_string()),
+        ),
+    )
+    .await?;
+    ctx.events
+        .warning(&m.object_ref(&()), "CreationFailed", "Create", description)
+        .await;
+    Ok(Action::requeue(ctx.backoff(m, Some(&err))))
+}
+
+/// The VM exists but the phase was not recorded: Pending.
+pub async fn mark_pending(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
+    record(
+        ctx,
+        m,
+        Some(&MachinePhase::Pending),
+        &Operation::processing(
+            MachineOperationType::Create,
+            "VM exists; waiting for its node to join",
+        ),
+    )
+    .await?;
+    Ok(Action::requeue(RECHECK))
+}
+
+/// The Node is Ready and healthy: Running (and the bootstrap token is no longer needed).
+pub async fn mark_running(ctx: &Ctx, m: &Machine, node: Option<&Node>) -> Result<Action, Error> {
+    let from_unknown = m.phase() == Some(&MachinePhase::Unknown);
+    let (kind, description) = if from_unknown {
+        (
+            MachineOperationType::HealthCheck,
+            format!("Machine {} is healthy again", name(m)),
+        )
+    } else {
+        (
+            MachineOperationType::Create,
+            format!("Machine {} successfully joined the cluster", name(m)),
+        )
+    };
+    if let Some(node) = node {
+        copy_node_status(ctx, m, node, true).await?;
+    }
+    record(
+        ctx,
+        m,
+        Some(&MachinePhase::Running),
+        &Operation::successful(kind, description.clone()),
+    )
+    .await?;
+    delete_bootstrap_token(ctx, m).await?;
+    ctx.events
+        .normal(&m.object_ref(&()), "Running", "HealthCheck", description)
+        .await;
+    Ok(Action::requeue(ctx.settings.resync))
+}
+
+/// Healthy and Running: copy Node conditions when they changed, apply the node template,
+/// make sure the bootstrap token is gone.
+pub async fn keep_running(ctx: &Ctx, m: &Machine, node: Option<&Node>) -> Result<Action, Error> {
+    if let Some(node) = node {
+        copy_node_status(ctx, m, node, false).await?;
+        super::nodetemplate::sync(ctx, m, node).await?;
+    }
+    delete_bootstrap_token(ctx, m).await?;
+    Ok(Action::requeue(ctx.settings.resync))
+}
+
+async fn copy_node_status(ctx: &Ctx, m: &Machine, node: &Node, always: bool) -> Result<(), Error> {
+    let conditions = super::observe::node_conditions_of(node);
+    let current = m.status.as_ref().and_then(|s| s.conditions.as_deref());
+    if always || status::conditions_differ(current, conditions) {
+        let addresses = node
+            .status
+            .as_ref()
+            .and_then(|s| s.addresses.clone())
+            .unwrap_or_default();
+        patch_status(ctx, m, status::node_status_patch(conditions, &addresses)).await?;
+    }
+    Ok(())
+}
+
+/// The Node is missing or unhealthy: Unknown.
+pub async fn mark_unknown(
+    ctx: &Ctx,
+    m: &Machine,
+    reason: &str,
+    node: Option<&Node>,
+) -> Result<Action, Error> {
+    if let Some(node) = node {
+        copy_node_status(ctx, m, node, true).await?;
+    }
+    let description = format!(
+        "Machine {} is unhealthy - changing phase to Unknown: {reason}",
+        name(m)
+    );
+    record(
+        ctx,
+        m,
+        Some(&MachinePhase::Unknown),
+        &Operation::processing(MachineOperationType::HealthCheck, description.clone()),
+    )
+    .await?;
+    ctx.events
+        .warning(&m.object_ref(&()), "Unhealthy", "HealthCheck", description)
+        .await;
+    Ok(Action::requeue(RECHECK))
+}
+
+/// The machine is beyond repair: Failed, within the replacement budget of its deployment.
+pub async fn mark_failed(ctx: &Ctx, m: &Machine, reason: &str) -> Result<Action, Error> {
+    let _permit = match ctx.replacement_slot(m).await {
+        Ok(permit) => permit,
+        Err(throttled) => {
+            let description = format!("replacement throttled: {throttled}; {reason}");
+            if last_description(m) != Some(description.as_str()) {
+                record(
+                    ctx,
+                    m,
+                    None,
+                    &Operation::processing(MachineOperationType::HealthCheck, description.clone()),
+                )
+                .await?;
+                ctx.events
+                    .warning(
+                        &m.object_ref(&()),
+                        "ReplacementThrottled",
+                        "HealthCheck",
+                        description,
+                    )
+                    .await;
+            }
+            return Ok(Action::requeue(RECHECK));
+        }
+    };
+    let kind = match m.phase() {
+        Some(MachinePhase::Unknown) | Some(MachinePhase::Running) => {
+            MachineOperationType::HealthCheck
+        }
+        _ => MachineOperationType::Create,
+    };
+    let description = format!("Machine {} failed: {reason}", name(m));
+    record(
+        ctx,
+        m,
+        Some(&MachinePhase::Failed),
+        &Operation::failed(kind, description.clone(), None),
+    )
+    .await?;
+    ctx.events
+        .warning(&m.object_ref(&()), "Failed", "HealthCheck", description)
+        .await;
+    ctx.metrics.failed();
+    Ok(Action::await_change())
+}
+
+/// Records that a step is held back (frozen, protected) without changing the phase.
+pub async fn hold(ctx: &Ctx, m: &Machine, why: &str) -> Result<Action, Error> {
+    if last_description(m) != Some(why) {
+        let kind = if m.metadata.deletion_timestamp.is_some() {
+            MachineOperationType::Delete
+        } else {
+            MachineOperationType::HealthCheck
+        };
+        record(ctx, m, None, &Operation::processing(kind, why)).await?;
+    }
+    Ok(Action::requeue(RECHECK))
+}
+
+/// Deletion requested: Terminating.
+pub async fn mark_terminating(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
+    let description = format!("Deleting machine {}: draining its node", name(m));
+    record(
+        ctx,
+        m,
+        Some(&MachinePhase::Terminating),
+        &Operation::processing(MachineOperationType::Delete, description.clone()),
+    )
+    .await?;
+    ctx.events
+        .normal(&m.object_ref(&()), "Terminating", "Delete", description)
+        .await;
+    Ok(Action::await_change())
+}
+
+/// How long a forced drain (pods deleted, not evicted) may take.
+const FORCED_DRAIN: Duration = Duration::from_secs(60);
+/// Refused evictions before the blocking PodDisruptionBudget is shown on the Machine.
+const REFUSALS_BEFORE_REPORT: u32 = 3;
+
+/// Terminating: Node condition, drain, VolumeAttachments, VM, Node, bootstrap token, finalizer.
+pub async fn delete(
+    ctx: &Ctx,
+    m: &Machine,
+    cfg: &MachineConfig,
+    force: bool,
+    force_reason: Option<&str>,
+) -> Result<Action, Error> {
+    let machine_name = name(m);
+    let (class, secret) = match class_and_secret(ctx, m).await {
+        Ok(x) => x,
+        Err(Error::Class(problem)) => return report_class_problem(ctx, m, &problem).await,
+        Err(e) => return Err(e),
+    };
+    let request_id = RequestId::generate();
+    let node_name = super::observe::node_name(m).map(String::from);
+    let nodes: Api<Node> = Api::all(ctx.target.clone());
+    let node = match &node_name {
+        Some(n) => nodes
+            .get_opt(n)
+            .await
+            .map_err(|e| Error::kube("read the machine's node", e))?,
+        None => None,
+    };
+
+    // Is the VM still there? A vanished VM has nothing left to drain.
+    let vm_exists = if m.spec.provider_id.as_deref().is_some_and(|p| !p.is_empty()) {
+        match ctx
+            .driver
+            .get_machine_status(GetMachineStatusRequest {
+                machine: m.clone(),
+                machine_class: class.clone(),
+                secret: secret.clone(),
+                request_id: request_id.clone(),
+            })
+            .await
+        {
+            Ok(_) => true,
+            Err(e) if e.code == Code::NotFound => false,
+            // Uninitialized or transient errors: assume it exists and drain.
+            Err(_) => true,
+        }
+    } else {
+        false
+    };
+
+    if let (Some(node), Some(node_name)) = (&node, &node_name) {
+        set_node_terminating(ctx, node, m).await?;
+        if vm_exists
+            && let Some(action) = drain_step(ctx, m, cfg, node_name, force, force_reason).await?
+        {
+            return Ok(action);
+        }
+        delete_volume_attachments(ctx, node_name).await?;
+    }
+
+    ctx.driver
+        .delete_machine(DeleteMachineRequest {
+            machine: m.clone(),
+            machine_class: class,
+            secret,
+            request_id: request_id.clone(),
+        })
+        .await
+        .or_else(|e| {
+            if e.is_not_found() {
+                Ok(Default::default())
+            } else {
+                Err(e)
+            }
+        })
+        .map_err(|source| Error::driver("delete_machine", source))?;
+    tracing::info!(machine = %machine_name, %request_id, "VM deleted");
+
+    if let Some(node_name) = &node_name {
+        match nodes.delete(node_name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(Error::kube("delete the machine's node", e)),
+        }
+    }
+    delete_bootstrap_token(ctx, m).await?;
+    ctx.events
+        .normal(
+            &m.object_ref(&()),
+            "Deleted",
+            "Delete",
+            format!("Machine {machine_name}: VM and node deleted"),
+        )
+        .await;
+    remove_finalizer(ctx, m).await?;
+    ctx.metrics.deleted();
+    Ok(Action::await_change())
+}
+
+/// Drains the node within the rest of the drain timeout. While a PodDisruptionBudget keeps
+/// refusing evictions, the block is shown on the Machine. `Some(action)` = not drained yet
+/// (the reason is recorded; come back, and past the drain timeout the decision forces).
+async fn drain_step(
+    ctx: &Ctx,
+    m: &Machine,
+    cfg: &MachineConfig,
+    node_name: &str,
+    force: bool,
+    force_reason: Option<&str>,
+) -> Result<Option<Action>, Error> {
+    let in_phase: Duration = Timestamp::now()
+        .duration_since(super::observe::phase_since(m))
+        .try_into()
+        .unwrap_or_default();
+    let mut options = mcm_drain::Options::new(ctx.driver.clone());
+    options.force = force;
+    options.timeout = if force {
+        FORCED_DRAIN
+    } else {
+        cfg.drain_timeout
+            .saturating_sub(in_phase)
+            .max(Duration::from_secs(1))
+    };
+    options.max_evict_retries = u32::try_from(
+        m.spec
+            .configuration
+            .max_evict_retries
+            .unwrap_or(ctx.settings.defaults.max_evict_retries)
+            .max(0),
+    )
+    .unwrap_or(0);
+    options.eviction_retry_interval = ctx.settings.eviction_retry_interval;
+    options.pv_detach_timeout = ctx.settings.pv_detach_timeout;
+    options.pv_reattach_timeout = ctx.settings.pv_reattach_timeout;
+    options.parallelism = ctx.settings.drain_parallelism;
+    let (blocks_tx, mut blocks) = tokio::sync::watch::channel::<Option<mcm_drain::PdbBlock>>(None);
+    options.on_pdb_block = Some(std::sync::Arc::new(move |b: &mcm_drain::PdbBlock| {
+        let _ = blocks_tx.send(Some(b.clone()));
+    }));
+    if force {
+        let why = force_reason.unwrap_or("forced");
+        tracing::info!(machine = %name(m), node = node_name, why, "force-draining");
+    }
+
+    let drained = mcm_drain::drain(ctx.target.clone(), node_name, &options, &ctx.drain_stores);
+    tokio::pin!(drained);
+    let mut reported: Option<String> = None;
+    let result = loop {
+        tokio::select! {
+            r = &mut drained => break r,
+            changed = blocks.changed() => {
+                if changed.is_err() {
+                    break (&mut drained).await;
+                }
+                let block = blocks.borrow_and_update().clone();
+                if let Some(b) = block.filter(|b| b.refusals >= REFUSALS_BEFORE_REPORT) {
+                    let pdb = b.pdb.clone().unwrap_or_else(|| "(unknown budget)".into());
+                    if reported.as_deref() != Some(pdb.as_str()) {
+                        let description = format!(
+                            "Drain of node {node_name}: eviction of pod {} blocked by PodDisruptionBudget {pdb} for {} ({} refusals); still retrying",
+                            b.pod,
+                            mcm_drain::human_duration(b.blocked_for),
+                            b.refusals
+                        );
+                        record(ctx, m, None, &Operation::processing(MachineOperationType::Delete, description.clone())).await?;
+                        ctx.events.warning(&m.object_ref(&()), "DrainBlockedByPDB", "Drain", description).await;
+                        reported = Some(pdb);
+                    }
+                }
+            }
+        }
+    };
+    match result {
+        Ok(outcome) => {
+            let description = format!("Drain of node {node_name} finished: {}", outcome.summary());
+            record(
+                ctx,
+                m,
+                None,
+                &Operation::processing(MachineOperationType::Delete, description.clone()),
+            )
+            .await?;
+            ctx.events
+                .normal(&m.object_ref(&()), "Drained", "Drain", description)
+                .await;
+            Ok(None)
+        }
+        Err(e) => {
+            let description = format!("Drain of node {node_name} not finished: {e}");
+            record(
+                ctx,
+                m,
+                None,
+                &Operation::failed(MachineOperationType::Delete, description.clone(), None),
+            )
+            .await?;
+            ctx.events
+                .warning(&m.object_ref(&()), "DrainFailed", "Drain", description)
+                .await;
+            Ok(Some(Action::requeue(Duration::from_secs(5))))
+        }
+    }
+}
+
+async fn set_node_terminating(ctx: &Ctx, node: &Node, m: &Machine) -> Result<(), Error> {
+    let already = super::observe::node_conditions_of(node)
+        .iter()
+        .any(|c| c.type_ == node_conditions::TERMINATING && c.status == "True");
+    if already {
+        return Ok(());
+    }
+    let reason = if m.phase() == Some(&MachinePhase::Failed) {
+        node_conditions::REASON_UNHEALTHY
+    } else {
+        node_conditions::REASON_SCALE_DOWN
+    };
+    let now = Timestamp::now().to_string();
+    let mut conditions: Vec<serde_json::Value> = super::observe::node_conditions_of(node)
+        .iter()
+        .filter(|c| c.type_ != node_conditions::TERMINATING)
+        .map(|c| serde_json::to_value(c).unwrap_or_default())
+        .collect();
+    conditions.push(json!({
+        "type": node_conditions::TERMINATING,
+        "status": "True",
+        "reason": reason,
+        "message": format!("machine {} is being deleted", name(m)),
+        "lastHeartbeatTime": now,
+        "lastTransitionTime": now,
+    }));
+    let nodes: Api<Node> = Api::all(ctx.target.clone());
+    match nodes
+        .patch_status(
+            &node.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "status": { "conditions": conditions } })),
+        )
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
+        Err(e) => return Err(Error::kube("set the node's Terminating condition", e)),
+    }
+    ctx.node_events
+        .normal(
+            &node.object_ref(&()),
+            "Terminating",
+            "Delete",
+            format!("node is being removed with machine {}", name(m)),
+        )
+        .await;
+    Ok(())
+}
+
+async fn delete_volume_attachments(ctx: &Ctx, node_name: &str) -> Result<(), Error> {
+    let api: Api<VolumeAttachment> = Api::all(ctx.target.clone());
+    let on_node: Vec<String> = ctx
+        .drain_stores
+        .volume_attachments
+        .state()
+        .iter()
+        .filter(|va| va.spec.node_name == node_name)
+        .map(|va| va.name_any())
+        .collect();
+    for va in on_node {
+        match api.delete(&va, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(Error::kube("delete a VolumeAttachment of the node", e)),
+        }
+    }
+    Ok(())
+}
+
+/// Lists the Machines of the namespace straight from the API server (used where the store
+/// could be stale, e.g. before deleting a VM as an orphan).
+pub async fn list_machines(ctx: &Ctx) -> Result<BTreeMap<String, Machine>, Error> {
+    Ok(machine_api(ctx)
+        .list(&ListParams::default())
+        .await
+        .map_err(|e| Error::kube("list machines", e))?
+        .items
+        .into_iter()
+        .map(|m| (m.name_any(), m))
+        .collect())
+}

@@ -1,0 +1,741 @@
+//! The pure half of the machine controller: what to do next, from what was observed.
+//!
+//! [`next_step`] never performs I/O and never reads `status.lastOperation`: it decides from
+//! the Machine's phase (and when that phase began), its Node, its class, and the controller's
+//! configuration. Every [`Step`] is carried out by one small action in `act`, and every
+//! action is idempotent, so a crash between any two steps resumes correctly.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use mcm_api::MachinePhase;
+
+/// How long a Node may be NotReady before drain is forced (MCM's rule).
+pub const FORCE_DRAIN_NOT_READY_AFTER: Duration = Duration::from_secs(5 * 60);
+
+/// The timeouts and health rules that apply to one Machine: the controller's flags,
+/// overridden by the Machine's inline `spec` configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MachineConfig {
+    /// `--machine-creation-timeout` / `spec.creationTimeout`.
+    pub creation_timeout: Duration,
+    /// `--machine-health-timeout` / `spec.healthTimeout`.
+    pub health_timeout: Duration,
+    /// `--machine-drain-timeout` / `spec.drainTimeout`.
+    pub drain_timeout: Duration,
+    /// `spec.disableHealthTimeout`: never fail a machine for being unhealthy.
+    pub disable_health_timeout: bool,
+    /// Node condition types that make a machine unhealthy when `True`
+    /// (`--node-conditions` / `spec.nodeConditions`).
+    pub bad_conditions: Vec<String>,
+}
+
+/// Why the machine's class cannot be used right now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClassProblem {
+    /// `spec.class` is empty or not a MachineClass.
+    NoClassReference,
+    /// The referenced MachineClass does not exist.
+    ClassMissing {
+        /// Its name.
+        name: String,
+    },
+    /// A Secret the class references does not exist.
+    SecretMissing {
+        /// The class.
+        class: String,
+        /// The secret's name.
+        secret: String,
+    },
+    /// The class failed validation.
+    Invalid {
+        /// The class.
+        class: String,
+        /// What is wrong, naming the field.
+        message: String,
+    },
+}
+
+impl std::fmt::Display for ClassProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClassProblem::NoClassReference => {
+                f.write_str("spec.class must name a MachineClass (kind MachineClass)")
+            }
+            ClassProblem::ClassMissing { name } => write!(f, "MachineClass {name:?} not found"),
+            ClassProblem::SecretMissing { class, secret } => {
+                write!(
+                    f,
+                    "Secret {secret:?} referenced by MachineClass {class:?} not found"
+                )
+            }
+            ClassProblem::Invalid { class, message } => {
+                write!(f, "MachineClass {class:?} is invalid: {message}")
+            }
+        }
+    }
+}
+
+/// What the controller saw of the Machine's Node.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeHealth {
+    /// `Ready` is `True`.
+    pub ready: bool,
+    /// Since when `Ready` has not been `True` (its last transition), if it is not.
+    pub not_ready_since: Option<Timestamp>,
+    /// Configured bad condition types that are `True`.
+    pub bad_conditions: Vec<String>,
+}
+
+impl NodeHealth {
+    /// Ready and without bad conditions.
+    pub fn healthy(&self) -> bool {
+        self.ready && self.bad_conditions.is_empty()
+    }
+
+    /// A human-readable reason why the node is unhealthy.
+    pub fn unhealthy_reason(&self) -> String {
+        let mut parts = Vec::new();
+        if !self.ready {
+            parts.push("node is not Ready".to_string());
+        }
+        if !self.bad_conditions.is_empty() {
+            parts.push(format!(
+                "node conditions {} are True",
+                self.bad_conditions.join(", ")
+            ));
+        }
+        parts.join("; ")
+    }
+}
+
+/// Everything [`next_step`] decides from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Observed {
+    /// `metadata.deletionTimestamp` is set.
+    pub deleting: bool,
+    /// Our finalizer is on the Machine.
+    pub has_finalizer: bool,
+    /// `status.currentStatus.phase`.
+    pub phase: Option<MachinePhase>,
+    /// When the phase began (`status.currentStatus.lastUpdateTime`), else creation time.
+    pub phase_since: Timestamp,
+    /// `spec.providerID`, when a VM was recorded.
+    pub provider_id: Option<String>,
+    /// The `node` label, when the VM's node name was recorded.
+    pub node_name: Option<String>,
+    /// Whether the class and its secrets are usable.
+    pub class: Result<(), ClassProblem>,
+    /// The Node, when it exists.
+    pub node: Option<NodeHealth>,
+    /// The safety controller froze the machine controller.
+    pub frozen: bool,
+    /// The `force-deletion` label is set.
+    pub force_deletion: bool,
+    /// Why this machine must not be marked Failed right now even if its health timeout
+    /// expired (e.g. it belongs to an old MachineSet while a rollout is in progress).
+    pub failure_protected: Option<String>,
+}
+
+/// What to do next.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Put our finalizer on the Machine.
+    AddFinalizer,
+    /// Record the class problem (lastOperation Failed, Event) and retry later.
+    ReportClassProblem(ClassProblem),
+    /// Find the VM (adopt) or create it, then record providerID, node label and Pending.
+    CreateVm,
+    /// The VM exists but the phase was not recorded: set Pending.
+    MarkPending,
+    /// Pending: wait for the Node; the creation timeout expires in `remaining`.
+    AwaitNode {
+        /// Time left before the machine fails.
+        remaining: Duration,
+    },
+    /// The Node is Ready and healthy: Running.
+    MarkRunning,
+    /// The Node is missing or unhealthy: Unknown (the health timeout starts).
+    MarkUnknown {
+        /// Why.
+        reason: String,
+    },
+    /// Unknown: wait for recovery; the health timeout expires in `remaining` (`None`: never).
+    AwaitRecovery {
+        /// Time left before the machine fails.
+        remaining: Option<Duration>,
+    },
+    /// The machine is beyond repair: Failed (the MachineSet replaces it).
+    MarkFailed {
+        /// Why.
+        reason: String,
+    },
+    /// The machine would fail or start deleting, but the controller is frozen.
+    Frozen,
+    /// The machine would fail, but it is protected (see [`Observed::failure_protected`]).
+    Protected {
+        /// Why.
+        reason: String,
+    },
+    /// Healthy and Running: keep Node conditions, node template and bootstrap token tidy.
+    KeepRunning,
+    /// Nothing to do (Failed machines wait for their owner; foreign objects are left alone).
+    Nothing,
+    /// Deletion requested: set Terminating.
+    MarkTerminating,
+    /// Terminating: drain, delete VolumeAttachments, the VM and the Node, then remove the
+    /// finalizer.
+    Delete {
+        /// Delete pods instead of evicting them.
+        force: bool,
+        /// Why force was chosen, if it was.
+        force_reason: Option<String>,
+    },
+}
+
+/// Decides the next step for a Machine. Pure: same input, same answer.
+pub fn next_step(o: &Observed, cfg: &MachineConfig, now: Timestamp) -> Step {
+    if o.deleting {
+        return deletion_step(o, cfg, now);
+    }
+    if !o.has_finalizer {
+        return Step::AddFinalizer;
+    }
+    let in_phase = elapsed(o.phase_since, now);
+    let has_vm = o.provider_id.is_some() && o.node_name.is_some();
+
+    if !has_vm {
+        // Creation: without a usable class nothing can be created.
+        if let Err(problem) = &o.class {
+            if matches!(
+                o.phase,
+                Some(MachinePhase::CrashLoopBackOff) | Some(MachinePhase::Pending)
+            ) && in_phase >= cfg.creation_timeout
+            {
+                return fail_unless_frozen(
+                    o,
+                    format!(
+                        "machine could not be created within the creation timeout ({}): {problem}",
+                        mcm_api::duration::format_go_duration(cfg.creation_timeout)
+                    ),
+                );
+            }
+            return Step::ReportClassProblem(problem.clone());
+        }
+        return match o.phase {
+            Some(MachinePhase::Failed) => Step::Nothing,
+            Some(MachinePhase::CrashLoopBackOff) if in_phase >= cfg.creation_timeout => {
+                fail_unless_frozen(
+                    o,
+                    format!(
+                        "VM could not be created within the creation timeout ({})",
+                        mcm_api::duration::format_go_duration(cfg.creation_timeout)
+                    ),
+                )
+            }
+            _ => Step::CreateVm,
+        };
+    }
+
+    match o.phase.clone() {
+        None | Some(MachinePhase::CrashLoopBackOff) => Step::MarkPending,
+        Some(MachinePhase::Pending) | Some(MachinePhase::Available) => match &o.node {
+            Some(n) if n.healthy() => Step::MarkRunning,
+            _ if in_phase >= cfg.creation_timeout => fail_unless_frozen(
+                o,
+                format!(
+                    "machine did not join the cluster within the creation timeout ({})",
+                    mcm_api::duration::format_go_duration(cfg.creation_timeout)
+                ),
+            ),
+            _ => Step::AwaitNode {
+                remaining: cfg.creation_timeout - in_phase,
+            },
+        },
+        Some(MachinePhase::Running) => match &o.node {
+            None => Step::MarkUnknown {
+                reason: "node object not found".into(),
+            },
+            Some(n) if !n.healthy() => Step::MarkUnknown {
+                reason: n.unhealthy_reason(),
+            },
+            Some(_) => Step::KeepRunning,
+        },
+        Some(MachinePhase::Unknown) => match &o.node {
+            Some(n) if n.healthy() => Step::MarkRunning,
+            _ if cfg.disable_health_timeout => Step::AwaitRecovery { remaining: None },
+            node if in_phase >= cfg.health_timeout => {
+                if let Some(reason) = &o.failure_protected {
+                    return Step::Protected {
+                        reason: reason.clone(),
+                    };
+                }
+                let why = match node {
+                    Some(n) => n.unhealthy_reason(),
+                    None => "node object not found".into(),
+                };
+                fail_unless_frozen(
+                    o,
+                    format!(
+                        "machine stayed unhealthy beyond the health timeout ({}): {why}",
+                        mcm_api::duration::format_go_duration(cfg.health_timeout)
+                    ),
+                )
+            }
+            _ => Step::AwaitRecovery {
+                remaining: Some(cfg.health_timeout - in_phase),
+            },
+        },
+        // Failed machines are replaced by their MachineSet; Terminating without a deletion
+        // timestamp and in-place phases are not ours to change here.
+        Some(_) => Step::Nothing,
+    }
+}
+
+fn deletion_step(o: &Observed, cfg: &MachineConfig, now: Timestamp) -> Step {
+    if !o.has_finalizer {
+        return Step::Nothing;
+    }
+    if o.phase != Some(MachinePhase::Terminating) {
+        if o.frozen {
+            return Step::Frozen;
+        }
+        return Step::MarkTerminating;
+    }
+    if let Err(problem) = &o.class {
+        // Without the class and its credentials the VM cannot be deleted: never drop the
+        // finalizer and leak it.
+        return Step::ReportClassProblem(problem.clone());
+    }
+    let force_reason = if o.force_deletion {
+        Some(format!(
+            "label {}={} is set",
+            mcm_api::constants::labels::FORCE_DELETION,
+            mcm_api::constants::labels::TRUE_VALUE
+        ))
+    } else if elapsed(o.phase_since, now) >= cfg.drain_timeout {
+        Some(format!(
+            "drain timeout ({}) exceeded",
+            mcm_api::duration::format_go_duration(cfg.drain_timeout)
+        ))
+    } else {
+        o.node
+            .as_ref()
+            .and_then(|n| n.not_ready_since)
+            .filter(|since| elapsed(*since, now) >= FORCE_DRAIN_NOT_READY_AFTER)
+            .map(|_| "node has been NotReady for more than 5m".to_string())
+    };
+    Step::Delete {
+        force: force_reason.is_some(),
+        force_reason,
+    }
+}
+
+fn fail_unless_frozen(o: &Observed, reason: String) -> Step {
+    if o.frozen {
+        Step::Frozen
+    } else {
+        Step::MarkFailed { reason }
+    }
+}
+
+fn elapsed(since: Timestamp, now: Timestamp) -> Duration {
+    now.duration_since(since)
+        .try_into()
+        .unwrap_or(Duration::ZERO)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pretty_assertions::assert_eq;
+
+    const MIN: Duration = Duration::from_secs(60);
+
+    fn cfg() -> MachineConfig {
+        MachineConfig {
+            creation_timeout: 20 * MIN,
+            health_timeout: 10 * MIN,
+            drain_timeout: 120 * MIN,
+            disable_health_timeout: false,
+            bad_conditions: vec!["KernelDeadlock".into()],
+        }
+    }
+
+    fn t0() -> Timestamp {
+        "2026-01-01T00:00:00Z".parse().unwrap()
+    }
+
+    fn at(minutes: u64) -> Timestamp {
+        t0() + jiff::SignedDuration::from_secs(minutes as i64 * 60)
+    }
+
+    fn healthy() -> Option<NodeHealth> {
+        Some(NodeHealth {
+            ready: true,
+            not_ready_since: None,
+            bad_conditions: vec![],
+        })
+    }
+
+    fn not_ready(since_min: u64) -> Option<NodeHealth> {
+        Some(NodeHealth {
+            ready: false,
+            not_ready_since: Some(at(since_min)),
+            bad_conditions: vec![],
+        })
+    }
+
+    /// A machine with finalizer, usable class, no VM yet, phase since t0.
+    fn fresh() -> Observed {
+        Observed {
+            deleting: false,
+            has_finalizer: true,
+            phase: None,
+            phase_since: t0(),
+            provider_id: None,
+            node_name: None,
+            class: Ok(()),
+            node: None,
+            frozen: false,
+            force_deletion: false,
+            failure_protected: None,
+        }
+    }
+
+    fn with_vm(phase: MachinePhase) -> Observed {
+        Observed {
+            phase: Some(phase),
+            provider_id: Some("local:///m".into()),
+            node_name: Some("m".into()),
+            ..fresh()
+        }
+    }
+
+    #[test]
+    fn creation_table() {
+        let missing = ClassProblem::ClassMissing { name: "c".into() };
+        let cases: Vec<(&str, Observed, u64, Step)> = vec![
+            (
+                "no finalizer yet",
+                Observed {
+                    has_finalizer: false,
+                    ..fresh()
+                },
+                0,
+                Step::AddFinalizer,
+            ),
+            ("new machine", fresh(), 0, Step::CreateVm),
+            (
+                "class missing is reported, nothing created",
+                Observed {
+                    class: Err(missing.clone()),
+                    ..fresh()
+                },
+                0,
+                Step::ReportClassProblem(missing.clone()),
+            ),
+            (
+                "crash loop retries creation before the timeout",
+                Observed {
+                    phase: Some(MachinePhase::CrashLoopBackOff),
+                    ..fresh()
+                },
+                19,
+                Step::CreateVm,
+            ),
+            (
+                "crash loop fails after the creation timeout",
+                Observed {
+                    phase: Some(MachinePhase::CrashLoopBackOff),
+                    ..fresh()
+                },
+                20,
+                Step::MarkFailed {
+                    reason: "VM could not be created within the creation timeout (20m0s)".into(),
+                },
+            ),
+            (
+                "crash loop past the timeout while frozen stays",
+                Observed {
+                    phase: Some(MachinePhase::CrashLoopBackOff),
+                    frozen: true,
+                    ..fresh()
+                },
+                30,
+                Step::Frozen,
+            ),
+            (
+                "VM recorded but phase lost",
+                Observed {
+                    phase: None,
+                    ..with_vm(MachinePhase::Pending)
+                },
+                0,
+                Step::MarkPending,
+            ),
+            (
+                "pending waits for the node",
+                with_vm(MachinePhase::Pending),
+                5,
+                Step::AwaitNode {
+                    remaining: 15 * MIN,
+                },
+            ),
+            (
+                "pending with a NotReady node waits",
+                Observed {
+                    node: not_ready(0),
+                    ..with_vm(MachinePhase::Pending)
+                },
+                5,
+                Step::AwaitNode {
+                    remaining: 15 * MIN,
+                },
+            ),
+            (
+                "pending with a Ready node runs",
+                Observed {
+                    node: healthy(),
+                    ..with_vm(MachinePhase::Pending)
+                },
+                1,
+                Step::MarkRunning,
+            ),
+            (
+                "pending past the creation timeout fails",
+                with_vm(MachinePhase::Pending),
+                20,
+                Step::MarkFailed {
+                    reason: "machine did not join the cluster within the creation timeout (20m0s)"
+                        .into(),
+                },
+            ),
+            (
+                "failed machines are left to their owner",
+                Observed {
+                    phase: Some(MachinePhase::Failed),
+                    ..fresh()
+                },
+                100,
+                Step::Nothing,
+            ),
+        ];
+        for (name, o, minute, want) in cases {
+            assert_eq!(next_step(&o, &cfg(), at(minute)), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn health_table() {
+        let bad = Some(NodeHealth {
+            ready: true,
+            not_ready_since: None,
+            bad_conditions: vec!["KernelDeadlock".into()],
+        });
+        let cases: Vec<(&str, Observed, u64, Step)> = vec![
+            (
+                "running and healthy",
+                Observed { node: healthy(), ..with_vm(MachinePhase::Running) },
+                0,
+                Step::KeepRunning,
+            ),
+            (
+                "running, node gone",
+                with_vm(MachinePhase::Running),
+                0,
+                Step::MarkUnknown { reason: "node object not found".into() },
+            ),
+            (
+                "running, node not ready",
+                Observed { node: not_ready(0), ..with_vm(MachinePhase::Running) },
+                0,
+                Step::MarkUnknown { reason: "node is not Ready".into() },
+            ),
+            (
+                "running, bad condition",
+                Observed { node: bad.clone(), ..with_vm(MachinePhase::Running) },
+                0,
+                Step::MarkUnknown { reason: "node conditions KernelDeadlock are True".into() },
+            ),
+            (
+                "unknown recovers",
+                Observed { node: healthy(), ..with_vm(MachinePhase::Unknown) },
+                3,
+                Step::MarkRunning,
+            ),
+            (
+                "unknown within the health timeout waits",
+                Observed { node: not_ready(0), ..with_vm(MachinePhase::Unknown) },
+                4,
+                Step::AwaitRecovery { remaining: Some(6 * MIN) },
+            ),
+            (
+                "unknown past the health timeout fails",
+                Observed { node: not_ready(0), ..with_vm(MachinePhase::Unknown) },
+                10,
+                Step::MarkFailed {
+                    reason: "machine stayed unhealthy beyond the health timeout (10m0s): node is not Ready".into(),
+                },
+            ),
+            (
+                "never failed while frozen",
+                Observed { node: not_ready(0), frozen: true, ..with_vm(MachinePhase::Unknown) },
+                60,
+                Step::Frozen,
+            ),
+            (
+                "never failed while protected by a rollout",
+                Observed {
+                    node: not_ready(0),
+                    failure_protected: Some("old MachineSet during rollout".into()),
+                    ..with_vm(MachinePhase::Unknown)
+                },
+                60,
+                Step::Protected { reason: "old MachineSet during rollout".into() },
+            ),
+        ];
+        for (name, o, minute, want) in cases {
+            assert_eq!(next_step(&o, &cfg(), at(minute)), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn disabled_health_timeout_waits_forever() {
+        let c = MachineConfig {
+            disable_health_timeout: true,
+            ..cfg()
+        };
+        let o = Observed {
+            node: not_ready(0),
+            ..with_vm(MachinePhase::Unknown)
+        };
+        assert_eq!(
+            next_step(&o, &c, at(10_000)),
+            Step::AwaitRecovery { remaining: None }
+        );
+    }
+
+    #[test]
+    fn deletion_table() {
+        let deleting = |phase: MachinePhase| Observed {
+            deleting: true,
+            ..with_vm(phase)
+        };
+        let secret = ClassProblem::SecretMissing {
+            class: "c".into(),
+            secret: "s".into(),
+        };
+        let cases: Vec<(&str, Observed, u64, Step)> = vec![
+            (
+                "start",
+                deleting(MachinePhase::Running),
+                0,
+                Step::MarkTerminating,
+            ),
+            (
+                "not started while frozen",
+                Observed {
+                    frozen: true,
+                    ..deleting(MachinePhase::Running)
+                },
+                0,
+                Step::Frozen,
+            ),
+            (
+                "normal drain",
+                Observed {
+                    node: healthy(),
+                    ..deleting(MachinePhase::Terminating)
+                },
+                1,
+                Step::Delete {
+                    force: false,
+                    force_reason: None,
+                },
+            ),
+            (
+                "force after the drain timeout",
+                Observed {
+                    node: healthy(),
+                    ..deleting(MachinePhase::Terminating)
+                },
+                120,
+                Step::Delete {
+                    force: true,
+                    force_reason: Some("drain timeout (2h0m0s) exceeded".into()),
+                },
+            ),
+            (
+                "force by label",
+                Observed {
+                    force_deletion: true,
+                    ..deleting(MachinePhase::Terminating)
+                },
+                0,
+                Step::Delete {
+                    force: true,
+                    force_reason: Some("label force-deletion=True is set".into()),
+                },
+            ),
+            (
+                "force when NotReady for 5 minutes",
+                Observed {
+                    node: not_ready(0),
+                    ..deleting(MachinePhase::Terminating)
+                },
+                5,
+                Step::Delete {
+                    force: true,
+                    force_reason: Some("node has been NotReady for more than 5m".into()),
+                },
+            ),
+            (
+                "not yet forced when NotReady for 4 minutes",
+                Observed {
+                    node: not_ready(0),
+                    ..deleting(MachinePhase::Terminating)
+                },
+                4,
+                Step::Delete {
+                    force: false,
+                    force_reason: None,
+                },
+            ),
+            (
+                "no credentials: keep the finalizer, report",
+                Observed {
+                    class: Err(secret.clone()),
+                    ..deleting(MachinePhase::Terminating)
+                },
+                0,
+                Step::ReportClassProblem(secret),
+            ),
+            (
+                "someone else's finalizer only",
+                Observed {
+                    has_finalizer: false,
+                    ..deleting(MachinePhase::Terminating)
+                },
+                0,
+                Step::Nothing,
+            ),
+            (
+                "deletion of a machine that never got a VM still runs delete (leftovers)",
+                Observed {
+                    deleting: true,
+                    phase: Some(MachinePhase::Terminating),
+                    ..fresh()
+                },
+                0,
+                Step::Delete {
+                    force: false,
+                    force_reason: None,
+                },
+            ),
+        ];
+        for (name, o, minute, want) in cases {
+            assert_eq!(next_step(&o, &cfg(), at(minute)), want, "{name}");
+        }
+    }
+}

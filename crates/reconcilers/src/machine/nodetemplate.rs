@@ -1,0 +1,289 @@
+//! Applying a Machine's `spec.nodeTemplate` (labels, annotations, taints) to its Node.
+//!
+//! What was applied last time is kept in the Node annotation
+//! `node.machine.sapcloud.io/last-applied-anno-labels-taints`, so keys removed from the
+//! template are removed from the Node while keys set by others are kept.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Node, Taint};
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use mcm_api::Machine;
+use mcm_api::constants::annotations::LAST_APPLIED_ANNO_LABELS_TAINTS;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use super::{Ctx, Error};
+
+/// What the template asks for (and what the annotation records as applied).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Applied {
+    /// Labels.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Annotations.
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+    /// Taints.
+    #[serde(default)]
+    pub taints: Vec<Taint>,
+}
+
+#[derive(Serialize, Deserialize, Default)]
+struct Recorded {
+    #[serde(default)]
+    metadata: RecordedMeta,
+    #[serde(default)]
+    spec: RecordedSpec,
+}
+
+#[derive(Serialize, Deserialize, Default)]
+struct RecordedMeta {
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+    #[serde(default)]
+    annotations: BTreeMap<String, String>,
+}
+
+#[derive(Serialize, Deserialize, Default)]
+struct RecordedSpec {
+    #[serde(default)]
+    taints: Vec<Taint>,
+}
+
+/// The template of a Machine.
+pub fn desired(machine: &Machine) -> Applied {
+    let t = machine.spec.node_template.as_ref();
+    let meta = t.and_then(|t| t.metadata.as_ref());
+    Applied {
+        labels: meta.and_then(|m| m.labels.clone()).unwrap_or_default(),
+        annotations: meta.and_then(|m| m.annotations.clone()).unwrap_or_default(),
+        taints: t
+            .and_then(|t| t.spec.as_ref())
+            .and_then(|s| s.taints.clone())
+            .unwrap_or_default(),
+    }
+}
+
+/// What the annotation on the Node says was applied last.
+pub fn last_applied(node: &Node) -> Applied {
+    let recorded: Recorded = node
+        .annotations()
+        .get(LAST_APPLIED_ANNO_LABELS_TAINTS)
+        .and_then(|v| serde_json::from_str(v).ok())
+        .unwrap_or_default();
+    Applied {
+        labels: recorded.metadata.labels,
+        annotations: recorded.metadata.annotations,
+        taints: recorded.spec.taints,
+    }
+}
+
+fn merge_map(
+    current: &BTreeMap<String, String>,
+    last: &BTreeMap<String, String>,
+    want: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut out: BTreeMap<String, String> = current
+        .iter()
+        .filter(|(k, _)| want.contains_key(*k) || !last.contains_key(*k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    out.extend(want.iter().map(|(k, v)| (k.clone(), v.clone())));
+    out
+}
+
+fn same_taint(a: &Taint, b: &Taint) -> bool {
+    a.key == b.key && a.effect == b.effect
+}
+
+/// The Node labels, annotations and taints after applying `want` over what was `last`
+/// applied; `None` when the Node already matches.
+pub fn plan(node: &Node, want: &Applied) -> Option<serde_json::Value> {
+    let last = last_applied(node);
+    let labels = merge_map(node.labels(), &last.labels, &want.labels);
+    let mut annotations = merge_map(node.annotations(), &last.annotations, &want.annotations);
+    let current_taints = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default();
+    let mut taints: Vec<Taint> = current_taints
+        .iter()
+        .filter(|t| {
+            want.taints.iter().any(|w| same_taint(w, t))
+                || !last.taints.iter().any(|l| same_taint(l, t))
+        })
+        .filter(|t| !want.taints.iter().any(|w| same_taint(w, t)))
+        .cloned()
+        .collect();
+    taints.extend(want.taints.iter().cloned());
+    let record = serde_json::to_string(&Recorded {
+        metadata: RecordedMeta {
+            labels: want.labels.clone(),
+            annotations: want.annotations.clone(),
+        },
+        spec: RecordedSpec {
+            taints: want.taints.clone(),
+        },
+    })
+    .unwrap_or_default();
+    annotations.insert(LAST_APPLIED_ANNO_LABELS_TAINTS.to_string(), record);
+
+    let without_record = |m: &BTreeMap<String, String>| {
+        let mut m = m.clone();
+        m.remove(LAST_APPLIED_ANNO_LABELS_TAINTS);
+        m
+    };
+    // The record is compared by meaning, not by its JSON text.
+    let unchanged = &labels == node.labels()
+        && without_record(&annotations) == without_record(node.annotations())
+        && node
+            .annotations()
+            .contains_key(LAST_APPLIED_ANNO_LABELS_TAINTS)
+        && last == *want
+        && taints == current_taints;
+    if unchanged {
+        return None;
+    }
+    // A merge patch replaces maps key by key: removed keys must be sent as null.
+    let nulls = |now: &BTreeMap<String, String>, new: &BTreeMap<String, String>| {
+        let mut m: serde_json::Map<String, serde_json::Value> = now
+            .keys()
+            .filter(|k| !new.contains_key(*k))
+            .map(|k| (k.clone(), serde_json::Value::Null))
+            .collect();
+        m.extend(new.iter().map(|(k, v)| (k.clone(), json!(v))));
+        serde_json::Value::Object(m)
+    };
+    Some(json!({
+        "metadata": {
+            "labels": nulls(node.labels(), &labels),
+            "annotations": nulls(node.annotations(), &annotations),
+            "resourceVersion": node.resource_version(),
+        },
+        "spec": { "taints": taints },
+    }))
+}
+
+/// Applies the machine's node template to its Node when it differs.
+pub async fn sync(ctx: &Ctx, machine: &Machine, node: &Node) -> Result<(), Error> {
+    let Some(patch) = plan(node, &desired(machine)) else {
+        return Ok(());
+    };
+    let nodes: Api<Node> = Api::all(ctx.target.clone());
+    match nodes
+        .patch(
+            &node.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        // Conflicts and a vanished node are retried by the next reconcile.
+        Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => Ok(()),
+        Err(e) => Err(Error::kube("apply the node template", e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::NodeSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn taint(key: &str) -> Taint {
+        Taint {
+            key: key.into(),
+            effect: "NoSchedule".into(),
+            ..Default::default()
+        }
+    }
+
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn node_with(labels: &[(&str, &str)], taints: Vec<Taint>, last: Option<&Applied>) -> Node {
+        let mut annotations = BTreeMap::new();
+        if let Some(l) = last {
+            annotations.insert(
+                LAST_APPLIED_ANNO_LABELS_TAINTS.to_string(),
+                serde_json::to_string(&json!({
+                    "metadata": { "labels": l.labels, "annotations": l.annotations },
+                    "spec": { "taints": l.taints },
+                }))
+                .unwrap(),
+            );
+        }
+        Node {
+            metadata: ObjectMeta {
+                labels: Some(map(labels)),
+                annotations: Some(annotations),
+                ..Default::default()
+            },
+            spec: Some(NodeSpec {
+                taints: Some(taints),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn template_keys_are_added_and_third_party_keys_kept() {
+        let want = Applied {
+            labels: map(&[("pool", "a")]),
+            annotations: BTreeMap::new(),
+            taints: vec![taint("dedicated")],
+        };
+        let node = node_with(
+            &[("kubernetes.io/hostname", "n")],
+            vec![taint("other")],
+            None,
+        );
+        let p = plan(&node, &want).unwrap();
+        assert_eq!(p["metadata"]["labels"]["pool"], "a");
+        assert_eq!(p["metadata"]["labels"]["kubernetes.io/hostname"], "n");
+        let taints: Vec<Taint> = serde_json::from_value(p["spec"]["taints"].clone()).unwrap();
+        assert_eq!(taints, vec![taint("other"), taint("dedicated")]);
+    }
+
+    #[test]
+    fn keys_removed_from_the_template_are_removed_from_the_node() {
+        let last = Applied {
+            labels: map(&[("pool", "a"), ("gone", "x")]),
+            annotations: BTreeMap::new(),
+            taints: vec![taint("old")],
+        };
+        let want = Applied {
+            labels: map(&[("pool", "a")]),
+            ..Default::default()
+        };
+        let node = node_with(
+            &[("pool", "a"), ("gone", "x"), ("third", "party")],
+            vec![taint("old"), taint("foreign")],
+            Some(&last),
+        );
+        let p = plan(&node, &want).unwrap();
+        assert_eq!(p["metadata"]["labels"]["gone"], serde_json::Value::Null);
+        assert_eq!(p["metadata"]["labels"]["third"], "party");
+        let taints: Vec<Taint> = serde_json::from_value(p["spec"]["taints"].clone()).unwrap();
+        assert_eq!(taints, vec![taint("foreign")]);
+    }
+
+    #[test]
+    fn an_up_to_date_node_needs_no_patch() {
+        let want = Applied {
+            labels: map(&[("pool", "a")]),
+            ..Default::default()
+        };
+        let node = node_with(&[("pool", "a")], vec![], Some(&want));
+        assert_eq!(plan(&node, &want), None);
+    }
+}

@@ -1,0 +1,293 @@
+//! Turning cluster objects into the [`Observed`] snapshot the decision is made from. Pure.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Node, NodeCondition};
+use mcm_api::constants::{annotations, finalizers, labels, node_conditions};
+use mcm_api::{Machine, MachineClass, MachinePhase};
+
+use super::decide::{ClassProblem, MachineConfig, NodeHealth, Observed};
+
+/// The controller-wide defaults that a Machine's inline configuration may override.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Defaults {
+    /// `--machine-creation-timeout`
+    pub creation_timeout: Duration,
+    /// `--machine-health-timeout`
+    pub health_timeout: Duration,
+    /// `--machine-drain-timeout`
+    pub drain_timeout: Duration,
+    /// `--machine-max-evict-retries`
+    pub max_evict_retries: i32,
+    /// `--node-conditions`
+    pub bad_conditions: Vec<String>,
+}
+
+/// The effective configuration of one machine: its `spec` overrides the defaults.
+pub fn machine_config(machine: &Machine, d: &Defaults) -> MachineConfig {
+    let c = &machine.spec.configuration;
+    let bad_conditions = match c.node_conditions.as_deref() {
+        Some(s) if !s.trim().is_empty() => split_list(s),
+        _ => d.bad_conditions.clone(),
+    };
+    MachineConfig {
+        creation_timeout: c
+            .creation_timeout
+            .map(|g| g.0)
+            .unwrap_or(d.creation_timeout),
+        health_timeout: c.health_timeout.map(|g| g.0).unwrap_or(d.health_timeout),
+        drain_timeout: c.drain_timeout.map(|g| g.0).unwrap_or(d.drain_timeout),
+        disable_health_timeout: c.disable_health_timeout.unwrap_or(false),
+        bad_conditions,
+    }
+}
+
+/// Splits a comma-separated flag value, dropping blanks.
+pub fn split_list(s: &str) -> Vec<String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .map(String::from)
+        .collect()
+}
+
+/// The name of the class a Machine references, or the problem with the reference.
+pub fn class_name(machine: &Machine) -> Result<&str, ClassProblem> {
+    let class = machine
+        .spec
+        .class
+        .as_ref()
+        .ok_or(ClassProblem::NoClassReference)?;
+    let kind_ok = class
+        .kind
+        .as_deref()
+        .is_none_or(|k| k == mcm_api::constants::MACHINE_CLASS_KIND);
+    match class.name.as_deref() {
+        Some(name) if !name.is_empty() && kind_ok => Ok(name),
+        _ => Err(ClassProblem::NoClassReference),
+    }
+}
+
+/// A Secret a class references.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SecretRef {
+    /// Its namespace (the class's own when the reference names none).
+    pub namespace: String,
+    /// Its name.
+    pub name: String,
+}
+
+/// The secrets a class references: `secretRef`, then `credentialsSecretRef` (`None` where a
+/// reference is absent).
+pub fn class_secret_refs(class: &MachineClass) -> [Option<SecretRef>; 2] {
+    let own = class.metadata.namespace.clone().unwrap_or_default();
+    [&class.secret_ref, &class.credentials_secret_ref].map(|r| {
+        let r = r.as_ref()?;
+        Some(SecretRef {
+            namespace: r
+                .namespace
+                .clone()
+                .filter(|n| !n.is_empty())
+                .unwrap_or_else(|| own.clone()),
+            name: r.name.clone().filter(|n| !n.is_empty())?,
+        })
+    })
+}
+
+/// The node name recorded on a Machine (its `node` label).
+pub fn node_name(machine: &Machine) -> Option<&str> {
+    machine
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(labels::NODE))
+        .map(String::as_str)
+        .filter(|n| !n.is_empty())
+}
+
+/// Whether the Node is excluded from MCM's management.
+pub fn node_not_managed(node: &Node) -> bool {
+    node.metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(annotations::NOT_MANAGED_BY_MCM))
+}
+
+/// The health of a Node under the configured bad conditions.
+pub fn node_health(node: &Node, bad_conditions: &[String]) -> NodeHealth {
+    let conditions = node_conditions_of(node);
+    let ready_cond = conditions
+        .iter()
+        .find(|c| c.type_ == node_conditions::READY);
+    let ready = ready_cond.is_some_and(|c| c.status == "True");
+    let not_ready_since = if ready {
+        None
+    } else {
+        ready_cond
+            .and_then(|c| c.last_transition_time.as_ref())
+            .map(|t| t.0)
+            .or_else(|| node.metadata.creation_timestamp.as_ref().map(|t| t.0))
+    };
+    let bad = conditions
+        .iter()
+        .filter(|c| c.status == "True" && bad_conditions.contains(&c.type_))
+        .map(|c| c.type_.clone())
+        .collect();
+    NodeHealth {
+        ready,
+        not_ready_since,
+        bad_conditions: bad,
+    }
+}
+
+/// The Node's conditions (empty when it has no status yet).
+pub fn node_conditions_of(node: &Node) -> &[NodeCondition] {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or(&[])
+}
+
+/// When the current phase began: `currentStatus.lastUpdateTime`, else the creation time.
+pub fn phase_since(machine: &Machine) -> Timestamp {
+    machine
+        .status
+        .as_ref()
+        .and_then(|s| s.current_status.as_ref())
+        .and_then(|c| c.last_update_time.as_ref())
+        .or(machine.metadata.creation_timestamp.as_ref())
+        .map(|t| t.0)
+        .unwrap_or(Timestamp::UNIX_EPOCH)
+}
+
+/// Inputs of [`observe`] that come from other objects than the Machine.
+#[derive(Debug, Clone, Copy)]
+pub struct Context<'a> {
+    /// Whether the class and its secrets are usable.
+    pub class: &'a Result<(), ClassProblem>,
+    /// The Machine's Node, if it exists and is managed by MCM.
+    pub node: Option<&'a Node>,
+    /// The safety controller froze the machine controller.
+    pub frozen: bool,
+    /// Why the machine must not be failed now, if it must not.
+    pub failure_protected: Option<&'a str>,
+}
+
+/// Builds the decision snapshot of a Machine.
+pub fn observe(machine: &Machine, cfg: &MachineConfig, ctx: Context<'_>) -> Observed {
+    let m = &machine.metadata;
+    Observed {
+        deleting: m.deletion_timestamp.is_some(),
+        has_finalizer: m
+            .finalizers
+            .as_ref()
+            .is_some_and(|f| f.iter().any(|f| f == finalizers::MACHINE_CONTROLLER)),
+        phase: machine.phase().cloned(),
+        phase_since: phase_since(machine),
+        provider_id: machine.spec.provider_id.clone().filter(|p| !p.is_empty()),
+        node_name: node_name(machine).map(String::from),
+        class: ctx.class.clone(),
+        node: ctx.node.map(|n| node_health(n, &cfg.bad_conditions)),
+        frozen: ctx.frozen,
+        force_deletion: m
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(labels::FORCE_DELETION))
+            .is_some_and(|v| v.eq_ignore_ascii_case("true")),
+        failure_protected: ctx.failure_protected.map(String::from),
+    }
+}
+
+/// Whether a Machine is in one of the phases counted as "being replaced" for meltdown
+/// protection.
+pub fn is_being_replaced(machine: &Machine) -> bool {
+    machine.metadata.deletion_timestamp.is_some()
+        || matches!(
+            machine.phase(),
+            Some(MachinePhase::Failed) | Some(MachinePhase::Terminating)
+        )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::NodeStatus;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use mcm_api::{ClassSpec, GoDuration, MachineSpec};
+
+    fn defaults() -> Defaults {
+        Defaults {
+            creation_timeout: Duration::from_secs(1200),
+            health_timeout: Duration::from_secs(600),
+            drain_timeout: Duration::from_secs(7200),
+            max_evict_retries: 10,
+            bad_conditions: split_list("KernelDeadlock,ReadonlyFilesystem"),
+        }
+    }
+
+    fn cond(type_: &str, status: &str) -> NodeCondition {
+        NodeCondition {
+            type_: type_.into(),
+            status: status.into(),
+            last_transition_time: Some(Time("2026-01-01T00:00:00Z".parse().unwrap())),
+            ..Default::default()
+        }
+    }
+
+    fn node(conds: Vec<NodeCondition>) -> Node {
+        Node {
+            status: Some(NodeStatus {
+                conditions: Some(conds),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn inline_configuration_overrides_flags() {
+        let mut m = Machine::new("m", MachineSpec::default());
+        m.spec.configuration.health_timeout = Some(GoDuration(Duration::from_secs(30)));
+        m.spec.configuration.node_conditions = Some("DiskPressure".into());
+        let c = machine_config(&m, &defaults());
+        assert_eq!(c.health_timeout, Duration::from_secs(30));
+        assert_eq!(c.creation_timeout, Duration::from_secs(1200));
+        assert_eq!(c.bad_conditions, vec!["DiskPressure".to_string()]);
+    }
+
+    #[test]
+    fn node_health_reads_ready_and_bad_conditions() {
+        let bad = split_list("KernelDeadlock");
+        let h = node_health(&node(vec![cond("Ready", "True")]), &bad);
+        assert!(h.healthy());
+        let h = node_health(
+            &node(vec![cond("Ready", "True"), cond("KernelDeadlock", "True")]),
+            &bad,
+        );
+        assert_eq!(h.bad_conditions, vec!["KernelDeadlock".to_string()]);
+        assert!(!h.healthy());
+        let h = node_health(&node(vec![cond("Ready", "Unknown")]), &bad);
+        assert!(!h.ready);
+        assert_eq!(
+            h.not_ready_since,
+            Some("2026-01-01T00:00:00Z".parse().unwrap())
+        );
+        // No conditions at all: not ready.
+        assert!(!node_health(&Node::default(), &bad).ready);
+    }
+
+    #[test]
+    fn class_references_are_checked() {
+        let mut m = Machine::new("m", MachineSpec::default());
+        assert_eq!(class_name(&m), Err(ClassProblem::NoClassReference));
+        m.spec.class = Some(ClassSpec {
+            kind: Some("MachineClass".into()),
+            name: Some("c".into()),
+            api_group: None,
+        });
+        assert_eq!(class_name(&m), Ok("c"));
+        m.spec.class.as_mut().unwrap().kind = Some("AWSMachineClass".into());
+        assert_eq!(class_name(&m), Err(ClassProblem::NoClassReference));
+    }
+}

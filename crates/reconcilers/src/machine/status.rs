@@ -1,0 +1,227 @@
+//! Building Machine status patches. Pure.
+//!
+//! `currentStatus.lastUpdateTime` is the time the *phase* began: it only changes when the
+//! phase changes, so timeouts (creation, health, drain) count from the phase transition.
+//! `lastOperation` is written on every step for humans and compatibility; no decision reads it.
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{NodeAddress, NodeCondition};
+use mcm_api::{Machine, MachineOperationType, MachinePhase, MachineState};
+use serde_json::{Value, json};
+
+/// What to record in `lastOperation`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Operation {
+    /// `lastOperation.type`.
+    pub kind: MachineOperationType,
+    /// `lastOperation.state`.
+    pub state: MachineState,
+    /// `lastOperation.description`.
+    pub description: String,
+    /// `lastOperation.errorCode` (the driver [`mcm_driver::Code`] name), for failures.
+    pub error_code: Option<String>,
+}
+
+impl Operation {
+    /// An operation in progress.
+    pub fn processing(kind: MachineOperationType, description: impl Into<String>) -> Self {
+        Operation {
+            kind,
+            state: MachineState::Processing,
+            description: description.into(),
+            error_code: None,
+        }
+    }
+
+    /// A successful operation.
+    pub fn successful(kind: MachineOperationType, description: impl Into<String>) -> Self {
+        Operation {
+            kind,
+            state: MachineState::Successful,
+            description: description.into(),
+            error_code: None,
+        }
+    }
+
+    /// A failed operation.
+    pub fn failed(
+        kind: MachineOperationType,
+        description: impl Into<String>,
+        error_code: Option<String>,
+    ) -> Self {
+        Operation {
+            kind,
+            state: MachineState::Failed,
+            description: description.into(),
+            error_code,
+        }
+    }
+}
+
+/// Whether a phase runs a timeout (shown as `currentStatus.timeoutActive`).
+pub fn timeout_active(phase: &MachinePhase) -> bool {
+    matches!(
+        phase,
+        MachinePhase::Pending | MachinePhase::Unknown | MachinePhase::CrashLoopBackOff
+    )
+}
+
+/// A merge patch of `status` that records `op` and, when given, moves to `phase`.
+pub fn status_patch(
+    machine: &Machine,
+    phase: Option<&MachinePhase>,
+    op: &Operation,
+    now: Timestamp,
+) -> Value {
+    let mut status = json!({
+        "lastOperation": {
+            "type": op.kind.as_str(),
+            "state": op.state.as_str(),
+            "description": op.description,
+            "lastUpdateTime": now.to_string(),
+            "errorCode": op.error_code,
+        }
+    });
+    if let Some(phase) = phase
+        && machine.phase() != Some(phase)
+    {
+        status["currentStatus"] = json!({
+            "phase": phase.as_str(),
+            "timeoutActive": timeout_active(phase),
+            "lastUpdateTime": now.to_string(),
+        });
+    }
+    json!({ "status": status })
+}
+
+/// Whether the Machine already shows `op` (ignoring its time) and `phase`.
+pub fn already_recorded(machine: &Machine, phase: Option<&MachinePhase>, op: &Operation) -> bool {
+    let Some(last) = machine
+        .status
+        .as_ref()
+        .and_then(|s| s.last_operation.as_ref())
+    else {
+        return false;
+    };
+    let same_op = last.type_.as_ref() == Some(&op.kind)
+        && last.state.as_ref() == Some(&op.state)
+        && last.description.as_deref() == Some(op.description.as_str())
+        && last.error_code == op.error_code;
+    let same_phase = phase.is_none_or(|p| machine.phase() == Some(p));
+    same_op && same_phase
+}
+
+/// Whether two condition lists differ in anything but heartbeat times (so status is not
+/// rewritten on every Node heartbeat).
+pub fn conditions_differ(current: Option<&[NodeCondition]>, node: &[NodeCondition]) -> bool {
+    let key = |c: &NodeCondition| {
+        (
+            c.type_.clone(),
+            c.status.clone(),
+            c.reason.clone(),
+            c.message.clone(),
+        )
+    };
+    let a: Vec<_> = current.unwrap_or(&[]).iter().map(key).collect();
+    let b: Vec<_> = node.iter().map(key).collect();
+    a != b
+}
+
+/// A merge patch copying the Node's conditions and addresses into the Machine status.
+pub fn node_status_patch(conditions: &[NodeCondition], addresses: &[NodeAddress]) -> Value {
+    json!({ "status": { "conditions": conditions, "addresses": addresses } })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mcm_api::{CurrentStatus, MachineSpec, MachineStatus};
+
+    fn machine_in(phase: MachinePhase) -> Machine {
+        let mut m = Machine::new("m", MachineSpec::default());
+        m.status = Some(MachineStatus {
+            current_status: Some(CurrentStatus {
+                phase: Some(phase),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        m
+    }
+
+    #[test]
+    fn a_phase_change_restarts_the_phase_clock_and_a_repeat_does_not() {
+        let now: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let op = Operation::processing(MachineOperationType::HealthCheck, "unhealthy");
+        let p = status_patch(
+            &machine_in(MachinePhase::Running),
+            Some(&MachinePhase::Unknown),
+            &op,
+            now,
+        );
+        assert_eq!(p["status"]["currentStatus"]["phase"], "Unknown");
+        assert_eq!(p["status"]["currentStatus"]["timeoutActive"], true);
+        assert_eq!(
+            p["status"]["currentStatus"]["lastUpdateTime"],
+            "2026-01-01T00:00:00Z"
+        );
+        assert_eq!(p["status"]["lastOperation"]["type"], "HealthCheck");
+
+        let p = status_patch(
+            &machine_in(MachinePhase::Unknown),
+            Some(&MachinePhase::Unknown),
+            &op,
+            now,
+        );
+        assert!(p["status"].get("currentStatus").is_none());
+    }
+
+    #[test]
+    fn an_identical_operation_is_recognised_so_it_is_not_rewritten() {
+        let now: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let op = Operation::failed(
+            MachineOperationType::Create,
+            "boom",
+            Some("Internal".into()),
+        );
+        let mut m = machine_in(MachinePhase::CrashLoopBackOff);
+        assert!(!already_recorded(
+            &m,
+            Some(&MachinePhase::CrashLoopBackOff),
+            &op
+        ));
+        let patch = status_patch(&m, Some(&MachinePhase::CrashLoopBackOff), &op, now);
+        let last: mcm_api::LastOperation =
+            serde_json::from_value(patch["status"]["lastOperation"].clone()).unwrap();
+        m.status.as_mut().unwrap().last_operation = Some(last);
+        assert!(already_recorded(
+            &m,
+            Some(&MachinePhase::CrashLoopBackOff),
+            &op
+        ));
+        assert!(already_recorded(&m, None, &op));
+        assert!(!already_recorded(&m, Some(&MachinePhase::Failed), &op));
+        let other = Operation::failed(MachineOperationType::Create, "boom again", None);
+        assert!(!already_recorded(&m, None, &other));
+    }
+
+    #[test]
+    fn heartbeats_alone_are_not_a_difference() {
+        let c = |status: &str, hb: &str| NodeCondition {
+            type_: "Ready".into(),
+            status: status.into(),
+            last_heartbeat_time: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                hb.parse().unwrap(),
+            )),
+            ..Default::default()
+        };
+        let a = [c("True", "2026-01-01T00:00:00Z")];
+        let b = [c("True", "2026-01-01T00:00:09Z")];
+        assert!(!conditions_differ(Some(&a), &b));
+        assert!(conditions_differ(
+            Some(&a),
+            &[c("False", "2026-01-01T00:00:00Z")]
+        ));
+        assert!(conditions_differ(None, &a));
+    }
+}

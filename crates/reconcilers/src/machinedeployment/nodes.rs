@@ -1,0 +1,138 @@
+//! Node markers applied during a rollout, in the **target** cluster: a `PreferNoSchedule`
+//! taint on the Nodes of old MachineSets (new pods prefer new nodes), and the
+//! cluster-autoscaler scale-down-disabled annotations on the Nodes of all sets (the
+//! autoscaler must not remove nodes under the rollout's feet). The annotations are removed
+//! again when the rollout is over, but only where MCM set them (`...-by-mcm`).
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{Node, Taint};
+use kube::api::{Patch, PatchParams};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Client, ResourceExt};
+use mcm_api::Machine;
+use mcm_api::constants::{annotations, labels, taints};
+use serde_json::{Value, json};
+
+/// The taint put on the Nodes of old sets.
+pub fn prefer_no_schedule_taint() -> Taint {
+    Taint {
+        key: taints::PREFER_NO_SCHEDULE.to_owned(),
+        value: Some("True".to_owned()),
+        effect: "PreferNoSchedule".to_owned(),
+        time_added: None,
+    }
+}
+
+/// The Node name of a machine (its `node` label).
+pub fn node_name(machine: &Machine) -> Option<&str> {
+    machine
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(labels::NODE))
+        .map(String::as_str)
+        .filter(|n| !n.is_empty())
+}
+
+/// The patch adding the old-set taint to a node, `None` if it already has it.
+pub fn taint_patch(node: &Node) -> Option<Value> {
+    let mut list: Vec<Taint> = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default();
+    if list.iter().any(|t| t.key == taints::PREFER_NO_SCHEDULE) {
+        return None;
+    }
+    list.push(prefer_no_schedule_taint());
+    Some(json!({
+        "metadata": {"resourceVersion": node.resource_version()},
+        "spec": {"taints": list},
+    }))
+}
+
+/// The patch adding (`rollout`) or removing the cluster-autoscaler annotations, `None` when
+/// nothing changes. Annotations set by someone else (no `-by-mcm` marker) are left alone.
+pub fn autoscaler_patch(node: &Node, rollout: bool) -> Option<Value> {
+    let empty = BTreeMap::new();
+    let anns = node.metadata.annotations.as_ref().unwrap_or(&empty);
+    let by_mcm = anns.contains_key(annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED_BY_MCM);
+    let disabled = anns.contains_key(annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED);
+    if rollout && !disabled {
+        let v = annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED_VALUE;
+        return Some(json!({"metadata": {"annotations": {
+            annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED: v,
+            annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED_BY_MCM: v,
+        }}}));
+    }
+    if !rollout && by_mcm {
+        return Some(json!({"metadata": {"annotations": {
+            annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED: null,
+            annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED_BY_MCM: null,
+        }}}));
+    }
+    None
+}
+
+/// Applies the markers: during a rollout, taints the nodes of `old` machines and annotates
+/// the nodes of `all` machines; afterwards removes MCM's annotations from the nodes of `all`.
+/// Errors are logged and retried on the next reconcile: markers are advisory.
+pub async fn apply_markers(
+    target: &Client,
+    nodes: &Store<Node>,
+    old: &[&Machine],
+    all: &[&Machine],
+    rollout: bool,
+) {
+    let api: Api<Node> = Api::all(target.clone());
+    let lookup = |m: &Machine| node_name(m).and_then(|n| nodes.get(&ObjectRef::new(n)));
+    if rollout {
+        for node in old.iter().filter_map(|m| lookup(m)) {
+            if let Some(p) = taint_patch(&node) {
+                patch(&api, &node.name_any(), &p).await;
+            }
+        }
+    }
+    for node in all.iter().filter_map(|m| lookup(m)) {
+        if let Some(p) = autoscaler_patch(&node, rollout) {
+            patch(&api, &node.name_any(), &p).await;
+        }
+    }
+}
+
+async fn patch(api: &Api<Node>, name: &str, p: &Value) {
+    if let Err(error) = api
+        .patch(name, &PatchParams::default(), &Patch::Merge(p))
+        .await
+    {
+        tracing::debug!(node = name, %error, "could not update rollout markers of node");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    #[test]
+    fn markers() {
+        let mut node = Node {
+            metadata: ObjectMeta {
+                name: Some("n".into()),
+                ..ObjectMeta::default()
+            },
+            ..Node::default()
+        };
+        assert!(taint_patch(&node).is_some());
+        assert!(autoscaler_patch(&node, true).is_some());
+        assert!(autoscaler_patch(&node, false).is_none());
+        node.metadata.annotations = Some(BTreeMap::from([(
+            annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED.to_owned(),
+            "true".to_owned(),
+        )]));
+        // Set by someone else: neither added nor removed.
+        assert!(autoscaler_patch(&node, true).is_none());
+        assert!(autoscaler_patch(&node, false).is_none());
+    }
+}

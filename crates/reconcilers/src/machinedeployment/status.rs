@@ -1,0 +1,351 @@
+//! Pure computation of a MachineDeployment's status counters and conditions.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use mcm_api::{
+    ConditionStatus, MachineDeploymentCondition, MachineDeploymentConditionType,
+    MachineDeploymentStatus, MachineSummary,
+};
+
+use super::decide::Snapshot;
+
+/// Condition reasons (the strings of the Go controller).
+pub mod reasons {
+    /// The new MachineSet is fully available.
+    pub const NEW_MACHINE_SET_AVAILABLE: &str = "NewMachineSetAvailable";
+    /// A MachineSet was scaled or created: the rollout progresses.
+    pub const MACHINE_SET_UPDATED: &str = "MachineSetUpdated";
+    /// The new MachineSet was created.
+    pub const NEW_MACHINE_SET_CREATED: &str = "NewMachineSetCreated";
+    /// The rollout made no progress within `progressDeadlineSeconds`.
+    pub const PROGRESS_DEADLINE_EXCEEDED: &str = "ProgressDeadlineExceeded";
+    /// The deployment is paused.
+    pub const PAUSED: &str = "DeploymentPaused";
+    /// The deployment was resumed.
+    pub const RESUMED: &str = "DeploymentResumed";
+    /// At least `replicas - maxUnavailable` machines are available.
+    pub const MINIMUM_REPLICAS_AVAILABLE: &str = "MinimumReplicasAvailable";
+    /// Fewer than `replicas - maxUnavailable` machines are available.
+    pub const MINIMUM_REPLICAS_UNAVAILABLE: &str = "MinimumReplicasUnavailable";
+}
+
+/// Inputs besides the snapshot.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StatusInput<'a> {
+    /// `metadata.generation` of the deployment.
+    pub generation: Option<i64>,
+    /// `spec.progressDeadlineSeconds`.
+    pub progress_deadline_seconds: Option<i32>,
+    /// The previous status.
+    pub previous: Option<&'a MachineDeploymentStatus>,
+    /// Failed machines of all sets.
+    pub failed_machines: Vec<MachineSummary>,
+    /// Whether this reconcile changed a set (created or scaled).
+    pub progressed: bool,
+    /// Current time.
+    pub now: Timestamp,
+}
+
+/// Finds a condition by type.
+pub fn condition<'a>(
+    conditions: Option<&'a Vec<MachineDeploymentCondition>>,
+    type_: &MachineDeploymentConditionType,
+) -> Option<&'a MachineDeploymentCondition> {
+    conditions.and_then(|c| c.iter().find(|x| &x.type_ == type_))
+}
+
+/// Sets a condition, keeping the transition time when the status does not change.
+pub fn set_condition(
+    conditions: &mut Vec<MachineDeploymentCondition>,
+    mut new: MachineDeploymentCondition,
+) {
+    if let Some(existing) = conditions.iter_mut().find(|c| c.type_ == new.type_) {
+        if existing.status == new.status && existing.reason == new.reason {
+            // Keep the transition time; update the update time only if the message changed.
+            if existing.message != new.message {
+                existing.message = new.message;
+                existing.last_update_time = new.last_update_time;
+            }
+            return;
+        }
+        if existing.status == new.status {
+            new.last_transition_time = existing.last_transition_time.clone();
+        }
+        *existing = new;
+    } else {
+        conditions.push(new);
+    }
+}
+
+fn make(
+    type_: MachineDeploymentConditionType,
+    status: ConditionStatus,
+    reason: &str,
+    message: String,
+    now: Timestamp,
+) -> MachineDeploymentCondition {
+    MachineDeploymentCondition {
+        type_,
+        status,
+        last_update_time: Some(Time(now)),
+        last_transition_time: Some(Time(now)),
+        reason: Some(reason.to_owned()),
+        message: Some(message),
+    }
+}
+
+/// The new status and, when a progress deadline is running, the time after which the
+/// deployment must be looked at again.
+pub fn compute_status(
+    s: &Snapshot,
+    input: &StatusInput<'_>,
+) -> (MachineDeploymentStatus, Option<Duration>) {
+    let all: Vec<_> = s.new_set.iter().chain(s.old_sets.iter()).collect();
+    let d = s.rollout.replicas;
+    let replicas: i32 = all.iter().map(|x| x.machines).sum();
+    let ready: i32 = all.iter().map(|x| x.ready).sum();
+    let available: i32 = all.iter().map(|x| x.available).sum();
+    let updated = s.new_set.as_ref().map_or(0, |n| n.machines);
+    let prev = input.previous;
+    let mut conditions = prev.and_then(|p| p.conditions.clone()).unwrap_or_default();
+    let now = input.now;
+
+    let min_available = d - s.rollout.strategy.max_unavailable();
+    if available >= min_available {
+        set_condition(
+            &mut conditions,
+            make(
+                MachineDeploymentConditionType::Available,
+                ConditionStatus::True,
+                reasons::MINIMUM_REPLICAS_AVAILABLE,
+                "Deployment has minimum availability.".into(),
+                now,
+            ),
+        );
+    } else {
+        set_condition(
+            &mut conditions,
+            make(
+                MachineDeploymentConditionType::Available,
+                ConditionStatus::False,
+                reasons::MINIMUM_REPLICAS_UNAVAILABLE,
+                "Deployment does not have minimum availability.".into(),
+                now,
+            ),
+        );
+    }
+
+    let mut recheck = None;
+    let deadline = input
+        .progress_deadline_seconds
+        .filter(|d| *d > 0 && *d != i32::MAX);
+    let progressing = condition(
+        Some(&conditions),
+        &MachineDeploymentConditionType::Progressing,
+    )
+    .cloned();
+    if let Some(deadline) = deadline {
+        let was_paused = progressing
+            .as_ref()
+            .is_some_and(|c| c.reason.as_deref() == Some(reasons::PAUSED));
+        if s.rollout.paused {
+            set_condition(
+                &mut conditions,
+                make(
+                    MachineDeploymentConditionType::Progressing,
+                    ConditionStatus::Unknown,
+                    reasons::PAUSED,
+                    "Deployment is paused".into(),
+                    now,
+                ),
+            );
+        } else if s.is_complete() {
+            set_condition(
+                &mut conditions,
+                make(
+                    MachineDeploymentConditionType::Progressing,
+                    ConditionStatus::True,
+                    reasons::NEW_MACHINE_SET_AVAILABLE,
+                    format!(
+                        "MachineSet {:?} has successfully progressed.",
+                        s.new_set.as_ref().map(|n| n.name.as_str()).unwrap_or("")
+                    ),
+                    now,
+                ),
+            );
+        } else if was_paused {
+            set_condition(
+                &mut conditions,
+                make(
+                    MachineDeploymentConditionType::Progressing,
+                    ConditionStatus::Unknown,
+                    reasons::RESUMED,
+                    "Deployment is resumed".into(),
+                    now,
+                ),
+            );
+            recheck = Some(Duration::from_secs(u64::try_from(deadline).unwrap_or(600)));
+        } else {
+            let moved = input.progressed
+                || prev.is_none_or(|p| {
+                    updated > p.updated_replicas.unwrap_or(0)
+                        || ready > p.ready_replicas.unwrap_or(0)
+                        || available > p.available_replicas.unwrap_or(0)
+                        || replicas < p.replicas.unwrap_or(0)
+                });
+            let last = progressing
+                .as_ref()
+                .and_then(|c| c.last_update_time.as_ref())
+                .map(|t| t.0);
+            let timed_out_already = progressing
+                .as_ref()
+                .is_some_and(|c| c.reason.as_deref() == Some(reasons::PROGRESS_DEADLINE_EXCEEDED));
+            if moved || last.is_none() {
+                let mut c = make(
+                    MachineDeploymentConditionType::Progressing,
+                    ConditionStatus::True,
+                    reasons::MACHINE_SET_UPDATED,
+                    format!(
+                        "MachineSet {:?} is progressing.",
+                        s.new_set.as_ref().map(|n| n.name.as_str()).unwrap_or("")
+                    ),
+                    now,
+                );
+                if let Some(p) = &progressing
+                    && p.status == ConditionStatus::True
+                {
+                    c.last_transition_time = p.last_transition_time.clone();
+                }
+                // Replace unconditionally: progress refreshes the update time.
+                conditions.retain(|x| x.type_ != MachineDeploymentConditionType::Progressing);
+                conditions.push(c);
+                recheck = Some(Duration::from_secs(u64::try_from(deadline).unwrap_or(600)));
+            } else if let Some(last) = last
+                && !timed_out_already
+            {
+                let elapsed = now.as_second() - last.as_second();
+                if elapsed >= i64::from(deadline) {
+                    set_condition(
+                        &mut conditions,
+                        make(
+                            MachineDeploymentConditionType::Progressing,
+                            ConditionStatus::False,
+                            reasons::PROGRESS_DEADLINE_EXCEEDED,
+                            format!(
+                                "MachineSet {:?} has timed out progressing.",
+                                s.new_set.as_ref().map(|n| n.name.as_str()).unwrap_or("")
+                            ),
+                            now,
+                        ),
+                    );
+                } else {
+                    let left = i64::from(deadline) - elapsed;
+                    recheck = Some(Duration::from_secs(u64::try_from(left).unwrap_or(1)));
+                }
+            }
+        }
+    }
+
+    let status = MachineDeploymentStatus {
+        observed_generation: input.generation,
+        replicas: Some(replicas),
+        updated_replicas: Some(updated),
+        ready_replicas: Some(ready),
+        available_replicas: Some(available),
+        unavailable_replicas: Some((d - available).max(0)),
+        conditions: if conditions.is_empty() {
+            None
+        } else {
+            Some(conditions)
+        },
+        collision_count: prev.and_then(|p| p.collision_count),
+        failed_machines: if input.failed_machines.is_empty() {
+            None
+        } else {
+            Some(input.failed_machines.clone())
+        },
+        preserved_failed_replicas: prev.and_then(|p| p.preserved_failed_replicas),
+    };
+    (status, recheck)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machinedeployment::decide::{Rollout, SetState, Strategy};
+
+    fn snapshot(new_available: i32) -> Snapshot {
+        let mut new = SetState::new("new", 2);
+        new.machines = 2;
+        new.ready = new_available;
+        new.available = new_available;
+        let mut old = SetState::new("old", 1);
+        old.machines = 1;
+        old.available = 1;
+        Snapshot {
+            rollout: Rollout {
+                replicas: 2,
+                strategy: Strategy::RollingUpdate {
+                    max_surge: 1,
+                    max_unavailable: 0,
+                },
+                paused: false,
+                frozen: false,
+            },
+            new_set: Some(new),
+            old_sets: vec![old],
+        }
+    }
+
+    fn input(previous: Option<&MachineDeploymentStatus>, now: i64) -> StatusInput<'_> {
+        StatusInput {
+            generation: Some(1),
+            progress_deadline_seconds: Some(60),
+            previous,
+            failed_machines: Vec::new(),
+            progressed: false,
+            now: Timestamp::from_second(now).expect("time"),
+        }
+    }
+
+    fn progressing(s: &MachineDeploymentStatus) -> Option<(ConditionStatus, String)> {
+        condition(
+            s.conditions.as_ref(),
+            &MachineDeploymentConditionType::Progressing,
+        )
+        .map(|c| (c.status.clone(), c.reason.clone().unwrap_or_default()))
+    }
+
+    #[test]
+    fn progress_deadline_exceeded_then_recovers() {
+        let s = snapshot(0);
+        let (first, recheck) = compute_status(&s, &input(None, 1_000));
+        assert_eq!(
+            progressing(&first),
+            Some((ConditionStatus::True, reasons::MACHINE_SET_UPDATED.into()))
+        );
+        assert_eq!(recheck, Some(Duration::from_secs(60)));
+        // No progress for less than the deadline: still progressing, recheck later.
+        let (second, recheck) = compute_status(&s, &input(Some(&first), 1_030));
+        assert_eq!(progressing(&second), progressing(&first));
+        assert_eq!(recheck, Some(Duration::from_secs(30)));
+        // Past the deadline.
+        let (third, _) = compute_status(&s, &input(Some(&second), 1_061));
+        assert_eq!(
+            progressing(&third),
+            Some((
+                ConditionStatus::False,
+                reasons::PROGRESS_DEADLINE_EXCEEDED.into()
+            ))
+        );
+        // Progress again (a machine became available).
+        let (fourth, _) = compute_status(&snapshot(1), &input(Some(&third), 1_100));
+        assert_eq!(
+            progressing(&fourth),
+            Some((ConditionStatus::True, reasons::MACHINE_SET_UPDATED.into()))
+        );
+        assert_eq!(fourth.unavailable_replicas, Some(0));
+    }
+}

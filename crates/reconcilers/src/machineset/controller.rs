@@ -1,0 +1,669 @@
+//! The MachineSet reconciler: applies the decisions of [`super::decide`].
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::{Api, Client, Resource, ResourceExt};
+use mcm_api::constants::{finalizers, labels};
+use mcm_api::{
+    ConditionStatus, Machine, MachineSet, MachineSetCondition, MachineSetConditionType,
+    MachineSetStatus,
+};
+use serde_json::{Value, json};
+
+use super::decide::{
+    Claim, MachineView, ReplicaPlan, SLOW_START_INITIAL_BATCH_SIZE, SetCounts, SetInput, claim,
+    controller_of, count_machines, is_frozen, plan_replicas, slow_start_batches,
+};
+use super::selector::selector_matches;
+use crate::events::EventPublisher;
+
+/// How often a set is reconciled without any event (MCM: 10 minutes).
+pub const RESYNC_PERIOD: Duration = Duration::from_secs(600);
+/// How long creations/deletions are awaited in the machine store before acting again.
+pub const EXPECTATIONS_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Errors of the MachineSet reconciler. Each keeps the underlying error.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A call to the API server failed.
+    #[error("{action} {kind} {name}: {source}")]
+    Kube {
+        /// What was attempted.
+        action: &'static str,
+        /// The kind of object.
+        kind: &'static str,
+        /// The object's name.
+        name: String,
+        /// The client error.
+        #[source]
+        source: kube::Error,
+    },
+    /// The template of the set has no labels: machines created from it could never be
+    /// selected.
+    #[error("MachineSet {0} has a template without labels")]
+    TemplateWithoutLabels(String),
+}
+
+impl Error {
+    fn kube(action: &'static str, kind: &'static str, name: &str, source: kube::Error) -> Self {
+        Error::Kube {
+            action,
+            kind,
+            name: name.to_owned(),
+            source,
+        }
+    }
+
+    /// Whether the error is a write conflict (stale object): retried quickly.
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, Error::Kube { source: kube::Error::Api(s), .. } if s.code == 409)
+    }
+}
+
+/// Creations and deletions a set is waiting to see in the machine store (Kubernetes'
+/// controller expectations): until they are observed, the set does not act again, so a
+/// stale cache never causes duplicate creations or deletions.
+#[derive(Debug, Default)]
+pub struct Expectations {
+    inner: Mutex<HashMap<String, Expected>>,
+}
+
+#[derive(Debug)]
+struct Expected {
+    created: HashSet<String>,
+    deleted: HashSet<String>,
+    since: Instant,
+}
+
+impl Expectations {
+    fn record(&self, key: &str, created: Vec<String>, deleted: Vec<String>) {
+        if let Ok(mut map) = self.inner.lock() {
+            map.insert(
+                key.to_owned(),
+                Expected {
+                    created: created.into_iter().collect(),
+                    deleted: deleted.into_iter().collect(),
+                    since: Instant::now(),
+                },
+            );
+        }
+    }
+
+    fn satisfied(&self, key: &str, machines: &[Arc<Machine>]) -> bool {
+        let Ok(mut map) = self.inner.lock() else {
+            return true;
+        };
+        let Some(exp) = map.get(key) else {
+            return true;
+        };
+        let by_name: HashMap<&str, &Machine> = machines
+            .iter()
+            .map(|m| (m.metadata.name.as_deref().unwrap_or(""), m.as_ref()))
+            .collect();
+        let created_seen = exp.created.iter().all(|n| by_name.contains_key(n.as_str()));
+        let deleted_seen = exp.deleted.iter().all(|n| {
+            by_name
+                .get(n.as_str())
+                .is_none_or(|m| m.metadata.deletion_timestamp.is_some())
+        });
+        if (created_seen && deleted_seen) || exp.since.elapsed() > EXPECTATIONS_TIMEOUT {
+            map.remove(key);
+            return true;
+        }
+        false
+    }
+}
+
+/// Shared state of the MachineSet reconciler.
+pub struct Context {
+    /// Client of the control cluster.
+    pub client: Client,
+    /// Store of the Machines.
+    pub machines: Store<Machine>,
+    /// Store of the MachineSets.
+    pub sets: Store<MachineSet>,
+    /// Event publisher.
+    pub events: EventPublisher,
+    /// Pending creations/deletions per set.
+    pub expectations: Expectations,
+}
+
+/// The object reference of a set for events.
+pub fn set_reference(set: &MachineSet) -> ObjectReference {
+    set.object_ref(&())
+}
+
+/// The controller owner reference pointing at `set`.
+pub fn controller_reference(set: &MachineSet) -> OwnerReference {
+    OwnerReference {
+        api_version: mcm_api::API_VERSION.to_owned(),
+        kind: MachineSet::KIND.to_owned(),
+        name: set.name_any(),
+        uid: set.metadata.uid.clone().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+/// The sets a machine event concerns: its controlling set, or every set selecting it when
+/// it is an orphan (so that one can adopt it).
+pub fn sets_for_machine(machine: &Machine, sets: &Store<MachineSet>) -> Vec<ObjectRef<MachineSet>> {
+    let ns = machine.namespace().unwrap_or_default();
+    if let Some(owner) = controller_of(machine.metadata.owner_references.as_ref()) {
+        if owner.kind == MachineSet::KIND {
+            return vec![ObjectRef::new(&owner.name).within(&ns)];
+        }
+        return Vec::new();
+    }
+    sets.state()
+        .iter()
+        .filter(|s| s.namespace().as_deref() == Some(ns.as_str()))
+        .filter(|s| selector_matches(s.spec.selector.as_ref(), machine.metadata.labels.as_ref()))
+        .map(|s| ObjectRef::from_obj(s.as_ref()))
+        .collect()
+}
+
+/// Reconciles one MachineSet.
+pub async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let name = set.name_any();
+    let ns = set.namespace().unwrap_or_default();
+    let sets: Api<MachineSet> = Api::namespaced(ctx.client.clone(), &ns);
+    let machines_api: Api<Machine> = Api::namespaced(ctx.client.clone(), &ns);
+    let deleting = set.metadata.deletion_timestamp.is_some();
+    let has_finalizer = set
+        .finalizers()
+        .iter()
+        .any(|f| f == finalizers::MACHINE_CONTROLLER_MANAGER);
+    if deleting && !has_finalizer {
+        return Ok(Action::await_change());
+    }
+    if !deleting && !has_finalizer {
+        set_finalizer(&sets, &set, true).await?;
+    }
+    let key = format!("{ns}/{name}");
+    let all: Vec<Arc<Machine>> = ctx
+        .machines
+        .state()
+        .into_iter()
+        .filter(|m| m.namespace().as_deref() == Some(ns.as_str()))
+        .collect();
+    if !ctx.expectations.satisfied(&key, &all) {
+        return Ok(Action::requeue(Duration::from_millis(500)));
+    }
+
+    let uid = set.metadata.uid.clone().unwrap_or_default();
+    let mut claimed: Vec<Arc<Machine>> = Vec::new();
+    for m in all {
+        match claim(&uid, deleting, set.spec.selector.as_ref(), &m) {
+            Claim::Owned => claimed.push(m),
+            Claim::Adopt => {
+                if set_controller(&machines_api, &m, Some(controller_reference(&set))).await? {
+                    claimed.push(m);
+                }
+            }
+            Claim::Release => {
+                set_controller(&machines_api, &m, None).await?;
+            }
+            Claim::Ignore => {}
+        }
+    }
+    if !deleting {
+        sync_machine_specs(&machines_api, &set, &claimed).await?;
+    }
+
+    if deleting && claimed.is_empty() {
+        set_finalizer(&sets, &set, false).await?;
+        return Ok(Action::await_change());
+    }
+
+    let now = Timestamp::now();
+    let template_labels = set
+        .spec
+        .template
+        .as_ref()
+        .and_then(|t| t.metadata.as_ref())
+        .and_then(|m| m.labels.as_ref());
+    let views: Vec<MachineView> = claimed
+        .iter()
+        .map(|m| MachineView::from_machine(m, template_labels, now))
+        .collect();
+    let input = SetInput {
+        replicas: set.spec.replicas(),
+        frozen: is_frozen(set.metadata.labels.as_ref()),
+        scale_up_disabled: set
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(labels::MACHINE_SET_SCALE_UP_DISABLED)),
+        deleting,
+    };
+    let plan = plan_replicas(&input, &views);
+    let manage = manage_replicas(&ctx, &machines_api, &set, &plan, &key).await;
+
+    let counts = count_machines(&views, set.spec.min_ready_seconds.unwrap_or(0), now);
+    update_status(&sets, &set, &counts, manage.as_ref().err()).await?;
+    manage?;
+    Ok(match counts.recheck_after {
+        Some(after) => Action::requeue(after + Duration::from_secs(1)),
+        None => Action::requeue(RESYNC_PERIOD),
+    })
+}
+
+/// What to do after a failed reconcile: conflicts are retried quickly, the rest after a
+/// few seconds.
+pub fn error_policy(_set: Arc<MachineSet>, error: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(%error, "MachineSet reconcile failed");
+    if error.is_conflict() {
+        Action::requeue(Duration::from_millis(200))
+    } else {
+        Action::requeue(Duration::from_secs(5))
+    }
+}
+
+async fn manage_replicas(
+    ctx: &Context,
+    api: &Api<Machine>,
+    set: &MachineSet,
+    plan: &ReplicaPlan,
+    key: &str,
+) -> Result<(), Error> {
+    let reference = set_reference(set);
+    if let Some(reason) = plan.scale_up_blocked {
+        tracing::debug!(set = %set.name_any(), reason, "not creating machines");
+    }
+    let mut created = Vec::new();
+    let mut result = Ok(());
+    if plan.create > 0 {
+        result = create_machines(ctx, api, set, plan.create, &mut created).await;
+    }
+    let mut deleted = Vec::new();
+    if !plan.delete.is_empty() && result.is_ok() {
+        result = delete_machines(ctx, api, set, &plan.delete, &mut deleted).await;
+    }
+    if !created.is_empty() || !deleted.is_empty() {
+        ctx.expectations
+            .record(key, created.clone(), deleted.clone());
+        let note = format!(
+            "Scaled MachineSet {} to {} replicas: created {}, deleted {}",
+            set.name_any(),
+            set.spec.replicas(),
+            created.len(),
+            deleted.len()
+        );
+        ctx.events.normal(&reference, "Scaled", "Scale", note).await;
+    }
+    result
+}
+
+/// The Machine a set creates: template labels, annotations and spec, `generateName:
+/// <set>-`, the set as controller, no finalizers (the machine controller adds its own).
+pub fn machine_from_template(set: &MachineSet) -> Machine {
+    let template = set.spec.template.clone().unwrap_or_default();
+    let meta = template.metadata.unwrap_or_default();
+    Machine {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{}-", set.name_any())),
+            namespace: set.namespace(),
+            labels: meta.labels,
+            annotations: meta.annotations,
+            owner_references: Some(vec![controller_reference(set)]),
+            ..ObjectMeta::default()
+        },
+        spec: template.spec.unwrap_or_default(),
+        ..Machine::default()
+    }
+}
+
+async fn create_machines(
+    ctx: &Context,
+    api: &Api<Machine>,
+    set: &MachineSet,
+    count: usize,
+    created: &mut Vec<String>,
+) -> Result<(), Error> {
+    let name = set.name_any();
+    if set
+        .spec
+        .template
+        .as_ref()
+        .and_then(|t| t.metadata.as_ref())
+        .and_then(|m| m.labels.as_ref())
+        .is_none_or(BTreeMap::is_empty)
+    {
+        return Err(Error::TemplateWithoutLabels(name));
+    }
+    let reference = set_reference(set);
+    let template = machine_from_template(set);
+    for batch in slow_start_batches(count, SLOW_START_INITIAL_BATCH_SIZE) {
+        let results = join_all(
+            (0..batch).map(|_| async { api.create(&PostParams::default(), &template).await }),
+        )
+        .await;
+        let mut first_error = None;
+        for r in results {
+            match r {
+                Ok(m) => {
+                    let machine = m.name_any();
+                    ctx.events
+                        .normal(
+                            &reference,
+                            "SuccessfulCreate",
+                            "Create",
+                            format!("Created Machine: {machine}"),
+                        )
+                        .await;
+                    created.push(machine);
+                }
+                Err(e) => {
+                    ctx.events
+                        .warning(
+                            &reference,
+                            "FailedCreate",
+                            "Create",
+                            format!("Error creating: {e}"),
+                        )
+                        .await;
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = first_error {
+            // Slow start: skip the remaining batches; the next reconcile retries.
+            return Err(Error::kube("create", "Machine", &name, e));
+        }
+    }
+    Ok(())
+}
+
+async fn delete_machines(
+    ctx: &Context,
+    api: &Api<Machine>,
+    set: &MachineSet,
+    names: &[String],
+    deleted: &mut Vec<String>,
+) -> Result<(), Error> {
+    let reference = set_reference(set);
+    let uids: HashMap<String, Option<String>> = ctx
+        .machines
+        .state()
+        .iter()
+        .map(|m| (m.name_any(), m.metadata.uid.clone()))
+        .collect();
+    let results = join_all(names.iter().map(|n| {
+        let dp = DeleteParams {
+            preconditions: uids.get(n).cloned().flatten().map(|uid| Preconditions {
+                uid: Some(uid),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        async move { (n, api.delete(n, &dp).await) }
+    }))
+    .await;
+    let mut first_error = None;
+    for (n, r) in results {
+        match r {
+            Ok(_) => {
+                ctx.events
+                    .normal(
+                        &reference,
+                        "SuccessfulDelete",
+                        "Delete",
+                        format!("Deleted machine: {n}"),
+                    )
+                    .await;
+                deleted.push(n.clone());
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => {
+                ctx.events
+                    .warning(
+                        &reference,
+                        "FailedDelete",
+                        "Delete",
+                        format!("Error deleting {n}: {e}"),
+                    )
+                    .await;
+                first_error.get_or_insert(Error::kube("delete", "Machine", n, e));
+            }
+        }
+    }
+    first_error.map_or(Ok(()), Err)
+}
+
+/// Adds (`add`) or removes the MCM finalizer of a set, guarded by its resourceVersion.
+async fn set_finalizer(api: &Api<MachineSet>, set: &MachineSet, add: bool) -> Result<(), Error> {
+    let mut list: Vec<String> = set
+        .finalizers()
+        .iter()
+        .filter(|f| *f != finalizers::MACHINE_CONTROLLER_MANAGER)
+        .cloned()
+        .collect();
+    if add {
+        list.push(finalizers::MACHINE_CONTROLLER_MANAGER.to_owned());
+    }
+    let patch = json!({"metadata": {
+        "finalizers": list,
+        "resourceVersion": set.resource_version(),
+    }});
+    match api
+        .patch(
+            &set.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 && !add => Ok(()),
+        Err(e) => Err(Error::kube(
+            "update finalizers of",
+            "MachineSet",
+            &set.name_any(),
+            e,
+        )),
+    }
+}
+
+/// Sets (adopt) or removes (release) the controller reference of a machine. Returns false
+/// when the machine is gone.
+async fn set_controller(
+    api: &Api<Machine>,
+    machine: &Machine,
+    owner: Option<OwnerReference>,
+) -> Result<bool, Error> {
+    let mut refs: Vec<OwnerReference> = machine
+        .metadata
+        .owner_references
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|r| r.controller != Some(true))
+        .collect();
+    refs.extend(owner);
+    let patch = json!({"metadata": {
+        "ownerReferences": refs,
+        "uid": machine.metadata.uid,
+    }});
+    match api
+        .patch(
+            &machine.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) => Err(Error::kube(
+            "update owner of",
+            "Machine",
+            &machine.name_any(),
+            e,
+        )),
+    }
+}
+
+/// The patch that brings a machine's node template, configuration and class kind in line
+/// with its set's template (MCM's `syncMachinesNodeTemplates`, `syncMachinesConfig`,
+/// `syncMachinesClassKind`), or `None` when nothing differs.
+pub fn machine_spec_patch(set: &MachineSet, machine: &Machine) -> Option<Value> {
+    let template = set.spec.template.as_ref()?.spec.as_ref()?;
+    let mut spec = serde_json::Map::new();
+    if template.node_template != machine.spec.node_template {
+        spec.insert(
+            "nodeTemplate".into(),
+            serde_json::to_value(&template.node_template).unwrap_or(Value::Null),
+        );
+    }
+    if template.configuration != machine.spec.configuration {
+        let want = serde_json::to_value(&template.configuration).unwrap_or(Value::Null);
+        let have = serde_json::to_value(&machine.spec.configuration).unwrap_or(Value::Null);
+        if let (Value::Object(want), Value::Object(have)) = (want, have) {
+            for k in have.keys() {
+                if !want.contains_key(k) {
+                    spec.insert(k.clone(), Value::Null);
+                }
+            }
+            spec.extend(want);
+        }
+    }
+    let want_kind = template.class.as_ref().and_then(|c| c.kind.as_ref());
+    let have_kind = machine.spec.class.as_ref().and_then(|c| c.kind.as_ref());
+    if want_kind.is_some() && want_kind != have_kind {
+        spec.insert("class".into(), json!({"kind": want_kind}));
+    }
+    (!spec.is_empty()).then(|| json!({"spec": spec}))
+}
+
+async fn sync_machine_specs(
+    api: &Api<Machine>,
+    set: &MachineSet,
+    machines: &[Arc<Machine>],
+) -> Result<(), Error> {
+    for m in machines
+        .iter()
+        .filter(|m| m.metadata.deletion_timestamp.is_none())
+    {
+        if let Some(patch) = machine_spec_patch(set, m) {
+            match api
+                .patch(
+                    &m.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+            {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(e) => return Err(Error::kube("sync spec of", "Machine", &m.name_any(), e)),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The status a set should have.
+pub fn desired_status(
+    set: &MachineSet,
+    counts: &SetCounts,
+    failure: Option<&Error>,
+) -> MachineSetStatus {
+    let prev = set.status.clone().unwrap_or_default();
+    let mut conditions = prev.conditions.clone().unwrap_or_default();
+    match failure {
+        Some(e) => {
+            let message = e.to_string();
+            let now = Some(Time(Timestamp::now()));
+            match conditions
+                .iter_mut()
+                .find(|c| c.type_ == MachineSetConditionType::ReplicaFailure)
+            {
+                Some(c) if c.message.as_deref() == Some(message.as_str()) => {}
+                Some(c) => c.message = Some(message),
+                None => conditions.push(MachineSetCondition {
+                    type_: MachineSetConditionType::ReplicaFailure,
+                    status: ConditionStatus::True,
+                    last_transition_time: now,
+                    reason: Some(
+                        if matches!(
+                            e,
+                            Error::Kube {
+                                action: "delete",
+                                ..
+                            }
+                        ) {
+                            "FailedDelete"
+                        } else {
+                            "FailedCreate"
+                        }
+                        .into(),
+                    ),
+                    message: Some(message),
+                }),
+            }
+        }
+        None => conditions.retain(|c| c.type_ != MachineSetConditionType::ReplicaFailure),
+    }
+    MachineSetStatus {
+        replicas: Some(counts.replicas),
+        fully_labeled_replicas: Some(counts.fully_labeled),
+        ready_replicas: Some(counts.ready),
+        available_replicas: Some(counts.available),
+        observed_generation: set.metadata.generation,
+        conditions: (!conditions.is_empty()).then_some(conditions),
+        last_operation: prev.last_operation,
+        failed_machines: (!counts.failed.is_empty()).then(|| counts.failed.clone()),
+        auto_preserve_failed_machine_count: prev.auto_preserve_failed_machine_count,
+    }
+}
+
+/// A merge patch for `status` that also clears fields that became empty.
+pub fn status_patch<T: serde::Serialize>(status: &T, clearable: &[&str]) -> Value {
+    let mut value = serde_json::to_value(status).unwrap_or(Value::Null);
+    if let Value::Object(map) = &mut value {
+        for k in clearable {
+            map.entry((*k).to_owned()).or_insert(Value::Null);
+        }
+    }
+    json!({ "status": value })
+}
+
+async fn update_status(
+    api: &Api<MachineSet>,
+    set: &MachineSet,
+    counts: &SetCounts,
+    failure: Option<&Error>,
+) -> Result<(), Error> {
+    let status = desired_status(set, counts, failure);
+    if set.status.as_ref() == Some(&status) {
+        return Ok(());
+    }
+    let patch = status_patch(&status, &["machineSetCondition", "failedMachines"]);
+    match api
+        .patch_status(
+            &set.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(Error::kube(
+            "update status of",
+            "MachineSet",
+            &set.name_any(),
+            e,
+        )),
+    }
+}

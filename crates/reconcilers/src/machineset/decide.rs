@@ -1,0 +1,434 @@
+//! Pure decisions of the MachineSet controller: which machines a set claims, how many it
+//! creates, which it deletes (MCM's deletion order), and its status counters.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference};
+use mcm_api::constants::{annotations, labels};
+use mcm_api::{Machine, MachinePhase, MachineState, MachineSummary};
+
+use super::selector::{labels_contain, selector_matches};
+
+/// Most machines created or deleted by one reconcile of a set (MCM's `BurstReplicas`).
+pub const BURST_REPLICAS: usize = 100;
+/// Size of the first creation batch; each following batch doubles (MCM's slow start).
+pub const SLOW_START_INITIAL_BATCH_SIZE: usize = 1;
+/// Priority of machines without (or with an unparsable) priority annotation.
+pub const DEFAULT_PRIORITY: i32 = 3;
+
+/// What the set controller needs to know about one of its machines.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MachineView {
+    /// Name of the machine.
+    pub name: String,
+    /// Current phase (`None` for a machine the machine controller has not processed yet).
+    pub phase: Option<MachinePhase>,
+    /// Deletion priority (annotation `machinepriority.machine.sapcloud.io`, default 3).
+    pub priority: i32,
+    /// When the machine was marked for deletion (annotation
+    /// `machine.sapcloud.io/marked-for-deletion-time`, RFC 3339).
+    pub marked_for_deletion: Option<Timestamp>,
+    /// Creation time.
+    pub created: Option<Timestamp>,
+    /// Whether the machine has a deletion timestamp.
+    pub deleting: bool,
+    /// When the current phase was entered (`status.currentStatus.lastUpdateTime`).
+    pub phase_since: Option<Timestamp>,
+    /// Whether the machine carries all labels of the set's template.
+    pub fully_labeled: bool,
+    /// Whether the machine is preserved (failed but kept on purpose).
+    pub preserved: bool,
+    /// Summary for `status.failedMachines` when the last operation failed.
+    pub failure: Option<MachineSummary>,
+}
+
+impl MachineView {
+    /// Builds the view of `machine` for a set with the given template labels.
+    pub fn from_machine(
+        machine: &Machine,
+        template_labels: Option<&BTreeMap<String, String>>,
+        now: Timestamp,
+    ) -> Self {
+        let meta = &machine.metadata;
+        let anns = meta.annotations.as_ref();
+        let current = machine
+            .status
+            .as_ref()
+            .and_then(|s| s.current_status.as_ref());
+        let last_op = machine
+            .status
+            .as_ref()
+            .and_then(|s| s.last_operation.as_ref());
+        let failure = last_op
+            .filter(|op| op.state == Some(MachineState::Failed))
+            .map(|op| MachineSummary {
+                name: meta.name.clone(),
+                provider_id: machine.spec.provider_id.clone(),
+                last_operation: Some(op.clone()),
+                owner_ref: meta
+                    .owner_references
+                    .as_ref()
+                    .and_then(|o| o.iter().find(|r| r.controller == Some(true)))
+                    .map(|r| r.name.clone()),
+            });
+        let preserved = current
+            .and_then(|c| c.preserve_expiry_time.as_ref())
+            .is_some_and(|t| t.0 > now)
+            || anns
+                .and_then(|a| a.get(annotations::PRESERVE))
+                .is_some_and(|v| {
+                    v == annotations::preserve_values::NOW
+                        || v == annotations::preserve_values::WHEN_FAILED
+                        || v == annotations::preserve_values::AUTO_PRESERVED
+                });
+        MachineView {
+            name: meta.name.clone().unwrap_or_default(),
+            phase: machine.phase().cloned(),
+            priority: priority_of(machine),
+            marked_for_deletion: anns
+                .and_then(|a| a.get(annotations::MARKED_FOR_DELETION_TIME))
+                .and_then(|v| v.parse().ok()),
+            created: meta.creation_timestamp.as_ref().map(|t| t.0),
+            deleting: meta.deletion_timestamp.is_some(),
+            phase_since: current
+                .and_then(|c| c.last_update_time.as_ref())
+                .map(|t| t.0),
+            fully_labeled: labels_contain(meta.labels.as_ref(), template_labels),
+            preserved,
+            failure,
+        }
+    }
+
+    /// Deleted or being deleted: no longer counts towards the set's replicas.
+    pub fn is_terminating(&self) -> bool {
+        self.deleting || self.phase == Some(MachinePhase::Terminating)
+    }
+
+    /// In phase `Failed`.
+    pub fn is_failed(&self) -> bool {
+        self.phase == Some(MachinePhase::Failed)
+    }
+
+    /// Ready: in phase `Running` and not terminating.
+    pub fn is_ready(&self) -> bool {
+        !self.is_terminating() && self.phase == Some(MachinePhase::Running)
+    }
+
+    /// Time until the machine becomes available, `Some(ZERO)` when it already is, `None` when
+    /// it is not ready.
+    pub fn until_available(&self, min_ready_seconds: i32, now: Timestamp) -> Option<Duration> {
+        if !self.is_ready() {
+            return None;
+        }
+        if min_ready_seconds <= 0 {
+            return Some(Duration::ZERO);
+        }
+        let Some(since) = self.phase_since else {
+            return Some(Duration::ZERO);
+        };
+        let ready_at = since.as_second() + i64::from(min_ready_seconds);
+        let left = ready_at - now.as_second();
+        Some(Duration::from_secs(u64::try_from(left.max(0)).unwrap_or(0)))
+    }
+}
+
+/// The deletion priority of a machine: the priority annotation, 3 when absent or invalid.
+pub fn priority_of(machine: &Machine) -> i32 {
+    machine
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(annotations::MACHINE_PRIORITY))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(DEFAULT_PRIORITY)
+}
+
+/// Rank of a phase in MCM's deletion order (lower is deleted first). Machines without a
+/// phase (or with an unknown one) rank lowest, like the Go map lookup that yields 0.
+pub fn phase_rank(phase: Option<&MachinePhase>) -> u8 {
+    match phase {
+        Some(MachinePhase::Terminating) => 0,
+        Some(MachinePhase::Failed) => 1,
+        Some(MachinePhase::CrashLoopBackOff) => 2,
+        Some(MachinePhase::Unknown) => 3,
+        Some(MachinePhase::Pending) => 4,
+        Some(MachinePhase::Available) => 5,
+        Some(MachinePhase::Running) => 6,
+        _ => 0,
+    }
+}
+
+/// MCM's deletion order: lower priority annotation first; among equal priorities the one
+/// marked for deletion earlier first (marked before unmarked); then by phase (Terminating <
+/// Failed < CrashLoopBackOff < Unknown < Pending < Available < Running); then the **older**
+/// machine first (MCM, unlike Kubernetes ReplicaSets); the name breaks remaining ties.
+pub fn deletion_order(a: &MachineView, b: &MachineView) -> Ordering {
+    a.priority
+        .cmp(&b.priority)
+        .then_with(|| match (a.marked_for_deletion, b.marked_for_deletion) {
+            (Some(x), Some(y)) => x.cmp(&y),
+            (Some(_), None) => Ordering::Less,
+            (None, Some(_)) => Ordering::Greater,
+            (None, None) => Ordering::Equal,
+        })
+        .then_with(|| phase_rank(a.phase.as_ref()).cmp(&phase_rank(b.phase.as_ref())))
+        .then_with(|| match (a.created, b.created) {
+            (Some(x), Some(y)) => x.cmp(&y),
+            (Some(_), None) => Ordering::Greater,
+            (None, Some(_)) => Ordering::Less,
+            (None, None) => Ordering::Equal,
+        })
+        .then_with(|| a.name.cmp(&b.name))
+}
+
+/// What the set looks like to [`plan_replicas`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SetInput {
+    /// `spec.replicas`.
+    pub replicas: i32,
+    /// The set carries the `freeze: True` label.
+    pub frozen: bool,
+    /// The set carries the scale-up-disabled label.
+    pub scale_up_disabled: bool,
+    /// The set has a deletion timestamp.
+    pub deleting: bool,
+}
+
+/// Machines to create and to delete.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ReplicaPlan {
+    /// Number of machines to create (in slow-start batches).
+    pub create: usize,
+    /// Names of the machines to delete, in deletion order.
+    pub delete: Vec<String>,
+    /// Why no machine is created although some are missing.
+    pub scale_up_blocked: Option<&'static str>,
+}
+
+/// MCM's `manageReplicas` (and the deletion of a deleted set's machines) as a pure function.
+///
+/// Terminating machines do not count. Missing machines are created unless the set is frozen
+/// or its scale-up is disabled. Surplus machines are chosen by [`deletion_order`]; failed
+/// machines that are not preserved are deleted as well (they are replaced on the next pass).
+pub fn plan_replicas(set: &SetInput, machines: &[MachineView]) -> ReplicaPlan {
+    if set.deleting {
+        return ReplicaPlan {
+            delete: machines
+                .iter()
+                .filter(|m| !m.deleting)
+                .map(|m| m.name.clone())
+                .collect(),
+            ..ReplicaPlan::default()
+        };
+    }
+    let mut active: Vec<&MachineView> = machines.iter().filter(|m| !m.is_terminating()).collect();
+    let desired = usize::try_from(set.replicas.max(0)).unwrap_or(0);
+    if active.len() < desired {
+        let blocked = if set.frozen {
+            Some("frozen")
+        } else if set.scale_up_disabled {
+            Some("scale-up disabled")
+        } else {
+            None
+        };
+        return ReplicaPlan {
+            create: if blocked.is_some() {
+                0
+            } else {
+                (desired - active.len()).min(BURST_REPLICAS)
+            },
+            delete: Vec::new(),
+            scale_up_blocked: blocked,
+        };
+    }
+    active.sort_by(|a, b| deletion_order(a, b));
+    let surplus = (active.len() - desired).min(BURST_REPLICAS);
+    let mut chosen: BTreeSet<&str> = BTreeSet::new();
+    let mut delete = Vec::new();
+    let failed = active.iter().filter(|m| m.is_failed() && !m.preserved);
+    for m in active.iter().take(surplus).chain(failed) {
+        if delete.len() >= BURST_REPLICAS {
+            break;
+        }
+        if chosen.insert(m.name.as_str()) {
+            delete.push(m.name.clone());
+        }
+    }
+    ReplicaPlan {
+        create: 0,
+        delete,
+        scale_up_blocked: None,
+    }
+}
+
+/// Batch sizes of MCM's slow start for `count` creations: 1, 2, 4, ... (the last one cut to
+/// what is left).
+pub fn slow_start_batches(count: usize, initial: usize) -> Vec<usize> {
+    let mut batches = Vec::new();
+    let mut remaining = count;
+    let mut size = initial.max(1).min(remaining);
+    while size > 0 {
+        batches.push(size);
+        remaining -= size;
+        size = (2 * size).min(remaining);
+    }
+    batches
+}
+
+/// The set's relation to one machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Claim {
+    /// Controlled by the set and selected by it.
+    Owned,
+    /// An orphan selected by the set: take a controller reference.
+    Adopt,
+    /// Controlled by the set but no longer selected: drop the controller reference.
+    Release,
+    /// Not the set's business.
+    Ignore,
+}
+
+/// The controller reference of an object, if any.
+pub fn controller_of(refs: Option<&Vec<OwnerReference>>) -> Option<&OwnerReference> {
+    refs.and_then(|r| r.iter().find(|o| o.controller == Some(true)))
+}
+
+/// Kubernetes' `ClaimObject` for machines: adopt orphans that match, release owned machines
+/// that no longer match (unless the set is being deleted), never touch others' machines or
+/// machines being deleted.
+pub fn claim(
+    set_uid: &str,
+    set_deleting: bool,
+    selector: Option<&LabelSelector>,
+    machine: &Machine,
+) -> Claim {
+    let matches = selector_matches(selector, machine.metadata.labels.as_ref());
+    match controller_of(machine.metadata.owner_references.as_ref()) {
+        Some(owner) if owner.uid != set_uid => Claim::Ignore,
+        Some(_) if matches => Claim::Owned,
+        Some(_) if set_deleting => Claim::Ignore,
+        Some(_) => Claim::Release,
+        None if set_deleting || !matches || machine.metadata.deletion_timestamp.is_some() => {
+            Claim::Ignore
+        }
+        None => Claim::Adopt,
+    }
+}
+
+/// Status counters of a set.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct SetCounts {
+    /// All claimed machines (MCM counts terminating ones too).
+    pub replicas: i32,
+    /// Claimed machines carrying all template labels.
+    pub fully_labeled: i32,
+    /// Ready (Running) machines.
+    pub ready: i32,
+    /// Machines ready for at least `minReadySeconds`.
+    pub available: i32,
+    /// Summaries of machines whose last operation failed.
+    pub failed: Vec<MachineSummary>,
+    /// When to look again because a ready machine becomes available.
+    pub recheck_after: Option<Duration>,
+}
+
+fn count(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
+
+/// Counts the claimed machines of a set.
+pub fn count_machines(
+    machines: &[MachineView],
+    min_ready_seconds: i32,
+    now: Timestamp,
+) -> SetCounts {
+    let mut counts = SetCounts {
+        replicas: count(machines.len()),
+        ..SetCounts::default()
+    };
+    for m in machines {
+        if m.fully_labeled {
+            counts.fully_labeled += 1;
+        }
+        if let Some(left) = m.until_available(min_ready_seconds, now) {
+            counts.ready += 1;
+            if left.is_zero() {
+                counts.available += 1;
+            } else {
+                counts.recheck_after = Some(counts.recheck_after.map_or(left, |r| r.min(left)));
+            }
+        }
+        if let Some(f) = &m.failure {
+            counts.failed.push(f.clone());
+        }
+    }
+    counts
+}
+
+/// Whether a set carries the `freeze: True` label.
+pub fn is_frozen(set_labels: Option<&BTreeMap<String, String>>) -> bool {
+    set_labels
+        .and_then(|l| l.get(labels::FREEZE))
+        .is_some_and(|v| v == labels::TRUE_VALUE)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(name: &str, phase: MachinePhase, priority: i32, created: i64) -> MachineView {
+        MachineView {
+            name: name.into(),
+            phase: Some(phase),
+            priority,
+            marked_for_deletion: None,
+            created: Timestamp::from_second(created).ok(),
+            deleting: false,
+            phase_since: None,
+            fully_labeled: true,
+            preserved: false,
+            failure: None,
+        }
+    }
+
+    #[test]
+    fn slow_start() {
+        assert_eq!(slow_start_batches(0, 1), Vec::<usize>::new());
+        assert_eq!(slow_start_batches(1, 1), vec![1]);
+        assert_eq!(slow_start_batches(6, 1), vec![1, 2, 3]);
+        assert_eq!(slow_start_batches(15, 1), vec![1, 2, 4, 8]);
+        assert_eq!(slow_start_batches(20, 1), vec![1, 2, 4, 8, 5]);
+    }
+
+    #[test]
+    fn deletion_order_table() {
+        let mut ms = [
+            view("running-old", MachinePhase::Running, 3, 10),
+            view("running-new", MachinePhase::Running, 3, 20),
+            view("pending", MachinePhase::Pending, 3, 30),
+            view("failed", MachinePhase::Failed, 3, 40),
+            view("marked", MachinePhase::Running, 1, 50),
+            view("unknown", MachinePhase::Unknown, 3, 5),
+            view("crash", MachinePhase::CrashLoopBackOff, 3, 5),
+            view("low", MachinePhase::Running, 2, 5),
+        ];
+        ms.sort_by(deletion_order);
+        let names: Vec<&str> = ms.iter().map(|m| m.name.as_str()).collect();
+        assert_eq!(
+            names,
+            vec![
+                "marked",
+                "low",
+                "failed",
+                "crash",
+                "unknown",
+                "pending",
+                "running-old",
+                "running-new"
+            ]
+        );
+    }
+}

@@ -1,0 +1,496 @@
+//! The overshooting safety guard: freezes a MachineSet (and its MachineDeployment) that has
+//! far more machines than it should, unfreezes it once the count dropped below a lower
+//! threshold or when a user sets the unfreeze annotation.
+//!
+//! Thresholds follow MCM (`--safety-up`, `--safety-down`): for a set owned by a deployment,
+//! `higher = deployment.replicas + maxSurge + safetyUp`, otherwise
+//! `higher = 2 * set.replicas + safetyUp`; `lower = higher - safetyDown`. A set is frozen when its fully labeled machines
+//! reach `higher` and unfrozen when they drop to `lower` or below. A frozen set creates no
+//! machines; a frozen deployment only scales down.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Patch, PatchParams};
+use kube::runtime::reflector::Store;
+use kube::{Api, Client, Resource, ResourceExt};
+use mcm_api::constants::{annotations, freeze_reasons, labels};
+use mcm_api::intstr::scaled_value;
+use mcm_api::{
+    ConditionStatus, Machine, MachineDeployment, MachineDeploymentCondition,
+    MachineDeploymentConditionType, MachineSet, MachineSetCondition, MachineSetConditionType,
+};
+use serde_json::json;
+
+use super::decide::{controller_of, is_frozen};
+use super::selector::labels_contain;
+use crate::events::EventPublisher;
+
+/// The `--safety-up` / `--safety-down` settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SafetyLimits {
+    /// Machines above the bound that freeze the set (MCM default 2).
+    pub safety_up: i32,
+    /// How far below the freeze threshold the count must drop to unfreeze (MCM default 1).
+    pub safety_down: i32,
+}
+
+impl Default for SafetyLimits {
+    fn default() -> Self {
+        SafetyLimits {
+            safety_up: 2,
+            safety_down: 1,
+        }
+    }
+}
+
+/// What to do with a set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Overshoot {
+    /// Freeze with this message.
+    Freeze(String),
+    /// Unfreeze.
+    Unfreeze,
+    /// Leave as is.
+    Keep,
+}
+
+/// The freeze (`higher`) and unfreeze (`lower`) thresholds of a set.
+pub fn thresholds(
+    set_replicas: i32,
+    deployment: Option<(i32, i32)>,
+    limits: SafetyLimits,
+) -> (i32, i32) {
+    let higher = match deployment {
+        Some((replicas, surge)) => replicas + surge + limits.safety_up,
+        None => 2 * set_replicas + limits.safety_up,
+    };
+    (higher, higher - limits.safety_down)
+}
+
+/// MCM's `checkAndFreezeORUnfreezeMachineSets` for one set. `deployment` is the owning
+/// deployment's `(replicas, resolved maxSurge)`.
+pub fn overshoot_decision(
+    set_name: &str,
+    set_replicas: i32,
+    deployment: Option<(i32, i32)>,
+    machines: i32,
+    frozen_label: bool,
+    frozen_condition: bool,
+    limits: SafetyLimits,
+) -> Overshoot {
+    let (higher, lower) = thresholds(set_replicas, deployment, limits);
+    if !frozen_label && machines >= higher {
+        Overshoot::Freeze(format!(
+            "The number of machines backing MachineSet: {set_name} is {machines} >= {higher} which is the Max-ScaleUp-Limit"
+        ))
+    } else if machines <= lower && (frozen_label || frozen_condition) {
+        Overshoot::Unfreeze
+    } else {
+        Overshoot::Keep
+    }
+}
+
+/// Shared state of the overshooting guard.
+#[derive(Clone)]
+pub struct SafetyContext {
+    /// Client of the control cluster.
+    pub client: Client,
+    /// Store of the Machines.
+    pub machines: Store<Machine>,
+    /// Store of the MachineSets.
+    pub sets: Store<MachineSet>,
+    /// Store of the MachineDeployments.
+    pub deployments: Store<MachineDeployment>,
+    /// Event publisher.
+    pub events: EventPublisher,
+    /// Thresholds.
+    pub limits: SafetyLimits,
+}
+
+/// Errors of the overshooting guard.
+#[derive(Debug, thiserror::Error)]
+pub enum SafetyError {
+    /// A call to the API server failed.
+    #[error("{action} {name}: {source}")]
+    Kube {
+        /// What was attempted.
+        action: &'static str,
+        /// The object's name.
+        name: String,
+        /// The client error.
+        #[source]
+        source: kube::Error,
+    },
+}
+
+fn kube_err(action: &'static str, name: &str) -> impl FnOnce(kube::Error) -> SafetyError {
+    let name = name.to_owned();
+    move |source| SafetyError::Kube {
+        action,
+        name,
+        source,
+    }
+}
+
+/// Runs the guard every `period` until `shutdown` resolves.
+pub async fn run_overshooting(
+    ctx: SafetyContext,
+    period: Duration,
+    shutdown: impl std::future::Future<Output = ()>,
+) {
+    let mut ticker = tokio::time::interval(period);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        tokio::select! {
+            _ = &mut shutdown => return,
+            _ = ticker.tick() => {
+                if let Err(error) = check_once(&ctx).await {
+                    tracing::warn!(%error, "overshooting safety check failed");
+                }
+            }
+        }
+    }
+}
+
+fn deployment_of(
+    set: &MachineSet,
+    deployments: &Store<MachineDeployment>,
+) -> Option<Arc<MachineDeployment>> {
+    let owner = controller_of(set.metadata.owner_references.as_ref())?;
+    if owner.kind != MachineDeployment::KIND {
+        return None;
+    }
+    deployments.state().into_iter().find(|d| {
+        d.metadata.uid.as_deref() == Some(owner.uid.as_str()) && d.namespace() == set.namespace()
+    })
+}
+
+fn set_frozen_condition(set: &MachineSet) -> Option<&MachineSetCondition> {
+    set.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| {
+            c.iter()
+                .find(|c| c.type_ == MachineSetConditionType::Frozen)
+        })
+}
+
+fn deployment_frozen_condition(d: &MachineDeployment) -> Option<&MachineDeploymentCondition> {
+    d.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| {
+            c.iter()
+                .find(|c| c.type_ == MachineDeploymentConditionType::Frozen)
+        })
+}
+
+fn has_unfreeze_annotation<K: Resource>(obj: &K) -> bool {
+    obj.meta()
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(annotations::UNFREEZE))
+}
+
+/// One pass of the guard (MCM's `reconcileClusterMachineSafetyOvershooting`).
+pub async fn check_once(ctx: &SafetyContext) -> Result<(), SafetyError> {
+    let machines = ctx.machines.state();
+    for set in ctx.sets.state() {
+        let name = set.name_any();
+        let template_labels = set
+            .spec
+            .template
+            .as_ref()
+            .and_then(|t| t.metadata.as_ref())
+            .and_then(|m| m.labels.as_ref());
+        let count = machines
+            .iter()
+            .filter(|m| m.namespace() == set.namespace())
+            .filter(|m| labels_contain(m.metadata.labels.as_ref(), template_labels))
+            .filter(|m| {
+                m.metadata
+                    .owner_references
+                    .as_ref()
+                    .is_some_and(|o| o.iter().any(|r| r.name == name))
+            })
+            .count();
+        let deployment = deployment_of(&set, &ctx.deployments).map(|d| {
+            let surge = d
+                .spec
+                .strategy
+                .as_ref()
+                .and_then(|s| s.rolling_update.as_ref())
+                .and_then(|r| r.update_configuration.max_surge.as_ref())
+                .and_then(|v| scaled_value(v, d.spec.replicas(), true).ok())
+                .unwrap_or(0);
+            (d.spec.replicas(), surge)
+        });
+        let decision = overshoot_decision(
+            &name,
+            set.spec.replicas(),
+            deployment,
+            i32::try_from(count).unwrap_or(i32::MAX),
+            is_frozen(set.metadata.labels.as_ref()),
+            set_frozen_condition(&set).is_some(),
+            ctx.limits,
+        );
+        match decision {
+            Overshoot::Freeze(message) => {
+                freeze_set(
+                    ctx,
+                    &set,
+                    freeze_reasons::OVERSHOOTING_REPLICA_COUNT,
+                    &message,
+                )
+                .await?;
+                if let Some(d) = deployment_of(&set, &ctx.deployments) {
+                    freeze_deployment(
+                        ctx,
+                        &d,
+                        freeze_reasons::OVERSHOOTING_REPLICA_COUNT,
+                        &message,
+                    )
+                    .await?;
+                }
+            }
+            Overshoot::Unfreeze => unfreeze_set(ctx, &set).await?,
+            Overshoot::Keep => {}
+        }
+    }
+    sync_deployment_freeze_state(ctx).await?;
+    for d in ctx.deployments.state() {
+        if has_unfreeze_annotation(d.as_ref()) {
+            unfreeze_deployment(ctx, &d).await?;
+            for set in ctx.sets.state().iter().filter(|s| {
+                deployment_of(s, &ctx.deployments).is_some_and(|o| o.metadata.uid == d.metadata.uid)
+            }) {
+                let api: Api<MachineSet> =
+                    Api::namespaced(ctx.client.clone(), &set.namespace().unwrap_or_default());
+                let patch = json!({"metadata": {"annotations": {annotations::UNFREEZE: "True"}}});
+                api.patch(
+                    &set.name_any(),
+                    &PatchParams::default(),
+                    &Patch::Merge(&patch),
+                )
+                .await
+                .map_err(kube_err("annotate", &set.name_any()))?;
+            }
+        }
+    }
+    for set in ctx.sets.state() {
+        if has_unfreeze_annotation(set.as_ref()) {
+            unfreeze_set(ctx, &set).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn sync_deployment_freeze_state(ctx: &SafetyContext) -> Result<(), SafetyError> {
+    let sets = ctx.sets.state();
+    for d in ctx.deployments.state() {
+        let frozen_label = is_frozen(d.metadata.labels.as_ref());
+        let frozen_condition = deployment_frozen_condition(&d).is_some();
+        let has_frozen_set = sets.iter().any(|s| {
+            deployment_of(s, &ctx.deployments).is_some_and(|o| o.metadata.uid == d.metadata.uid)
+                && (is_frozen(s.metadata.labels.as_ref()) || set_frozen_condition(s).is_some())
+        });
+        if has_frozen_set && !(frozen_label && frozen_condition) {
+            freeze_deployment(
+                ctx,
+                &d,
+                freeze_reasons::MACHINE_DEPLOYMENT_STATE_SYNC,
+                "MachineDeployment State was inconsistent, hence safety controller has fixed this and frozen it",
+            )
+            .await?;
+        } else if !has_frozen_set && (frozen_label || frozen_condition) {
+            unfreeze_deployment(ctx, &d).await?;
+        }
+    }
+    Ok(())
+}
+
+async fn freeze_set(
+    ctx: &SafetyContext,
+    set: &MachineSet,
+    reason: &str,
+    message: &str,
+) -> Result<(), SafetyError> {
+    let name = set.name_any();
+    let api: Api<MachineSet> =
+        Api::namespaced(ctx.client.clone(), &set.namespace().unwrap_or_default());
+    let label = json!({"metadata": {"labels": {labels::FREEZE: labels::TRUE_VALUE}}});
+    api.patch(&name, &PatchParams::default(), &Patch::Merge(&label))
+        .await
+        .map_err(kube_err("freeze", &name))?;
+    let mut conditions: Vec<MachineSetCondition> = set
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default();
+    conditions.retain(|c| c.type_ != MachineSetConditionType::Frozen);
+    conditions.push(MachineSetCondition {
+        type_: MachineSetConditionType::Frozen,
+        status: ConditionStatus::True,
+        last_transition_time: Some(Time(Timestamp::now())),
+        reason: Some(reason.to_owned()),
+        message: Some(message.to_owned()),
+    });
+    let status = json!({"status": {"machineSetCondition": conditions}});
+    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .map_err(kube_err("set Frozen condition of", &name))?;
+    ctx.events
+        .warning(&set.object_ref(&()), "Frozen", "Freeze", message.to_owned())
+        .await;
+    tracing::warn!(set = %name, reason, "froze MachineSet");
+    Ok(())
+}
+
+async fn unfreeze_set(ctx: &SafetyContext, set: &MachineSet) -> Result<(), SafetyError> {
+    let name = set.name_any();
+    let api: Api<MachineSet> =
+        Api::namespaced(ctx.client.clone(), &set.namespace().unwrap_or_default());
+    let meta = json!({"metadata": {
+        "labels": {labels::FREEZE: null},
+        "annotations": {annotations::UNFREEZE: null},
+    }});
+    api.patch(&name, &PatchParams::default(), &Patch::Merge(&meta))
+        .await
+        .map_err(kube_err("unfreeze", &name))?;
+    if set_frozen_condition(set).is_some() {
+        let conditions: Vec<MachineSetCondition> = set
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| c.type_ != MachineSetConditionType::Frozen)
+            .collect();
+        let status = json!({"status": {"machineSetCondition": if conditions.is_empty() { serde_json::Value::Null } else { json!(conditions) }}});
+        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .map_err(kube_err("remove Frozen condition of", &name))?;
+    }
+    ctx.events
+        .normal(
+            &set.object_ref(&()),
+            "Unfrozen",
+            "Unfreeze",
+            format!("MachineSet {name} unfrozen"),
+        )
+        .await;
+    Ok(())
+}
+
+async fn freeze_deployment(
+    ctx: &SafetyContext,
+    d: &MachineDeployment,
+    reason: &str,
+    message: &str,
+) -> Result<(), SafetyError> {
+    let name = d.name_any();
+    let api: Api<MachineDeployment> =
+        Api::namespaced(ctx.client.clone(), &d.namespace().unwrap_or_default());
+    let label = json!({"metadata": {"labels": {labels::FREEZE: labels::TRUE_VALUE}}});
+    api.patch(&name, &PatchParams::default(), &Patch::Merge(&label))
+        .await
+        .map_err(kube_err("freeze", &name))?;
+    let mut conditions: Vec<MachineDeploymentCondition> = d
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.clone())
+        .unwrap_or_default();
+    conditions.retain(|c| c.type_ != MachineDeploymentConditionType::Frozen);
+    let now = Some(Time(Timestamp::now()));
+    conditions.push(MachineDeploymentCondition {
+        type_: MachineDeploymentConditionType::Frozen,
+        status: ConditionStatus::True,
+        last_update_time: now.clone(),
+        last_transition_time: now,
+        reason: Some(reason.to_owned()),
+        message: Some(message.to_owned()),
+    });
+    let status = json!({"status": {"conditions": conditions}});
+    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .map_err(kube_err("set Frozen condition of", &name))?;
+    ctx.events
+        .warning(&d.object_ref(&()), "Frozen", "Freeze", message.to_owned())
+        .await;
+    Ok(())
+}
+
+async fn unfreeze_deployment(
+    ctx: &SafetyContext,
+    d: &MachineDeployment,
+) -> Result<(), SafetyError> {
+    let name = d.name_any();
+    let api: Api<MachineDeployment> =
+        Api::namespaced(ctx.client.clone(), &d.namespace().unwrap_or_default());
+    let meta = json!({"metadata": {
+        "labels": {labels::FREEZE: null},
+        "annotations": {annotations::UNFREEZE: null},
+    }});
+    api.patch(&name, &PatchParams::default(), &Patch::Merge(&meta))
+        .await
+        .map_err(kube_err("unfreeze", &name))?;
+    if deployment_frozen_condition(d).is_some() {
+        let conditions: Vec<MachineDeploymentCondition> = d
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| c.type_ != MachineDeploymentConditionType::Frozen)
+            .collect();
+        let status = json!({"status": {"conditions": if conditions.is_empty() { serde_json::Value::Null } else { json!(conditions) }}});
+        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
+            .await
+            .map_err(kube_err("remove Frozen condition of", &name))?;
+    }
+    ctx.events
+        .normal(
+            &d.object_ref(&()),
+            "Unfrozen",
+            "Unfreeze",
+            format!("MachineDeployment {name} unfrozen"),
+        )
+        .await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thresholds_follow_mcm() {
+        let l = SafetyLimits::default();
+        assert_eq!(thresholds(3, None, l), (8, 7));
+        assert_eq!(thresholds(3, Some((3, 1)), l), (6, 5));
+        assert!(matches!(
+            overshoot_decision("s", 3, Some((3, 1)), 6, false, false, l),
+            Overshoot::Freeze(_)
+        ));
+        assert_eq!(
+            overshoot_decision("s", 3, Some((3, 1)), 5, false, false, l),
+            Overshoot::Keep
+        );
+        assert_eq!(
+            overshoot_decision("s", 3, Some((3, 1)), 6, true, true, l),
+            Overshoot::Keep
+        );
+        assert_eq!(
+            overshoot_decision("s", 3, Some((3, 1)), 5, true, true, l),
+            Overshoot::Unfreeze
+        );
+        assert_eq!(
+            overshoot_decision("s", 3, Some((3, 1)), 5, false, true, l),
+            Overshoot::Unfreeze
+        );
+    }
+}

@@ -1,0 +1,659 @@
+//! The manager side of mcm-rs (`machine-controller-manager`): the MachineSet,
+//! MachineDeployment and overshooting-safety controllers over shared reflector stores, plus
+//! MCM's `mcm_machine_set_*` / `mcm_machine_deployment_*` metrics read from those stores.
+
+use std::borrow::Cow;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::controller::{Config as ControllerConfig, Controller};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client};
+use mcm_api::{ConditionStatus, Machine, MachineDeployment, MachineSet, MachineSummary};
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::registry::Registry;
+use tokio::sync::watch;
+
+use crate::events::EventPublisher;
+use crate::machinedeployment::controller as md;
+use crate::machineset::controller as ms;
+use crate::machineset::safety::{SafetyContext, SafetyLimits, run_overshooting};
+
+/// Settings of the manager (MCM's flags of the same meaning).
+#[derive(Debug, Clone)]
+pub struct ManagerConfig {
+    /// Namespace of the machine objects in the control cluster (`--namespace`).
+    pub namespace: String,
+    /// Reconciles running at once per controller (`--concurrent-syncs`, default 10).
+    pub concurrent_syncs: u16,
+    /// `--safety-up` (default 2).
+    pub safety_up: i32,
+    /// `--safety-down` (default 1).
+    pub safety_down: i32,
+    /// `--machine-safety-overshooting-period` (default 1m).
+    pub overshooting_period: Duration,
+    /// Turns true once all stores have synced (for `/readyz`); clone it before passing the
+    /// config.
+    pub ready: Arc<AtomicBool>,
+}
+
+impl Default for ManagerConfig {
+    fn default() -> Self {
+        ManagerConfig {
+            namespace: "default".to_owned(),
+            concurrent_syncs: 10,
+            safety_up: 2,
+            safety_down: 1,
+            overshooting_period: Duration::from_secs(60),
+            ready: Arc::new(AtomicBool::new(false)),
+        }
+    }
+}
+
+/// Why the manager stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ManagerError {
+    /// A shared store refused a subscriber (it was not created as a shared store).
+    #[error("the {0} store does not support subscribers")]
+    NoSubscriber(&'static str),
+    /// A store was dropped before it synced.
+    #[error("the {kind} store stopped before it synced")]
+    StoreDropped {
+        /// The kind of the store.
+        kind: &'static str,
+        /// The cause.
+        #[source]
+        source: reflector::store::WriterDropped,
+    },
+}
+
+const STORE_BUFFER: usize = 1024;
+
+/// Runs the manager's controllers until `shutdown` resolves; then lets in-flight reconciles
+/// finish and returns.
+///
+/// The metrics collector is registered in `registry` when this function is called (before
+/// the returned future is awaited), so the registry is free again for the HTTP endpoint
+/// while the manager runs: `run_manager(...)` borrows it only synchronously.
+pub fn run_manager(
+    control: Client,
+    target: Client,
+    config: ManagerConfig,
+    registry: &mut Registry,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> impl Future<Output = Result<(), ManagerError>> + Send + 'static {
+    let (machines, machine_writer) = reflector::store_shared::<Machine>(STORE_BUFFER);
+    let (sets, set_writer) = reflector::store_shared::<MachineSet>(STORE_BUFFER);
+    let (deployments, deployment_writer) =
+        reflector::store_shared::<MachineDeployment>(STORE_BUFFER);
+    registry.register_collector(Box::new(StoreMetrics {
+        sets: sets.clone(),
+        deployments: deployments.clone(),
+    }));
+    async move {
+        let ns = config.namespace.clone();
+        let (stop_tx, stop_rx) = watch::channel(false);
+        tokio::spawn(async move {
+            shutdown.await;
+            let _ = stop_tx.send(true);
+        });
+        let stopped = move || {
+            let mut rx = stop_rx.clone();
+            async move {
+                let _ = rx.wait_for(|s| *s).await;
+            }
+        };
+
+        // Shared stores (control cluster, one namespace) and the target cluster's Nodes.
+        let machine_sub_ms = machine_writer
+            .subscribe()
+            .ok_or(ManagerError::NoSubscriber("Machine"))?;
+        let machine_sub_md = machine_writer
+            .subscribe()
+            .ok_or(ManagerError::NoSubscriber("Machine"))?;
+        let set_sub_ms = set_writer
+            .subscribe()
+            .ok_or(ManagerError::NoSubscriber("MachineSet"))?;
+        let set_sub_md = set_writer
+            .subscribe()
+            .ok_or(ManagerError::NoSubscriber("MachineSet"))?;
+        let deployment_sub = deployment_writer
+            .subscribe()
+            .ok_or(ManagerError::NoSubscriber("MachineDeployment"))?;
+        let (nodes, node_writer) = reflector::store::<Node>();
+
+        let wc = watcher::Config::default;
+        let machine_watch = watcher(Api::<Machine>::namespaced(control.clone(), &ns), wc())
+            .default_backoff()
+            .reflect_shared(machine_writer)
+            .for_each(|_| futures::future::ready(()));
+        let set_watch = watcher(Api::<MachineSet>::namespaced(control.clone(), &ns), wc())
+            .default_backoff()
+            .reflect_shared(set_writer)
+            .for_each(|_| futures::future::ready(()));
+        let deployment_watch = watcher(
+            Api::<MachineDeployment>::namespaced(control.clone(), &ns),
+            wc(),
+        )
+        .default_backoff()
+        .reflect_shared(deployment_writer)
+        .for_each(|_| futures::future::ready(()));
+        let node_watch = reflector::reflector(
+            node_writer,
+            watcher(Api::<Node>::all(target.clone()), wc()).default_backoff(),
+        )
+        .for_each(|_| futures::future::ready(()));
+        let watches = tokio::spawn(async move {
+            tokio::join!(machine_watch, set_watch, deployment_watch, node_watch);
+        });
+
+        // Readiness.
+        {
+            let (m, s, d, n) = (
+                machines.clone(),
+                sets.clone(),
+                deployments.clone(),
+                nodes.clone(),
+            );
+            let ready = config.ready.clone();
+            tokio::spawn(async move {
+                let synced = async {
+                    m.wait_until_ready()
+                        .await
+                        .map_err(|source| ManagerError::StoreDropped {
+                            kind: "Machine",
+                            source,
+                        })?;
+                    s.wait_until_ready()
+                        .await
+                        .map_err(|source| ManagerError::StoreDropped {
+                            kind: "MachineSet",
+                            source,
+                        })?;
+                    d.wait_until_ready()
+                        .await
+                        .map_err(|source| ManagerError::StoreDropped {
+                            kind: "MachineDeployment",
+                            source,
+                        })?;
+                    n.wait_until_ready()
+                        .await
+                        .map_err(|source| ManagerError::StoreDropped {
+                            kind: "Node",
+                            source,
+                        })?;
+                    Ok::<(), ManagerError>(())
+                };
+                match synced.await {
+                    Ok(()) => ready.store(true, Ordering::SeqCst),
+                    Err(error) => tracing::error!(%error, "stores did not sync"),
+                }
+            });
+        }
+
+        let controller_config = ControllerConfig::default().concurrency(config.concurrent_syncs);
+
+        let ms_ctx = Arc::new(ms::Context {
+            client: control.clone(),
+            machines: machines.clone(),
+            sets: sets.clone(),
+            events: EventPublisher::new(control.clone(), "machine-controller-manager"),
+            expectations: ms::Expectations::default(),
+        });
+        let sets_for_mapper = sets.clone();
+        let ms_controller = Controller::for_shared_stream(set_sub_ms, sets.clone())
+            .watches_shared_stream(machine_sub_ms, move |m: Arc<Machine>| {
+                ms::sets_for_machine(&m, &sets_for_mapper)
+            })
+            .with_config(controller_config.clone())
+            .graceful_shutdown_on(stopped())
+            .run(ms::reconcile, ms::error_policy, ms_ctx)
+            .for_each(|r| async move {
+                if let Err(error) = r {
+                    tracing::debug!(%error, "MachineSet controller");
+                }
+            });
+
+        let md_ctx = Arc::new(md::Context {
+            client: control.clone(),
+            target: target.clone(),
+            machines: machines.clone(),
+            sets: sets.clone(),
+            nodes: nodes.clone(),
+            events: EventPublisher::new(control.clone(), "machine-controller-manager"),
+        });
+        let sets_for_md = sets.clone();
+        let md_controller = Controller::for_shared_stream(deployment_sub, deployments.clone())
+            .watches_shared_stream(set_sub_md, |s: Arc<MachineSet>| md::deployment_for_set(&s))
+            .watches_shared_stream(machine_sub_md, move |m: Arc<Machine>| {
+                md::deployment_for_machine(&m, &sets_for_md)
+            })
+            .with_config(controller_config)
+            .graceful_shutdown_on(stopped())
+            .run(md::reconcile, md::error_policy, md_ctx)
+            .for_each(|r| async move {
+                if let Err(error) = r {
+                    tracing::debug!(%error, "MachineDeployment controller");
+                }
+            });
+
+        let safety = run_overshooting(
+            SafetyContext {
+                client: control.clone(),
+                machines,
+                sets,
+                deployments,
+                events: EventPublisher::new(control.clone(), "machine-controller-manager"),
+                limits: SafetyLimits {
+                    safety_up: config.safety_up,
+                    safety_down: config.safety_down,
+                },
+            },
+            config.overshooting_period,
+            stopped(),
+        );
+
+        tokio::join!(ms_controller, md_controller, safety);
+        watches.abort();
+        config.ready.store(false, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+/// Collects MCM's MachineSet and MachineDeployment metrics from the stores at scrape time.
+#[derive(Clone)]
+pub struct StoreMetrics {
+    /// The MachineSets.
+    pub sets: Store<MachineSet>,
+    /// The MachineDeployments.
+    pub deployments: Store<MachineDeployment>,
+}
+
+impl std::fmt::Debug for StoreMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreMetrics").finish_non_exhaustive()
+    }
+}
+
+type Labels = Vec<(Cow<'static, str>, String)>;
+
+fn gauge_family(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    samples: &[(Labels, i64)],
+) -> Result<(), std::fmt::Error> {
+    let mut metric = encoder.encode_descriptor(name, help, None, MetricType::Gauge)?;
+    if let [(labels, value)] = samples
+        && labels.is_empty()
+    {
+        return ConstGauge::new(*value).encode(metric);
+    }
+    for (labels, value) in samples {
+        let family = metric.encode_family(labels)?;
+        ConstGauge::new(*value).encode(family)?;
+    }
+    Ok(())
+}
+
+fn base_labels<K: kube::Resource>(obj: &K) -> Labels {
+    let meta = obj.meta();
+    vec![
+        ("name".into(), meta.name.clone().unwrap_or_default()),
+        (
+            "namespace".into(),
+            meta.namespace.clone().unwrap_or_default(),
+        ),
+        ("uid".into(), meta.uid.clone().unwrap_or_default()),
+    ]
+}
+
+fn created<K: kube::Resource>(obj: &K) -> String {
+    obj.meta()
+        .creation_timestamp
+        .as_ref()
+        .map(|t| t.0.as_second().to_string())
+        .unwrap_or_default()
+}
+
+fn failed_samples<K: kube::Resource>(
+    obj: &K,
+    failed: Option<&Vec<MachineSummary>>,
+) -> Vec<(Labels, i64)> {
+    failed
+        .into_iter()
+        .flatten()
+        .map(|f| {
+            let mut l = base_labels(obj);
+            let op = f.last_operation.as_ref();
+            l.push((
+                "failed_machine_name".into(),
+                f.name.clone().unwrap_or_default(),
+            ));
+            l.push((
+                "failed_machine_provider_id".into(),
+                f.provider_id.clone().unwrap_or_default(),
+            ));
+            l.push((
+                "failed_machine_owner_ref".into(),
+                f.owner_ref.clone().unwrap_or_default(),
+            ));
+            l.push((
+                "failed_machine_last_operation_state".into(),
+                op.and_then(|o| o.state.as_ref())
+                    .map(|s| s.to_string())
+                    .unwrap_or_default(),
+            ));
+            l.push((
+                "failed_machine_last_operation_machine_operation_type".into(),
+                op.and_then(|o| o.type_.as_ref())
+                    .map(|s| s.to_string())
+                    .unwrap_or_default(),
+            ));
+            (l, 1)
+        })
+        .collect()
+}
+
+fn condition_value(status: &ConditionStatus) -> i64 {
+    match status {
+        ConditionStatus::True => 1,
+        _ => 0,
+    }
+}
+
+impl Collector for StoreMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let sets = self.sets.state();
+        let per_set = |f: &dyn Fn(&MachineSet) -> i64| -> Vec<(Labels, i64)> {
+            sets.iter()
+                .map(|s| (base_labels(s.as_ref()), f(s)))
+                .collect()
+        };
+        gauge_family(
+            &mut encoder,
+            "mcm_machineset_items_total",
+            "Count of machinesets currently managed by the mcm.",
+            &[(Vec::new(), i64::try_from(sets.len()).unwrap_or(i64::MAX))],
+        )?;
+        let info: Vec<(Labels, i64)> = sets
+            .iter()
+            .map(|s| {
+                let class = s
+                    .spec
+                    .template
+                    .as_ref()
+                    .and_then(|t| t.spec.as_ref())
+                    .and_then(|sp| sp.class.as_ref());
+                let mut l = base_labels(s.as_ref());
+                l.push(("created".into(), created(s.as_ref())));
+                l.push((
+                    "spec_machine_class_api_group".into(),
+                    class.and_then(|c| c.api_group.clone()).unwrap_or_default(),
+                ));
+                l.push((
+                    "spec_machine_class_kind".into(),
+                    class.and_then(|c| c.kind.clone()).unwrap_or_default(),
+                ));
+                l.push((
+                    "spec_machine_class_name".into(),
+                    class.and_then(|c| c.name.clone()).unwrap_or_default(),
+                ));
+                (l, 1)
+            })
+            .collect();
+        gauge_family(
+            &mut encoder,
+            "mcm_machine_set_info",
+            "Information of the Machinesets currently managed by the mcm.",
+            &info,
+        )?;
+        let status = |s: &MachineSet| s.status.clone().unwrap_or_default();
+        gauge_family(
+            &mut encoder,
+            "mcm_machine_set_info_spec_replicas",
+            "Count of the Machinesets' spec replicas.",
+            &per_set(&|s| i64::from(s.spec.replicas())),
+        )?;
+        gauge_family(
+            &mut encoder,
+            "mcm_machine_set_info_spec_min_ready_seconds",
+            "Information of the Machinesets currently managed by the mcm.",
+            &per_set(&|s| i64::from(s.spec.min_ready_seconds.unwrap_or(0))),
+        )?;
+        // The misspelt name is MCM's.
+        gauge_family(
+            &mut encoder,
+            "mcm_machine_set_status_availabla_replicas",
+            "Information of the mcm managed Machinesets' status for available replicas.",
+            &per_set(&|s| i64::from(status(s).available_replicas.unwrap_or(0))),
+        )?;
+        gauge_family(
+            &mut encoder,
+            "mcm_machine_set_status_fully_labelled_replicas",
+            "Information of the mcm managed Machinesets' status for fully labelled replicas.",
+            &per_set(&|s| i64::from(status(s).fully_labeled_replicas.unwrap_or(0))),
+        )?;
+        gauge_family(
+            &mut encoder,
+            "mcm_machine_set_status_ready_replicas",
+            "Information of the mcm managed Machinesets' status for ready replicas.",
+            &per_set(&|s| i64::from(status(s).ready_replicas.unwrap_or(0))),
+        )?;
+        gauge_family(
+            &mut encoder,
+            "mcm_machine_set_status_replicas",
+            "Information of the mcm managed Machinesets' status for replicas.",
+            &per_set(&|s| i64::from(status(s).replicas.unwrap_or(0))),
+        )?;
+        let conditions: Vec<(Labels, i64)> = sets
+            .iter()
+            .flat_map(|s| {
+                s.status
+                    .iter()
+                    .flat_map(|st| st.conditions.iter().flatten())
+                    .map(|c| {
+                        let mut l = base_labels(s.as_ref());
+                        l.push(("condition".into(), c.type_.to_string()));
+                        (l, condition_value(&c.status))
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        gauge_family(
+            &mut encoder,
+            "mcm_machine_set_status_condition",
+            "Information of the mcm managed Machinesets' status conditions.",
+            &conditions,
+        )?;
+        let failed: Vec<(Labels, i64)> = sets
+            .iter()
+            .flat_map(|s| {
+                failed_samples(
+                    s.as_ref(),
+                    s.status.as_ref().and_then(|st| st.failed_machines.as_ref()),
+                )
+            })
+            .collect();
+        gauge_family(
+            &mut encoder,
+            "mcm_machine_set_failed_machines",
+            "Information of the mcm managed Machinesets' failed machines.",
+            &failed,
+        )?;
+
+        let ds = self.deployments.state();
+        let per_d = |f: &dyn Fn(&MachineDeployment) -> i64| -> Vec<(Labels, i64)> {
+            ds.iter().map(|d| (base_labels(d.as_ref()), f(d))).collect()
+        };
+        gauge_family(
+            &mut encoder,
+            "mcm_machinedeployment_items_total",
+            "Count of machinedeployments currently managed by the mcm.",
+            &[(Vec::new(), i64::try_from(ds.len()).unwrap_or(i64::MAX))],
+        )?;
+        let info: Vec<(Labels, i64)> = ds
+            .iter()
+            .map(|d| {
+                let mut l = base_labels(d.as_ref());
+                l.push(("created".into(), created(d.as_ref())));
+                l.push((
+                    "spec_strategy_type".into(),
+                    d.spec
+                        .strategy
+                        .as_ref()
+                        .and_then(|s| s.type_.as_ref())
+                        .map(|t| t.to_string())
+                        .unwrap_or_default(),
+                ));
+                (l, 1)
+            })
+            .collect();
+        gauge_family(
+            &mut encoder,
+            "mcm_machine_deployment_info",
+            "Information of the Machinedeployments currently managed by the mcm.",
+            &info,
+        )?;
+        let dstatus = |d: &MachineDeployment| d.status.clone().unwrap_or_default();
+        let limit = |d: &MachineDeployment, surge: bool| -> i64 {
+            let u = d
+                .spec
+                .strategy
+                .as_ref()
+                .and_then(|s| s.rolling_update.as_ref())
+                .map(|r| &r.update_configuration);
+            let v = u.and_then(|u| {
+                if surge {
+                    u.max_surge.as_ref()
+                } else {
+                    u.max_unavailable.as_ref()
+                }
+            });
+            v.and_then(|v| mcm_api::intstr::scaled_value(v, d.spec.replicas(), surge).ok())
+                .map_or(0, i64::from)
+        };
+        gauge_family(
+            &mut encoder,
+            "mcm_machine_deployment_info_spec_paused",
+            "Information of the Machinedeployments paused status.",
+            &per_d(&|d| i64::from(d.spec.paused.unwrap_or(false))),
+        )?;
+        gauge_family(
+            &mut encoder,
+            "mcm_machine_deployment_info_spec_replicas",
+            "Information of the Machinedeployments spec replicas.",
+            &per_d(&|d| i64::from(d.spec.replicas())),
+        )?;
+        gauge_family(
+            &mut encoder,
+            "mcm_machine_deployment_info_spec_min_ready_seconds",
+            "Information of the Machinedeployments spec min ready seconds.",
+            &per_d(&|d| i64::from(d.spec.min_ready_seconds.unwrap_or(0))),
+        )?;
+        gauge_family(
+            &mut encoder,
+            "mcm_machine_deployment_info_spec_rolling_update_max_surge",
+            "Information of the Machinedeployments spec rolling update max surge.",
+            &per_d(&|d| limit(d, true)),
+        )?;
+        gauge_family(
+            &mut encoder,
+            "mcm_machine_deployment_info_spec_rolling_update_max_unavailable",
+            "Information of the Machinedeployments spec rolling update max unavailable.",
+            &per_d(&|d| limit(d, false)),
+        )?;
+        gauge_family(
+            &mut encoder,
+            "mcm_machine_deployment_info_spec_revision_history_limit",
+            "Information of the Machinedeployments spec revision history limit.",
+            &per_d(&|d| i64::from(d.spec.revision_history_limit.unwrap_or(0))),
+        )?;
+        gauge_family(
+            &mut encoder,
+            "mcm_machine_deployment_info_spec_progress_deadline_seconds",
+            "Information of the Machinedeployments spec deadline seconds.",
+            &per_d(&|d| i64::from(d.spec.progress_deadline_seconds.unwrap_or(0))),
+        )?;
+        let conditions: Vec<(Labels, i64)> = ds
+            .iter()
+            .flat_map(|d| {
+                d.status
+                    .iter()
+                    .flat_map(|st| st.conditions.iter().flatten())
+                    .map(|c| {
+                        let mut l = base_labels(d.as_ref());
+                        l.push(("condition".into(), c.type_.to_string()));
+                        (l, condition_value(&c.status))
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        gauge_family(
+            &mut encoder,
+            "mcm_machine_deployment_status_condition",
+            "Information of the mcm managed Machinedeployments' status conditions.",
+            &conditions,
+        )?;
+        gauge_family(
+            &mut encoder,
+            "mcm_machine_deployment_status_available_replicas",
+            "Count of the mcm managed Machinedeployments available replicas.",
+            &per_d(&|d| i64::from(dstatus(d).available_replicas.unwrap_or(0))),
+        )?;
+        gauge_family(
+            &mut encoder,
+            "mcm_machine_deployment_status_unavailable_replicas",
+            "Count of the mcm managed Machinedeployments unavailable replicas.",
+            &per_d(&|d| i64::from(dstatus(d).unavailable_replicas.unwrap_or(0))),
+        )?;
+        gauge_family(
+            &mut encoder,
+            "mcm_machine_deployment_status_ready_replicas",
+            "Count of the mcm managed Machinedeployments ready replicas.",
+            &per_d(&|d| i64::from(dstatus(d).ready_replicas.unwrap_or(0))),
+        )?;
+        gauge_family(
+            &mut encoder,
+            "mcm_machine_deployment_status_updated_replicas",
+            "Count of the mcm managed Machinedeployments updated replicas.",
+            &per_d(&|d| i64::from(dstatus(d).updated_replicas.unwrap_or(0))),
+        )?;
+        gauge_family(
+            &mut encoder,
+            "mcm_machine_deployment_status_collision_count",
+            "Mcm managed Machinedeployments collision count.",
+            &per_d(&|d| i64::from(dstatus(d).collision_count.unwrap_or(0))),
+        )?;
+        gauge_family(
+            &mut encoder,
+            "mcm_machine_deployment_status_replicas",
+            "Count of the mcm managed Machinedeployments replicas.",
+            &per_d(&|d| i64::from(dstatus(d).replicas.unwrap_or(0))),
+        )?;
+        let failed: Vec<(Labels, i64)> = ds
+            .iter()
+            .flat_map(|d| {
+                failed_samples(
+                    d.as_ref(),
+                    d.status.as_ref().and_then(|st| st.failed_machines.as_ref()),
+                )
+            })
+            .collect();
+        gauge_family(
+            &mut encoder,
+            "mcm_machine_deployment_failed_machines",
+            "Information of the mcm managed Machinedeployments' failed machines.",
+            &failed,
+        )?;
+        Ok(())
+    }
+}

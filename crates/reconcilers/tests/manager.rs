@@ -1,0 +1,86 @@
+//! `run_manager`: readiness signal, metrics with MCM's names, clean shutdown.
+
+mod common_manager;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use common_manager::*;
+use kube::api::PostParams;
+use mcm_reconcilers::manager::{ManagerConfig, run_manager};
+use prometheus_client::encoding::text::encode;
+use prometheus_client::registry::Registry;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_after_sync_metrics_and_shutdown() {
+    let cp = mcm_testenv::shared(mcm_testenv::Components {
+        controller_manager: true,
+        scheduler: false,
+    })
+    .await
+    .expect("control plane");
+    let client = cp.client().await.expect("client");
+    let ns = cp.namespace("manager").await.expect("namespace");
+    let ready = Arc::new(AtomicBool::new(false));
+    let config = ManagerConfig {
+        namespace: ns.clone(),
+        overshooting_period: Duration::from_millis(500),
+        ready: ready.clone(),
+        ..ManagerConfig::default()
+    };
+    let mut registry = Registry::default();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let manager = tokio::spawn(run_manager(
+        client.clone(),
+        client.clone(),
+        config,
+        &mut registry,
+        async move {
+            let _ = rx.await;
+        },
+    ));
+    within("ready", async {
+        while !ready.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+
+    let deployments: kube::Api<mcm_api::MachineDeployment> =
+        kube::Api::namespaced(client.clone(), &ns);
+    deployments
+        .create(&PostParams::default(), &deployment("md", 2, "c1", None))
+        .await
+        .expect("create");
+    let sets: kube::Api<mcm_api::MachineSet> = kube::Api::namespaced(client.clone(), &ns);
+    wait_list(sets, "a set with 2 replicas", |s| {
+        s.first().is_some_and(|s| s.spec.replicas == Some(2))
+    })
+    .await;
+
+    let mut text = String::new();
+    encode(&mut text, &registry).expect("encode");
+    for name in [
+        "mcm_machine_set_info{",
+        "mcm_machine_set_info_spec_replicas{",
+        "mcm_machine_set_status_replicas{",
+        "mcm_machine_set_status_ready_replicas{",
+        "mcm_machine_set_status_availabla_replicas{",
+        "mcm_machine_deployment_info{",
+        "mcm_machine_deployment_info_spec_replicas{",
+        "mcm_machine_deployment_status_replicas{",
+        "mcm_machine_deployment_status_available_replicas{",
+        "mcm_machinedeployment_items_total 1",
+    ] {
+        assert!(text.contains(name), "metric {name} missing in:\n{text}");
+    }
+    assert!(text.contains(&format!("namespace=\"{ns}\"")));
+
+    tx.send(()).expect("shutdown");
+    within("shutdown", manager)
+        .await
+        .expect("join")
+        .expect("manager result");
+    assert!(!ready.load(Ordering::SeqCst));
+}
