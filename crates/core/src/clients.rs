@@ -10,6 +10,10 @@ use std::task::{Context, Poll};
 use kube::client::ClientBuilder;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use mcm_driver::TokenBucket;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::registry::Registry;
 use tower::{Layer, Service};
 
 /// The kubeconfig value meaning "the service account of the pod".
@@ -65,15 +69,80 @@ pub fn rate_limited_client(
     qps: f32,
     burst: u32,
 ) -> Result<kube::Client, ClientError> {
-    let bucket = Arc::new(TokenBucket::new(f64::from(qps), burst));
-    let builder = ClientBuilder::try_from(config).map_err(ClientError::Build)?;
-    Ok(builder.with_layer(&RateLimitLayer { bucket }).build())
+    rate_limited_client_counted(config, qps, burst, None)
 }
 
-/// A tower layer that takes a token before each request.
+/// [`rate_limited_client`] that also counts every request that passed the rate limit in
+/// `sent` (see [`ClientMetrics`]).
+pub fn rate_limited_client_counted(
+    config: kube::Config,
+    qps: f32,
+    burst: u32,
+    sent: Option<Counter>,
+) -> Result<kube::Client, ClientError> {
+    let mut layer = RateLimitLayer::new(Arc::new(TokenBucket::new(f64::from(qps), burst)));
+    if let Some(counter) = sent {
+        layer = layer.counting(counter);
+    }
+    let builder = ClientBuilder::try_from(config).map_err(ClientError::Build)?;
+    Ok(builder.with_layer(&layer).build())
+}
+
+/// The label of [`ClientMetrics`]: which cluster a client talks to.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClusterLabel {
+    /// `control` or `target`.
+    pub cluster: String,
+}
+
+/// `mcm_kube_client_requests_total{cluster}`: requests sent by the Kubernetes clients, counted
+/// after the `--kube-api-qps` rate limit.
+#[derive(Clone, Debug, Default)]
+pub struct ClientMetrics {
+    requests: Family<ClusterLabel, Counter>,
+}
+
+impl ClientMetrics {
+    /// Creates and registers the metrics.
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = ClientMetrics::default();
+        registry.register(
+            "mcm_kube_client_requests",
+            "Requests sent to the Kubernetes API servers (after the client-side rate limit)",
+            m.requests.clone(),
+        );
+        m
+    }
+
+    /// The counter of the clients of `cluster`.
+    pub fn requests(&self, cluster: &str) -> Counter {
+        self.requests
+            .get_or_create(&ClusterLabel {
+                cluster: cluster.to_string(),
+            })
+            .clone()
+    }
+}
+
+/// A tower layer that takes a token before each request (and optionally counts the requests
+/// it let through).
 #[derive(Clone)]
 pub struct RateLimitLayer {
     bucket: Arc<TokenBucket>,
+    sent: Option<Counter>,
+}
+
+impl RateLimitLayer {
+    /// A layer taking its tokens from `bucket`.
+    pub fn new(bucket: Arc<TokenBucket>) -> Self {
+        RateLimitLayer { bucket, sent: None }
+    }
+
+    /// Counts every request that passed the limit in `counter`.
+    pub fn counting(mut self, counter: Counter) -> Self {
+        self.sent = Some(counter);
+        self
+    }
 }
 
 impl<S> Layer<S> for RateLimitLayer {
@@ -83,6 +152,7 @@ impl<S> Layer<S> for RateLimitLayer {
         RateLimit {
             inner,
             bucket: self.bucket.clone(),
+            sent: self.sent.clone(),
             waiting: None,
             permitted: false,
         }
@@ -95,6 +165,7 @@ type Waiting = Pin<Box<dyn Future<Output = ()> + Send>>;
 pub struct RateLimit<S> {
     inner: S,
     bucket: Arc<TokenBucket>,
+    sent: Option<Counter>,
     waiting: Option<Waiting>,
     permitted: bool,
 }
@@ -126,6 +197,9 @@ where
 
     fn call(&mut self, req: R) -> Self::Future {
         self.permitted = false;
+        if let Some(sent) = &self.sent {
+            sent.inc();
+        }
         self.inner.call(req)
     }
 }

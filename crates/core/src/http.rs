@@ -19,14 +19,35 @@ use tokio_util::sync::CancellationToken;
 pub struct Readiness {
     /// This replica leads (or leader election is off).
     pub leader: Arc<AtomicBool>,
-    /// The leading controllers' caches have synced.
-    pub synced: Arc<AtomicBool>,
+    /// One flag per controller group: its caches have synced.
+    pub synced: Vec<Arc<AtomicBool>>,
 }
 
 impl Readiness {
-    /// Ready: a standby replica is ready (it waits for the lease); a leader once synced.
+    /// Ready: a standby replica is ready (it waits for the lease); a leader once every
+    /// controller group synced.
     pub fn is_ready(&self) -> bool {
-        !self.leader.load(Ordering::SeqCst) || self.synced.load(Ordering::SeqCst)
+        !self.leader.load(Ordering::SeqCst) || self.synced.iter().all(|s| s.load(Ordering::SeqCst))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn standby_is_ready_and_a_leader_only_once_synced() {
+        let r = Readiness {
+            leader: Default::default(),
+            synced: vec![Default::default(), Default::default()],
+        };
+        assert!(r.is_ready(), "standby");
+        r.leader.store(true, Ordering::SeqCst);
+        assert!(!r.is_ready());
+        r.synced[0].store(true, Ordering::SeqCst);
+        assert!(!r.is_ready());
+        r.synced[1].store(true, Ordering::SeqCst);
+        assert!(r.is_ready());
     }
 }
 

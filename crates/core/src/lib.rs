@@ -33,5 +33,7 @@ pub mod run;
 
 pub use mcm_api as api;
 pub use mcm_driver as driver;
-pub use options::{CommonOptions, MachineControllerOptions};
-pub use run::{RunError, run_machine_controller, run_machine_controller_until};
+pub use options::{CommonOptions, MachineControllerOptions, ManagerFlags, ManagerOptions};
+pub use run::{
+    RunError, run_machine_controller, run_machine_controller_until, run_manager, run_manager_until,
+};

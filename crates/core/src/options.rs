@@ -10,6 +10,7 @@ use clap::{ArgAction, Args, Parser};
 use mcm_reconcilers::machine::Settings;
 use mcm_reconcilers::machine::observe::{Defaults, split_list};
 use mcm_reconcilers::machine_controller::MachineControllerConfig;
+use mcm_reconcilers::manager::ManagerConfig;
 use mcm_reconcilers::safety::SafetySettings;
 
 /// Parses a Go duration flag value.
@@ -50,9 +51,6 @@ pub struct CommonOptions {
     /// The resync period of reflectors (accepted for compatibility; watches are used).
     #[arg(long, default_value = "12h0m0s", value_parser = go_duration)]
     pub min_resync_period: Duration,
-    /// Enable profiling via web interface (accepted for compatibility; not served).
-    #[arg(long, action = ArgAction::Set, num_args = 0..=1, default_value_t = true, default_missing_value = "true")]
-    pub profiling: bool,
     /// Enable lock contention profiling (accepted for compatibility).
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, default_value_t = false, default_missing_value = "true")]
     pub contention_profiling: bool,
@@ -103,9 +101,20 @@ pub struct MachineControllerOptions {
     /// The provider for cloud services (accepted for compatibility; the binary decides).
     #[arg(long, default_value = "")]
     pub cloud_provider: String,
+    /// Enable profiling via web interface (accepted for compatibility; not served).
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, default_value_t = true, default_missing_value = "true")]
+    pub profiling: bool,
     /// The number of machines that are allowed to sync concurrently.
     #[arg(long, default_value_t = 50)]
     pub concurrent_syncs: u16,
+    /// (mcm-rs) Controllers to run in this process: `machine` (this binary's own), `manager`
+    /// (MachineSet, MachineDeployment, overshooting safety) or both, comma separated. Both
+    /// halves in one process replace the two containers of a Gardener MCM pod.
+    #[arg(long, default_value = "machine", value_delimiter = ',', value_parser = ["machine", "manager"])]
+    pub controllers: Vec<String>,
+    /// Flags of the manager half (used with `--controllers=...,manager`).
+    #[command(flatten)]
+    pub manager: ManagerFlags,
     /// Timeout used while joining (during creation) of a machine before it is declared
     /// as failed.
     #[arg(long, default_value = "20m", value_parser = go_duration)]
@@ -169,7 +178,77 @@ pub struct MachineControllerOptions {
     pub machine_resync_period: Duration,
 }
 
+/// The flags of the manager half (MachineSet, MachineDeployment, overshooting safety).
+#[derive(Debug, Clone, Args)]
+pub struct ManagerFlags {
+    /// The number of excess machine objects permitted for any MachineSet/MachineDeployment
+    /// beyond its desired replicas (+ maxSurge) before it is frozen.
+    #[arg(long, default_value_t = 2)]
+    pub safety_up: i32,
+    /// Upper limit minus safety-down gives the lower limit below which a frozen
+    /// MachineSet/MachineDeployment is unfrozen.
+    #[arg(long, default_value_t = 1)]
+    pub safety_down: i32,
+    /// Time period used to poll for overshooting of machine objects by the safety controller.
+    #[arg(long, default_value = "1m", value_parser = go_duration)]
+    pub machine_safety_overshooting_period: Duration,
+    /// Threshold for machine replace cycles after which the effective creation timeout grows
+    /// (accepted for compatibility; the creation timeout is not grown).
+    #[arg(long, default_value_t = 2)]
+    pub machine_replace_cycle_count_threshold: u32,
+    /// Add the cluster-autoscaler scale-down-disabled annotation to nodes during a rollout.
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, default_value_t = true, default_missing_value = "true")]
+    pub autoscaler_scaledown_annotation_during_rollout: bool,
+}
+
+impl ManagerFlags {
+    /// The manager configuration these flags describe.
+    pub fn manager_config(&self, namespace: &str, concurrent_syncs: u16) -> ManagerConfig {
+        ManagerConfig {
+            namespace: namespace.to_string(),
+            concurrent_syncs: concurrent_syncs.max(1),
+            safety_up: self.safety_up,
+            safety_down: self.safety_down,
+            overshooting_period: self.machine_safety_overshooting_period,
+            autoscaler_annotations: self.autoscaler_scaledown_annotation_during_rollout,
+            ..ManagerConfig::default()
+        }
+    }
+}
+
+/// The options of `machine-controller-manager` (the provider-independent half).
+#[derive(Debug, Clone, Parser)]
+#[command(
+    about = "Machine controller manager of mcm-rs: MachineSets and MachineDeployments",
+    args_override_self = true
+)]
+pub struct ManagerOptions {
+    /// Shared flags.
+    #[command(flatten)]
+    pub common: CommonOptions,
+    /// The port the HTTP endpoints run on.
+    #[arg(long, default_value_t = 10258)]
+    pub port: u16,
+    /// The provider for cloud services (accepted for compatibility).
+    #[arg(long, default_value = "")]
+    pub cloud_provider: String,
+    /// Enable profiling via web interface (accepted for compatibility; not served).
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, default_value_t = false, default_missing_value = "true")]
+    pub profiling: bool,
+    /// The number of objects that are allowed to sync concurrently.
+    #[arg(long, default_value_t = 10)]
+    pub concurrent_syncs: u16,
+    /// Manager flags.
+    #[command(flatten)]
+    pub manager: ManagerFlags,
+}
+
 impl MachineControllerOptions {
+    /// Whether `--controllers` includes `name`.
+    pub fn runs(&self, name: &str) -> bool {
+        self.controllers.iter().any(|c| c == name)
+    }
+
     /// The controller configuration these flags describe.
     pub fn controller_config(&self) -> MachineControllerConfig {
         MachineControllerConfig {
@@ -258,6 +337,33 @@ mod tests {
         let cfg = o.controller_config();
         assert_eq!(cfg.machine.namespace, "shoot--a--b");
         assert_eq!(cfg.machine.defaults.bad_conditions.len(), 4);
+    }
+
+    #[test]
+    fn manager_defaults_match_gardener_machine_controller_manager() {
+        let o = ManagerOptions::parse_from(["mcm"]);
+        assert_eq!(o.port, 10258);
+        assert_eq!(o.concurrent_syncs, 10);
+        assert!(!o.profiling);
+        assert_eq!(o.manager.safety_up, 2);
+        assert_eq!(o.manager.safety_down, 1);
+        assert_eq!(
+            o.manager.machine_safety_overshooting_period,
+            Duration::from_secs(60)
+        );
+        assert!(o.manager.autoscaler_scaledown_annotation_during_rollout);
+        let c = o.manager.manager_config("ns", o.concurrent_syncs);
+        assert_eq!(c.namespace, "ns");
+        assert!(c.autoscaler_annotations);
+    }
+
+    #[test]
+    fn both_halves_are_a_flag_away() {
+        let o = MachineControllerOptions::parse_from(["mc"]);
+        assert!(o.runs("machine") && !o.runs("manager"));
+        let o = MachineControllerOptions::parse_from(["mc", "--controllers=machine,manager"]);
+        assert!(o.runs("machine") && o.runs("manager"));
+        assert!(MachineControllerOptions::try_parse_from(["mc", "--controllers=bogus"]).is_err());
     }
 
     #[test]

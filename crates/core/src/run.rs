@@ -14,9 +14,9 @@ use mcm_reconcilers::machine_controller::{self, Handles};
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-use crate::clients::{self, ClientError};
+use crate::clients::{self, ClientError, ClientMetrics};
 use crate::http::{self, Readiness};
-use crate::options::{CommonOptions, MachineControllerOptions};
+use crate::options::{CommonOptions, MachineControllerOptions, ManagerOptions};
 
 /// Errors that end a controller process. Each keeps its cause.
 #[derive(Debug, thiserror::Error)]
@@ -119,6 +119,15 @@ pub async fn clients(
     common: &CommonOptions,
     target_required: bool,
 ) -> Result<(kube::Client, Option<kube::Client>), RunError> {
+    clients_counted(common, target_required, &ClientMetrics::default()).await
+}
+
+/// [`clients`] whose requests are counted in `metrics` (`cluster="control"|"target"`).
+pub async fn clients_counted(
+    common: &CommonOptions,
+    target_required: bool,
+    metrics: &ClientMetrics,
+) -> Result<(kube::Client, Option<kube::Client>), RunError> {
     let target_flag = common.target_kubeconfig.as_str();
     let control_flag = if common.control_kubeconfig.is_empty() && target_flag != clients::NONE {
         target_flag
@@ -126,8 +135,13 @@ pub async fn clients(
         common.control_kubeconfig.as_str()
     };
     let build = |cfg: kube::Config, cluster: &'static str| {
-        clients::rate_limited_client(cfg, common.kube_api_qps, common.kube_api_burst)
-            .map_err(|source| RunError::Client { cluster, source })
+        clients::rate_limited_client_counted(
+            cfg,
+            common.kube_api_qps,
+            common.kube_api_burst,
+            Some(metrics.requests(cluster)),
+        )
+        .map_err(|source| RunError::Client { cluster, source })
     };
     let control_cfg =
         clients::load_config(control_flag)
@@ -295,34 +309,45 @@ pub async fn run_machine_controller(
 }
 
 /// [`run_machine_controller`] with an explicit cancellation token instead of signals (tests,
-/// embedding both halves in one process).
+/// embedding). With `--controllers=machine,manager` the manager half runs in this process too.
 pub async fn run_machine_controller_until(
     options: MachineControllerOptions,
     driver: Arc<dyn Driver>,
     cancel: CancellationToken,
 ) -> Result<(), RunError> {
-    let (control, target) = clients(&options.common, true).await?;
+    let mut registry = Registry::default();
+    let client_metrics = ClientMetrics::register(&mut registry);
+    let (control, target) = clients_counted(&options.common, true, &client_metrics).await?;
     let target = target.ok_or_else(|| RunError::Flag {
         flag: "--target-kubeconfig",
         reason: "required".into(),
     })?;
-    let mut registry = Registry::default();
     let driver_metrics = DriverMetrics::register(&mut registry);
     let provider = provider_name(&options);
     let driver: Arc<dyn Driver> = Arc::new(Instrumented::new(driver, &provider, driver_metrics));
     let metrics = MachineMetrics::register(&mut registry);
 
     let handles = Handles::default();
-    let readiness = Readiness {
-        leader: Default::default(),
-        synced: handles.ready.clone(),
-    };
+    let mut readiness = Readiness::default();
+    let run_machine = options.runs("machine");
+    let manager_config = options.runs("manager").then(|| {
+        options
+            .manager
+            .manager_config(&options.common.namespace, options.concurrent_syncs)
+    });
+    if run_machine {
+        readiness.synced.push(handles.ready.clone());
+    }
+    if let Some(c) = &manager_config {
+        readiness.synced.push(c.ready.clone());
+    }
+    // The manager registers its collectors when its future is created (below).
     let registry = Arc::new(Mutex::new(registry));
     let addr = SocketAddr::new(options.common.address, options.port);
     let (bound, server) = http::serve(addr, registry.clone(), readiness.clone(), cancel.clone())
         .await
         .map_err(|source| RunError::Http { addr, source })?;
-    tracing::info!(%bound, provider, namespace = %options.common.namespace, "machine controller starting");
+    tracing::info!(%bound, provider, namespace = %options.common.namespace, controllers = ?options.controllers, "machine controller starting");
 
     let config = options.controller_config();
     let result = with_leader_election(
@@ -332,16 +357,104 @@ pub async fn run_machine_controller_until(
         readiness,
         cancel.clone(),
         |work_cancel| async move {
-            machine_controller::run(
-                control,
-                target,
-                driver,
-                config,
-                metrics,
-                handles,
-                work_cancel,
-            )
-            .await
+            let manager = match manager_config {
+                Some(mc) => {
+                    let shutdown = work_cancel.clone().cancelled_owned();
+                    let fut = {
+                        let mut r = registry.lock().unwrap_or_else(|e| e.into_inner());
+                        mcm_reconcilers::manager::run_manager(
+                            control.clone(),
+                            target.clone(),
+                            mc,
+                            &mut r,
+                            shutdown,
+                        )
+                    };
+                    Some(fut)
+                }
+                None => None,
+            };
+            let machine = async {
+                if run_machine {
+                    machine_controller::run(
+                        control,
+                        target,
+                        driver,
+                        config,
+                        metrics,
+                        handles,
+                        work_cancel.clone(),
+                    )
+                    .await
+                }
+            };
+            let manager = async {
+                if let Some(m) = manager
+                    && let Err(e) = m.await
+                {
+                    tracing::error!(error = %error_chain(&e), "manager stopped");
+                    work_cancel.cancel();
+                }
+            };
+            futures::join!(machine, manager);
+        },
+    )
+    .await;
+    cancel.cancel();
+    let _ = server.await;
+    result
+}
+
+/// Runs the manager half (`machine-controller-manager`) until SIGTERM/SIGINT.
+pub async fn run_manager(options: ManagerOptions) -> Result<(), RunError> {
+    init_logging(&options.common);
+    let cancel = shutdown_on_signals();
+    run_manager_until(options, cancel).await
+}
+
+/// [`run_manager`] with an explicit cancellation token instead of signals.
+pub async fn run_manager_until(
+    options: ManagerOptions,
+    cancel: CancellationToken,
+) -> Result<(), RunError> {
+    let (control, target) = clients(&options.common, false).await?;
+    let target = target.ok_or_else(|| RunError::Flag {
+        flag: "--target-kubeconfig",
+        reason: "`none` (no target cluster) is not supported yet: the manager taints and annotates the nodes of rolling deployments".into(),
+    })?;
+    let config = options
+        .manager
+        .manager_config(&options.common.namespace, options.concurrent_syncs);
+    let readiness = Readiness {
+        leader: Default::default(),
+        synced: vec![config.ready.clone()],
+    };
+    let registry = Arc::new(Mutex::new(Registry::default()));
+    let addr = SocketAddr::new(options.common.address, options.port);
+    let (bound, server) = http::serve(addr, registry.clone(), readiness.clone(), cancel.clone())
+        .await
+        .map_err(|source| RunError::Http { addr, source })?;
+    tracing::info!(%bound, namespace = %options.common.namespace, "machine controller manager starting");
+    let result = with_leader_election(
+        control.clone(),
+        &options.common,
+        "machine-controller-manager",
+        readiness,
+        cancel.clone(),
+        |work_cancel| async move {
+            let fut = {
+                let mut r = registry.lock().unwrap_or_else(|e| e.into_inner());
+                mcm_reconcilers::manager::run_manager(
+                    control,
+                    target,
+                    config,
+                    &mut r,
+                    work_cancel.clone().cancelled_owned(),
+                )
+            };
+            if let Err(e) = fut.await {
+                tracing::error!(error = %error_chain(&e), "manager stopped");
+            }
         },
     )
     .await;

@@ -43,6 +43,9 @@ pub struct ManagerConfig {
     /// Turns true once all stores have synced (for `/readyz`); clone it before passing the
     /// config.
     pub ready: Arc<AtomicBool>,
+    /// `--autoscaler-scaledown-annotation-during-rollout` (default true): annotate the nodes
+    /// of a rolling deployment so the cluster-autoscaler does not scale them down.
+    pub autoscaler_annotations: bool,
 }
 
 impl Default for ManagerConfig {
@@ -54,6 +57,7 @@ impl Default for ManagerConfig {
             safety_down: 1,
             overshooting_period: Duration::from_secs(60),
             ready: Arc::new(AtomicBool::new(false)),
+            autoscaler_annotations: true,
         }
     }
 }
@@ -229,6 +233,7 @@ pub fn run_manager(
             sets: sets.clone(),
             nodes: nodes.clone(),
             events: EventPublisher::new(control.clone(), "machine-controller-manager"),
+            autoscaler_annotations: config.autoscaler_annotations,
         });
         let sets_for_md = sets.clone();
         let md_controller = Controller::for_shared_stream(deployment_sub, deployments.clone())

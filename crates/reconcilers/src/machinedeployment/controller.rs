@@ -93,6 +93,8 @@ pub struct Context {
     pub nodes: Store<Node>,
     /// Event publisher.
     pub events: EventPublisher,
+    /// Annotate nodes against cluster-autoscaler scale-down during rollouts.
+    pub autoscaler_annotations: bool,
 }
 
 /// The deployment owning a set, for watches.
@@ -386,6 +388,7 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
         &old_machines,
         &all_machines,
         rollout,
+        ctx.autoscaler_annotations,
     )
     .await;
 

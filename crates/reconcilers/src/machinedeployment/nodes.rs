@@ -75,8 +75,9 @@ pub fn autoscaler_patch(node: &Node, rollout: bool) -> Option<Value> {
     None
 }
 
-/// Applies the markers: during a rollout, taints the nodes of `old` machines and annotates
-/// the nodes of `all` machines; afterwards removes MCM's annotations from the nodes of `all`.
+/// Applies the markers: during a rollout, taints the nodes of `old` machines and (with
+/// `autoscaler_annotations`) annotates the nodes of `all` machines; afterwards removes MCM's
+/// annotations from the nodes of `all`.
 /// Errors are logged and retried on the next reconcile: markers are advisory.
 pub async fn apply_markers(
     target: &Client,
@@ -84,6 +85,7 @@ pub async fn apply_markers(
     old: &[&Machine],
     all: &[&Machine],
     rollout: bool,
+    autoscaler_annotations: bool,
 ) {
     let api: Api<Node> = Api::all(target.clone());
     let lookup = |m: &Machine| node_name(m).and_then(|n| nodes.get(&ObjectRef::new(n)));
@@ -94,8 +96,10 @@ pub async fn apply_markers(
             }
         }
     }
+    // Without the annotations enabled, only ever remove what MCM added earlier.
+    let annotate = rollout && autoscaler_annotations;
     for node in all.iter().filter_map(|m| lookup(m)) {
-        if let Some(p) = autoscaler_patch(&node, rollout) {
+        if let Some(p) = autoscaler_patch(&node, annotate) {
             patch(&api, &node.name_any(), &p).await;
         }
     }

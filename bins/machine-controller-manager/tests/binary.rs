@@ -1,0 +1,160 @@
+//! The manager binary: Gardener's flags, endpoints, and a MachineDeployment reconciled by the
+//! process against the real control plane.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use kube::api::{Api, PostParams};
+use kube::runtime::wait::await_condition;
+use mcm_api::{MachineDeployment, MachineSet};
+use mcm_testenv::Components;
+use serde_json::json;
+
+const BIN: &str = env!("CARGO_BIN_EXE_machine-controller-manager");
+
+#[test]
+fn help_lists_every_gardener_flag() {
+    let out = std::process::Command::new(BIN)
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for flag in [
+        "port",
+        "address",
+        "cloud-provider",
+        "concurrent-syncs",
+        "min-resync-period",
+        "profiling",
+        "contention-profiling",
+        "target-kubeconfig",
+        "control-kubeconfig",
+        "namespace",
+        "kube-api-content-type",
+        "kube-api-qps",
+        "kube-api-burst",
+        "controller-start-interval",
+        "safety-up",
+        "safety-down",
+        "machine-safety-overshooting-period",
+        "machine-replace-cycle-count-threshold",
+        "autoscaler-scaledown-annotation-during-rollout",
+        "v",
+        "leader-elect",
+        "leader-elect-lease-duration",
+        "leader-elect-renew-deadline",
+        "leader-elect-retry-period",
+        "leader-elect-resource-lock",
+    ] {
+        assert!(
+            help.contains(&format!("--{flag}")),
+            "--{flag} missing from --help:\n{help}"
+        );
+    }
+}
+
+#[test]
+fn a_bad_kubeconfig_is_a_readable_error() {
+    let out = std::process::Command::new(BIN)
+        .args([
+            "--target-kubeconfig=/nonexistent/kubeconfig",
+            "--leader-elect=false",
+            "--port=0",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/nonexistent/kubeconfig"), "{err}");
+}
+
+async fn http_get(port: u16, path: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.ok()?;
+    Some(out)
+}
+
+#[tokio::test]
+async fn the_process_reconciles_a_deployment_and_serves_its_endpoints() {
+    let env = mcm_testenv::shared(Components {
+        controller_manager: true,
+        scheduler: false,
+    })
+    .await
+    .unwrap();
+    let client = env.client().await.unwrap();
+    let ns = env.namespace("mcm-bin").await.unwrap();
+    let kc = env.kubeconfig_path().display().to_string();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let _child = tokio::process::Command::new(BIN)
+        .args([
+            format!("--control-kubeconfig={kc}"),
+            format!("--target-kubeconfig={kc}"),
+            format!("--namespace={ns}"),
+            format!("--port={port}"),
+            "--address=127.0.0.1".into(),
+            "--leader-elect=false".into(),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+
+    let md: MachineDeployment = serde_json::from_value(json!({
+        "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "MachineDeployment",
+        "metadata": { "name": "workers" },
+        "spec": {
+            "replicas": 2,
+            "selector": { "matchLabels": { "pool": "workers" } },
+            "template": { "metadata": { "labels": { "pool": "workers" } },
+                          "spec": { "class": { "kind": "MachineClass", "name": "any" } } }
+        }
+    }))
+    .unwrap();
+    Api::<MachineDeployment>::namespaced(client.clone(), &ns)
+        .create(&PostParams::default(), &md)
+        .await
+        .unwrap();
+    // The process creates the MachineSet and its Machines (no machine controller here, so
+    // they stay without a phase).
+    let sets: Api<MachineSet> = Api::namespaced(client.clone(), &ns);
+    tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let list = sets.list(&Default::default()).await.unwrap();
+            if let Some(s) = list.items.first() {
+                let name = s.metadata.name.clone().unwrap();
+                await_condition(sets.clone(), &name, |s: Option<&MachineSet>| {
+                    s.and_then(|s| s.status.as_ref()).and_then(|s| s.replicas) == Some(2)
+                })
+                .await
+                .unwrap();
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await
+    .expect("the manager process creates a MachineSet with 2 machines");
+
+    let healthz = http_get(port, "/healthz").await.unwrap_or_default();
+    assert!(healthz.starts_with("HTTP/1.1 200"), "{healthz}");
+    let readyz = http_get(port, "/readyz").await.unwrap_or_default();
+    assert!(readyz.starts_with("HTTP/1.1 200"), "{readyz}");
+    let metrics = http_get(port, "/metrics").await.unwrap_or_default();
+    assert!(metrics.contains("mcm_machine_deployment_"), "{metrics}");
+    assert!(metrics.contains("mcm_machine_set_"), "{metrics}");
+}
