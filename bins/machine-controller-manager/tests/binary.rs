@@ -158,3 +158,47 @@ async fn the_process_reconciles_a_deployment_and_serves_its_endpoints() {
     assert!(metrics.contains("mcm_machine_deployment_"), "{metrics}");
     assert!(metrics.contains("mcm_machine_set_"), "{metrics}");
 }
+
+/// The manifests in deploy/ are accepted by a real API server (server-side dry run).
+#[tokio::test]
+async fn deploy_manifests_are_valid() {
+    use kube::api::{DynamicObject, Patch, PatchParams};
+    use kube::discovery::{ApiResource, Discovery, Scope};
+    let env = mcm_testenv::shared(Components::API_SERVER).await.unwrap();
+    let client = env.client().await.unwrap();
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    let ns: k8s_openapi::api::core::v1::Namespace =
+        serde_json::from_value(json!({ "metadata": { "name": "machines" } })).unwrap();
+    let _ = namespaces.create(&PostParams::default(), &ns).await;
+    let discovery = Discovery::new(client.clone()).run().await.unwrap();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy");
+    let mut applied = 0;
+    for file in ["rbac.yaml", "machine-controller-manager.yaml"] {
+        let text = std::fs::read_to_string(root.join(file)).unwrap();
+        let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text).unwrap();
+        for doc in docs.into_iter().filter(|d| !d.is_null()) {
+            let obj: DynamicObject = serde_json::from_value(doc).unwrap();
+            let types = obj.types.clone().expect("apiVersion and kind");
+            let gvk = kube::api::GroupVersionKind::try_from(&types).unwrap();
+            let (ar, caps): (ApiResource, _) = discovery.resolve_gvk(&gvk).expect("a known kind");
+            let api: Api<DynamicObject> = match caps.scope {
+                Scope::Namespaced => Api::namespaced_with(
+                    client.clone(),
+                    obj.metadata.namespace.as_deref().unwrap_or("default"),
+                    &ar,
+                ),
+                Scope::Cluster => Api::all_with(client.clone(), &ar),
+            };
+            let name = obj.metadata.name.clone().unwrap();
+            api.patch(
+                &name,
+                &PatchParams::apply("deploy-test").dry_run(),
+                &Patch::Apply(&obj),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{file}: {} {name} rejected: {e}", gvk.kind));
+            applied += 1;
+        }
+    }
+    assert_eq!(applied, 6, "every manifest was checked");
+}

@@ -296,47 +296,21 @@ impl Ctx {
     }
 
     /// Why `m` must not be marked Failed now: it belongs to an old MachineSet of a
-    /// MachineDeployment that is rolling out (failing it would leave pods unschedulable).
+    /// MachineDeployment that is rolling out (failing it would leave pods unschedulable
+    /// while the new machines are not ready yet).
     fn failure_protection(&self, m: &Machine) -> Option<String> {
         let (set, deployment) = self.owners(m);
         let (set, deployment) = (set?, deployment?);
-        let hash = |labels: &std::collections::BTreeMap<String, String>| {
-            labels
-                .get(mcm_api::constants::labels::MACHINE_TEMPLATE_HASH)
-                .cloned()
-        };
-        let set_hash = hash(set.labels())?;
-        let current_hash = deployment
-            .spec
-            .template
-            .metadata
-            .as_ref()
-            .and_then(|m| m.labels.as_ref())
-            .and_then(hash);
-        let new_set_hash = self
+        let owned: Vec<Arc<MachineSet>> = self
             .machine_sets
             .state()
-            .iter()
+            .into_iter()
             .filter(|s| {
                 controller_owner(s.owner_references(), "MachineDeployment")
                     == Some(deployment.name_any().as_str())
             })
-            .filter_map(|s| hash(s.labels()))
-            .find(|h| Some(h) == current_hash.as_ref());
-        let rolling = deployment
-            .status
-            .as_ref()
-            .and_then(|s| s.updated_replicas)
-            .unwrap_or(0)
-            < deployment.spec.replicas();
-        match new_set_hash {
-            Some(new_hash) if new_hash != set_hash && rolling => Some(format!(
-                "machine belongs to old MachineSet {} while MachineDeployment {} rolls out",
-                set.name_any(),
-                deployment.name_any()
-            )),
-            _ => None,
-        }
+            .collect();
+        rollout_protection(&set, &deployment, &owned)
     }
 
     /// Takes a slot of the replacement budget of the machine's deployment: at most maxSurge
@@ -398,6 +372,42 @@ fn controller_owner<'a>(
     refs.iter()
         .find(|r| r.controller == Some(true) && r.kind == kind)
         .map(|r| r.name.as_str())
+}
+
+/// Why a machine of `set` is protected from being failed: `set` is an old set of
+/// `deployment` (its template differs from the deployment's) while the deployment rolls out
+/// (a new set with the current template exists and has not all its replicas ready). Pure.
+pub fn rollout_protection(
+    set: &MachineSet,
+    deployment: &MachineDeployment,
+    owned_sets: &[Arc<MachineSet>],
+) -> Option<String> {
+    use crate::machinedeployment::hash::templates_equal;
+    let current = &deployment.spec.template;
+    let is_new = |s: &MachineSet| {
+        s.spec
+            .template
+            .as_ref()
+            .is_some_and(|t| templates_equal(t, current))
+    };
+    if is_new(set) {
+        return None;
+    }
+    let new_set = owned_sets.iter().find(|s| is_new(s))?;
+    let ready = new_set
+        .status
+        .as_ref()
+        .and_then(|s| s.ready_replicas)
+        .unwrap_or(0);
+    let rolling = ready < deployment.spec.replicas().max(1);
+    rolling.then(|| {
+        format!(
+            "machine belongs to old MachineSet {} while MachineDeployment {} rolls out to {}",
+            set.name_any(),
+            deployment.name_any(),
+            new_set.name_any()
+        )
+    })
 }
 
 /// The replacement budget of a deployment: its resolved maxSurge, at least 1.
@@ -498,6 +508,48 @@ pub fn error_policy(machine: Arc<Machine>, err: &Error, ctx: Arc<Ctx>) -> Action
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn set(name: &str, labels: serde_json::Value, ready: i32) -> Arc<MachineSet> {
+        Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "MachineSet",
+                "metadata": { "name": name },
+                "spec": { "replicas": 2, "template": { "metadata": { "labels": labels },
+                    "spec": { "class": { "kind": "MachineClass", "name": "c" } } } },
+                "status": { "readyReplicas": ready }
+            }))
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn old_sets_are_protected_only_while_the_new_set_is_not_ready() {
+        let d: MachineDeployment = serde_json::from_value(serde_json::json!({
+            "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "MachineDeployment",
+            "metadata": { "name": "md" },
+            "spec": { "replicas": 2, "template": { "metadata": { "labels": { "v": "2" } },
+                "spec": { "class": { "kind": "MachineClass", "name": "c" } } } }
+        }))
+        .unwrap();
+        let old = set("old", serde_json::json!({ "v": "1" }), 2);
+        let new_not_ready = set(
+            "new",
+            serde_json::json!({ "v": "2", "machine-template-hash": "abc" }),
+            1,
+        );
+        let new_ready = set(
+            "new",
+            serde_json::json!({ "v": "2", "machine-template-hash": "abc" }),
+            2,
+        );
+        assert!(rollout_protection(&old, &d, &[old.clone(), new_not_ready.clone()]).is_some());
+        assert!(
+            rollout_protection(&new_not_ready, &d, &[old.clone(), new_not_ready.clone()]).is_none()
+        );
+        assert!(rollout_protection(&old, &d, &[old.clone(), new_ready]).is_none());
+        // No new set yet: nothing rolls out.
+        assert!(rollout_protection(&old, &d, std::slice::from_ref(&old)).is_none());
+    }
 
     #[test]
     fn backoff_doubles_and_caps() {
