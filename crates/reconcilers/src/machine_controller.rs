@@ -68,6 +68,29 @@ where
     (reader, stream)
 }
 
+/// What about a Node matters to its Machine: conditions without heartbeat times, labels,
+/// annotations, taints, unschedulable. Node heartbeats alone change none of it, so they do not
+/// trigger machine reconciles (the store still sees every update).
+pub fn node_fingerprint(node: &Node) -> Option<u64> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    node.metadata.name.hash(&mut h);
+    node.metadata.deletion_timestamp.is_some().hash(&mut h);
+    node.metadata.labels.hash(&mut h);
+    node.metadata.annotations.hash(&mut h);
+    if let Some(spec) = &node.spec {
+        spec.unschedulable.hash(&mut h);
+        spec.provider_id.hash(&mut h);
+        for t in spec.taints.iter().flatten() {
+            (&t.key, &t.value, &t.effect).hash(&mut h);
+        }
+    }
+    for c in machine::observe::node_conditions_of(node) {
+        (&c.type_, &c.status, &c.reason, &c.message).hash(&mut h);
+    }
+    Some(h.finish())
+}
+
 /// Maps a Node to the Machine it belongs to: the node's `node.gardener.cloud/machine-name`
 /// label, else the Machine whose `node` label names it.
 fn machine_of_node(
@@ -133,7 +156,7 @@ pub async fn run(
         });
     }
 
-    let ctx = Arc::new(Ctx::new(
+    let mut ctx = Ctx::new(
         control.clone(),
         target.clone(),
         driver,
@@ -148,7 +171,9 @@ pub async fn run(
         va.stores(),
         handles.freeze.clone(),
         metrics,
-    ));
+    );
+    ctx.orphan_trigger = handles.orphan_trigger.clone();
+    let ctx = Arc::new(ctx);
 
     // Readiness: every store synced.
     {
@@ -290,9 +315,10 @@ pub async fn run(
         let ns_nodes = ns.clone();
         let machines_for_classes = machines.clone();
         Controller::for_stream(machine_stream, machines.clone())
-            .watches_stream(node_stream, move |node: Node| {
-                machine_of_node(&node, &machines_for_nodes, &ns_nodes)
-            })
+            .watches_stream(
+                node_stream.predicate_filter(node_fingerprint, Default::default()),
+                move |node: Node| machine_of_node(&node, &machines_for_nodes, &ns_nodes),
+            )
             .watches_stream(class_stream, move |class: MachineClass| {
                 let name = class.name_any();
                 machines_for_classes
@@ -311,4 +337,26 @@ pub async fn run(
     futures::join!(machine_controller, class_controller);
     cancel.cancel();
     while tasks.join_next().await.is_some() {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heartbeats_do_not_change_the_fingerprint_but_conditions_do() {
+        let node = |status: &str, hb: &str| -> Node {
+            serde_json::from_value(serde_json::json!({
+                "metadata": { "name": "n", "labels": { "a": "b" } },
+                "status": { "conditions": [{ "type": "Ready", "status": status,
+                    "lastHeartbeatTime": hb, "lastTransitionTime": "2026-01-01T00:00:00Z" }] }
+            }))
+            .unwrap()
+        };
+        let a = node_fingerprint(&node("True", "2026-01-01T00:00:00Z"));
+        let b = node_fingerprint(&node("True", "2026-01-01T00:00:10Z"));
+        let c = node_fingerprint(&node("Unknown", "2026-01-01T00:00:10Z"));
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+    }
 }

@@ -388,6 +388,8 @@ pub async fn mark_running(ctx: &Ctx, m: &Machine, node: Option<&Node>) -> Result
     if let Some(node) = node {
         copy_node_status(ctx, m, node, true).await?;
     }
+    // The token goes before Running is recorded, so a crash in between cannot skip it.
+    delete_bootstrap_token(ctx, m).await?;
     record(
         ctx,
         m,
@@ -395,21 +397,19 @@ pub async fn mark_running(ctx: &Ctx, m: &Machine, node: Option<&Node>) -> Result
         &Operation::successful(kind, description.clone()),
     )
     .await?;
-    delete_bootstrap_token(ctx, m).await?;
     ctx.events
         .normal(&m.object_ref(&()), "Running", "HealthCheck", description)
         .await;
     Ok(Action::requeue(ctx.settings.resync))
 }
 
-/// Healthy and Running: copy Node conditions when they changed, apply the node template,
-/// make sure the bootstrap token is gone.
+/// Healthy and Running: copy Node conditions when they changed and apply the node template.
+/// No API call unless something changed: this runs on every relevant Node update.
 pub async fn keep_running(ctx: &Ctx, m: &Machine, node: Option<&Node>) -> Result<Action, Error> {
     if let Some(node) = node {
         copy_node_status(ctx, m, node, false).await?;
         super::nodetemplate::sync(ctx, m, node).await?;
     }
-    delete_bootstrap_token(ctx, m).await?;
     Ok(Action::requeue(ctx.settings.resync))
 }
 
@@ -627,6 +627,8 @@ pub async fn delete(
         .await;
     remove_finalizer(ctx, m).await?;
     ctx.metrics.deleted();
+    // Look for leftovers (e.g. of an earlier failed creation) right away.
+    ctx.orphan_trigger.notify_one();
     Ok(Action::await_change())
 }
 

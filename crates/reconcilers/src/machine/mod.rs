@@ -213,6 +213,8 @@ pub struct Ctx {
     pub freeze: Freeze,
     /// Metrics.
     pub metrics: MachineMetrics,
+    /// Wakes the orphan collector (after a deletion, leftovers of the VM are looked for).
+    pub orphan_trigger: Arc<tokio::sync::Notify>,
     failures: Mutex<HashMap<String, u32>>,
 }
 
@@ -245,6 +247,7 @@ impl Ctx {
             permits: PermitGiver::new(),
             freeze,
             metrics,
+            orphan_trigger: Arc::new(tokio::sync::Notify::new()),
             failures: Mutex::new(HashMap::new()),
         }
     }
