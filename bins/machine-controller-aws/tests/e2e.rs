@@ -1,0 +1,477 @@
+//! `machine-controller-aws` end to end: the real control plane (mcm-testenv with
+//! kube-controller-manager and scheduler), the real binary with `--controllers=machine,manager`
+//! pointed at moto (`AWS_ENDPOINT_URL`), and a "VM player" that boots every instance that
+//! appears in moto as a `local-node` hollow kubelet (Node name = the instance's private DNS
+//! name, providerID `aws:///<region>/<id>`, the instance's user data with its bootstrap
+//! token), and stops it when the instance is terminated.
+//!
+//! Every process (moto, controller, agents) runs in its own process group with
+//! `PR_SET_PDEATHSIG` through `mcm_testenv::process::ManagedProcess`, and is killed on drop,
+//! so nothing outlives a failing test.
+
+#[path = "../../../providers/aws/tests/common/moto.rs"]
+mod moto;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use aws_sdk_ec2::types::{Filter, InstanceStateName, ResourceType, Tag, TagSpecification};
+use base64::Engine as _;
+use k8s_openapi::api::core::v1::{Node, Secret};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use mcm_api::{Machine, MachineClass, MachineDeployment, MachinePhase};
+use mcm_testenv::process::ManagedProcess;
+use mcm_testenv::{Components, ControlPlane};
+use moto::{REGION, World, moto};
+use serde_json::json;
+
+const WAIT: Duration = Duration::from_secs(120);
+const USER_DATA: &str = "#cloud-config\nbootstrapToken: <<BOOTSTRAP_TOKEN>>\n";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
+    tokio::time::timeout(WAIT, fut)
+        .await
+        .unwrap_or_else(|_| panic!("timed out after {WAIT:?} waiting for {what}"))
+}
+
+/// Polls `check` every 300 ms until it returns `Some`.
+async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    within(what, async {
+        loop {
+            if let Some(v) = check().await {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    })
+    .await
+}
+
+/// `local-node`, next to the controller binary (built on demand when missing).
+fn node_binary() -> PathBuf {
+    let node =
+        PathBuf::from(env!("CARGO_BIN_EXE_machine-controller-aws")).with_file_name("local-node");
+    if !node.is_file() {
+        let status =
+            std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+                .args(["build", "-p", "mcm-provider-local", "--bin", "local-node"])
+                .status()
+                .expect("cargo runs");
+        assert!(status.success(), "building local-node failed");
+    }
+    node
+}
+
+/// Plays the booted VMs: one `local-node` per live instance of the cluster in moto.
+struct VmPlayer {
+    task: tokio::task::JoinHandle<()>,
+    agents: Arc<Mutex<BTreeMap<String, ManagedProcess>>>,
+    dir: tempfile::TempDir,
+}
+
+impl VmPlayer {
+    fn start(world: &World, kubeconfig: PathBuf) -> VmPlayer {
+        let dir = tempfile::tempdir().unwrap();
+        let agents: Arc<Mutex<BTreeMap<String, ManagedProcess>>> = Default::default();
+        let (a, d, cluster_tag, binary) = (
+            agents.clone(),
+            dir.path().to_path_buf(),
+            world.cluster_tag.clone(),
+            node_binary(),
+        );
+        std::fs::write(d.join("spec.json"), r#"{"heartbeatInterval":"1s"}"#).unwrap();
+        let task = tokio::spawn(async move {
+            let ec2 = moto().ec2();
+            loop {
+                if let Ok(out) = ec2
+                    .describe_instances()
+                    .filters(
+                        Filter::builder()
+                            .name("tag-key")
+                            .values(&cluster_tag)
+                            .build(),
+                    )
+                    .send()
+                    .await
+                {
+                    for i in out.reservations().iter().flat_map(|r| r.instances()) {
+                        let id = i.instance_id().unwrap_or_default().to_string();
+                        let live = matches!(
+                            i.state().and_then(|s| s.name()),
+                            Some(InstanceStateName::Pending | InstanceStateName::Running)
+                        );
+                        let known = a.lock().unwrap().contains_key(&id);
+                        if live && !known {
+                            if let Some(agent) = boot(&ec2, i, &d, &binary, &kubeconfig).await {
+                                a.lock().unwrap().insert(id, agent);
+                            }
+                        } else if !live && known {
+                            // Terminated: the VM is gone (dropping kills its process group).
+                            a.lock().unwrap().remove(&id);
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(300)).await;
+            }
+        });
+        VmPlayer { task, agents, dir }
+    }
+
+    fn running(&self) -> usize {
+        self.agents.lock().unwrap().len()
+    }
+}
+
+impl Drop for VmPlayer {
+    fn drop(&mut self) {
+        self.task.abort();
+        let agents = std::mem::take(&mut *self.agents.lock().unwrap());
+        if std::thread::panicking() {
+            for (id, agent) in &agents {
+                eprintln!("--- agent of {id} ---\n{}", agent.log_tail(20));
+            }
+        }
+        drop(agents);
+        let _ = self.dir.path();
+    }
+}
+
+/// Boots one instance: its user data (with the bootstrap token the controller put there) and
+/// a `local-node` registering the Node under the private DNS name.
+async fn boot(
+    ec2: &aws_sdk_ec2::Client,
+    i: &aws_sdk_ec2::types::Instance,
+    dir: &Path,
+    binary: &Path,
+    kubeconfig: &Path,
+) -> Option<ManagedProcess> {
+    let id = i.instance_id()?;
+    let name = i
+        .tags()
+        .iter()
+        .find(|t| t.key() == Some("Name"))
+        .and_then(|t| t.value())?;
+    let node_name = i.private_dns_name().filter(|n| !n.is_empty())?;
+    let attr = ec2
+        .describe_instance_attribute()
+        .instance_id(id)
+        .attribute(aws_sdk_ec2::types::InstanceAttributeName::UserData)
+        .send()
+        .await
+        .ok()?;
+    let user_data = attr
+        .user_data()
+        .and_then(|u| u.value())
+        .and_then(|v| base64::engine::general_purpose::STANDARD.decode(v).ok())
+        .unwrap_or_default();
+    let user_data_file = dir.join(format!("{id}.user-data"));
+    std::fs::write(&user_data_file, user_data).ok()?;
+    let args: Vec<String> = vec![
+        "--machine-name".into(),
+        name.into(),
+        "--node-name".into(),
+        node_name.into(),
+        "--provider-id".into(),
+        format!("aws:///{REGION}/{id}"),
+        "--kubeconfig".into(),
+        kubeconfig.display().to_string(),
+        "--user-data".into(),
+        user_data_file.display().to_string(),
+        "--spec".into(),
+        dir.join("spec.json").display().to_string(),
+    ];
+    let log = dir.join(format!("{id}.log"));
+    ManagedProcess::spawn(&format!("vm-{id}"), binary, &args, log, dir).ok()
+}
+
+/// The world of the test: control plane, namespace, class and secret.
+struct Env {
+    cp: Arc<ControlPlane>,
+    client: kube::Client,
+    ns: String,
+    world: World,
+    logs: tempfile::TempDir,
+}
+
+impl Env {
+    async fn new(prefix: &str) -> Env {
+        let cp = mcm_testenv::shared(Components::ALL)
+            .await
+            .expect("control plane");
+        let client = cp.client().await.expect("client");
+        let ns = cp.namespace(prefix).await.expect("namespace");
+        let world = World::new(prefix).await;
+        let secret: Secret = serde_json::from_value(json!({
+            "metadata": { "name": "aws-secret" },
+            "stringData": {
+                "providerAccessKeyId": "AKIDTEST",
+                "providerSecretAccessKey": "secret",
+                "userData": USER_DATA,
+            },
+        }))
+        .unwrap();
+        Api::<Secret>::namespaced(client.clone(), &ns)
+            .create(&PostParams::default(), &secret)
+            .await
+            .unwrap();
+        let class: MachineClass = serde_json::from_value(json!({
+            "apiVersion": "machine.sapcloud.io/v1alpha1",
+            "kind": "MachineClass",
+            "metadata": { "name": "aws" },
+            "provider": "AWS",
+            "providerSpec": world.provider_spec(),
+            "secretRef": { "name": "aws-secret", "namespace": ns },
+        }))
+        .unwrap();
+        Api::<MachineClass>::namespaced(client.clone(), &ns)
+            .create(&PostParams::default(), &class)
+            .await
+            .unwrap();
+        Env {
+            cp,
+            client,
+            ns,
+            world,
+            logs: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn machines(&self) -> Api<Machine> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// Starts `machine-controller-aws --controllers=machine,manager` against moto.
+    fn spawn_controller(&self) -> Controller {
+        let kc = self.cp.kubeconfig_path().display().to_string();
+        let log = self.logs.path().join("controller.log");
+        let mut args = vec![
+            format!("AWS_ENDPOINT_URL={}", moto().url),
+            "AWS_EC2_METADATA_DISABLED=true".into(),
+            "RUST_LOG=info,mcm_reconcilers=debug,mcm_provider_aws=debug".into(),
+            env!("CARGO_BIN_EXE_machine-controller-aws").into(),
+        ];
+        args.extend([
+            format!("--control-kubeconfig={kc}"),
+            format!("--target-kubeconfig={kc}"),
+            format!("--namespace={}", self.ns),
+            format!("--port={}", free_port()),
+            "--address=127.0.0.1".into(),
+            "--leader-elect=false".into(),
+            "--controllers=machine,manager".into(),
+            "--machine-creation-timeout=90s".into(),
+            "--machine-health-timeout=90s".into(),
+            "--machine-drain-timeout=30s".into(),
+            "--machine-safety-orphan-vms-period=2s".into(),
+            "--machine-backoff-max=2s".into(),
+            "--machine-pv-detach-timeout=5s".into(),
+            "--machine-resync-period=5s".into(),
+            "--kube-api-qps=200".into(),
+            "--kube-api-burst=400".into(),
+        ]);
+        // `env` execs the controller, so the pid (and its death signal) is the controller's.
+        let process = ManagedProcess::spawn(
+            "machine-controller-aws",
+            Path::new("/usr/bin/env"),
+            &args,
+            log,
+            self.logs.path(),
+        )
+        .expect("the controller starts");
+        Controller { process }
+    }
+
+    async fn machine_list(&self) -> Vec<Machine> {
+        self.machines()
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+    }
+}
+
+struct Controller {
+    process: ManagedProcess,
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "--- machine-controller-aws ---\n{}",
+                self.process.log_tail(80)
+            );
+        }
+    }
+}
+
+fn provider_ids_of(instances: &[aws_sdk_ec2::types::Instance]) -> Vec<String> {
+    let mut ids: Vec<String> = instances
+        .iter()
+        .map(|i| format!("aws:///{REGION}/{}", i.instance_id().unwrap()))
+        .collect();
+    ids.sort();
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_deployment_runs_on_moto_scales_down_and_orphans_are_collected() {
+    let env = Env::new("aws-e2e").await;
+    let player = VmPlayer::start(&env.world, env.cp.kubeconfig_path().to_path_buf());
+    let controller = env.spawn_controller();
+
+    let md: MachineDeployment = serde_json::from_value(json!({
+        "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "MachineDeployment",
+        "metadata": { "name": "workers" },
+        "spec": {
+            "replicas": 3,
+            "selector": { "matchLabels": { "pool": "workers" } },
+            "strategy": { "type": "RollingUpdate", "rollingUpdate": { "maxSurge": 1, "maxUnavailable": 0 } },
+            "template": { "metadata": { "labels": { "pool": "workers" } },
+                          "spec": { "class": { "kind": "MachineClass", "name": "aws" } } }
+        }
+    }))
+    .unwrap();
+    let mds: Api<MachineDeployment> = Api::namespaced(env.client.clone(), &env.ns);
+    mds.create(&PostParams::default(), &md).await.unwrap();
+
+    // Three machines Running, each backed by one instance in moto whose Node joined.
+    let running = eventually("3 machines Running", || async {
+        let ms = env.machine_list().await;
+        (ms.len() == 3 && ms.iter().all(|m| m.phase() == Some(&MachinePhase::Running)))
+            .then_some(ms)
+    })
+    .await;
+    let live = env.world.live_instances().await;
+    assert_eq!(live.len(), 3, "one instance per machine");
+    let mut machine_ids: Vec<String> = running
+        .iter()
+        .map(|m| m.spec.provider_id.clone().unwrap_or_default())
+        .collect();
+    machine_ids.sort();
+    assert_eq!(machine_ids, provider_ids_of(&live));
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    for i in &live {
+        let name = i.private_dns_name().unwrap();
+        let node = nodes.get(name).await.unwrap();
+        assert_eq!(
+            node.spec.and_then(|s| s.provider_id),
+            Some(format!("aws:///{REGION}/{}", i.instance_id().unwrap()))
+        );
+    }
+    assert_eq!(player.running(), 3);
+
+    // Scale down to 1: two instances are terminated in moto, their machines and Nodes go.
+    mds.patch(
+        "workers",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": { "replicas": 1 } })),
+    )
+    .await
+    .unwrap();
+    let remaining = eventually("scale-down to 1 instance", || async {
+        let ms = env.machine_list().await;
+        let live = env.world.live_instances().await;
+        (ms.len() == 1 && live.len() == 1).then_some((ms, live))
+    })
+    .await;
+    assert_eq!(
+        remaining.0[0].spec.provider_id.clone().unwrap_or_default(),
+        provider_ids_of(&remaining.1)[0]
+    );
+    let terminated: Vec<_> = live
+        .iter()
+        .filter(|i| {
+            !provider_ids_of(&remaining.1).contains(&provider_ids_of(std::slice::from_ref(i))[0])
+        })
+        .map(|i| i.instance_id().unwrap().to_string())
+        .collect();
+    assert_eq!(terminated.len(), 2);
+    let states = moto()
+        .ec2()
+        .describe_instances()
+        .set_instance_ids(Some(terminated.clone()))
+        .send()
+        .await
+        .unwrap();
+    for i in states.reservations().iter().flat_map(|r| r.instances()) {
+        assert_eq!(
+            i.state().and_then(|s| s.name()),
+            Some(&InstanceStateName::Terminated),
+            "{:?}",
+            i.instance_id()
+        );
+        let name = i.private_dns_name().unwrap_or_default();
+        eventually("the Node of a terminated instance to go", || async {
+            nodes.get_opt(name).await.unwrap().is_none().then_some(())
+        })
+        .await;
+    }
+
+    // An orphan: an instance with the class's cluster and role tags but no Machine.
+    let orphan = moto()
+        .ec2()
+        .run_instances()
+        .image_id(&env.world.ami)
+        .instance_type(aws_sdk_ec2::types::InstanceType::M5Large)
+        .min_count(1)
+        .max_count(1)
+        .subnet_id(&env.world.subnet)
+        .tag_specifications(
+            TagSpecification::builder()
+                .resource_type(ResourceType::Instance)
+                .tags(Tag::builder().key("Name").value("orphan-vm").build())
+                .tags(
+                    Tag::builder()
+                        .key(&env.world.cluster_tag)
+                        .value("1")
+                        .build(),
+                )
+                .tags(Tag::builder().key(&env.world.role_tag).value("1").build())
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let orphan_id = orphan.instances()[0].instance_id().unwrap().to_string();
+    eventually("the orphan instance to be terminated", || async {
+        let live = env.world.live_instances().await;
+        (!live
+            .iter()
+            .any(|i| i.instance_id() == Some(orphan_id.as_str())))
+        .then_some(())
+    })
+    .await;
+    assert_eq!(
+        env.world.live_instances().await.len(),
+        1,
+        "the machine's instance stays"
+    );
+
+    // Deleting the deployment terminates the last instance.
+    mds.delete("workers", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("all machines and instances to go", || async {
+        let ms = env.machine_list().await;
+        let live = env.world.live_instances().await;
+        (ms.is_empty() && live.is_empty()).then_some(())
+    })
+    .await;
+    drop(controller);
+    drop(player);
+}

@@ -1,0 +1,459 @@
+//! [`AwsDriver`]: the [`Driver`] of EC2 instances.
+//!
+//! | operation | EC2 calls |
+//! |---|---|
+//! | `create_machine` | `DescribeInstances` (by tags; an existing instance is returned), `DescribeImages` (AMI and its root device), `RunInstances` |
+//! | `initialize_machine` | `DescribeInstances`, `ModifyInstanceAttribute` (source/destination check off when `srcAndDstChecksEnabled: false`) |
+//! | `get_machine_status` | `DescribeInstances` by `Name` + cluster/role tags; several → `OutOfRange`, none → `NotFound`, check still on → `Uninitialized` |
+//! | `delete_machine` | `DescribeInstances` + `TerminateInstances` of the providerID's instance (unless it is gone), else of the instances found by tags; gone = success |
+//! | `list_machines` | `DescribeInstances` pages with the cluster and role tags |
+//! | `get_volume_ids` | none (EBS volume ids from the PersistentVolume specs) |
+
+use aws_config::SdkConfig;
+use aws_sdk_ec2::Client;
+use aws_sdk_ec2::types::{AttributeBooleanValue, Filter, Instance, InstanceStateName};
+use mcm_api::{Machine, MachineClass};
+use mcm_driver::{
+    Code, CreateMachineRequest, CreateMachineResponse, DeleteMachineRequest, DeleteMachineResponse,
+    Driver, DriverError, GetMachineStatusRequest, GetMachineStatusResponse, GetVolumeIdsRequest,
+    GetVolumeIdsResponse, InitializeMachineRequest, InitializeMachineResponse, ListMachinesRequest,
+    ListMachinesResponse, RequestId, SecretData, USER_DATA_KEY,
+};
+use tracing::{debug, info, warn};
+
+use crate::client::{self, AwsDriverConfig};
+use crate::errors::from_sdk;
+use crate::launch;
+use crate::provider_id::{decode_provider_id, encode_provider_id, volume_id};
+use crate::spec::{self, ProviderSpec, SpecError, SpecProblem};
+use crate::tags::{self, ClusterTags};
+
+/// The AWS driver. Cheap to share: one SDK configuration and HTTP connection pool; each call
+/// builds a client with the class's region and the secret's credentials.
+#[derive(Debug, Clone)]
+pub struct AwsDriver {
+    sdk: SdkConfig,
+    config: AwsDriverConfig,
+}
+
+/// What one driver call works with.
+struct Call<'a> {
+    ec2: Client,
+    spec: ProviderSpec,
+    tags: ClusterTags,
+    request_id: &'a RequestId,
+}
+
+impl AwsDriver {
+    /// A driver with explicit settings (e.g. an endpoint override for tests).
+    pub async fn new(config: AwsDriverConfig) -> AwsDriver {
+        let sdk = client::load_sdk_config(&config).await;
+        AwsDriver { sdk, config }
+    }
+
+    /// A driver with default settings; the endpoint follows `AWS_ENDPOINT_URL_EC2` /
+    /// `AWS_ENDPOINT_URL` when set.
+    pub async fn from_env() -> AwsDriver {
+        AwsDriver::new(AwsDriverConfig::default()).await
+    }
+
+    /// The settings of this driver.
+    pub fn config(&self) -> &AwsDriverConfig {
+        &self.config
+    }
+
+    /// Validates the class and secret (every problem at once) and builds the call's client.
+    fn call<'a>(
+        &self,
+        class: &MachineClass,
+        secret: &SecretData,
+        request_id: &'a RequestId,
+        need_user_data: bool,
+    ) -> Result<Call<'a>, DriverError> {
+        let spec = spec::checked_spec(class, secret, need_user_data).map_err(invalid)?;
+        self.call_with(spec, secret, request_id)
+    }
+
+    /// Like [`Self::call`] but only requires what deletion needs (region, credentials, tags),
+    /// so a class that became invalid does not block deleting its machines.
+    fn deletion_call<'a>(
+        &self,
+        class: &MachineClass,
+        secret: &SecretData,
+        request_id: &'a RequestId,
+    ) -> Result<Call<'a>, DriverError> {
+        let spec = spec::parse_provider_spec(class).map_err(invalid)?;
+        let mut problems = spec::validate_secret(secret, false);
+        if spec.region.trim().is_empty() {
+            problems.push(SpecProblem {
+                field: "providerSpec.region".into(),
+                detail: "is required".into(),
+            });
+        }
+        if !problems.is_empty() {
+            return Err(invalid(SpecError::Invalid(problems)));
+        }
+        self.call_with(spec, secret, request_id)
+    }
+
+    fn call_with<'a>(
+        &self,
+        spec: ProviderSpec,
+        secret: &SecretData,
+        request_id: &'a RequestId,
+    ) -> Result<Call<'a>, DriverError> {
+        let tags = ClusterTags::from_tags(&spec.tags).ok_or_else(|| {
+            invalid(SpecError::Invalid(vec![SpecProblem {
+                field: "providerSpec.tags".into(),
+                detail: "kubernetes.io/cluster/* and kubernetes.io/role/* tags are required".into(),
+            }]))
+        })?;
+        let key = spec::access_key(secret).ok_or_else(|| {
+            DriverError::invalid_argument("the secret has no AWS access key".to_string())
+        })?;
+        let ec2 = client::ec2_client(&self.sdk, &spec.region, &key, request_id);
+        Ok(Call {
+            ec2,
+            spec,
+            tags,
+            request_id,
+        })
+    }
+
+    /// Every page of `DescribeInstances` with `filters`, keeping the instances that carry both
+    /// the cluster and the role tag.
+    async fn describe(
+        &self,
+        call: &Call<'_>,
+        filters: Vec<Filter>,
+    ) -> Result<Vec<Instance>, DriverError> {
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        let page_size = self.config.page_size.clamp(5, 1000);
+        loop {
+            let page = call
+                .ec2
+                .describe_instances()
+                .set_filters(Some(filters.clone()))
+                .max_results(page_size)
+                .set_next_token(token.take())
+                .send()
+                .await
+                .map_err(|e| from_sdk("DescribeInstances", call.request_id, e))?;
+            out.extend(
+                page.reservations()
+                    .iter()
+                    .flat_map(|r| r.instances())
+                    .filter(|i| call.tags.matches(i.tags()))
+                    .cloned(),
+            );
+            match page.next_token() {
+                Some(t) if !t.is_empty() => token = Some(t.to_string()),
+                _ => return Ok(out),
+            }
+        }
+    }
+
+    /// The live instances of a machine.
+    async fn instances_of(
+        &self,
+        call: &Call<'_>,
+        machine: &str,
+    ) -> Result<Vec<Instance>, DriverError> {
+        self.describe(call, call.tags.machine_filters(machine))
+            .await
+    }
+
+    /// The one live instance of a machine: `NotFound` when none, `OutOfRange` when several.
+    async fn the_instance_of(
+        &self,
+        call: &Call<'_>,
+        machine: &str,
+    ) -> Result<Instance, DriverError> {
+        let mut found = self.instances_of(call, machine).await?;
+        match found.len() {
+            0 => Err(DriverError::not_found(format!(
+                "no instance of machine {machine} (tags Name={machine}, {}, {}) in {} (request id {})",
+                call.tags.cluster, call.tags.role, call.spec.region, call.request_id
+            ))),
+            1 => Ok(found.remove(0)),
+            _ => Err(DriverError::new(
+                Code::OutOfRange,
+                format!(
+                    "{} instances back machine {machine}: {} (request id {})",
+                    found.len(),
+                    ids(&found).join(", "),
+                    call.request_id
+                ),
+            )),
+        }
+    }
+
+    /// The root device name of the AMI; `InvalidArgument` when the AMI does not exist.
+    async fn root_device_name(&self, call: &Call<'_>) -> Result<Option<String>, DriverError> {
+        let out = call
+            .ec2
+            .describe_images()
+            .image_ids(&call.spec.ami)
+            .send()
+            .await
+            .map_err(|e| from_sdk("DescribeImages", call.request_id, e))?;
+        let image = out.images().first().ok_or_else(|| {
+            DriverError::invalid_argument(format!(
+                "the AMI {} does not exist in {} (request id {})",
+                call.spec.ami, call.spec.region, call.request_id
+            ))
+        })?;
+        Ok(image.root_device_name().map(String::from))
+    }
+
+    /// Whether the instance does not exist or is terminated already (terminating it again
+    /// is pointless, and moto fails a second termination).
+    async fn is_gone(&self, call: &Call<'_>, instance_id: &str) -> Result<bool, DriverError> {
+        match call
+            .ec2
+            .describe_instances()
+            .instance_ids(instance_id)
+            .send()
+            .await
+        {
+            Ok(out) => Ok(out
+                .reservations()
+                .iter()
+                .flat_map(|r| r.instances())
+                .all(|i| {
+                    matches!(
+                        i.state().and_then(|s| s.name()),
+                        Some(InstanceStateName::Terminated | InstanceStateName::ShuttingDown)
+                    )
+                })),
+            Err(e) => {
+                let e = from_sdk("DescribeInstances", call.request_id, e);
+                if e.is_not_found() { Ok(true) } else { Err(e) }
+            }
+        }
+    }
+
+    async fn terminate(
+        &self,
+        call: &Call<'_>,
+        instance_ids: Vec<String>,
+    ) -> Result<(), DriverError> {
+        if instance_ids.is_empty() {
+            return Ok(());
+        }
+        match call
+            .ec2
+            .terminate_instances()
+            .set_instance_ids(Some(instance_ids.clone()))
+            .send()
+            .await
+        {
+            Ok(_) => {
+                info!(instances = ?instance_ids, request_id = %call.request_id, "terminated");
+                Ok(())
+            }
+            Err(e) => {
+                let e = from_sdk("TerminateInstances", call.request_id, e);
+                if e.is_not_found() {
+                    info!(instances = ?instance_ids, request_id = %call.request_id, "already gone");
+                    Ok(())
+                } else {
+                    Err(e)
+                }
+            }
+        }
+    }
+
+    fn provider_id(&self, call: &Call<'_>, instance: &Instance) -> String {
+        encode_provider_id(
+            &call.spec.region,
+            instance.instance_id().unwrap_or_default(),
+        )
+    }
+}
+
+fn invalid(e: SpecError) -> DriverError {
+    DriverError::invalid_argument(e.to_string()).with_source(e)
+}
+
+fn ids(instances: &[Instance]) -> Vec<String> {
+    instances
+        .iter()
+        .filter_map(|i| i.instance_id())
+        .map(String::from)
+        .collect()
+}
+
+fn machine_name(machine: &Machine) -> Result<&str, DriverError> {
+    machine
+        .metadata
+        .name
+        .as_deref()
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| DriverError::invalid_argument("the machine has no name"))
+}
+
+#[async_trait::async_trait]
+impl Driver for AwsDriver {
+    async fn create_machine(
+        &self,
+        req: CreateMachineRequest,
+    ) -> Result<CreateMachineResponse, DriverError> {
+        let name = machine_name(&req.machine)?;
+        let call = self.call(&req.machine_class, &req.secret, &req.request_id, true)?;
+        let existing = self.instances_of(&call, name).await?;
+        if let Some(instance) = launch::oldest(&existing) {
+            if existing.len() > 1 {
+                warn!(machine = name, instances = ?ids(&existing), request_id = %req.request_id,
+                    "several instances back this machine; returning the oldest");
+            }
+            let provider_id = self.provider_id(&call, instance);
+            info!(machine = name, %provider_id, request_id = %req.request_id, "instance exists already");
+            return Ok(CreateMachineResponse {
+                provider_id,
+                node_name: launch::node_name(instance),
+                last_known_state: None,
+                addresses: launch::addresses(instance),
+            });
+        }
+        let root = self.root_device_name(&call).await?;
+        let user_data = req.secret.get(USER_DATA_KEY).unwrap_or_default();
+        let request = launch::run_instances_request(
+            call.ec2.run_instances(),
+            &call.spec,
+            name,
+            user_data,
+            root.as_deref(),
+            req.request_id.as_str(),
+        )
+        .map_err(|e| DriverError::invalid_argument(e.to_string()).with_source(e))?;
+        let out = request
+            .send()
+            .await
+            .map_err(|e| from_sdk("RunInstances", &req.request_id, e))?;
+        let instance = out.instances().first().ok_or_else(|| {
+            DriverError::internal(format!(
+                "RunInstances returned no instance (request id {})",
+                req.request_id
+            ))
+        })?;
+        let provider_id = self.provider_id(&call, instance);
+        info!(machine = name, %provider_id, request_id = %req.request_id, "instance created");
+        Ok(CreateMachineResponse {
+            provider_id,
+            node_name: launch::node_name(instance),
+            last_known_state: None,
+            addresses: launch::addresses(instance),
+        })
+    }
+
+    async fn initialize_machine(
+        &self,
+        req: InitializeMachineRequest,
+    ) -> Result<InitializeMachineResponse, DriverError> {
+        let name = machine_name(&req.machine)?;
+        let call = self.call(&req.machine_class, &req.secret, &req.request_id, false)?;
+        let instance = self.the_instance_of(&call, name).await?;
+        let id = instance.instance_id().unwrap_or_default().to_string();
+        if launch::needs_initialization(&call.spec, &instance) {
+            call.ec2
+                .modify_instance_attribute()
+                .instance_id(&id)
+                .source_dest_check(AttributeBooleanValue::builder().value(false).build())
+                .send()
+                .await
+                .map_err(|e| from_sdk("ModifyInstanceAttribute", &req.request_id, e))?;
+            info!(machine = name, instance = %id, request_id = %req.request_id, "source/destination check disabled");
+        }
+        Ok(InitializeMachineResponse {
+            provider_id: self.provider_id(&call, &instance),
+            node_name: launch::node_name(&instance),
+        })
+    }
+
+    async fn delete_machine(
+        &self,
+        req: DeleteMachineRequest,
+    ) -> Result<DeleteMachineResponse, DriverError> {
+        let name = machine_name(&req.machine)?;
+        let call = self.deletion_call(&req.machine_class, &req.secret, &req.request_id)?;
+        let ids = match req
+            .machine
+            .spec
+            .provider_id
+            .as_deref()
+            .filter(|p| !p.is_empty())
+        {
+            Some(provider_id) => {
+                let id = decode_provider_id(provider_id)
+                    .map_err(|e| DriverError::invalid_argument(e.to_string()).with_source(e))?;
+                if self.is_gone(&call, id).await? {
+                    info!(machine = name, %provider_id, request_id = %req.request_id, "instance already terminated");
+                    vec![]
+                } else {
+                    vec![id.to_string()]
+                }
+            }
+            None => {
+                let found = self.instances_of(&call, name).await?;
+                debug!(machine = name, instances = ?ids(&found), request_id = %req.request_id, "instances found by tags");
+                ids(&found)
+            }
+        };
+        self.terminate(&call, ids).await?;
+        Ok(DeleteMachineResponse::default())
+    }
+
+    async fn get_machine_status(
+        &self,
+        req: GetMachineStatusRequest,
+    ) -> Result<GetMachineStatusResponse, DriverError> {
+        let name = machine_name(&req.machine)?;
+        let call = self.call(&req.machine_class, &req.secret, &req.request_id, false)?;
+        let instance = self.the_instance_of(&call, name).await?;
+        let provider_id = self.provider_id(&call, &instance);
+        if launch::needs_initialization(&call.spec, &instance) {
+            return Err(DriverError::new(
+                Code::Uninitialized,
+                format!(
+                    "instance {provider_id} still has its source/destination check enabled (request id {})",
+                    req.request_id
+                ),
+            ));
+        }
+        Ok(GetMachineStatusResponse {
+            provider_id,
+            node_name: launch::node_name(&instance),
+            addresses: launch::addresses(&instance),
+            resources: launch::resources(&instance),
+        })
+    }
+
+    async fn list_machines(
+        &self,
+        req: ListMachinesRequest,
+    ) -> Result<ListMachinesResponse, DriverError> {
+        let call = self.call(&req.machine_class, &req.secret, &req.request_id, false)?;
+        let instances = self.describe(&call, call.tags.class_filters()).await?;
+        let mut out = ListMachinesResponse::default();
+        for i in &instances {
+            let provider_id = self.provider_id(&call, i);
+            let name = tags::name_tag(i.tags()).unwrap_or_default().to_string();
+            out.resources
+                .insert(provider_id.clone(), launch::resources(i));
+            out.machines.insert(provider_id, name);
+        }
+        debug!(class = ?req.machine_class.metadata.name, count = out.machines.len(), request_id = %req.request_id, "listed instances");
+        Ok(out)
+    }
+
+    async fn get_volume_ids(
+        &self,
+        req: GetVolumeIdsRequest,
+    ) -> Result<GetVolumeIdsResponse, DriverError> {
+        Ok(GetVolumeIdsResponse {
+            volume_ids: req.pv_specs.iter().filter_map(volume_id).collect(),
+        })
+    }
+}

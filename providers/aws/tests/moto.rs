@@ -1,0 +1,644 @@
+//! The AWS driver against `moto_server` (one server per test process, unique tags and VPCs
+//! per test), plus a scripted fake endpoint for what moto cannot produce (throttling) and for
+//! the request id header.
+
+#[path = "common/moto.rs"]
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use aws_sdk_ec2::types::{Filter, ResourceType, Tag, TagSpecification};
+use base64::Engine as _;
+use common::{REGION, World, moto};
+use mcm_api::{Machine, MachineClass};
+use mcm_driver::{
+    Code, CreateMachineRequest, DeleteMachineRequest, Driver, DriverError, GetMachineStatusRequest,
+    GetVolumeIdsRequest, InitializeMachineRequest, ListMachinesRequest, RequestId, ResourceKind,
+    SecretData,
+};
+use mcm_provider_aws::{AwsDriver, AwsDriverConfig, REQUEST_ID_HEADER, decode_provider_id};
+use serde_json::{Value, json};
+
+const USER_DATA: &str = "#!/bin/bash\necho booting\n";
+
+async fn driver(page_size: i32) -> AwsDriver {
+    AwsDriver::new(AwsDriverConfig {
+        endpoint_url: Some(moto().url.clone()),
+        page_size,
+        max_attempts: Some(1),
+        ..Default::default()
+    })
+    .await
+}
+
+fn class(spec: Value) -> MachineClass {
+    serde_json::from_value(json!({
+        "metadata": { "name": "aws" },
+        "provider": "AWS",
+        "providerSpec": spec,
+    }))
+    .unwrap()
+}
+
+fn secret() -> SecretData {
+    SecretData::from_pairs([
+        ("providerAccessKeyId", "AKIDTEST"),
+        ("providerSecretAccessKey", "secret"),
+        ("userData", USER_DATA),
+    ])
+}
+
+fn machine(name: &str, provider_id: Option<&str>) -> Machine {
+    let mut m = Machine::new(name, Default::default());
+    m.spec.provider_id = provider_id.map(String::from);
+    m
+}
+
+async fn create(
+    d: &AwsDriver,
+    c: &MachineClass,
+    name: &str,
+) -> Result<mcm_driver::CreateMachineResponse, DriverError> {
+    d.create_machine(CreateMachineRequest {
+        machine: machine(name, None),
+        machine_class: c.clone(),
+        secret: secret(),
+        request_id: RequestId::generate(),
+    })
+    .await
+}
+
+async fn status(
+    d: &AwsDriver,
+    c: &MachineClass,
+    name: &str,
+) -> Result<mcm_driver::GetMachineStatusResponse, DriverError> {
+    d.get_machine_status(GetMachineStatusRequest {
+        machine: machine(name, None),
+        machine_class: c.clone(),
+        secret: secret(),
+        request_id: RequestId::generate(),
+    })
+    .await
+}
+
+async fn delete(
+    d: &AwsDriver,
+    c: &MachineClass,
+    name: &str,
+    provider_id: Option<&str>,
+) -> Result<(), DriverError> {
+    d.delete_machine(DeleteMachineRequest {
+        machine: machine(name, provider_id),
+        machine_class: c.clone(),
+        secret: secret(),
+        request_id: RequestId::generate(),
+    })
+    .await
+    .map(drop)
+}
+
+async fn list(d: &AwsDriver, c: &MachineClass) -> std::collections::BTreeMap<String, String> {
+    d.list_machines(ListMachinesRequest {
+        machine_class: c.clone(),
+        secret: secret(),
+        request_id: RequestId::generate(),
+    })
+    .await
+    .unwrap()
+    .machines
+}
+
+fn tag_value<'a>(tags: &'a [Tag], key: &str) -> Option<&'a str> {
+    tags.iter()
+        .find(|t| t.key() == Some(key))
+        .and_then(|t| t.value())
+}
+
+#[tokio::test]
+async fn create_is_idempotent_tags_everything_and_delete_terminates() {
+    let w = World::new("lifecycle").await;
+    let d = driver(1000).await;
+    let c = class(w.provider_spec());
+    let ec2 = moto().ec2();
+
+    let created = create(&d, &c, "m-1").await.unwrap();
+    let id = decode_provider_id(&created.provider_id)
+        .unwrap()
+        .to_string();
+    assert_eq!(created.provider_id, format!("aws:///{REGION}/{id}"));
+    assert!(
+        created.node_name.starts_with("ip-10-") && created.node_name.ends_with(".internal"),
+        "node name is the private DNS name: {}",
+        created.node_name
+    );
+    assert!(created.addresses.iter().any(|a| a.type_ == "InternalIP"));
+
+    // Idempotent: a second create returns the same instance.
+    let again = create(&d, &c, "m-1").await.unwrap();
+    assert_eq!(again.provider_id, created.provider_id);
+    assert_eq!(w.live_instances().await.len(), 1);
+
+    // The instance: tags, AMI, type, subnet, security group, profile, user data, volumes.
+    let described = ec2
+        .describe_instances()
+        .instance_ids(&id)
+        .send()
+        .await
+        .unwrap();
+    let i = &described.reservations()[0].instances()[0];
+    assert_eq!(tag_value(i.tags(), "Name"), Some("m-1"));
+    assert_eq!(tag_value(i.tags(), &w.cluster_tag), Some("1"));
+    assert_eq!(tag_value(i.tags(), &w.role_tag), Some("1"));
+    assert_eq!(tag_value(i.tags(), "team"), Some("mcm"));
+    assert_eq!(i.image_id(), Some(w.ami.as_str()));
+    assert_eq!(i.instance_type().map(|t| t.as_str()), Some("m5.large"));
+    assert_eq!(i.subnet_id(), Some(w.subnet.as_str()));
+    let nic = &i.network_interfaces()[0];
+    assert_eq!(nic.subnet_id(), Some(w.subnet.as_str()));
+    assert!(
+        nic.groups()
+            .iter()
+            .any(|g| g.group_id() == Some(w.security_group.as_str())),
+        "{:?}",
+        nic.groups()
+    );
+    assert!(
+        i.iam_instance_profile()
+            .and_then(|p| p.arn())
+            .is_some_and(|a| a.ends_with(&w.profile)),
+        "{:?}",
+        i.iam_instance_profile()
+    );
+    let user_data = ec2
+        .describe_instance_attribute()
+        .instance_id(&id)
+        .attribute(aws_sdk_ec2::types::InstanceAttributeName::UserData)
+        .send()
+        .await
+        .unwrap();
+    let encoded = user_data.user_data().and_then(|u| u.value()).unwrap();
+    let decoded = base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .unwrap();
+    assert_eq!(String::from_utf8(decoded).unwrap(), USER_DATA);
+    let devices: BTreeSet<_> = i
+        .block_device_mappings()
+        .iter()
+        .filter_map(|b| b.device_name())
+        .collect();
+    assert!(devices.contains("/dev/sdb"), "{devices:?}");
+    let volumes = ec2
+        .describe_volumes()
+        .filters(
+            Filter::builder()
+                .name("attachment.instance-id")
+                .values(&id)
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    assert!(!volumes.volumes().is_empty());
+    assert!(
+        volumes
+            .volumes()
+            .iter()
+            .all(|v| tag_value(v.tags(), "Name") == Some("m-1")),
+        "volumes are tagged: {:?}",
+        volumes.volumes()
+    );
+
+    // Status reports the instance, its NIC and disks.
+    let s = status(&d, &c, "m-1").await.unwrap();
+    assert_eq!(s.provider_id, created.provider_id);
+    assert_eq!(s.node_name, created.node_name);
+    assert!(
+        s.resources
+            .iter()
+            .any(|r| r.kind == ResourceKind::Vm && r.id == id)
+    );
+    assert!(s.resources.iter().any(|r| r.kind == ResourceKind::Disk));
+
+    // Delete by providerID terminates; afterwards the machine is NotFound and deleting again
+    // (by providerID or by tags) is a success.
+    delete(&d, &c, "m-1", Some(&created.provider_id))
+        .await
+        .unwrap();
+    assert!(w.live_instances().await.is_empty());
+    assert_eq!(
+        status(&d, &c, "m-1").await.unwrap_err().code,
+        Code::NotFound
+    );
+    delete(&d, &c, "m-1", Some(&created.provider_id))
+        .await
+        .unwrap();
+    delete(&d, &c, "m-1", None).await.unwrap();
+}
+
+#[tokio::test]
+async fn not_found_paths() {
+    let w = World::new("notfound").await;
+    let d = driver(1000).await;
+    let c = class(w.provider_spec());
+    let err = status(&d, &c, "ghost").await.unwrap_err();
+    assert_eq!(err.code, Code::NotFound);
+    assert!(err.message.contains("ghost"), "{}", err.message);
+    // Deleting what does not exist: by tags, and by a providerID of an unknown instance
+    // (moto answers InvalidInstanceID.NotFound).
+    delete(&d, &c, "ghost", None).await.unwrap();
+    delete(
+        &d,
+        &c,
+        "ghost",
+        Some(&format!("aws:///{REGION}/i-0123456789abcdef0")),
+    )
+    .await
+    .unwrap();
+    let err = d
+        .initialize_machine(InitializeMachineRequest {
+            machine: machine("ghost", None),
+            machine_class: c.clone(),
+            secret: secret(),
+            request_id: RequestId::generate(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, Code::NotFound);
+    // A malformed providerID is the caller's problem.
+    let err = delete(&d, &c, "ghost", Some("gce:///p/z/n"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, Code::InvalidArgument);
+}
+
+#[tokio::test]
+async fn delete_without_provider_id_finds_the_instance_by_tags() {
+    let w = World::new("deltags").await;
+    let d = driver(1000).await;
+    let c = class(w.provider_spec());
+    create(&d, &c, "m-tags").await.unwrap();
+    delete(&d, &c, "m-tags", None).await.unwrap();
+    assert!(w.live_instances().await.is_empty());
+}
+
+#[tokio::test]
+async fn initialize_disables_the_source_destination_check() {
+    let w = World::new("srcdst").await;
+    let d = driver(1000).await;
+    let mut spec = w.provider_spec();
+    spec["srcAndDstChecksEnabled"] = json!(false);
+    let c = class(spec);
+    let created = create(&d, &c, "nat-1").await.unwrap();
+    // Until initialized, status says Uninitialized (the controller then initializes).
+    assert_eq!(
+        status(&d, &c, "nat-1").await.unwrap_err().code,
+        Code::Uninitialized
+    );
+    let init = d
+        .initialize_machine(InitializeMachineRequest {
+            machine: machine("nat-1", None),
+            machine_class: c.clone(),
+            secret: secret(),
+            request_id: RequestId::generate(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(init.provider_id, created.provider_id);
+    let s = status(&d, &c, "nat-1").await.unwrap();
+    assert_eq!(s.provider_id, created.provider_id);
+    let id = decode_provider_id(&created.provider_id).unwrap();
+    let attr = moto()
+        .ec2()
+        .describe_instance_attribute()
+        .instance_id(id)
+        .attribute(aws_sdk_ec2::types::InstanceAttributeName::SourceDestCheck)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        attr.source_dest_check().and_then(|v| v.value()),
+        Some(false)
+    );
+    delete(&d, &c, "nat-1", Some(&created.provider_id))
+        .await
+        .unwrap();
+}
+
+/// Starts an instance directly in moto with `tags` (playing a VM created by someone else).
+async fn run_raw(w: &World, tags: &[(&str, &str)]) -> String {
+    let tags: Vec<Tag> = tags
+        .iter()
+        .map(|(k, v)| Tag::builder().key(*k).value(*v).build())
+        .collect();
+    let out = moto()
+        .ec2()
+        .run_instances()
+        .image_id(&w.ami)
+        .instance_type(aws_sdk_ec2::types::InstanceType::M5Large)
+        .min_count(1)
+        .max_count(1)
+        .subnet_id(&w.subnet)
+        .tag_specifications(
+            TagSpecification::builder()
+                .resource_type(ResourceType::Instance)
+                .set_tags(Some(tags))
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    out.instances()[0].instance_id().unwrap().to_string()
+}
+
+#[tokio::test]
+async fn two_instances_of_one_machine_are_out_of_range_and_create_returns_the_oldest() {
+    let w = World::new("dupes").await;
+    let d = driver(1000).await;
+    let c = class(w.provider_spec());
+    let first = run_raw(
+        &w,
+        &[("Name", "twin"), (&w.cluster_tag, "1"), (&w.role_tag, "1")],
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(1100)).await; // distinct launch times
+    let _second = run_raw(
+        &w,
+        &[("Name", "twin"), (&w.cluster_tag, "1"), (&w.role_tag, "1")],
+    )
+    .await;
+    let err = status(&d, &c, "twin").await.unwrap_err();
+    assert_eq!(err.code, Code::OutOfRange);
+    assert!(err.message.contains(&first), "{}", err.message);
+    let created = create(&d, &c, "twin").await.unwrap();
+    assert_eq!(decode_provider_id(&created.provider_id).unwrap(), first);
+    // Delete by tags terminates both.
+    delete(&d, &c, "twin", None).await.unwrap();
+    assert!(w.live_instances().await.is_empty());
+}
+
+#[tokio::test]
+async fn list_pages_through_the_class_and_checks_the_role_tag_client_side() {
+    let w = World::new("list").await;
+    // Pages of 5 (EC2's minimum) over 12 machines: three pages.
+    let d = driver(5).await;
+    let c = class(w.provider_spec());
+    let mut want = std::collections::BTreeMap::new();
+    for n in 0..12 {
+        let name = format!("pool-{n:02}");
+        let r = create(&d, &c, &name).await.unwrap();
+        want.insert(r.provider_id, name);
+    }
+    // Same cluster but another role, and a terminated machine: not listed.
+    run_raw(
+        &w,
+        &[
+            ("Name", "other-role"),
+            (&w.cluster_tag, "1"),
+            ("kubernetes.io/role/master", "1"),
+        ],
+    )
+    .await;
+    let gone = create(&d, &c, "gone").await.unwrap();
+    delete(&d, &c, "gone", Some(&gone.provider_id))
+        .await
+        .unwrap();
+    // moto pages like EC2: the driver had to follow next tokens.
+    let first_page = moto()
+        .ec2()
+        .describe_instances()
+        .filters(
+            Filter::builder()
+                .name("tag-key")
+                .values(&w.cluster_tag)
+                .build(),
+        )
+        .max_results(5)
+        .send()
+        .await
+        .unwrap();
+    let on_first: usize = first_page
+        .reservations()
+        .iter()
+        .map(|r| r.instances().len())
+        .sum();
+    assert_eq!(on_first, 5);
+    assert!(first_page.next_token().is_some());
+    let listed = list(&d, &c).await;
+    assert_eq!(listed, want);
+    let resources = d
+        .list_machines(ListMachinesRequest {
+            machine_class: c.clone(),
+            secret: secret(),
+            request_id: RequestId::generate(),
+        })
+        .await
+        .unwrap()
+        .resources;
+    assert_eq!(resources.len(), 12);
+    // The same list with one big page.
+    assert_eq!(list(&driver(1000).await, &c).await, want);
+    for (provider_id, name) in &want {
+        delete(&d, &c, name, Some(provider_id)).await.unwrap();
+    }
+    assert!(list(&d, &c).await.is_empty());
+}
+
+#[tokio::test]
+async fn errors_from_moto_and_from_validation_map_to_codes() {
+    let w = World::new("errors").await;
+    let d = driver(1000).await;
+
+    // A missing AMI: EC2's InvalidAMIID.NotFound -> InvalidArgument, with the AWS code and the
+    // SDK error kept.
+    let mut spec = w.provider_spec();
+    spec["ami"] = json!("ami-00000000deadbeef0");
+    let err = create(&d, &class(spec), "bad-ami").await.unwrap_err();
+    assert_eq!(err.code, Code::InvalidArgument, "{}", err.full_message());
+    assert!(
+        err.message.contains("ami-00000000deadbeef0") || err.message.contains("InvalidAMIID"),
+        "{}",
+        err.message
+    );
+    assert!(err.message.contains("request id"), "{}", err.message);
+
+    // A missing subnet: InvalidSubnetID.NotFound from RunInstances.
+    let mut spec = w.provider_spec();
+    spec["networkInterfaces"][0]["subnetID"] = json!("subnet-0000000000000000f");
+    let err = create(&d, &class(spec), "bad-subnet").await.unwrap_err();
+    assert_eq!(err.code, Code::InvalidArgument, "{}", err.full_message());
+    assert!(err.message.contains("RunInstances"), "{}", err.message);
+    assert!(
+        err.message.contains("InvalidSubnetID.NotFound"),
+        "{}",
+        err.message
+    );
+    let source = std::error::Error::source(&err).expect("the SDK error is the source");
+    assert!(
+        source
+            .downcast_ref::<aws_sdk_ec2::error::SdkError<
+                aws_sdk_ec2::operation::run_instances::RunInstancesError,
+                aws_sdk_ec2::config::http::HttpResponse,
+            >>()
+            .is_some(),
+        "{source:?}"
+    );
+
+    // An invalid class and secret: InvalidArgument naming every field, before any EC2 call.
+    let err = d
+        .create_machine(CreateMachineRequest {
+            machine: machine("bad-spec", None),
+            machine_class: class(json!({ "region": REGION, "tags": {} })),
+            secret: SecretData::default(),
+            request_id: RequestId::generate(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code, Code::InvalidArgument);
+    for field in [
+        "providerSpec.ami",
+        "providerSpec.machineType",
+        "providerSpec.iam",
+        "providerSpec.networkInterfaces",
+        "providerSpec.tags",
+        "secretRef.providerAccessKeyId",
+        "secretRef.userData",
+    ] {
+        assert!(err.message.contains(field), "{field} in {}", err.message);
+    }
+    assert!(w.live_instances().await.is_empty());
+}
+
+#[tokio::test]
+async fn volume_ids_of_ebs_persistent_volumes() {
+    let d = AwsDriver::new(AwsDriverConfig::default()).await;
+    let specs: Vec<k8s_openapi::api::core::v1::PersistentVolumeSpec> =
+        serde_json::from_value(json!([
+            { "awsElasticBlockStore": { "volumeID": "aws://eu-west-1a/vol-1" } },
+            { "csi": { "driver": "ebs.csi.aws.com", "volumeHandle": "vol-2" } },
+            { "csi": { "driver": "other.csi", "volumeHandle": "x" } },
+            { "hostPath": { "path": "/tmp" } }
+        ]))
+        .unwrap();
+    let r = d
+        .get_volume_ids(GetVolumeIdsRequest {
+            pv_specs: specs,
+            request_id: RequestId::generate(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(r.volume_ids, vec!["vol-1", "vol-2"]);
+}
+
+/// A scripted EC2 endpoint: answers every request with `status` and an EC2 error `code`,
+/// and records the request heads it saw.
+async fn scripted_endpoint(
+    status: u16,
+    code: &'static str,
+) -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s = seen.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                return;
+            };
+            let s = s.clone();
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                let mut got = Vec::new();
+                // Read the head and the body (Content-Length).
+                loop {
+                    let n = conn.read(&mut buf).await.unwrap_or(0);
+                    if n == 0 {
+                        return;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                    let text = String::from_utf8_lossy(&got).to_string();
+                    if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                        let len = head
+                            .lines()
+                            .find_map(|l| {
+                                let (k, v) = l.split_once(':')?;
+                                k.eq_ignore_ascii_case("content-length")
+                                    .then(|| v.trim().parse::<usize>().ok())?
+                            })
+                            .unwrap_or(0);
+                        if body.len() >= len {
+                            s.lock().unwrap().push(head.to_string());
+                            break;
+                        }
+                    }
+                }
+                let body = format!(
+                    "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<Response><Errors><Error><Code>{code}</Code><Message>scripted {code}</Message></Error></Errors><RequestID>body-req-1</RequestID></Response>"
+                );
+                let resp = format!(
+                    "HTTP/1.1 {status} Scripted\r\nContent-Type: text/xml\r\nx-amzn-requestid: aws-req-42\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = conn.write_all(resp.as_bytes()).await;
+            });
+        }
+    });
+    (url, seen)
+}
+
+#[tokio::test]
+async fn throttling_capacity_and_auth_errors_map_and_every_request_carries_the_request_id() {
+    let spec = json!({
+        "ami": "ami-1", "region": REGION, "machineType": "m5.large", "iam": { "name": "p" },
+        "networkInterfaces": [{ "subnetID": "subnet-1", "securityGroupIDs": ["sg-1"] }],
+        "tags": { "kubernetes.io/cluster/x": "1", "kubernetes.io/role/node": "1" },
+    });
+    for (status, code, want) in [
+        (503, "RequestLimitExceeded", Code::Unavailable),
+        (400, "InsufficientInstanceCapacity", Code::ResourceExhausted),
+        (401, "AuthFailure", Code::Unauthenticated),
+        (403, "UnauthorizedOperation", Code::PermissionDenied),
+        (400, "InvalidInstanceID.NotFound", Code::NotFound),
+    ] {
+        let (url, seen) = scripted_endpoint(status, code).await;
+        let d = AwsDriver::new(AwsDriverConfig {
+            endpoint_url: Some(url),
+            max_attempts: Some(1),
+            ..Default::default()
+        })
+        .await;
+        let request_id = RequestId::from_string(format!("test-{code}"));
+        let err = d
+            .get_machine_status(GetMachineStatusRequest {
+                machine: machine("m", None),
+                machine_class: class(spec.clone()),
+                secret: secret(),
+                request_id: request_id.clone(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, want, "{code}: {}", err.full_message());
+        assert!(err.message.contains(code), "{}", err.message);
+        assert!(
+            err.message.contains("aws-req-42"),
+            "AWS request id: {}",
+            err.message
+        );
+        assert!(err.message.contains(request_id.as_str()), "{}", err.message);
+        if want == Code::Unavailable {
+            assert!(err.retry_after.is_some(), "throttling carries a retry hint");
+        }
+        let heads = seen.lock().unwrap().clone();
+        assert!(!heads.is_empty());
+        for head in heads {
+            assert!(
+                head.to_ascii_lowercase().contains(
+                    &format!("{REQUEST_ID_HEADER}: {}", request_id.as_str()).to_ascii_lowercase()
+                ),
+                "request id header missing in\n{head}"
+            );
+        }
+    }
+}
