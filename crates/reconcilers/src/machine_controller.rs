@@ -175,7 +175,7 @@ pub async fn run(
     ctx.orphan_trigger = handles.orphan_trigger.clone();
     let ctx = Arc::new(ctx);
 
-    // Readiness: every store synced.
+    // Readiness: every store synced; then the orphan collector starts.
     {
         let (m, c, n, s, d) = (
             machines.clone(),
@@ -187,6 +187,9 @@ pub async fn run(
         let va_stores = va.stores();
         let ready = handles.ready.clone();
         let cancel = cancel.clone();
+        let orphan_ctx = ctx.clone();
+        let orphan_period = config.safety.orphan_vms_period;
+        let orphan_trigger = handles.orphan_trigger.clone();
         tasks.spawn(async move {
             let synced = async {
                 let _ = futures::join!(
@@ -200,8 +203,16 @@ pub async fn run(
             };
             tokio::select! {
                 _ = synced => ready.store(true, Ordering::SeqCst),
-                _ = cancel.cancelled() => {}
+                _ = cancel.cancelled() => return,
             }
+            // Orphan collection needs synced stores: it starts only now.
+            safety::run_orphan_collector(
+                orphan_ctx,
+                orphan_period,
+                orphan_trigger,
+                cancel.cancelled_owned(),
+            )
+            .await
         });
     }
 
@@ -246,30 +257,12 @@ pub async fn run(
         });
     }
 
-    // Safety loops.
-    {
-        let (ctx1, ctx2) = (ctx.clone(), ctx.clone());
-        let (c1, c2) = (cancel.clone(), cancel.clone());
-        let period = config.safety.orphan_vms_period;
-        let trigger = handles.orphan_trigger.clone();
-        let safety_settings = config.safety.clone();
-        let ready = handles.ready.clone();
-        tasks.spawn(async move {
-            // Orphan collection only with synced stores.
-            while !ready.load(Ordering::SeqCst) {
-                tokio::select! {
-                    _ = tokio::time::sleep(std::time::Duration::from_millis(200)) => {}
-                    _ = c1.cancelled() => return,
-                }
-            }
-            safety::run_orphan_collector(ctx1, period, trigger, c1.cancelled_owned()).await
-        });
-        tasks.spawn(safety::run_apiserver_check(
-            ctx2,
-            safety_settings,
-            c2.cancelled_owned(),
-        ));
-    }
+    // API-server reachability (the orphan collector starts with readiness, above).
+    tasks.spawn(safety::run_apiserver_check(
+        ctx.clone(),
+        config.safety.clone(),
+        cancel.clone().cancelled_owned(),
+    ));
 
     // The machineclass controller.
     let class_ctx = Arc::new(ClassCtx::new(
