@@ -275,6 +275,23 @@ async fn a_crashed_vm_goes_unknown_then_failed_and_replacements_are_throttled() 
     h.delete_machine(&failed[0]).await;
     h.await_gone(&failed[0], WAIT).await;
     h.await_phase(other, MachinePhase::Failed, WAIT).await;
+    // The recorder has its own watch: let it catch up before reading it.
+    within(WAIT, "the phase recorder to see both failures", async {
+        loop {
+            let done = {
+                let seen = phases.lock().unwrap();
+                ["w1", "w2"].iter().all(|n| {
+                    seen.get(*n)
+                        .is_some_and(|p| p.iter().any(|x| x == "Failed"))
+                })
+            };
+            if done {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    })
+    .await;
     recorder.abort();
     let seen = phases.lock().unwrap().clone();
     for name in ["w1", "w2"] {

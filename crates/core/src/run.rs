@@ -60,8 +60,12 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();
     let mut cause = e.source();
     while let Some(c) = cause {
-        out.push_str(": ");
-        out.push_str(&c.to_string());
+        // Some errors (kube's) repeat their cause in their own message: say it once.
+        let text = c.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
         cause = c.source();
     }
     out

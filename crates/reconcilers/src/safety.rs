@@ -170,16 +170,19 @@ async fn reachable(client: &kube::Client, timeout: Duration) -> bool {
 }
 
 /// Restarts the health timer of every Unknown machine (after an outage their nodes could
-/// not report).
+/// not report). Called while still frozen, and returns once the store shows the new timers
+/// (bounded): a reconcile between unfreezing and the reset, or one reading the old timer from
+/// the store, would mark the machine Failed at once.
 async fn reset_health_timers(ctx: &Ctx) {
     let api: Api<Machine> = Api::namespaced(ctx.control.clone(), &ctx.settings.namespace);
     let now = Timestamp::now().to_string();
+    let mut written = Vec::new();
     for m in ctx.machines.state() {
         if m.phase() == Some(&MachinePhase::Unknown) {
             let patch = json!({ "status": { "currentStatus": {
                 "phase": "Unknown", "timeoutActive": true, "lastUpdateTime": now
             }}});
-            if let Err(e) = api
+            match api
                 .patch_status(
                     &m.name_any(),
                     &PatchParams::default(),
@@ -187,10 +190,43 @@ async fn reset_health_timers(ctx: &Ctx) {
                 )
                 .await
             {
-                tracing::warn!(machine = %m.name_any(), error = %e, "failed to reset the health timer");
+                Ok(updated) => written.push((
+                    kube::runtime::reflector::ObjectRef::from_obj(&updated),
+                    updated.resource_version(),
+                )),
+                Err(e) => {
+                    tracing::warn!(machine = %m.name_any(), error = %e, "failed to reset the health timer")
+                }
             }
         }
     }
+    let reflected = async {
+        for (r, version) in &written {
+            while ctx
+                .machines
+                .get(r)
+                .is_some_and(|m| m.resource_version() != *version && !newer(&m, version))
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    if tokio::time::timeout(Duration::from_secs(5), reflected)
+        .await
+        .is_err()
+    {
+        tracing::warn!("the machine store did not show the reset health timers within 5s");
+    }
+}
+
+/// Whether the store's object is newer than `version` (resource versions are opaque, but
+/// etcd's are increasing integers; anything unparsable counts as not newer).
+fn newer(m: &Machine, version: &Option<String>) -> bool {
+    let parse = |v: Option<&str>| v.and_then(|v| v.parse::<u64>().ok());
+    matches!(
+        (parse(m.metadata.resource_version.as_deref()), parse(version.as_deref())),
+        (Some(a), Some(b)) if a > b
+    )
 }
 
 /// Probes both API servers every `period`; freezes after `timeout` of unreachability and
@@ -223,6 +259,10 @@ pub async fn run_apiserver_check(
                 now,
                 settings.apiserver_statuscheck_timeout,
             );
+            if !freeze && ctx.freeze.is_frozen() {
+                // Still frozen: restart the health timers first, then unfreeze.
+                reset_health_timers(&ctx).await;
+            }
             let was = ctx.freeze.set(freeze);
             ctx.metrics.frozen.set(i64::from(freeze));
             match (was, freeze) {
@@ -232,7 +272,6 @@ pub async fn run_apiserver_check(
                 ),
                 (true, false) => {
                     tracing::info!("API servers reachable again: machine controller unfrozen");
-                    reset_health_timers(&ctx).await;
                 }
                 _ => {}
             }

@@ -402,9 +402,14 @@ pub fn record_phases(api: Api<Machine>) -> (tokio::task::JoinHandle<()>, PhaseLo
     let seen: PhaseLog = Default::default();
     let s = seen.clone();
     let task = tokio::spawn(async move {
-        let stream = kube::runtime::watcher(api, Default::default());
+        // A watch error must not end the recording: retry with backoff.
+        let stream = kube::runtime::WatchStreamExt::default_backoff(kube::runtime::watcher(
+            api,
+            Default::default(),
+        ));
         futures::pin_mut!(stream);
-        while let Some(Ok(ev)) = stream.next().await {
+        while let Some(ev) = stream.next().await {
+            let Ok(ev) = ev else { continue };
             if let kube::runtime::watcher::Event::Apply(m)
             | kube::runtime::watcher::Event::InitApply(m) = ev
             {
@@ -425,4 +430,237 @@ pub fn record_phases(api: Api<Machine>) -> (tokio::task::JoinHandle<()>, PhaseLo
 /// The path of a file in `dir`.
 pub fn path_in(dir: &Path, name: &str) -> PathBuf {
     dir.join(name)
+}
+
+impl ControllerProcess {
+    /// The pid of the controller process.
+    pub fn pid(&self) -> u32 {
+        self.child.id().unwrap_or(0)
+    }
+
+    /// The value of one metric (summed over label sets), 0 when absent.
+    pub async fn metric(&self, name: &str) -> f64 {
+        metric(&self.metrics().await, name).unwrap_or(0.0)
+    }
+
+    /// Waits until `/metrics` shows `name` (summed over label sets; 0 when absent)
+    /// satisfying `pred`; polls every 200 ms.
+    pub async fn await_metric(
+        &self,
+        name: &str,
+        timeout: Duration,
+        pred: impl Fn(f64) -> bool,
+    ) -> f64 {
+        within(timeout, &format!("metric {name}"), async {
+            loop {
+                let v = self.metric(name).await;
+                if pred(v) {
+                    return v;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        })
+        .await
+    }
+
+    /// The HTTP status code of a GET on the controller's endpoint.
+    pub async fn status_of(&self, path: &str) -> Option<u16> {
+        http_status(self.port, path).await
+    }
+}
+
+/// The HTTP status code of a GET on 127.0.0.1:`port`.
+pub async fn http_status(port: u16, path: &str) -> Option<u16> {
+    let text = http_get(port, path).await?;
+    text.lines().next()?.split(' ').nth(1)?.parse().ok()
+}
+
+/// The value of a metric line with the label `label="value"`, 0 when absent.
+pub fn metric_with(text: &str, name: &str, label: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Whether a process is alive (exists and is not a zombie).
+pub fn process_alive(pid: i32) -> bool {
+    state::read_proc_stat(pid).is_some_and(|s| s.state != 'Z' && s.state != 'X')
+}
+
+/// SIGKILLs a process.
+pub fn sigkill(pid: i32) {
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+}
+
+impl Harness {
+    /// The live `local-node` processes started for `machine` from this harness's state
+    /// directory, found in /proc (recorded or not).
+    pub fn vm_pids(&self, machine: &str) -> Vec<i32> {
+        let dir = self.state_dir.path().to_string_lossy().into_owned();
+        let Ok(entries) = std::fs::read_dir("/proc") else {
+            return vec![];
+        };
+        let mut pids: Vec<i32> = entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|pid| {
+                let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+                    return false;
+                };
+                let args: Vec<String> = raw
+                    .split(|b| *b == 0)
+                    .map(|a| String::from_utf8_lossy(a).into_owned())
+                    .collect();
+                args.first().is_some_and(|a| a.ends_with("local-node"))
+                    && args
+                        .windows(2)
+                        .any(|w| w[0] == "--machine-name" && w[1] == machine)
+                    && args.iter().any(|a| a.starts_with(&dir))
+            })
+            .filter(|pid| process_alive(*pid))
+            .collect();
+        pids.sort();
+        pids
+    }
+
+    /// The pid of the recorded VM of `machine`.
+    pub fn vm_pid(&self, machine: &str) -> i32 {
+        self.state()
+            .read(machine)
+            .unwrap()
+            .unwrap_or_else(|| panic!("no VM record for {machine}"))
+            .pid
+    }
+
+    /// Crashes the VM of `machine` (kill -9).
+    pub fn kill_vm(&self, machine: &str) {
+        sigkill(self.vm_pid(machine));
+    }
+
+    /// Kills any `local-node` process of `machines` (recorded or not) — for tests that may
+    /// leave an unrecorded VM behind when they fail.
+    pub fn kill_vm_processes(&self, machines: &[&str]) {
+        for m in machines {
+            for pid in self.vm_pids(m) {
+                sigkill(pid);
+            }
+        }
+    }
+
+    /// Waits until the Node satisfies `pred` (`None`: no such Node).
+    pub async fn await_node(
+        &self,
+        name: &str,
+        timeout: Duration,
+        what: &str,
+        pred: impl Fn(Option<&Node>) -> bool + Send + 'static,
+    ) -> Option<Node> {
+        within(timeout, what, await_condition(self.nodes(), name, pred))
+            .await
+            .unwrap()
+    }
+
+    /// Waits until every machine in `names` is in `phase` (polling the list every 500 ms).
+    pub async fn await_all_phase(&self, names: &[String], phase: MachinePhase, timeout: Duration) {
+        within(
+            timeout,
+            &format!("{} machines to become {}", names.len(), phase.as_str()),
+            async {
+                loop {
+                    let list = self.machines().list(&Default::default()).await.unwrap();
+                    let done = names.iter().all(|n| {
+                        list.items.iter().any(|m| {
+                            m.metadata.name.as_deref() == Some(n.as_str())
+                                && m.phase() == Some(&phase)
+                        })
+                    });
+                    if done {
+                        return;
+                    }
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+            },
+        )
+        .await
+    }
+
+    /// A kubeconfig like the admin one whose server is `server` (e.g. a proxy), written to
+    /// the log directory; returns its path.
+    pub fn kubeconfig_via(&self, server: &str, file: &str) -> PathBuf {
+        let text = self.kubeconfig().replace(self.env.server_url(), server);
+        assert!(text.contains(server), "the kubeconfig names the server");
+        let path = self.logs.path().join(file);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+}
+
+/// A TCP proxy on 127.0.0.1 in front of an upstream address that a test can cut (close all
+/// connections and refuse new ones) and restore.
+pub struct Proxy {
+    pub port: u16,
+    upstream: std::net::SocketAddr,
+    running: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Proxy {
+    /// Starts proxying `upstream` on a free port.
+    pub async fn start(upstream: std::net::SocketAddr) -> Proxy {
+        let p = Proxy {
+            port: free_port(),
+            upstream,
+            running: Default::default(),
+        };
+        p.restore();
+        p
+    }
+
+    /// Accepts connections (again).
+    pub fn restore(&self) {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_reuseaddr(true).unwrap();
+        socket
+            .bind(std::net::SocketAddr::from(([127, 0, 0, 1], self.port)))
+            .expect("the proxy port can be bound again");
+        let listener = socket.listen(128).unwrap();
+        let upstream = self.upstream;
+        let task = tokio::spawn(async move {
+            // Aborting this task drops the JoinSet, which aborts (and closes) every
+            // connection.
+            let mut conns = tokio::task::JoinSet::new();
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    continue;
+                };
+                conns.spawn(async move {
+                    if let Ok(mut out) = tokio::net::TcpStream::connect(upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                    }
+                });
+                while conns.try_join_next().is_some() {}
+            }
+        });
+        *self.running.lock().unwrap() = Some(task);
+    }
+
+    /// Closes every connection and the listener (new connections are refused).
+    pub async fn cut(&self) {
+        let task = self.running.lock().unwrap().take();
+        if let Some(task) = task {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        if let Some(t) = self.running.lock().unwrap().take() {
+            t.abort();
+        }
+    }
 }

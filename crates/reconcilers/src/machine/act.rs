@@ -70,17 +70,36 @@ pub async fn add_finalizer(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
 }
 
 /// Removes our finalizer (the last step of deletion).
+///
+/// The deletion wrote the Machine's status on the way (Terminating, drain results), so the
+/// resourceVersion of `m` is stale by now: guarding the patch with it failed with a conflict
+/// on every deletion and cost a second full deletion pass. The finalizers are read again and
+/// the patch is guarded by the fresh version (someone else may be editing finalizers).
 async fn remove_finalizer(ctx: &Ctx, m: &Machine) -> Result<(), Error> {
-    let list: Vec<String> = m
+    let api = machine_api(ctx);
+    let current = match api.get_opt(&name(m)).await {
+        Ok(Some(c)) if c.uid() == m.uid() => c,
+        // Gone, or a new Machine of the same name: nothing of ours to remove.
+        Ok(_) => return Ok(()),
+        Err(e) => return Err(Error::kube("read the machine", e)),
+    };
+    if !current
+        .finalizers()
+        .iter()
+        .any(|f| f == finalizers::MACHINE_CONTROLLER)
+    {
+        return Ok(());
+    }
+    let list: Vec<String> = current
         .finalizers()
         .iter()
         .filter(|f| *f != finalizers::MACHINE_CONTROLLER)
         .cloned()
         .collect();
     let patch = json!({
-        "metadata": { "finalizers": list, "resourceVersion": m.resource_version() }
+        "metadata": { "finalizers": list, "resourceVersion": current.resource_version() }
     });
-    match machine_api(ctx)
+    match api
         .patch(&name(m), &PatchParams::default(), &Patch::Merge(&patch))
         .await
     {

@@ -1,0 +1,251 @@
+//! The controller is SIGKILLed at each step of a deletion (and right after a creation) and
+//! restarted: the work resumes without leaking, re-creating or double-deleting a VM.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use k8s_openapi::api::core::v1::Node;
+use kube::runtime::wait::await_condition;
+use mcm_api::constants::node_conditions;
+use mcm_api::{Machine, MachinePhase};
+use serde_json::json;
+
+fn node_terminating(n: &Node) -> bool {
+    let cordoned = n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+    let condition = n
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| {
+            c.iter()
+                .any(|c| c.type_ == node_conditions::TERMINATING && c.status == "True")
+        });
+    cordoned || condition
+}
+
+#[tokio::test]
+async fn a_deletion_interrupted_at_every_step_finishes_without_leaks() {
+    let h = Harness::new("restart-del", json!({})).await;
+    let mc = h.spawn_controller("mc-1", &[]);
+    h.create_machine("bystander", "local").await;
+    h.create_machine("victim", "local").await;
+    h.await_phase("bystander", MachinePhase::Running, WAIT)
+        .await;
+    h.await_phase("victim", MachinePhase::Running, WAIT).await;
+    let bystander_pid = h.vm_pid("bystander");
+    let victim_pid = h.vm_pid("victim");
+    assert_eq!(h.vm_pids("victim"), vec![victim_pid]);
+
+    h.delete_machine("victim").await;
+
+    // (a) Terminating.
+    h.await_phase("victim", MachinePhase::Terminating, WAIT)
+        .await;
+    mc.kill().await;
+    let node = h.nodes().get_opt("victim").await.unwrap();
+    eprintln!(
+        "(a) killed at Terminating; node already marked: {}",
+        node.as_ref().is_some_and(node_terminating)
+    );
+    assert!(
+        process_alive(victim_pid),
+        "(a) the VM must not be gone before the node was drained"
+    );
+
+    // (b) the Node carries the Terminating condition / is cordoned.
+    let mc = h.spawn_controller("mc-2", &[]);
+    h.await_node(
+        "victim",
+        WAIT,
+        "the node to be marked Terminating",
+        |n: Option<&Node>| n.is_none_or(node_terminating),
+    )
+    .await;
+    mc.kill().await;
+    eprintln!(
+        "(b) killed with the node marked; VM alive: {}",
+        process_alive(victim_pid)
+    );
+
+    // (c) the VM process is gone while the Machine still exists. The window (between the
+    // driver stopping the process and the finalizer's removal, a few API calls) is short:
+    // poll /proc every 2 ms and kill at once; whether the Machine still existed is reported.
+    let mc = h.spawn_controller("mc-3", &[]);
+    within(WAIT, "the VM process to stop", async {
+        while process_alive(victim_pid) {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
+    mc.kill().await;
+    let still_there = h.machines().get_opt("victim").await.unwrap();
+    eprintln!(
+        "(c) killed after the VM stopped; machine still present: {}, VM record present: {}",
+        still_there.is_some(),
+        h.vm_records().contains(&"victim".to_string())
+    );
+
+    // Restart: the deletion finishes.
+    let mc = h.spawn_controller("mc-4", &[]);
+    h.await_gone("victim", WAIT).await;
+    h.await_node("victim", WAIT, "the node to be deleted", |n| n.is_none())
+        .await;
+    assert!(
+        !h.vm_records().contains(&"victim".to_string()),
+        "VM record leaked: {:?}",
+        h.vm_records()
+    );
+    assert!(h.vm_pids("victim").is_empty(), "VM process leaked");
+
+    // The other machine's VM was never touched.
+    assert_eq!(h.vm_records(), vec!["bystander".to_string()]);
+    assert_eq!(h.vm_pids("bystander"), vec![bystander_pid]);
+    let b = h.machines().get("bystander").await.unwrap();
+    assert_eq!(b.phase(), Some(&MachinePhase::Running));
+    assert!(b.metadata.deletion_timestamp.is_none());
+    assert_eq!(
+        mc.metric("mcm_machine_vm_creations_total").await,
+        0.0,
+        "no VM may be created by a restarted controller"
+    );
+
+    h.delete_machine("bystander").await;
+    h.await_gone("bystander", WAIT).await;
+    assert!(h.vm_pids("bystander").is_empty());
+}
+
+#[tokio::test]
+async fn a_controller_killed_right_after_creating_a_vm_adopts_it_after_restart() {
+    let h = Harness::new("restart-create", json!({})).await;
+    let mc = h.spawn_controller("mc-1", &[]);
+    h.create_machine("adoptee", "local").await;
+    // Kill the controller as soon as the VM is recorded (before its providerID is on the
+    // Machine, as a rule: that is one patch later).
+    within(WAIT, "the VM to be recorded", async {
+        while h.state().read("adoptee").ok().flatten().is_none() {
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    })
+    .await;
+    mc.kill().await;
+    let record = h.state().read("adoptee").unwrap().unwrap();
+    let m: Machine = h.machines().get("adoptee").await.unwrap();
+    let provider_id_recorded = m.spec.provider_id.is_some();
+    eprintln!(
+        "killed with the VM recorded; phase {:?}, providerID recorded: {provider_id_recorded}",
+        m.phase()
+    );
+    assert_ne!(
+        m.phase(),
+        Some(&MachinePhase::Running),
+        "the kill came before Running"
+    );
+
+    let mc = h.spawn_controller("mc-2", &[]);
+    h.await_phase("adoptee", MachinePhase::Running, WAIT).await;
+    let pids = h.vm_pids("adoptee");
+    // A second (unrecorded) VM would outlive the harness: kill it before asserting.
+    for pid in pids.iter().filter(|p| **p != record.pid) {
+        sigkill(*pid);
+    }
+    assert_eq!(
+        pids,
+        vec![record.pid],
+        "exactly the first VM runs for the machine"
+    );
+    assert_eq!(h.vm_pid("adoptee"), record.pid);
+    assert_eq!(
+        mc.metric("mcm_machine_vm_creations_total").await,
+        0.0,
+        "the restarted controller created a second VM"
+    );
+    if !provider_id_recorded {
+        assert_eq!(
+            mc.metric("mcm_machine_vm_adoptions_total").await,
+            1.0,
+            "the VM is adopted"
+        );
+    }
+    let running: Machine = h.machines().get("adoptee").await.unwrap();
+    assert_eq!(
+        running.spec.provider_id.as_deref(),
+        Some(record.provider_id.as_str())
+    );
+
+    h.delete_machine("adoptee").await;
+    h.await_gone("adoptee", WAIT).await;
+    within(
+        WAIT,
+        "the node to be deleted",
+        await_condition(h.nodes(), "adoptee", |n: Option<&Node>| n.is_none()),
+    )
+    .await
+    .unwrap();
+    let leftover = h.vm_pids("adoptee");
+    h.kill_vm_processes(&["adoptee"]);
+    assert!(leftover.is_empty(), "VM processes left: {leftover:?}");
+}
+
+/// The state a crash leaves between "VM created" and "providerID recorded", made
+/// deterministically (the kill above usually lands after the providerID patch): the VM of a
+/// Machine exists, created with the Machine's bootstrap token, but the Machine does not know
+/// it. The controller must adopt it, not start a second one.
+#[tokio::test]
+async fn a_vm_created_before_a_crash_is_adopted_not_duplicated() {
+    use mcm_driver::{CreateMachineRequest, Driver, RequestId, SecretData};
+    use mcm_provider_local::{LocalDriver, LocalDriverConfig};
+    use mcm_reconcilers::machine::token;
+
+    let h = Harness::new("restart-adopt", json!({})).await;
+    let machine = h.create_machine("orphaned", "local").await;
+    // What the controller did before "crashing": the bootstrap token, then the VM.
+    let id = token::token_id(&h.ns, "orphaned");
+    let secret = token::token_secret(
+        &id,
+        &token::random_secret(),
+        "orphaned",
+        token::expiry(jiff::Timestamp::now(), Duration::from_secs(600)),
+        "",
+    );
+    let bootstrap = token::token_of(&secret).unwrap();
+    kube::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(
+        h.client.clone(),
+        token::TOKEN_NAMESPACE,
+    )
+    .create(&Default::default(), &secret)
+    .await
+    .unwrap();
+    let user_data = token::render_user_data(USER_DATA, &bootstrap, "orphaned");
+    let kubeconfig = h.kubeconfig();
+    LocalDriver::new(LocalDriverConfig {
+        node_binary: node_binary(),
+    })
+    .create_machine(CreateMachineRequest {
+        machine,
+        machine_class: h.classes().get("local").await.unwrap(),
+        secret: SecretData::from_pairs([
+            ("kubeconfig", kubeconfig.as_str()),
+            ("userData", user_data.as_str()),
+        ]),
+        request_id: RequestId::generate(),
+    })
+    .await
+    .unwrap();
+    let pid = h.vm_pid("orphaned");
+
+    let mc = h.spawn_controller("mc", &[]);
+    h.await_phase("orphaned", MachinePhase::Running, WAIT).await;
+    let pids = h.vm_pids("orphaned");
+    for p in pids.iter().filter(|p| **p != pid) {
+        sigkill(*p);
+    }
+    assert_eq!(pids, vec![pid], "exactly the first VM runs for the machine");
+    assert_eq!(mc.metric("mcm_machine_vm_adoptions_total").await, 1.0);
+    assert_eq!(mc.metric("mcm_machine_vm_creations_total").await, 0.0);
+
+    h.delete_machine("orphaned").await;
+    h.await_gone("orphaned", WAIT).await;
+    assert!(h.vm_pids("orphaned").is_empty());
+}
