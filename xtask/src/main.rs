@@ -1,6 +1,9 @@
 //! Project automation: `cargo xtask <command>`.
 
+mod bench;
 mod crds;
+mod demo;
+mod e2e;
 mod testenv;
 
 use anyhow::Result;
@@ -38,6 +41,28 @@ enum Cmd {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
+    /// Start a local cluster with both controllers, 3 local machines and a workload, and
+    /// show them live until Ctrl-C (see docs/demo.md).
+    Demo {
+        /// Exit 0 once the machines are Running and the workload is available, non-zero
+        /// after the timeout; clean up either way.
+        #[arg(long)]
+        exit_when_ready: bool,
+        /// Seconds `--exit-when-ready` waits.
+        #[arg(long, default_value_t = 180)]
+        timeout: u64,
+    },
+    /// Run the end-to-end scenarios (control plane, both controllers, local VMs).
+    E2e {
+        /// Run only this scenario.
+        #[arg(long, value_enum)]
+        scenario: Option<e2e::Scenario>,
+        /// Keep the logs directory even when every scenario passes.
+        #[arg(long)]
+        keep_logs: bool,
+    },
+    /// Run the benchmarks (for now the drain benchmark of mcm-drain) and print their output.
+    Bench,
 }
 
 fn main() -> Result<()> {
@@ -45,6 +70,15 @@ fn main() -> Result<()> {
         Cmd::Crds { check } => crds::run(check),
         Cmd::Testenv { print_env, force } => testenv::run(print_env, force),
         Cmd::Test { args } => test(&args),
+        Cmd::Demo {
+            exit_when_ready,
+            timeout,
+        } => demo::run(exit_when_ready, std::time::Duration::from_secs(timeout)),
+        Cmd::E2e {
+            scenario,
+            keep_logs,
+        } => e2e::run(scenario, keep_logs),
+        Cmd::Bench => bench::run(),
     }
 }
 

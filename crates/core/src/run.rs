@@ -81,9 +81,12 @@ pub fn init_logging(common: &CommonOptions) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         tracing_subscriber::EnvFilter::new(format!("{level},kube=warn,hyper=warn,tower=warn"))
     });
+    // Colours only on a terminal: log files and collectors get plain text.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stdout());
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_target(false);
+        .with_target(false)
+        .with_ansi(ansi);
     // A second initialisation (tests running several controllers) is not an error.
     let _ = if common.log_format == "json" {
         builder.json().try_init()

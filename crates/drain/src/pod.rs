@@ -54,7 +54,18 @@ pub(crate) async fn drain_pod(ctx: &Ctx<'_>, plan: PodPlan) -> PodReport {
     } = plan;
     let mut report = PodReport::new(pod_key(&pod));
 
-    if wait_only {
+    if wait_only && ctx.options.force {
+        // Terminating already, but force mode does not wait: a pod on a dead node would stay
+        // Terminating forever, bound to a Node that is about to be deleted.
+        let t = Instant::now();
+        let deleted = delete_pod(ctx, &pod).await;
+        report.span(Phase::Evict, t.into_std());
+        report.removal = match deleted {
+            Ok(true) => Removal::Deleted(DeleteReason::Force),
+            Ok(false) => Removal::AlreadyGone,
+            Err(failure) => return report.fail(failure),
+        };
+    } else if wait_only {
         report.removal = Removal::AlreadyGone;
     } else {
         let t = Instant::now();

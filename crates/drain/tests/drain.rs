@@ -172,6 +172,37 @@ async fn pdb_blocks_eviction_until_the_replacement_is_ready() -> anyhow::Result<
     Ok(())
 }
 
+/// A node whose kubelet died: an evicted pod stays Terminating. Force mode deletes it (grace
+/// period 0) instead of leaving it bound to a node that is about to go.
+#[tokio::test]
+async fn force_mode_removes_pods_stuck_terminating() -> anyhow::Result<()> {
+    let (client, ns) = setup("drain-stuck").await?;
+    let reflector = start_volume_attachment_reflector(client.clone());
+    let node = node_name("n", &ns);
+    let kubelet = FakeKubelet::start(client.clone(), &node, kubelet_options(&ns)).await?;
+    create_pod(&client, &ns, "web-0", &node, &[("app", "web")], None).await?;
+    wait_ready(&client, &ns, 1).await?;
+    // The kubelet dies; an eviction leaves the pod Terminating.
+    drop(kubelet);
+    let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    api.delete("web-0", &kube::api::DeleteParams::default())
+        .await?;
+    let pod = api.get("web-0").await?;
+    assert!(pod.metadata.deletion_timestamp.is_some(), "terminating");
+
+    let mut force = options(Duration::from_secs(30));
+    force.force = true;
+    let outcome = drain(client.clone(), &node, &force, &reflector.stores()).await?;
+    assert_eq!(outcome.deleted.len(), 1, "{outcome:?}");
+    assert_eq!(outcome.deleted[0].reason, DeleteReason::Force);
+    eventually(Duration::from_secs(10), "the stuck pod gone", || {
+        let api = api.clone();
+        async move { Ok(api.get_opt("web-0").await?.is_none()) }
+    })
+    .await?;
+    Ok(())
+}
+
 #[tokio::test]
 async fn misconfigured_pdb_is_reported_by_name() -> anyhow::Result<()> {
     let (client, ns) = setup("drain-misconf").await?;

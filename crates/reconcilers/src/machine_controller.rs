@@ -193,12 +193,12 @@ pub async fn run(
         tasks.spawn(async move {
             let synced = async {
                 let _ = futures::join!(
-                    m.wait_until_ready(),
-                    c.wait_until_ready(),
-                    n.wait_until_ready(),
-                    s.wait_until_ready(),
-                    d.wait_until_ready(),
-                    va_stores.volume_attachments.wait_until_ready(),
+                    crate::store_ready(&m),
+                    crate::store_ready(&c),
+                    crate::store_ready(&n),
+                    crate::store_ready(&s),
+                    crate::store_ready(&d),
+                    crate::store_ready(&va_stores.volume_attachments),
                 );
             };
             tokio::select! {

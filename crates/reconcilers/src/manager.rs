@@ -170,25 +170,25 @@ pub fn run_manager(
             let ready = config.ready.clone();
             tokio::spawn(async move {
                 let synced = async {
-                    m.wait_until_ready()
+                    crate::store_ready(&m)
                         .await
                         .map_err(|source| ManagerError::StoreDropped {
                             kind: "Machine",
                             source,
                         })?;
-                    s.wait_until_ready()
+                    crate::store_ready(&s)
                         .await
                         .map_err(|source| ManagerError::StoreDropped {
                             kind: "MachineSet",
                             source,
                         })?;
-                    d.wait_until_ready()
+                    crate::store_ready(&d)
                         .await
                         .map_err(|source| ManagerError::StoreDropped {
                             kind: "MachineDeployment",
                             source,
                         })?;
-                    n.wait_until_ready()
+                    crate::store_ready(&n)
                         .await
                         .map_err(|source| ManagerError::StoreDropped {
                             kind: "Node",

@@ -1,0 +1,32 @@
+//! `cargo xtask bench`: runs the project's benchmarks and passes their output through.
+//!
+//! For now that is the drain benchmark of `mcm-drain` (a node with 50 pods with volumes,
+//! drained serially and in parallel against a real control plane); it prints its own wall
+//! times. The scale-out and rollout benchmarks of ARCHITECTURE.md section 11 do not exist yet.
+
+use std::process::Command;
+
+use anyhow::{Context, Result, bail};
+
+/// The benchmarks run, as `(package, bench target)`.
+const BENCHES: [(&str, &str); 1] = [("mcm-drain", "drain")];
+
+/// Makes sure the control plane exists, then runs every benchmark.
+pub fn run() -> Result<()> {
+    if std::env::var_os(mcm_testenv::binaries::ASSETS_ENV).is_none() {
+        crate::testenv::run(false, false)?;
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    for (package, bench) in BENCHES {
+        println!("== cargo bench -p {package} --bench {bench}");
+        let status = Command::new(&cargo)
+            .current_dir(crate::crds::workspace_root())
+            .args(["bench", "-p", package, "--bench", bench])
+            .status()
+            .with_context(|| format!("cannot run {cargo}"))?;
+        if !status.success() {
+            bail!("benchmark {package}/{bench} failed ({status})");
+        }
+    }
+    Ok(())
+}

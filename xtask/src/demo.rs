@@ -1,0 +1,552 @@
+//! `cargo xtask demo`: a local cluster with both controllers, three local machines and a
+//! workload, shown live until Ctrl-C (see docs/demo.md).
+//!
+//! Set-up: control-plane binaries (`cargo xtask testenv`), `cargo build --bins`, the control
+//! plane in this process, `machine-controller-manager` and `machine-controller-local` as
+//! processes, then `docs/examples/*.yaml` applied. Everything lives in `target/demo/`: the
+//! controllers' logs in `logs/`, the VM records and VM logs in `vms/`. Ctrl-C (or SIGTERM)
+//! stops every process and checks that none is left.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{IsTerminal, Write as _};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, anyhow, bail};
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::Api;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use mcm_api::{Machine, MachinePhase};
+use mcm_provider_local::StateDirectory;
+use mcm_testenv::ControlPlane;
+use tokio::sync::Notify;
+
+use crate::e2e::env::{
+    self, Binaries, Controller, ControllerKind, ControllerSpec, kill_vms, processes_mentioning,
+};
+
+/// The namespace of `docs/examples/`.
+const NAMESPACE: &str = "mcm-demo";
+/// The MachineDeployment of `docs/examples/` and its replicas.
+const DEPLOYMENT: &str = "workers";
+const MACHINES: usize = 3;
+/// The workload Deployment of `docs/examples/` and its replicas.
+const WORKLOAD: &str = "web";
+const WORKLOAD_REPLICAS: i32 = 3;
+
+/// Runs the demo; with `exit_when_ready`, a one-shot check bounded by `timeout`.
+pub fn run(exit_when_ready: bool, timeout: Duration) -> Result<()> {
+    env::plain_logs_for_children();
+    let bins = env::prepare_binaries()?;
+    let dir = env::target_dir().join("demo");
+    reset_dir(&dir)?;
+    let runtime = tokio::runtime::Runtime::new()?;
+    let mode = if exit_when_ready {
+        Mode::ExitWhenReady(timeout)
+    } else {
+        Mode::Live
+    };
+    runtime.block_on(demo(&bins, &dir, mode))
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Mode {
+    Live,
+    ExitWhenReady(Duration),
+}
+
+/// Removes what an earlier demo left (killing its VMs, should it have died without
+/// cleaning up) and creates `logs/` and `vms/`.
+fn reset_dir(dir: &Path) -> Result<()> {
+    let killed = kill_vms(&StateDirectory::new(dir.join("vms")));
+    if !killed.is_empty() {
+        eprintln!("killed {} VMs left by an earlier demo", killed.len());
+    }
+    if dir.exists() {
+        std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
+    }
+    for sub in ["logs", "vms"] {
+        let d = dir.join(sub);
+        std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
+    }
+    Ok(())
+}
+
+/// Starts everything, runs until done or interrupted, and always stops everything.
+async fn demo(bins: &Binaries, dir: &Path, mode: Mode) -> Result<()> {
+    let cp = env::start_control_plane().await?;
+    let mut controllers = Vec::new();
+    let result = tokio::select! {
+        r = run_demo(&cp, bins, dir, mode, &mut controllers) => r,
+        signal = interrupted() => {
+            println!("\n{signal}: stopping the demo");
+            Ok(())
+        }
+    };
+    if let Err(e) = &result {
+        println!("\ndemo failed: {e:#}");
+    }
+    let stopped = shutdown(cp, controllers, dir).await;
+    result.and(stopped)
+}
+
+/// Resolves on Ctrl-C or SIGTERM, naming it.
+async fn interrupted() -> &'static str {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => "Ctrl-C",
+        _ = term => "SIGTERM",
+    }
+}
+
+async fn run_demo(
+    cp: &ControlPlane,
+    bins: &Binaries,
+    dir: &Path,
+    mode: Mode,
+    controllers: &mut Vec<Controller>,
+) -> Result<()> {
+    let client = cp.client().await.context("building a client")?;
+    for spec in controller_specs(cp) {
+        let c = Controller::spawn(bins, cp, &dir.join("logs"), &spec)?;
+        println!(
+            "started {} (pid {}, metrics on http://127.0.0.1:{}/metrics)",
+            c.name,
+            c.pid(),
+            c.port
+        );
+        controllers.push(c);
+    }
+    for c in controllers.iter() {
+        c.await_ready(Duration::from_secs(60)).await?;
+    }
+    apply_examples(&client, cp, dir).await?;
+    let view = View::start(client);
+    let began = Instant::now();
+    match mode {
+        Mode::ExitWhenReady(timeout) => {
+            let ready = tokio::time::timeout(timeout, await_ready(&view, false)).await;
+            if ready.is_err() {
+                bail!(
+                    "not ready after {timeout:?}: {}; logs in {}",
+                    view.readiness(),
+                    dir.join("logs").display()
+                );
+            }
+            println!("{}", view.table(dir, true));
+            println!(
+                "ready: {MACHINES} machines Running and {WORKLOAD_REPLICAS} workload pods available {:.1}s after applying docs/examples",
+                began.elapsed().as_secs_f64()
+            );
+            Ok(())
+        }
+        Mode::Live => {
+            await_ready(&view, true).await;
+            live(&view, cp, dir).await
+        }
+    }
+}
+
+/// The two controllers, with short timeouts for a demo and no leader election.
+fn controller_specs(cp: &ControlPlane) -> Vec<ControllerSpec> {
+    let kubeconfig = cp.kubeconfig_path().to_path_buf();
+    let spec = |kind, name: &str, extra: &[&str]| ControllerSpec {
+        kind,
+        name: name.to_string(),
+        namespace: NAMESPACE.to_string(),
+        control_kubeconfig: kubeconfig.clone(),
+        target_kubeconfig: kubeconfig.clone(),
+        extra: extra.iter().map(|s| s.to_string()).collect(),
+    };
+    vec![
+        spec(ControllerKind::Manager, "machine-controller-manager", &[]),
+        spec(
+            ControllerKind::Machine,
+            "machine-controller-local",
+            &[
+                "--machine-creation-timeout=3m",
+                "--machine-health-timeout=1m",
+                "--machine-drain-timeout=2m",
+                "--machine-safety-orphan-vms-period=30s",
+                "--machine-safety-apiserver-statuscheck-period=10s",
+                "--machine-eviction-retry-interval=5s",
+                "--machine-backoff-max=10s",
+            ],
+        ),
+    ]
+}
+
+/// Applies `docs/examples/*.yaml` in file-name order, filling in the placeholders.
+async fn apply_examples(client: &kube::Client, cp: &ControlPlane, dir: &Path) -> Result<()> {
+    let examples = crate::crds::workspace_root().join("docs").join("examples");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&examples)
+        .with_context(|| format!("reading {}", examples.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    let kubeconfig = std::fs::read_to_string(cp.kubeconfig_path())?;
+    let state = dir.join("vms").display().to_string();
+    let vars = [
+        ("${TARGET_KUBECONFIG}", kubeconfig.as_str()),
+        ("${STATE_DIRECTORY}", state.as_str()),
+    ];
+    for file in files {
+        let text = std::fs::read_to_string(&file)?;
+        let docs = env::yaml_documents(&text).with_context(|| format!("in {}", file.display()))?;
+        for mut doc in docs {
+            env::substitute(&mut doc, &vars);
+            let obj = env::apply(client, NAMESPACE, &doc)
+                .await
+                .with_context(|| format!("applying {}", file.display()))?;
+            let kind = obj.types.map(|t| t.kind).unwrap_or_default();
+            let name = obj.metadata.name.unwrap_or_default();
+            println!(
+                "applied {kind}/{name} from docs/examples/{}",
+                file_name(&file)
+            );
+        }
+    }
+    Ok(())
+}
+
+fn file_name(p: &Path) -> String {
+    p.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// Reflector stores of what the demo shows, and a notification on every change.
+struct View {
+    machines: Store<Machine>,
+    pods: Store<Pod>,
+    nodes: Store<Node>,
+    deployments: Store<Deployment>,
+    changed: Arc<Notify>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Drop for View {
+    fn drop(&mut self) {
+        self.tasks.iter().for_each(|t| t.abort());
+    }
+}
+
+fn reflect<K>(api: Api<K>, changed: &Arc<Notify>) -> (Store<K>, tokio::task::JoinHandle<()>)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let changed = changed.clone();
+    let task = tokio::spawn(async move {
+        let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+            .default_backoff();
+        futures::pin_mut!(stream);
+        while stream.next().await.is_some() {
+            changed.notify_one();
+        }
+    });
+    (reader, task)
+}
+
+impl View {
+    fn start(client: kube::Client) -> View {
+        let changed = Arc::new(Notify::new());
+        let (machines, t1) = reflect(Api::namespaced(client.clone(), NAMESPACE), &changed);
+        let (pods, t2) = reflect(Api::namespaced(client.clone(), NAMESPACE), &changed);
+        let (nodes, t3) = reflect(Api::all(client.clone()), &changed);
+        let (deployments, t4) = reflect(Api::namespaced(client, NAMESPACE), &changed);
+        View {
+            machines,
+            pods,
+            nodes,
+            deployments,
+            changed,
+            tasks: vec![t1, t2, t3, t4],
+        }
+    }
+
+    /// Waits for a change, or one second (ages move on).
+    async fn next_change(&self) {
+        let _ = tokio::time::timeout(Duration::from_secs(1), self.changed.notified()).await;
+    }
+
+    fn machines_sorted(&self) -> Vec<Arc<Machine>> {
+        let mut ms = self.machines.state();
+        ms.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        ms
+    }
+
+    fn running(&self) -> usize {
+        self.machines
+            .state()
+            .iter()
+            .filter(|m| {
+                m.phase() == Some(&MachinePhase::Running) && m.metadata.deletion_timestamp.is_none()
+            })
+            .count()
+    }
+
+    fn workload_available(&self) -> i32 {
+        self.deployments
+            .state()
+            .iter()
+            .find(|d| d.metadata.name.as_deref() == Some(WORKLOAD))
+            .and_then(|d| d.status.as_ref()?.available_replicas)
+            .unwrap_or(0)
+    }
+
+    /// `2/3 machines Running (Pending: 1), workload 0/3 available`.
+    fn readiness(&self) -> String {
+        let machines: Vec<Machine> = self
+            .machines
+            .state()
+            .iter()
+            .map(|m| (**m).clone())
+            .collect();
+        let phases = match crate::e2e::ctx::phase_summary(&machines) {
+            p if p.is_empty() => "no machine yet".to_string(),
+            p => p,
+        };
+        format!(
+            "{}/{MACHINES} machines Running ({phases}), workload {}/{WORKLOAD_REPLICAS} available",
+            self.running(),
+            self.workload_available()
+        )
+    }
+
+    /// The progress bar line.
+    fn progress(&self) -> String {
+        const WIDTH: usize = 30;
+        let running = self.running().min(MACHINES);
+        let filled = running * WIDTH / MACHINES;
+        format!(
+            "[{}{}] {}",
+            "#".repeat(filled),
+            "-".repeat(WIDTH - filled),
+            self.readiness()
+        )
+    }
+
+    /// Machines, then workload pods per node; the AGE column only `with_ages`.
+    fn table(&self, dir: &Path, with_ages: bool) -> String {
+        let state = StateDirectory::new(dir.join("vms"));
+        let now = jiff::Timestamp::now();
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "{:<32} {:<12} {:<32} {:>6} {:>8}",
+            "MACHINE", "PHASE", "NODE", "AGE", "VM PID"
+        );
+        for m in self.machines_sorted() {
+            let name = m.metadata.name.clone().unwrap_or_default();
+            let phase = m.phase().map_or("-", |p| p.as_str()).to_string();
+            let phase = if m.metadata.deletion_timestamp.is_some() && phase != "Terminating" {
+                format!("{phase}*")
+            } else {
+                phase
+            };
+            let node = node_of(&m).unwrap_or("-").to_string();
+            let age = match &m.metadata.creation_timestamp {
+                Some(t) if with_ages => age(now.duration_since(t.0)),
+                _ => "-".into(),
+            };
+            let pid = vm_pid(&state, &name);
+            let _ = writeln!(out, "{name:<32} {phase:<12} {node:<32} {age:>6} {pid:>8}");
+        }
+        let _ = writeln!(out, "\n{:<32} {:<6} WORKLOAD PODS", "NODE", "READY");
+        for (node, pods) in self.pods_per_node() {
+            let ready = self.node_ready(&node);
+            let _ = writeln!(out, "{node:<32} {ready:<6} {}", pods.join(" "));
+        }
+        out
+    }
+
+    /// Pod names per node name (`(unscheduled)` for pending pods), every node listed.
+    fn pods_per_node(&self) -> BTreeMap<String, Vec<String>> {
+        let mut per: BTreeMap<String, Vec<String>> = self
+            .nodes
+            .state()
+            .iter()
+            .filter_map(|n| n.metadata.name.clone())
+            .map(|n| (n, Vec::new()))
+            .collect();
+        for p in self.pods.state() {
+            let node = p
+                .spec
+                .as_ref()
+                .and_then(|s| s.node_name.clone())
+                .unwrap_or_else(|| "(unscheduled)".into());
+            let mut name = p.metadata.name.clone().unwrap_or_default();
+            if p.metadata.deletion_timestamp.is_some() {
+                name.push_str("(terminating)");
+            }
+            per.entry(node).or_default().push(name);
+        }
+        per
+    }
+
+    fn node_ready(&self, name: &str) -> &'static str {
+        let node = self
+            .nodes
+            .state()
+            .into_iter()
+            .find(|n| n.metadata.name.as_deref() == Some(name));
+        match node {
+            Some(n) if crate::e2e::ctx::node_ready(&n) => "True",
+            Some(_) => "False",
+            None => "-",
+        }
+    }
+}
+
+fn node_of(m: &Machine) -> Option<&str> {
+    m.metadata.labels.as_ref()?.get("node").map(String::as_str)
+}
+
+fn vm_pid(state: &StateDirectory, machine: &str) -> String {
+    match state.read(machine) {
+        Ok(Some(r)) if mcm_provider_local::state::check_liveness(&r).is_alive() => {
+            r.pid.to_string()
+        }
+        Ok(Some(_)) => "dead".into(),
+        _ => "-".into(),
+    }
+}
+
+/// `42s`, `3m12s`, `2h5m`.
+fn age(d: jiff::SignedDuration) -> String {
+    let s = d.as_secs().max(0);
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+    }
+}
+
+/// Shows a progress bar until the machines run and, unless `machines_only`, the workload is
+/// available.
+async fn await_ready(view: &View, machines_only: bool) {
+    let tty = std::io::stdout().is_terminal();
+    let mut last = String::new();
+    loop {
+        let line = view.progress();
+        if tty {
+            print!("\r\x1b[K{line}");
+            let _ = std::io::stdout().flush();
+        } else if line != last {
+            println!("{line}");
+        }
+        last = line;
+        let machines_done = view.running() >= MACHINES;
+        if machines_done && (machines_only || view.workload_available() >= WORKLOAD_REPLICAS) {
+            if tty {
+                println!();
+            }
+            return;
+        }
+        view.next_change().await;
+    }
+}
+
+/// Redraws the table on every change until interrupted. A terminal gets the screen redrawn
+/// (ages move on); other output gets the table again when something but the ages changed.
+async fn live(view: &View, cp: &ControlPlane, dir: &Path) -> Result<()> {
+    let tty = std::io::stdout().is_terminal();
+    let help = help(cp, dir);
+    if !tty {
+        println!("{help}");
+    }
+    let mut last = String::new();
+    loop {
+        if tty {
+            print!("\x1b[H\x1b[2J{help}\n{}", view.table(dir, true));
+            let _ = std::io::stdout().flush();
+        } else {
+            let table = view.table(dir, false);
+            if table != last {
+                println!("{}", view.table(dir, true));
+                last = table;
+            }
+        }
+        view.next_change().await;
+    }
+}
+
+/// How to look at and play with the demo.
+fn help(cp: &ControlPlane, dir: &Path) -> String {
+    let kc = cp.kubeconfig_path().display();
+    let logs = dir.join("logs");
+    let vms = dir.join("vms");
+    let patch = r#"'{"spec":{"template":{"metadata":{"labels":{"rev":"2"}}}}}'"#;
+    format!(
+        "mcm-rs demo: {MACHINES} local machines and a workload. Ctrl-C stops everything.\n\
+         \n  logs       {logs}/ (controllers), {cplogs}/ (control plane)\
+         \n  VMs        {vms}/vms/<machine>/agent.log\
+         \n  kubectl    export KUBECONFIG={kc}   (kubectl is not installed by the demo)\
+         \n             kubectl -n {NAMESPACE} get machinedeployments,machinesets,machines; kubectl get nodes\
+         \n  roll out   kubectl -n {NAMESPACE} patch machinedeployment {DEPLOYMENT} --type merge -p {patch}\
+         \n  scale      kubectl -n {NAMESPACE} scale machinedeployment {DEPLOYMENT} --replicas=5\
+         \n  crash      kill -9 <VM PID>   (the machine goes Unknown, Failed after 1m, then is replaced)\n",
+        logs = logs.display(),
+        cplogs = cp.run_dir().display(),
+        vms = vms.display(),
+    )
+}
+
+/// Stops the controllers, the VMs and the control plane, keeps the control-plane logs, and
+/// checks that no process the demo started is left.
+async fn shutdown(cp: ControlPlane, controllers: Vec<Controller>, dir: &Path) -> Result<()> {
+    let started = Instant::now();
+    for c in controllers {
+        c.stop(Duration::from_secs(5)).await;
+    }
+    let vms = kill_vms(&StateDirectory::new(dir.join("vms")));
+    let cp_logs = dir.join("logs").join("control-plane");
+    if let Err(e) = env::preserve_control_plane_logs(&cp, &cp_logs) {
+        eprintln!("could not keep the control-plane logs: {e:#}");
+    }
+    let run_dir = cp.run_dir().to_path_buf();
+    drop(cp);
+    println!(
+        "stopped the controllers, {} VMs and the control plane in {:.1}s; logs kept in {}",
+        vms.len(),
+        started.elapsed().as_secs_f64(),
+        dir.join("logs").display()
+    );
+    let left = env::await_no_process(&[dir, &run_dir], Duration::from_secs(10)).await;
+    if left.is_empty() {
+        println!(
+            "process check: no process mentioning {} or {} is left",
+            dir.display(),
+            run_dir.display()
+        );
+        return Ok(());
+    }
+    for p in &left {
+        println!("  left: {} {}", p.pid, p.cmdline);
+    }
+    Err(anyhow!(
+        "process check failed: {} processes are left (see above)",
+        processes_mentioning(&[dir, &run_dir]).len()
+    ))
+}

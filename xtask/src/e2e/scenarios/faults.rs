@@ -1,0 +1,266 @@
+//! Fault scenarios: `vm-crash`, `orphan-vm`, `apiserver-outage`.
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail, ensure};
+use mcm_driver::{CreateMachineRequest, Driver, RequestId, SecretData};
+use mcm_provider_local::{LocalDriver, LocalDriverConfig};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use serde_json::json;
+
+use crate::e2e::ctx::{Ctx, Timings, WAIT, phases, record_phases};
+use crate::e2e::env::{Check, wait_for};
+use crate::e2e::proxy::Proxy;
+
+/// `kill -9` of a VM: its Machine goes Unknown, then Failed, and is replaced; the workload
+/// moves to the other nodes.
+pub async fn vm_crash(ctx: &mut Ctx<'_>) -> Result<String> {
+    ctx.create_class("local", json!({})).await?;
+    let timings = Timings {
+        health_timeout: "20s",
+        ..Timings::default()
+    };
+    ctx.start_controllers(&timings, None).await?;
+    ctx.create_deployment("workers", 3, "local").await?;
+    ctx.await_fleet(3, None).await?;
+    ctx.create_workload(3, None).await?;
+    ctx.await_workload(3).await?;
+
+    let victim = busiest_node(ctx).await?;
+    let record = ctx
+        .state
+        .read(&victim)?
+        .with_context(|| format!("no VM record for {victim}"))?;
+    let (recorder, log) = record_phases(ctx.machines_api());
+    let began = Instant::now();
+    kill(Pid::from_raw(record.pid), Signal::SIGKILL)
+        .with_context(|| format!("kill -9 {}", record.pid))?;
+
+    wait_for(&format!("{victim} to be replaced"), WAIT * 2, || async {
+        Ok(match ctx.machines_api().get_opt(&victim).await? {
+            None => Check::Done(()),
+            Some(m) => Check::Pending(format!(
+                "{victim} is {}",
+                m.phase().map_or("(none)", |p| p.as_str())
+            )),
+        })
+    })
+    .await?;
+    ctx.await_fleet(3, None).await?;
+    ctx.await_workload(3).await?;
+    // The workload moved: no live pod is bound to the crashed node any more.
+    let (terminating, live): (Vec<_>, Vec<_>) = ctx
+        .pods()
+        .await?
+        .into_iter()
+        .filter(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&victim))
+        .partition(|p| p.metadata.deletion_timestamp.is_some());
+    ensure!(
+        live.is_empty(),
+        "{} live pods still bound to {victim}",
+        live.len()
+    );
+    recorder.abort();
+    let seen = phases(&log).remove(&victim).unwrap_or_default();
+    let unknown = seen.iter().position(|p| p == "Unknown");
+    let failed = seen.iter().position(|p| p == "Failed");
+    match (unknown, failed) {
+        (Some(u), Some(f)) if u < f => {}
+        _ => bail!("{victim} went through {seen:?}, expected Unknown then Failed"),
+    }
+    let leftover = if terminating.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; {} evicted pod(s) left Terminating on the deleted node",
+            terminating.len()
+        )
+    };
+    Ok(format!(
+        "{victim} (pid {}): {} -> replaced, workload back to 3 in {:.0}s{leftover}",
+        record.pid,
+        seen.join(" -> "),
+        began.elapsed().as_secs_f64()
+    ))
+}
+
+/// The Node (= machine name) with the most workload pods.
+async fn busiest_node(ctx: &Ctx<'_>) -> Result<String> {
+    let mut counts = std::collections::BTreeMap::<String, usize>::new();
+    for p in ctx.pods().await? {
+        if let Some(n) = p.spec.and_then(|s| s.node_name) {
+            *counts.entry(n).or_default() += 1;
+        }
+    }
+    counts
+        .into_iter()
+        .max_by_key(|(_, n)| *n)
+        .map(|(node, _)| node)
+        .context("no workload pod is bound to a node")
+}
+
+/// A VM started behind the controller's back (same class, same state directory) is found and
+/// deleted; the VM of the scenario's Machine is kept.
+pub async fn orphan_vm(ctx: &mut Ctx<'_>) -> Result<String> {
+    ctx.create_class("local", json!({})).await?;
+    let timings = Timings {
+        orphan_period: "5s",
+        ..Timings::default()
+    };
+    ctx.start_controllers(&timings, None).await?;
+    ctx.create_deployment("workers", 1, "local").await?;
+    let kept = ctx.await_fleet(1, None).await?;
+    let kept = kept[0].metadata.name.clone().unwrap_or_default();
+
+    let stray = format!("stray-{}", ctx.ns);
+    let driver = LocalDriver::new(LocalDriverConfig {
+        node_binary: ctx.bins().local_node.clone(),
+    });
+    let class = mcm_api_class(ctx).await?;
+    let kubeconfig = ctx.kubeconfig()?;
+    driver
+        .create_machine(CreateMachineRequest {
+            machine: mcm_api::Machine::new(&stray, Default::default()),
+            machine_class: class,
+            secret: SecretData::from_pairs([("kubeconfig", kubeconfig.as_str())]),
+            request_id: RequestId::generate(),
+        })
+        .await
+        .map_err(|e| anyhow::anyhow!("starting the stray VM: {}", e.full_message()))?;
+    ensure!(
+        ctx.vm_records().contains(&stray),
+        "the stray VM has no record"
+    );
+    let began = Instant::now();
+    wait_for("the orphan VM to be collected", WAIT, || async {
+        let records = ctx.vm_records();
+        let procs = ctx.vm_process_count();
+        Ok(if !records.contains(&stray) && procs == 1 {
+            Check::Done(())
+        } else {
+            Check::Pending(format!("records {records:?}, {procs} VM processes"))
+        })
+    })
+    .await?;
+    ensure!(
+        ctx.vm_records() == vec![kept.clone()],
+        "the VM of {kept} must be kept: {:?}",
+        ctx.vm_records()
+    );
+    Ok(format!(
+        "{stray} collected after {:.0}s (orphan period 5s); {kept} kept",
+        began.elapsed().as_secs_f64()
+    ))
+}
+
+async fn mcm_api_class(ctx: &Ctx<'_>) -> Result<mcm_api::MachineClass> {
+    kube::Api::<mcm_api::MachineClass>::namespaced(ctx.client.clone(), &ctx.ns)
+        .get("local")
+        .await
+        .context("reading MachineClass local")
+}
+
+/// Status-check timeout of the outage scenario.
+const STATUSCHECK_TIMEOUT: Duration = Duration::from_secs(10);
+/// Health timeout of the outage scenario: shorter than the outage.
+const OUTAGE_HEALTH_TIMEOUT: &str = "15s";
+/// How long the outage lasts after the freeze: longer than the health timeout.
+const OUTAGE_AFTER_FREEZE: Duration = Duration::from_secs(20);
+
+/// The machine controller reaches the target API server through a proxy that is cut past the
+/// status-check timeout: it freezes (`mcm_machine_controller_frozen` 1), no machine fails;
+/// restored, it unfreezes and the machines are healthy.
+pub async fn apiserver_outage(ctx: &mut Ctx<'_>) -> Result<String> {
+    ctx.create_class("local", json!({})).await?;
+    let upstream = ctx
+        .cp
+        .server_url()
+        .strip_prefix("https://")
+        .context("the API server URL is not https")?
+        .parse()
+        .context("parsing the API server address")?;
+    let proxy = Proxy::start(upstream)?;
+    let via_proxy = ctx.dir.join("target-via-proxy.kubeconfig");
+    let text = ctx.kubeconfig()?.replace(
+        ctx.cp.server_url(),
+        &format!("https://127.0.0.1:{}", proxy.port),
+    );
+    std::fs::write(&via_proxy, text).with_context(|| format!("writing {}", via_proxy.display()))?;
+    let timings = Timings {
+        health_timeout: OUTAGE_HEALTH_TIMEOUT,
+        statuscheck_timeout: "10s",
+        ..Timings::default()
+    };
+    ctx.start_controllers(&timings, Some(via_proxy)).await?;
+    ctx.create_deployment("workers", 2, "local").await?;
+    let before = names(&ctx.await_fleet(2, None).await?);
+    await_frozen(ctx, 0.0).await?;
+
+    let (recorder, log) = record_phases(ctx.machines_api());
+    proxy.cut().await;
+    let cut_at = Instant::now();
+    await_frozen(ctx, 1.0).await?;
+    let froze_after = cut_at.elapsed();
+    ensure!(
+        froze_after >= STATUSCHECK_TIMEOUT,
+        "frozen after {froze_after:?}, before the status-check timeout"
+    );
+    // A measurement window: the outage goes on past the health timeout; nothing may fail.
+    tokio::time::sleep(OUTAGE_AFTER_FREEZE).await;
+    let failed_during = failed_machines(&log);
+    proxy.restore()?;
+    let restored_at = Instant::now();
+    await_frozen(ctx, 0.0).await?;
+    let unfroze_after = restored_at.elapsed();
+    let after = names(&ctx.await_fleet(2, None).await?);
+    recorder.abort();
+    ensure!(
+        failed_during.is_empty(),
+        "machines Failed during the outage: {failed_during:?}"
+    );
+    ensure!(
+        before == after,
+        "machines were replaced: {before:?} -> {after:?}"
+    );
+    let failed = failed_machines(&log);
+    ensure!(failed.is_empty(), "machines Failed: {failed:?}");
+    Ok(format!(
+        "frozen {:.0}s after the cut, outage {:.0}s, unfrozen {:.0}s after the restore; no machine failed",
+        froze_after.as_secs_f64(),
+        restored_at.duration_since(cut_at).as_secs_f64(),
+        unfroze_after.as_secs_f64()
+    ))
+}
+
+fn names(machines: &[mcm_api::Machine]) -> BTreeSet<String> {
+    machines
+        .iter()
+        .filter_map(|m| m.metadata.name.clone())
+        .collect()
+}
+
+fn failed_machines(log: &crate::e2e::ctx::PhaseLog) -> Vec<String> {
+    phases(log)
+        .into_iter()
+        .filter(|(_, p)| p.iter().any(|x| x == "Failed"))
+        .map(|(m, _)| m)
+        .collect()
+}
+
+/// Waits until `mcm_machine_controller_frozen` on the machine controller equals `want`.
+async fn await_frozen(ctx: &Ctx<'_>, want: f64) -> Result<()> {
+    let mc = ctx.machine_controller()?;
+    wait_for(
+        &format!("mcm_machine_controller_frozen to be {want}"),
+        Duration::from_secs(60),
+        || async {
+            Ok(match mc.metric("mcm_machine_controller_frozen").await {
+                Some(v) if v == want => Check::Done(()),
+                v => Check::Pending(format!("{v:?}")),
+            })
+        },
+    )
+    .await
+}

@@ -1,0 +1,86 @@
+//! The scenarios of `cargo xtask e2e`.
+
+mod faults;
+mod fleet;
+mod rollout;
+
+use anyhow::Result;
+
+use super::ctx::Ctx;
+
+/// One scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scenario {
+    /// A MachineDeployment 0 -> 3 -> 6 -> 2; Nodes and VM processes follow.
+    Scale,
+    /// A template change under a workload with a PDB: the PDB is never violated.
+    RollingUpdate,
+    /// `kill -9` of a VM: Unknown -> Failed -> replaced; the workload moves.
+    VmCrash,
+    /// A VM started behind the controller's back is collected.
+    OrphanVm,
+    /// The target API server unreachable past the status-check timeout: freeze, no failures.
+    ApiserverOutage,
+    /// SIGKILL of the machine controller mid-rollout: the rollout finishes, no VM leaks.
+    ControllerRestart,
+    /// Deleting a MachineDeployment leaves no Machine, Node or VM.
+    DeleteDeployment,
+    /// An invalid providerSpec is reported on the Machine and nothing is created.
+    BadClass,
+}
+
+impl Scenario {
+    /// Every scenario, in the order the suite runs them.
+    pub const ALL: [Scenario; 8] = [
+        Scenario::Scale,
+        Scenario::RollingUpdate,
+        Scenario::VmCrash,
+        Scenario::OrphanVm,
+        Scenario::ApiserverOutage,
+        Scenario::ControllerRestart,
+        Scenario::DeleteDeployment,
+        Scenario::BadClass,
+    ];
+
+    /// The name used on the command line and in reports.
+    pub fn name(self) -> &'static str {
+        match self {
+            Scenario::Scale => "scale",
+            Scenario::RollingUpdate => "rolling-update",
+            Scenario::VmCrash => "vm-crash",
+            Scenario::OrphanVm => "orphan-vm",
+            Scenario::ApiserverOutage => "apiserver-outage",
+            Scenario::ControllerRestart => "controller-restart",
+            Scenario::DeleteDeployment => "delete-deployment",
+            Scenario::BadClass => "bad-class",
+        }
+    }
+
+    /// Runs the scenario in `ctx`; on success, a line of what was measured.
+    pub async fn run(self, ctx: &mut Ctx<'_>) -> Result<String> {
+        match self {
+            Scenario::Scale => fleet::scale(ctx).await,
+            Scenario::RollingUpdate => rollout::rolling_update(ctx).await,
+            Scenario::VmCrash => faults::vm_crash(ctx).await,
+            Scenario::OrphanVm => faults::orphan_vm(ctx).await,
+            Scenario::ApiserverOutage => faults::apiserver_outage(ctx).await,
+            Scenario::ControllerRestart => rollout::controller_restart(ctx).await,
+            Scenario::DeleteDeployment => fleet::delete_deployment(ctx).await,
+            Scenario::BadClass => fleet::bad_class(ctx).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::ValueEnum;
+
+    #[test]
+    fn names_match_the_command_line_values() {
+        for s in Scenario::ALL {
+            let value = s.to_possible_value().expect("every scenario is selectable");
+            assert_eq!(value.get_name(), s.name());
+        }
+    }
+}
