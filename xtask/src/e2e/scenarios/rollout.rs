@@ -7,10 +7,12 @@ use std::time::Instant;
 use anyhow::{Context, Result, ensure};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::Api;
 use kube::runtime::watcher;
 use mcm_api::Machine;
+use mcm_api::constants::{annotations, taints};
 use serde_json::json;
 
 use crate::e2e::ctx::{Ctx, Timings, WAIT, class_of};
@@ -32,6 +34,18 @@ struct Observed {
     min_available: Option<i32>,
     /// The most Machines not being deleted at once.
     max_machines: usize,
+    /// Old nodes seen with the PreferNoSchedule taint of a rollout.
+    tainted_old_nodes: BTreeSet<String>,
+    /// Nodes seen with the cluster-autoscaler scale-down-disabled annotation of MCM.
+    annotated_nodes: BTreeSet<String>,
+}
+
+/// Whether a node carries MCM's autoscaler scale-down-disabled annotation.
+fn autoscaler_annotated(node: &Node) -> bool {
+    node.metadata.annotations.as_ref().is_some_and(|a| {
+        a.contains_key(annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED_BY_MCM)
+            && a.contains_key(annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED)
+    })
 }
 
 /// Watches the PDB, the workload and the Machines until dropped.
@@ -47,7 +61,7 @@ impl Drop for Watches {
 }
 
 impl Watches {
-    fn start(ctx: &Ctx<'_>) -> Watches {
+    fn start(ctx: &Ctx<'_>, old_nodes: BTreeSet<String>) -> Watches {
         let seen: Arc<Mutex<Observed>> = Default::default();
         let pdbs: Api<PodDisruptionBudget> = Api::namespaced(ctx.client.clone(), &ctx.ns);
         let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &ctx.ns);
@@ -68,6 +82,29 @@ impl Watches {
                 o.min_available = Some(o.min_available.map_or(a, |m| m.min(a)));
             })),
             tokio::spawn(count_machines(ctx.machines_api(), seen.clone())),
+            tokio::spawn(watch_each(
+                Api::<Node>::all(ctx.client.clone()),
+                seen.clone(),
+                move |o, n| {
+                    let name = n.metadata.name.clone().unwrap_or_default();
+                    let tainted =
+                        n.spec
+                            .as_ref()
+                            .and_then(|s| s.taints.as_ref())
+                            .is_some_and(|t| {
+                                t.iter().any(|t| {
+                                    t.key == taints::PREFER_NO_SCHEDULE
+                                        && t.effect == "PreferNoSchedule"
+                                })
+                            });
+                    if tainted && old_nodes.contains(&name) {
+                        o.tainted_old_nodes.insert(name.clone());
+                    }
+                    if autoscaler_annotated(&n) {
+                        o.annotated_nodes.insert(name);
+                    }
+                },
+            )),
         ];
         Watches { seen, tasks }
     }
@@ -127,7 +164,7 @@ pub async fn rolling_update(ctx: &mut Ctx<'_>) -> Result<String> {
     ctx.await_workload(REPLICAS).await?;
     await_pdb_healthy(ctx).await?;
 
-    let watches = Watches::start(ctx);
+    let watches = Watches::start(ctx, old.clone());
     let began = Instant::now();
     ctx.patch_deployment("workers", class_patch("new")).await?;
     let new = names(&ctx.await_fleet(REPLICAS as usize, Some("new")).await?);
@@ -157,11 +194,48 @@ pub async fn rolling_update(ctx: &mut Ctx<'_>) -> Result<String> {
         "{} machines at once with maxSurge 1",
         o.max_machines
     );
+    // During the rollout the old nodes were marked PreferNoSchedule and the nodes protected
+    // from the autoscaler; afterwards MCM's annotations are gone from the remaining nodes.
+    ensure!(
+        !o.tainted_old_nodes.is_empty(),
+        "no old node got the {} taint during the rollout",
+        taints::PREFER_NO_SCHEDULE
+    );
+    ensure!(
+        !o.annotated_nodes.is_empty(),
+        "no node got the cluster-autoscaler scale-down-disabled annotation during the rollout"
+    );
+    let nodes: Api<Node> = Api::all(ctx.client.clone());
+    wait_for(
+        "MCM's autoscaler annotations to be removed after the rollout",
+        WAIT,
+        || {
+            let nodes = nodes.clone();
+            let new = new.clone();
+            async move {
+                let mut annotated = Vec::new();
+                for name in &new {
+                    if let Some(n) = nodes.get_opt(name).await?
+                        && autoscaler_annotated(&n)
+                    {
+                        annotated.push(name.clone());
+                    }
+                }
+                Ok(if annotated.is_empty() {
+                    Check::Done(())
+                } else {
+                    Check::Pending(format!("still annotated: {annotated:?}"))
+                })
+            }
+        },
+    )
+    .await?;
     Ok(format!(
-        "rolled in {:.0}s; {} PDB events, none violated; workload >= {min} available; at most {} machines",
+        "rolled in {:.0}s; {} PDB events, none violated; workload >= {min} available; at most {} machines; {} old node(s) tainted, annotations removed after",
         took.as_secs_f64(),
         o.pdb_events,
-        o.max_machines
+        o.max_machines,
+        o.tainted_old_nodes.len()
     ))
 }
 
