@@ -170,31 +170,10 @@ pub fn run_manager(
             let ready = config.ready.clone();
             tokio::spawn(async move {
                 let synced = async {
-                    crate::store_ready(&m)
-                        .await
-                        .map_err(|source| ManagerError::StoreDropped {
-                            kind: "Machine",
-                            source,
-                        })?;
-                    crate::store_ready(&s)
-                        .await
-                        .map_err(|source| ManagerError::StoreDropped {
-                            kind: "MachineSet",
-                            source,
-                        })?;
-                    crate::store_ready(&d)
-                        .await
-                        .map_err(|source| ManagerError::StoreDropped {
-                            kind: "MachineDeployment",
-                            source,
-                        })?;
-                    crate::store_ready(&n)
-                        .await
-                        .map_err(|source| ManagerError::StoreDropped {
-                            kind: "Node",
-                            source,
-                        })?;
-                    Ok::<(), ManagerError>(())
+                    synced_or_dropped(&m, "Machine").await?;
+                    synced_or_dropped(&s, "MachineSet").await?;
+                    synced_or_dropped(&d, "MachineDeployment").await?;
+                    synced_or_dropped(&n, "Node").await
                 };
                 match synced.await {
                     Ok(()) => ready.store(true, Ordering::SeqCst),
@@ -661,4 +640,18 @@ impl Collector for StoreMetrics {
         )?;
         Ok(())
     }
+}
+
+/// Waits until `store` synced; a dropped writer is [`ManagerError::StoreDropped`] of `kind`.
+async fn synced_or_dropped<K>(
+    store: &kube::runtime::reflector::Store<K>,
+    kind: &'static str,
+) -> Result<(), ManagerError>
+where
+    K: kube::runtime::reflector::Lookup + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    crate::store_ready(store)
+        .await
+        .map_err(|source| ManagerError::StoreDropped { kind, source })
 }
