@@ -54,7 +54,8 @@ impl EventPublisher {
             .await
     }
 
-    async fn publish(
+    /// An event of the given type.
+    pub async fn publish(
         &self,
         reference: &ObjectReference,
         type_: EventType,

@@ -9,6 +9,7 @@ use k8s_openapi::api::core::v1::{Node, Secret};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
+use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use mcm_api::constants::{finalizers, labels, node_conditions};
 use mcm_api::{Machine, MachineClass, MachineOperationType, MachinePhase};
@@ -53,6 +54,23 @@ async fn record(
         return Ok(());
     }
     patch_status(ctx, m, status::status_patch(m, phase, op, Timestamp::now())).await
+}
+
+/// Records `op` (and `phase`) on the Machine and publishes the same text as an Event.
+async fn announce(
+    ctx: &Ctx,
+    m: &Machine,
+    phase: Option<&MachinePhase>,
+    op: Operation,
+    event: EventType,
+    reason: &str,
+    action: &str,
+) -> Result<(), Error> {
+    record(ctx, m, phase, &op).await?;
+    ctx.events
+        .publish(&m.object_ref(&()), event, reason, action, op.description)
+        .await;
+    Ok(())
 }
 
 /// Adds our finalizer, guarded by the resource version.
@@ -312,16 +330,16 @@ async fn try_create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Ac
         "Created"
     };
     let description = format!("{verb} VM {provider_id}; waiting for node {node_name} to join");
-    record(
+    announce(
         ctx,
         m,
         Some(&MachinePhase::Pending),
-        &Operation::processing(MachineOperationType::Create, description.clone()),
+        Operation::processing(MachineOperationType::Create, description),
+        EventType::Normal,
+        "Created",
+        "Create",
     )
     .await?;
-    ctx.events
-        .normal(&m.object_ref(&()), "Created", "Create", description)
-        .await;
     ctx.metrics.created(adopted);
     Ok(Action::requeue(cfg.creation_timeout.min(RECHECK)))
 }
@@ -358,20 +376,20 @@ async fn creation_failed(
 ) -> Result<Action, Error> {
     let description = format!("{op} failed: {}", err.full_message());
     tracing::warn!(machine = %name(m), error = %description, "VM creation failed");
-    record(
+    announce(
         ctx,
         m,
         Some(&MachinePhase::CrashLoopBackOff),
-        &Operation::failed(
+        Operation::failed(
             MachineOperationType::Create,
-            description.clone(),
+            description,
             Some(err.code.as_str().to_string()),
         ),
+        EventType::Warning,
+        "CreationFailed",
+        "Create",
     )
     .await?;
-    ctx.events
-        .warning(&m.object_ref(&()), "CreationFailed", "Create", description)
-        .await;
     Ok(Action::requeue(ctx.backoff(m, Some(&err))))
 }
 
@@ -409,16 +427,16 @@ pub async fn mark_running(ctx: &Ctx, m: &Machine, node: Option<&Node>) -> Result
     }
     // The token goes before Running is recorded, so a crash in between cannot skip it.
     delete_bootstrap_token(ctx, m).await?;
-    record(
+    announce(
         ctx,
         m,
         Some(&MachinePhase::Running),
-        &Operation::successful(kind, description.clone()),
+        Operation::successful(kind, description),
+        EventType::Normal,
+        "Running",
+        "HealthCheck",
     )
     .await?;
-    ctx.events
-        .normal(&m.object_ref(&()), "Running", "HealthCheck", description)
-        .await;
     Ok(Action::requeue(ctx.settings.resync))
 }
 
@@ -460,16 +478,16 @@ pub async fn mark_unknown(
         "Machine {} is unhealthy - changing phase to Unknown: {reason}",
         name(m)
     );
-    record(
+    announce(
         ctx,
         m,
         Some(&MachinePhase::Unknown),
-        &Operation::processing(MachineOperationType::HealthCheck, description.clone()),
+        Operation::processing(MachineOperationType::HealthCheck, description),
+        EventType::Warning,
+        "Unhealthy",
+        "HealthCheck",
     )
     .await?;
-    ctx.events
-        .warning(&m.object_ref(&()), "Unhealthy", "HealthCheck", description)
-        .await;
     Ok(Action::requeue(RECHECK))
 }
 
@@ -506,16 +524,16 @@ pub async fn mark_failed(ctx: &Ctx, m: &Machine, reason: &str) -> Result<Action,
         _ => MachineOperationType::Create,
     };
     let description = format!("Machine {} failed: {reason}", name(m));
-    record(
+    announce(
         ctx,
         m,
         Some(&MachinePhase::Failed),
-        &Operation::failed(kind, description.clone(), None),
+        Operation::failed(kind, description, None),
+        EventType::Warning,
+        "Failed",
+        "HealthCheck",
     )
     .await?;
-    ctx.events
-        .warning(&m.object_ref(&()), "Failed", "HealthCheck", description)
-        .await;
     ctx.metrics.failed();
     Ok(Action::await_change())
 }
@@ -536,16 +554,16 @@ pub async fn hold(ctx: &Ctx, m: &Machine, why: &str) -> Result<Action, Error> {
 /// Deletion requested: Terminating.
 pub async fn mark_terminating(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
     let description = format!("Deleting machine {}: draining its node", name(m));
-    record(
+    announce(
         ctx,
         m,
         Some(&MachinePhase::Terminating),
-        &Operation::processing(MachineOperationType::Delete, description.clone()),
+        Operation::processing(MachineOperationType::Delete, description),
+        EventType::Normal,
+        "Terminating",
+        "Delete",
     )
     .await?;
-    ctx.events
-        .normal(&m.object_ref(&()), "Terminating", "Delete", description)
-        .await;
     Ok(Action::await_change())
 }
 
@@ -727,30 +745,30 @@ async fn drain_step(
     match result {
         Ok(outcome) => {
             let description = format!("Drain of node {node_name} finished: {}", outcome.summary());
-            record(
+            announce(
                 ctx,
                 m,
                 None,
-                &Operation::processing(MachineOperationType::Delete, description.clone()),
+                Operation::processing(MachineOperationType::Delete, description),
+                EventType::Normal,
+                "Drained",
+                "Drain",
             )
             .await?;
-            ctx.events
-                .normal(&m.object_ref(&()), "Drained", "Drain", description)
-                .await;
             Ok(None)
         }
         Err(e) => {
             let description = format!("Drain of node {node_name} not finished: {e}");
-            record(
+            announce(
                 ctx,
                 m,
                 None,
-                &Operation::failed(MachineOperationType::Delete, description.clone(), None),
+                Operation::failed(MachineOperationType::Delete, description, None),
+                EventType::Warning,
+                "DrainFailed",
+                "Drain",
             )
             .await?;
-            ctx.events
-                .warning(&m.object_ref(&()), "DrainFailed", "Drain", description)
-                .await;
             Ok(Some(Action::requeue(Duration::from_secs(5))))
         }
     }
