@@ -85,6 +85,29 @@ pub mod annotations {
         /// Never preserve automatically; stops an ongoing preservation.
         pub const FALSE: &str = "false";
     }
+
+    /// Machine annotations in which the machine controller records its progress durably
+    /// (mcm-rs additions; values are RFC 3339 times). They are metadata, so no CRD schema
+    /// can prune them, and each step of creation and deletion decides from them after a
+    /// restart instead of parsing `status.lastOperation`.
+    pub mod progress {
+        /// Written before the first `create_machine` call: a VM may exist from then on,
+        /// even if the Machine never recorded a providerID. Removed again only when the
+        /// driver refused that first request as `InvalidArgument` (nothing was created).
+        /// A Machine without it and without a providerID never asked for a VM, so it can be
+        /// deleted without its class.
+        pub const VM_REQUESTED: &str = "progress.machine.sapcloud.io/vm-requested";
+        /// When the drain of the Machine's Node started (the node was cordoned): the drain
+        /// timeout and the eviction retries count from here, across restarts.
+        pub const DRAIN_STARTED: &str = "progress.machine.sapcloud.io/drain-started";
+        /// When the drain first found no pod left to wait for: the wait for volumes to
+        /// detach counts from here.
+        pub const PODS_DRAINED: &str = "progress.machine.sapcloud.io/pods-drained";
+        /// When the drain finished.
+        pub const DRAINED: &str = "progress.machine.sapcloud.io/drained";
+        /// When `delete_machine` succeeded.
+        pub const VM_DELETED: &str = "progress.machine.sapcloud.io/vm-deleted";
+    }
 }
 
 /// Finalizers.

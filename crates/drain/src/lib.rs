@@ -1,6 +1,11 @@
 //! Node drain for mcm-rs: cordon, PDB-aware parallel eviction, waits for pods to disappear and
 //! for their volumes to detach (and optionally reattach elsewhere).
 //!
+//! Two entry points: [`drain_pass`] runs one non-blocking pass (cordon, this round's
+//! evictions, a progress report) for callers that requeue between passes, as the machine
+//! controller does (see the `pass` module's rules, including unreachable nodes); [`drain`]
+//! runs a whole drain in one bounded call (tests, benchmarks, tools).
+//!
 //! [`drain`] is one bounded, idempotent call:
 //!
 //! 1. **Cordon**: `spec.unschedulable` and the `node.kubernetes.io/unschedulable:NoSchedule`
@@ -27,6 +32,7 @@ mod classify;
 mod cordon;
 mod error;
 mod outcome;
+mod pass;
 mod pdb;
 mod pod;
 mod volumes;
@@ -55,6 +61,10 @@ pub use error::{DrainError, MisconfiguredReason};
 pub use outcome::{
     DeleteReason, DeletedPod, DrainOutcome, PdbBlock, Phase, PhaseDurations, SkipReason,
     SkippedPod, human_duration,
+};
+pub use pass::{
+    MisconfiguredBudget, PassInput, PassReport, PassState, PodStep, attached_volumes, drain_pass,
+    plan_pods,
 };
 pub use pdb::{
     Refusal, assess_refusal, is_multiple_budgets_error, misconfigured_reason, pdb_key,
@@ -139,6 +149,15 @@ impl std::fmt::Debug for Options {
             .field("parallelism", &self.parallelism)
             .finish_non_exhaustive()
     }
+}
+
+/// Cordons `node_name` (see [`CORDON_RECORD_ANNOTATION`]); `None` when the node does not
+/// exist. Idempotent.
+pub async fn cordon(
+    target_client: kube::Client,
+    node_name: &str,
+) -> Result<Option<CordonChange>, DrainError> {
+    cordon::cordon(&Api::all(target_client), node_name).await
 }
 
 /// Drains `node_name` in the target cluster: cordon, evict (or delete) its pods, wait for them

@@ -58,7 +58,9 @@ pub(crate) async fn drain_pod(ctx: &Ctx<'_>, plan: PodPlan) -> PodReport {
         // Terminating already, but force mode does not wait: a pod on a dead node would stay
         // Terminating forever, bound to a Node that is about to be deleted.
         let t = Instant::now();
-        let deleted = delete_pod(ctx, &pod).await;
+        let deleted = delete_pod(&ctx.client, &pod)
+            .await
+            .map_err(|e| delete_failure(&pod, e));
         report.span(Phase::Evict, t.into_std());
         report.removal = match deleted {
             Ok(true) => Removal::Deleted(DeleteReason::Force),
@@ -113,8 +115,14 @@ pub(crate) async fn drain_pod(ctx: &Ctx<'_>, plan: PodPlan) -> PodReport {
     report
 }
 
+/// How long one eviction request may take: the retry interval, at least
+/// [`MIN_EVICTION_ATTEMPT`].
+pub(crate) fn attempt_timeout(retry_interval: Duration) -> Duration {
+    retry_interval.max(MIN_EVICTION_ATTEMPT)
+}
+
 /// How an eviction attempt went.
-enum Evicted {
+pub(crate) enum Evicted {
     /// Accepted: the pod is terminating.
     Yes,
     /// The pod (with this UID) is gone already.
@@ -151,7 +159,10 @@ async fn remove_pod(ctx: &Ctx<'_>, pod: &Pod, report: &mut PodReport) -> Result<
         };
         if let Some(reason) = delete_reason {
             report.pdb_block = finish_block(block, false);
-            report.removal = if delete_pod(ctx, pod).await? {
+            report.removal = if delete_pod(&ctx.client, pod)
+                .await
+                .map_err(|e| delete_failure(pod, e))?
+            {
                 tracing::info!(pod = %key, %reason, "deleted pod instead of evicting it");
                 Removal::Deleted(reason)
             } else {
@@ -161,7 +172,10 @@ async fn remove_pod(ctx: &Ctx<'_>, pod: &Pod, report: &mut PodReport) -> Result<
         }
 
         attempts += 1;
-        match evict_pod(ctx, pod).await {
+        let attempt_deadline = ctx
+            .deadline
+            .min(Instant::now() + attempt_timeout(options.eviction_retry_interval));
+        match evict_pod(&ctx.client, pod, attempt_deadline).await {
             Evicted::Yes => {
                 report.pdb_block = finish_block(block, false);
                 report.removal = Removal::Evicted;
@@ -173,7 +187,7 @@ async fn remove_pod(ctx: &Ctx<'_>, pod: &Pod, report: &mut PodReport) -> Result<
                 return Ok(());
             }
             Evicted::Refused { multiple_budgets } => {
-                let pdbs = list_budgets(ctx, pod).await;
+                let pdbs = list_budgets(&ctx.client, pod).await;
                 match assess_refusal(pod, &pdbs, multiple_budgets) {
                     Refusal::Misconfigured { pdb, reason } => {
                         let (first, mut b) = block.take().unwrap_or_else(|| {
@@ -220,9 +234,9 @@ fn new_block(pod: &str, pdb: Option<String>) -> PdbBlock {
     }
 }
 
-fn pod_api(ctx: &Ctx<'_>, pod: &Pod) -> Api<Pod> {
+fn pod_api(client: &kube::Client, pod: &Pod) -> Api<Pod> {
     Api::namespaced(
-        ctx.client.clone(),
+        client.clone(),
         pod.metadata.namespace.as_deref().unwrap_or_default(),
     )
 }
@@ -237,7 +251,11 @@ fn uid_precondition(pod: &Pod) -> Preconditions {
 /// One `policy/v1` eviction, with a UID precondition so a recreated pod of the same name is
 /// never evicted by mistake. The request is bounded by the retry interval (at least
 /// [`MIN_EVICTION_ATTEMPT`]) and the deadline; a request still pending then counts as refused.
-async fn evict_pod(ctx: &Ctx<'_>, pod: &Pod) -> Evicted {
+pub(crate) async fn evict_pod(
+    client: &kube::Client,
+    pod: &Pod,
+    attempt_deadline: Instant,
+) -> Evicted {
     let name = pod.metadata.name.clone().unwrap_or_default();
     let eviction = Eviction {
         metadata: ObjectMeta {
@@ -250,16 +268,9 @@ async fn evict_pod(ctx: &Ctx<'_>, pod: &Pod) -> Evicted {
             ..Default::default()
         }),
     };
-    let api = pod_api(ctx, pod);
+    let api = pod_api(client, pod);
     let post = PostParams::default();
     let call = api.create_subresource::<_, serde_json::Value>("eviction", &name, &post, &eviction);
-    let attempt_deadline = ctx.deadline.min(
-        Instant::now()
-            + ctx
-                .options
-                .eviction_retry_interval
-                .max(MIN_EVICTION_ATTEMPT),
-    );
     let Ok(result) = tokio::time::timeout_at(attempt_deadline, call).await else {
         // kube's client retries 429 answers itself (with a growing backoff) unless its config
         // disables `default_retry`: an eviction that hangs is a refusal we cannot see.
@@ -282,12 +293,12 @@ async fn evict_pod(ctx: &Ctx<'_>, pod: &Pod) -> Evicted {
 
 /// A 409 from the UID precondition: the pod of that UID is gone (a new one has the name).
 /// Other conflicts (e.g. on the budget's status during an eviction) are retried.
-fn is_precondition_failure(status: &kube::core::Status) -> bool {
+pub(crate) fn is_precondition_failure(status: &kube::core::Status) -> bool {
     status.code == 409 && status.message.contains("Precondition failed")
 }
 
 /// Deletes the pod with grace period 0 (as MCM's force deletion). `Ok(false)` when it was gone.
-async fn delete_pod(ctx: &Ctx<'_>, pod: &Pod) -> Result<bool, PodFailure> {
+pub(crate) async fn delete_pod(client: &kube::Client, pod: &Pod) -> Result<bool, kube::Error> {
     let name = pod.metadata.name.clone().unwrap_or_default();
     let params = DeleteParams {
         grace_period_seconds: Some(0),
@@ -297,21 +308,25 @@ async fn delete_pod(ctx: &Ctx<'_>, pod: &Pod) -> Result<bool, PodFailure> {
         }),
         ..Default::default()
     };
-    match pod_api(ctx, pod).delete(&name, &params).await {
+    match pod_api(client, pod).delete(&name, &params).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(s)) if s.code == 404 || is_precondition_failure(&s) => Ok(false),
-        Err(source) => Err(PodFailure::Kube {
-            action: format!("delete pod {}", pod_key(pod)),
-            source,
-        }),
+        Err(source) => Err(source),
+    }
+}
+
+fn delete_failure(pod: &Pod, source: kube::Error) -> PodFailure {
+    PodFailure::Kube {
+        action: format!("delete pod {}", pod_key(pod)),
+        source,
     }
 }
 
 /// The budgets of the pod's namespace (empty when they cannot be listed: the refusal is then
 /// reported without a budget name and retried).
-async fn list_budgets(ctx: &Ctx<'_>, pod: &Pod) -> Vec<PodDisruptionBudget> {
+pub(crate) async fn list_budgets(client: &kube::Client, pod: &Pod) -> Vec<PodDisruptionBudget> {
     let api: Api<PodDisruptionBudget> = Api::namespaced(
-        ctx.client.clone(),
+        client.clone(),
         pod.metadata.namespace.as_deref().unwrap_or_default(),
     );
     match api.list(&ListParams::default()).await {

@@ -157,6 +157,11 @@ pub use types::*;
 #[async_trait]
 pub trait Driver: Send + Sync + 'static {
     /// Creates the VM of a machine, or returns the existing one when it exists already.
+    ///
+    /// Return `InvalidArgument` only when the request was refused before anything was
+    /// created (e.g. an invalid `providerSpec`): the controller then records that no VM was
+    /// requested, so the Machine can later be deleted without calling the driver. Any other
+    /// error means a VM (or part of one) may exist.
     async fn create_machine(
         &self,
         req: CreateMachineRequest,

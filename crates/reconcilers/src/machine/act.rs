@@ -11,6 +11,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
+use mcm_api::constants::annotations::progress;
 use mcm_api::constants::{finalizers, labels, node_conditions};
 use mcm_api::{Machine, MachineClass, MachineOperationType, MachinePhase};
 use mcm_driver::{
@@ -281,8 +282,15 @@ async fn try_create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Ac
     let (provider_id, node_name, adopted) = match found {
         Ok(s) => (s.provider_id, s.node_name, true),
         Err(e) if matches!(e.code, Code::NotFound | Code::Unimplemented) => {
+            // Recorded before the request: from now on a VM may exist, even if this process
+            // dies before it learns the providerID, so deletion will need the class.
+            let first_request =
+                super::observe::progress(m, progress::VM_REQUESTED).is_none();
+            if first_request {
+                set_progress(ctx, m, progress::VM_REQUESTED).await?;
+            }
             tracing::info!(machine = %machine_name, %request_id, "creating the VM");
-            let created = ctx
+            let created = match ctx
                 .driver
                 .create_machine(CreateMachineRequest {
                     machine: m.clone(),
@@ -291,7 +299,18 @@ async fn try_create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Ac
                     request_id: request_id.clone(),
                 })
                 .await
-                .map_err(|source| Error::driver("create_machine", source))?;
+            {
+                Ok(created) => created,
+                Err(source) => {
+                    // `InvalidArgument`: the driver refused the request, nothing was created
+                    // (the SPI's contract). Only the record this request wrote is taken back:
+                    // an earlier request may have made a VM.
+                    if first_request && source.code == Code::InvalidArgument {
+                        clear_progress(ctx, m, progress::VM_REQUESTED).await?;
+                    }
+                    return Err(Error::driver("create_machine", source));
+                }
+            };
             initialize(ctx, m, &class, &secret, &request_id).await?;
             (created.provider_id, created.node_name, false)
         }
@@ -551,9 +570,20 @@ pub async fn hold(ctx: &Ctx, m: &Machine, why: &str) -> Result<Action, Error> {
     Ok(Action::requeue(RECHECK))
 }
 
-/// Deletion requested: Terminating.
-pub async fn mark_terminating(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
-    let description = format!("Deleting machine {}: draining its node", name(m));
+/// Deletion requested: Terminating. The description says what comes next, from what was
+/// observed (a node to drain, a VM to delete, or nothing at all).
+pub async fn mark_terminating(
+    ctx: &Ctx,
+    m: &Machine,
+    node: Option<&Node>,
+    vm_requested: bool,
+) -> Result<Action, Error> {
+    let next = match (node, vm_requested) {
+        (Some(n), _) => format!("draining node {} next", n.name_any()),
+        (None, true) => "no node; deleting the VM next".to_string(),
+        (None, false) => "no VM was ever requested; nothing to delete".to_string(),
+    };
+    let description = format!("Deleting machine {}: {next}", name(m));
     announce(
         ctx,
         m,
@@ -567,132 +597,121 @@ pub async fn mark_terminating(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
     Ok(Action::await_change())
 }
 
-/// How long a forced drain (pods deleted, not evicted) may take.
-const FORCED_DRAIN: Duration = Duration::from_secs(60);
-/// Refused evictions before the blocking PodDisruptionBudget is shown on the Machine.
-const REFUSALS_BEFORE_REPORT: u32 = 3;
+/// Pause before the next deletion step where no watch event of the Machine will come (after
+/// deleting VolumeAttachments or the Node).
+const DELETION_STEP_REQUEUE: Duration = Duration::from_millis(200);
+/// Longest pause between drain passes while pods terminate or volumes detach.
+const DRAIN_WAIT_RECHECK: Duration = Duration::from_secs(5);
 
-/// Terminating: Node condition, drain, VolumeAttachments, VM, Node, bootstrap token, finalizer.
-pub async fn delete(
+/// Writes a progress annotation (`key` = now) on the Machine.
+async fn set_progress(ctx: &Ctx, m: &Machine, key: &str) -> Result<(), Error> {
+    let patch = json!({ "metadata": { "annotations": { key: Timestamp::now().to_string() } } });
+    patch_machine(ctx, m, &patch, "record the machine's progress").await
+}
+
+/// Removes a progress annotation from the Machine.
+async fn clear_progress(ctx: &Ctx, m: &Machine, key: &str) -> Result<(), Error> {
+    let patch = json!({ "metadata": { "annotations": { key: null } } });
+    patch_machine(ctx, m, &patch, "clear the machine's progress record").await
+}
+
+async fn patch_machine(
     ctx: &Ctx,
     m: &Machine,
-    cfg: &MachineConfig,
-    force: bool,
-    force_reason: Option<&str>,
-) -> Result<Action, Error> {
-    let machine_name = name(m);
-    let (class, secret) = match class_and_secret(ctx, m).await {
-        Ok(x) => x,
-        Err(Error::Class(problem)) => return report_class_problem(ctx, m, &problem).await,
-        Err(e) => return Err(e),
-    };
-    let request_id = RequestId::generate();
-    let node_name = super::observe::node_name(m).map(String::from);
-    let nodes: Api<Node> = Api::all(ctx.target.clone());
-    let node = match &node_name {
-        Some(n) => nodes
-            .get_opt(n)
-            .await
-            .map_err(|e| Error::kube("read the machine's node", e))?,
-        None => None,
-    };
+    patch: &serde_json::Value,
+    action: &'static str,
+) -> Result<(), Error> {
+    machine_api(ctx)
+        .patch(&name(m), &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .map(|_| ())
+        .map_err(|e| Error::kube(action, e))
+}
 
-    // Is the VM still there? A vanished VM has nothing left to drain.
-    let vm_exists = if m.spec.provider_id.as_deref().is_some_and(|p| !p.is_empty()) {
-        match ctx
-            .driver
-            .get_machine_status(GetMachineStatusRequest {
-                machine: m.clone(),
-                machine_class: class.clone(),
-                secret: secret.clone(),
-                request_id: request_id.clone(),
-            })
-            .await
-        {
-            Ok(_) => true,
-            Err(e) if e.code == Code::NotFound => false,
-            // Uninitialized or transient errors: assume it exists and drain.
-            Err(_) => true,
-        }
-    } else {
-        false
+/// Publishes an Event on the Node too: an operator reading `kubectl describe node` sees why
+/// the node goes away.
+async fn node_event(ctx: &Ctx, node: &str, type_: EventType, reason: &str, note: String) {
+    let reference = k8s_openapi::api::core::v1::ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(node.to_string()),
+        // Node events are looked up by the node's name as uid (as the kubelet does).
+        uid: Some(node.to_string()),
+        ..Default::default()
     };
+    ctx.node_events
+        .publish(&reference, type_, reason, "Delete", note)
+        .await;
+}
 
-    if let (Some(node), Some(node_name)) = (&node, &node_name) {
-        set_node_terminating(ctx, node, m).await?;
-        if vm_exists
-            && let Some(action) = drain_step(ctx, m, cfg, node_name, force, force_reason).await?
-        {
-            return Ok(action);
-        }
-        delete_volume_attachments(ctx, node_name).await?;
-    }
+/// Terminating with a node: mark the node Terminating, cordon it, and record when the drain
+/// started (the drain timeout and eviction retries count from there, across restarts).
+pub async fn start_drain(ctx: &Ctx, m: &Machine, node: &Node) -> Result<Action, Error> {
+    let node_name = node.name_any();
+    set_node_terminating(ctx, node, m).await?;
+    mcm_drain::cordon(ctx.target.clone(), &node_name)
+        .await
+        .map_err(Error::Drain)?;
+    set_progress(ctx, m, progress::DRAIN_STARTED).await?;
+    let description = format!("Drain of node {node_name} started: node cordoned, evicting its pods");
+    announce(
+        ctx,
+        m,
+        None,
+        Operation::processing(MachineOperationType::Delete, description.clone()),
+        EventType::Normal,
+        "DrainStarted",
+        "Drain",
+    )
+    .await?;
+    node_event(
+        ctx,
+        &node_name,
+        EventType::Normal,
+        "DrainStarted",
+        format!("cordoned; draining for the deletion of machine {}", name(m)),
+    )
+    .await;
+    Ok(Action::requeue(RECHECK))
+}
 
-    ctx.driver
-        .delete_machine(DeleteMachineRequest {
+/// Whether the driver reports the machine's VM gone (`NotFound`). Any other answer, or a
+/// class that cannot be read, counts as "may exist".
+pub async fn vm_is_gone(ctx: &Ctx, m: &Machine) -> bool {
+    let Ok((class, secret)) = class_and_secret(ctx, m).await else {
+        return false;
+    };
+    let status = ctx
+        .driver
+        .get_machine_status(GetMachineStatusRequest {
             machine: m.clone(),
             machine_class: class,
             secret,
-            request_id: request_id.clone(),
+            request_id: RequestId::generate(),
         })
-        .await
-        .or_else(|e| {
-            if e.is_not_found() {
-                Ok(Default::default())
-            } else {
-                Err(e)
-            }
-        })
-        .map_err(|source| Error::driver("delete_machine", source))?;
-    tracing::info!(machine = %machine_name, %request_id, "VM deleted");
-
-    if let Some(node_name) = &node_name {
-        match nodes.delete(node_name, &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(Error::kube("delete the machine's node", e)),
-        }
-    }
-    delete_bootstrap_token(ctx, m).await?;
-    ctx.events
-        .normal(
-            &m.object_ref(&()),
-            "Deleted",
-            "Delete",
-            format!("Machine {machine_name}: VM and node deleted"),
-        )
         .await;
-    remove_finalizer(ctx, m).await?;
-    ctx.metrics.deleted();
-    // Look for leftovers (e.g. of an earlier failed creation) right away.
-    ctx.orphan_trigger.notify_one();
-    Ok(Action::await_change())
+    matches!(status, Err(e) if e.code == Code::NotFound)
 }
 
-/// Drains the node within the rest of the drain timeout. While a PodDisruptionBudget keeps
-/// refusing evictions, the block is shown on the Machine. `Some(action)` = not drained yet
-/// (the reason is recorded; come back, and past the drain timeout the decision forces).
-async fn drain_step(
-    ctx: &Ctx,
-    m: &Machine,
-    cfg: &MachineConfig,
-    node_name: &str,
-    force: bool,
-    force_reason: Option<&str>,
-) -> Result<Option<Action>, Error> {
-    let in_phase: Duration = Timestamp::now()
-        .duration_since(super::observe::phase_since(m))
-        .try_into()
-        .unwrap_or_default();
+/// What a drain pass is told by the decision.
+#[derive(Debug, Clone)]
+pub struct PassPlan<'a> {
+    /// Delete pods instead of evicting them.
+    pub force: bool,
+    /// Why, if forced.
+    pub force_reason: Option<&'a str>,
+    /// The node is unreachable.
+    pub unreachable: bool,
+    /// Time since the drain started.
+    pub elapsed: Duration,
+    /// Time since no pod was left, if so.
+    pub pods_gone_for: Option<Duration>,
+}
+
+fn drain_options(ctx: &Ctx, m: &Machine, cfg: &MachineConfig, force: bool) -> mcm_drain::Options {
     let mut options = mcm_drain::Options::new(ctx.driver.clone());
     options.force = force;
-    options.timeout = if force {
-        FORCED_DRAIN
-    } else {
-        cfg.drain_timeout
-            .saturating_sub(in_phase)
-            .max(Duration::from_secs(1))
-    };
+    options.timeout = cfg.drain_timeout;
     options.max_evict_retries = u32::try_from(
         m.spec
             .configuration
@@ -705,73 +724,259 @@ async fn drain_step(
     options.pv_detach_timeout = ctx.settings.pv_detach_timeout;
     options.pv_reattach_timeout = ctx.settings.pv_reattach_timeout;
     options.parallelism = ctx.settings.drain_parallelism;
-    let (blocks_tx, mut blocks) = tokio::sync::watch::channel::<Option<mcm_drain::PdbBlock>>(None);
-    options.on_pdb_block = Some(std::sync::Arc::new(move |b: &mcm_drain::PdbBlock| {
-        let _ = blocks_tx.send(Some(b.clone()));
-    }));
-    if force {
-        let why = force_reason.unwrap_or("forced");
-        tracing::info!(machine = %name(m), node = node_name, why, "force-draining");
-    }
+    options
+}
 
-    let drained = mcm_drain::drain(ctx.target.clone(), node_name, &options, &ctx.drain_stores);
-    tokio::pin!(drained);
-    let mut reported: Option<String> = None;
-    let result = loop {
-        tokio::select! {
-            r = &mut drained => break r,
-            changed = blocks.changed() => {
-                if changed.is_err() {
-                    break (&mut drained).await;
-                }
-                let block = blocks.borrow_and_update().clone();
-                if let Some(b) = block.filter(|b| b.refusals >= REFUSALS_BEFORE_REPORT) {
-                    let pdb = b.pdb.clone().unwrap_or_else(|| "(unknown budget)".into());
-                    if reported.as_deref() != Some(pdb.as_str()) {
-                        let description = format!(
-                            "Drain of node {node_name}: eviction of pod {} blocked by PodDisruptionBudget {pdb} for {} ({} refusals); still retrying",
-                            b.pod,
-                            mcm_drain::human_duration(b.blocked_for),
-                            b.refusals
-                        );
-                        record(ctx, m, None, &Operation::processing(MachineOperationType::Delete, description.clone())).await?;
-                        ctx.events.warning(&m.object_ref(&()), "DrainBlockedByPDB", "Drain", description).await;
-                        reported = Some(pdb);
-                    }
-                }
-            }
-        }
+/// One pass of the drain: this round's evictions (or deletions), then record where it
+/// stands and come back. Never waits for pods or volumes inside the reconcile.
+pub async fn drain_pass(
+    ctx: &Ctx,
+    m: &Machine,
+    cfg: &MachineConfig,
+    node_name: &str,
+    plan: PassPlan<'_>,
+) -> Result<Action, Error> {
+    let options = drain_options(ctx, m, cfg, plan.force);
+    if let Some(why) = plan.force_reason {
+        tracing::info!(node = node_name, why, "force-draining");
+    }
+    let input = mcm_drain::PassInput {
+        elapsed: plan.elapsed,
+        pods_gone_for: plan.pods_gone_for,
+        unreachable: plan.unreachable,
     };
-    match result {
-        Ok(outcome) => {
-            let description = format!("Drain of node {node_name} finished: {}", outcome.summary());
+    let report = mcm_drain::drain_pass(
+        ctx.target.clone(),
+        node_name,
+        &options,
+        &input,
+        &ctx.drain_stores,
+    )
+    .await
+    .map_err(Error::Drain)?;
+    let mut summary = report.summary();
+    if let Some(why) = plan.force_reason {
+        summary.push_str(&format!(" (forced: {why})"));
+    }
+    let description = format!("Drain of node {node_name}: {summary}");
+    match report.state() {
+        mcm_drain::PassState::Done | mcm_drain::PassState::NodeGone => {
+            set_progress(ctx, m, progress::DRAINED).await?;
             announce(
                 ctx,
                 m,
                 None,
-                Operation::processing(MachineOperationType::Delete, description),
+                Operation::processing(MachineOperationType::Delete, description.clone()),
                 EventType::Normal,
                 "Drained",
                 "Drain",
             )
             .await?;
-            Ok(None)
+            if report.state() == mcm_drain::PassState::Done {
+                node_event(ctx, node_name, EventType::Normal, "Drained", summary).await;
+            }
+            Ok(Action::requeue(RECHECK))
         }
-        Err(e) => {
-            let description = format!("Drain of node {node_name} not finished: {e}");
-            announce(
+        mcm_drain::PassState::Volumes => {
+            if plan.pods_gone_for.is_none() {
+                set_progress(ctx, m, progress::PODS_DRAINED).await?;
+            }
+            record(
                 ctx,
                 m,
                 None,
-                Operation::failed(MachineOperationType::Delete, description, None),
-                EventType::Warning,
-                "DrainFailed",
-                "Drain",
+                &Operation::processing(MachineOperationType::Delete, description),
             )
             .await?;
-            Ok(Some(Action::requeue(Duration::from_secs(5))))
+            Ok(Action::requeue(
+                ctx.settings.eviction_retry_interval.min(DRAIN_WAIT_RECHECK),
+            ))
+        }
+        mcm_drain::PassState::Pods => {
+            let blocked = !report.blocked.is_empty() || !report.misconfigured.is_empty();
+            let changed = last_description(m) != Some(description.as_str());
+            if blocked && changed {
+                let op = Operation::processing(MachineOperationType::Delete, description.clone());
+                announce(
+                    ctx,
+                    m,
+                    None,
+                    op,
+                    EventType::Warning,
+                    "DrainBlockedByPDB",
+                    "Drain",
+                )
+                .await?;
+                node_event(ctx, node_name, EventType::Warning, "DrainBlockedByPDB", summary).await;
+            } else {
+                record(
+                    ctx,
+                    m,
+                    None,
+                    &Operation::processing(MachineOperationType::Delete, description),
+                )
+                .await?;
+            }
+            let recheck = if blocked {
+                ctx.settings.eviction_retry_interval
+            } else {
+                ctx.settings.eviction_retry_interval.min(DRAIN_WAIT_RECHECK)
+            };
+            Ok(Action::requeue(recheck))
         }
     }
+}
+
+/// Drained: delete the VolumeAttachments still pointing at the node (those already being
+/// deleted are left to their attacher).
+pub async fn delete_volume_attachments(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
+    let Some(node_name) = super::observe::node_name(m) else {
+        return Ok(Action::requeue(DELETION_STEP_REQUEUE));
+    };
+    let api: Api<VolumeAttachment> = Api::all(ctx.target.clone());
+    for va in attachments_of(ctx, node_name) {
+        match api.delete(&va, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(Error::kube("delete a VolumeAttachment of the node", e)),
+        }
+    }
+    Ok(Action::requeue(DELETION_STEP_REQUEUE))
+}
+
+/// The VolumeAttachments to `node_name` that are not being deleted yet.
+pub fn attachments_of(ctx: &Ctx, node_name: &str) -> Vec<String> {
+    ctx.drain_stores
+        .volume_attachments
+        .state()
+        .iter()
+        .filter(|va| va.spec.node_name == node_name && va.metadata.deletion_timestamp.is_none())
+        .map(|va| va.name_any())
+        .collect()
+}
+
+/// Deletes the VM (NotFound is success) and records that it did. A class that cannot be
+/// used, or a driver that calls the request invalid, blocks the deletion (the finalizer
+/// stays) until the class is fixed.
+pub async fn delete_vm(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
+    let (class, secret) = match class_and_secret(ctx, m).await {
+        Ok(x) => x,
+        Err(Error::Class(problem)) => return deletion_blocked(ctx, m, &problem).await,
+        Err(e) => return Err(e),
+    };
+    let request_id = RequestId::generate();
+    let class_name = class.name_any();
+    let deleted = ctx
+        .driver
+        .delete_machine(DeleteMachineRequest {
+            machine: m.clone(),
+            machine_class: class,
+            secret,
+            request_id: request_id.clone(),
+        })
+        .await;
+    match deleted {
+        Ok(_) => {}
+        Err(e) if e.is_not_found() => {}
+        Err(e) if e.code == Code::InvalidArgument => {
+            let problem = ClassProblem::Invalid {
+                class: class_name,
+                message: e.full_message(),
+            };
+            return deletion_blocked(ctx, m, &problem).await;
+        }
+        Err(source) => return Err(Error::driver("delete_machine", source)),
+    }
+    tracing::info!(machine = %name(m), %request_id, "VM deleted");
+    ctx.reset_backoff(m);
+    set_progress(ctx, m, progress::VM_DELETED).await?;
+    let what = vm_description(m);
+    let description = format!("Deleted {what}");
+    announce(
+        ctx,
+        m,
+        None,
+        Operation::processing(MachineOperationType::Delete, description.clone()),
+        EventType::Normal,
+        "VMDeleted",
+        "Delete",
+    )
+    .await?;
+    if let Some(node) = super::observe::node_name(m) {
+        node_event(ctx, node, EventType::Normal, "VMDeleted", description).await;
+    }
+    Ok(Action::requeue(RECHECK))
+}
+
+/// The VM as a Machine knows it: its providerID, or when its creation was requested.
+fn vm_description(m: &Machine) -> String {
+    match m.spec.provider_id.as_deref().filter(|p| !p.is_empty()) {
+        Some(id) => format!("VM {id}"),
+        None => match super::observe::progress(m, progress::VM_REQUESTED) {
+            Some(t) => format!("the VM requested at {t}"),
+            None => "the VM".to_string(),
+        },
+    }
+}
+
+/// A VM may exist but cannot be deleted with the class as it is: keep the finalizer, say
+/// exactly that (lastOperation and one Event), and retry (a class change wakes us too).
+pub async fn deletion_blocked(
+    ctx: &Ctx,
+    m: &Machine,
+    problem: &ClassProblem,
+) -> Result<Action, Error> {
+    let description = format!(
+        "{} may still exist and cannot be deleted: {problem}; the machine keeps its finalizer \
+         until the class is fixed",
+        vm_description(m)
+    );
+    let unchanged = last_description(m) == Some(description.as_str());
+    record(
+        ctx,
+        m,
+        None,
+        &Operation::failed(MachineOperationType::Delete, description.clone(), None),
+    )
+    .await?;
+    if !unchanged {
+        ctx.events
+            .warning(&m.object_ref(&()), "DeletionBlocked", "Delete", description)
+            .await;
+    }
+    Ok(Action::requeue(ctx.backoff(m, None)))
+}
+
+/// The VM is gone: delete the Node.
+pub async fn delete_node(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
+    if let Some(node_name) = super::observe::node_name(m) {
+        let nodes: Api<Node> = Api::all(ctx.target.clone());
+        match nodes.delete(node_name, &DeleteParams::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 404 => {}
+            Err(e) => return Err(Error::kube("delete the machine's node", e)),
+        }
+    }
+    Ok(Action::requeue(DELETION_STEP_REQUEUE))
+}
+
+/// Everything is gone: delete the bootstrap token and remove the finalizer.
+pub async fn finish_deletion(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
+    delete_bootstrap_token(ctx, m).await?;
+    let note = if super::observe::vm_requested(m) {
+        format!("Machine {}: VM and node deleted", name(m))
+    } else {
+        format!("Machine {}: deleted (no VM was ever requested)", name(m))
+    };
+    ctx.events
+        .normal(&m.object_ref(&()), "Deleted", "Delete", note)
+        .await;
+    remove_finalizer(ctx, m).await?;
+    ctx.metrics.deleted();
+    ctx.reset_backoff(m);
+    // Look for leftovers (e.g. of an earlier failed creation) right away.
+    ctx.orphan_trigger.notify_one();
+    Ok(Action::await_change())
 }
 
 async fn set_node_terminating(ctx: &Ctx, node: &Node, m: &Machine) -> Result<(), Error> {
@@ -821,26 +1026,6 @@ async fn set_node_terminating(ctx: &Ctx, node: &Node, m: &Machine) -> Result<(),
             format!("node is being removed with machine {}", name(m)),
         )
         .await;
-    Ok(())
-}
-
-async fn delete_volume_attachments(ctx: &Ctx, node_name: &str) -> Result<(), Error> {
-    let api: Api<VolumeAttachment> = Api::all(ctx.target.clone());
-    let on_node: Vec<String> = ctx
-        .drain_stores
-        .volume_attachments
-        .state()
-        .iter()
-        .filter(|va| va.spec.node_name == node_name)
-        .map(|va| va.name_any())
-        .collect();
-    for va in on_node {
-        match api.delete(&va, &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(Error::kube("delete a VolumeAttachment of the node", e)),
-        }
-    }
     Ok(())
 }
 

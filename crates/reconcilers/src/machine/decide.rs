@@ -85,6 +85,9 @@ pub struct NodeHealth {
     pub not_ready_since: Option<Timestamp>,
     /// Configured bad condition types that are `True`.
     pub bad_conditions: Vec<String>,
+    /// `Ready` is `Unknown` (or missing): the kubelet stopped reporting, so pods on the node
+    /// can never finish terminating.
+    pub unreachable: bool,
 }
 
 impl NodeHealth {
@@ -135,6 +138,31 @@ pub struct Observed {
     /// Why this machine must not be marked Failed right now even if its health timeout
     /// expired (e.g. it belongs to an old MachineSet while a rollout is in progress).
     pub failure_protected: Option<String>,
+    /// A VM may exist: a providerID is recorded, or creation was requested (the
+    /// `vm-requested` progress annotation). Without either, the Machine never asked for a
+    /// VM and is deleted without touching the driver (or needing its class).
+    pub vm_requested: bool,
+    /// What deletion has done so far (only meaningful while deleting).
+    pub deletion: DeletionFacts,
+}
+
+/// The facts deletion decides from: the durable progress record on the Machine, plus what
+/// was seen of the node's VolumeAttachments and of the VM.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DeletionFacts {
+    /// When the drain started (the node was cordoned).
+    pub drain_started: Option<Timestamp>,
+    /// When the drain first found no pod left to wait for.
+    pub pods_drained: Option<Timestamp>,
+    /// The drain finished.
+    pub drained: bool,
+    /// `delete_machine` succeeded.
+    pub vm_deleted: bool,
+    /// VolumeAttachments to the machine's node that still exist.
+    pub attachments_left: usize,
+    /// The driver reported the VM gone (`NotFound`): there is nothing to drain. `false` when
+    /// the driver was not asked or could not tell.
+    pub vm_gone: bool,
 }
 
 /// What to do next.
@@ -183,14 +211,34 @@ pub enum Step {
     Nothing,
     /// Deletion requested: set Terminating.
     MarkTerminating,
-    /// Terminating: drain, delete VolumeAttachments, the VM and the Node, then remove the
-    /// finalizer.
-    Delete {
+    /// Terminating, node present: cordon it, mark it Terminating and record when the drain
+    /// started.
+    StartDrain,
+    /// One pass of the drain (evictions or deletions of this round, then requeue).
+    DrainPass {
         /// Delete pods instead of evicting them.
         force: bool,
         /// Why force was chosen, if it was.
         force_reason: Option<String>,
+        /// The node is unreachable: pods whose deletion was requested are not waited for.
+        unreachable: bool,
+        /// Time since the drain started.
+        elapsed: Duration,
+        /// Time since the drain first found no pod left, if it did.
+        pods_gone_for: Option<Duration>,
     },
+    /// Drained (or nothing to drain): delete the VolumeAttachments of the node.
+    DeleteVolumeAttachments,
+    /// Delete the VM through the driver (always called when a VM may exist, so leftovers
+    /// such as disks or NICs go too).
+    DeleteVm,
+    /// A VM may exist but the class cannot be used to delete it: keep the finalizer, say so,
+    /// and continue once the class is fixed.
+    DeletionBlocked(ClassProblem),
+    /// The VM is gone: delete the Node.
+    DeleteNode,
+    /// Everything is gone: delete the bootstrap token and remove the finalizer.
+    RemoveFinalizer,
 }
 
 /// Decides the next step for a Machine. Pure: same input, same answer.
@@ -302,33 +350,67 @@ fn deletion_step(o: &Observed, cfg: &MachineConfig, now: Timestamp) -> Step {
         }
         return Step::MarkTerminating;
     }
-    if let Err(problem) = &o.class {
-        // Without the class and its credentials the VM cannot be deleted: never drop the
-        // finalizer and leak it.
-        return Step::ReportClassProblem(problem.clone());
+    let d = &o.deletion;
+    let vm_may_exist = o.vm_requested && !d.vm_deleted;
+    if let Some(node) = &o.node
+        && vm_may_exist
+        && !d.vm_gone
+        && !d.drained
+    {
+        let Some(started) = d.drain_started else {
+            return Step::StartDrain;
+        };
+        let elapsed = elapsed(started, now);
+        let force_reason = drain_force_reason(o, node, cfg, elapsed, now);
+        return Step::DrainPass {
+            force: force_reason.is_some(),
+            force_reason,
+            unreachable: node.unreachable,
+            elapsed,
+            pods_gone_for: d.pods_drained.map(|t| self::elapsed(t, now)),
+        };
     }
-    let force_reason = if o.force_deletion {
-        Some(format!(
+    if d.attachments_left > 0 {
+        return Step::DeleteVolumeAttachments;
+    }
+    if vm_may_exist {
+        return match &o.class {
+            Err(problem) => Step::DeletionBlocked(problem.clone()),
+            Ok(()) => Step::DeleteVm,
+        };
+    }
+    if o.node.is_some() {
+        return Step::DeleteNode;
+    }
+    Step::RemoveFinalizer
+}
+
+/// Why the drain deletes pods instead of evicting them: the `force-deletion` label, the
+/// drain timeout (counted from the start of the drain), or MCM's rule of a node NotReady for
+/// 5 minutes.
+fn drain_force_reason(
+    o: &Observed,
+    node: &NodeHealth,
+    cfg: &MachineConfig,
+    drain_elapsed: Duration,
+    now: Timestamp,
+) -> Option<String> {
+    if o.force_deletion {
+        return Some(format!(
             "label {}={} is set",
             mcm_api::constants::labels::FORCE_DELETION,
             mcm_api::constants::labels::TRUE_VALUE
-        ))
-    } else if elapsed(o.phase_since, now) >= cfg.drain_timeout {
-        Some(format!(
+        ));
+    }
+    if drain_elapsed >= cfg.drain_timeout {
+        return Some(format!(
             "drain timeout ({}) exceeded",
             mcm_api::duration::format_go_duration(cfg.drain_timeout)
-        ))
-    } else {
-        o.node
-            .as_ref()
-            .and_then(|n| n.not_ready_since)
-            .filter(|since| elapsed(*since, now) >= FORCE_DRAIN_NOT_READY_AFTER)
-            .map(|_| "node has been NotReady for more than 5m".to_string())
-    };
-    Step::Delete {
-        force: force_reason.is_some(),
-        force_reason,
+        ));
     }
+    node.not_ready_since
+        .filter(|since| elapsed(*since, now) >= FORCE_DRAIN_NOT_READY_AFTER)
+        .map(|_| "node has been NotReady for more than 5m".to_string())
 }
 
 fn fail_unless_frozen(o: &Observed, reason: String) -> Step {
@@ -375,6 +457,7 @@ mod tests {
             ready: true,
             not_ready_since: None,
             bad_conditions: vec![],
+            unreachable: false,
         })
     }
 
@@ -383,6 +466,7 @@ mod tests {
             ready: false,
             not_ready_since: Some(at(since_min)),
             bad_conditions: vec![],
+            unreachable: false,
         })
     }
 
@@ -400,6 +484,8 @@ mod tests {
             frozen: false,
             force_deletion: false,
             failure_protected: None,
+            vm_requested: false,
+            deletion: DeletionFacts::default(),
         }
     }
 
@@ -408,6 +494,7 @@ mod tests {
             phase: Some(phase),
             provider_id: Some("local:///m".into()),
             node_name: Some("m".into()),
+            vm_requested: true,
             ..fresh()
         }
     }
@@ -532,6 +619,7 @@ mod tests {
             ready: true,
             not_ready_since: None,
             bad_conditions: vec!["KernelDeadlock".into()],
+            unreachable: false,
         });
         let cases: Vec<(&str, Observed, u64, Step)> = vec![
             (
@@ -616,122 +704,223 @@ mod tests {
         );
     }
 
+    /// A Terminating machine with a VM, its node healthy, drain started at t0.
+    fn terminating() -> Observed {
+        Observed {
+            deleting: true,
+            node: healthy(),
+            deletion: DeletionFacts {
+                drain_started: Some(t0()),
+                ..Default::default()
+            },
+            ..with_vm(MachinePhase::Terminating)
+        }
+    }
+
+    fn pass(force_reason: Option<&str>, unreachable: bool, elapsed_min: u64) -> Step {
+        Step::DrainPass {
+            force: force_reason.is_some(),
+            force_reason: force_reason.map(String::from),
+            unreachable,
+            elapsed: MIN * elapsed_min as u32,
+            pods_gone_for: None,
+        }
+    }
+
     #[test]
     fn deletion_table() {
-        let deleting = |phase: MachinePhase| Observed {
-            deleting: true,
-            ..with_vm(phase)
-        };
         let secret = ClassProblem::SecretMissing {
             class: "c".into(),
             secret: "s".into(),
         };
+        let missing = ClassProblem::ClassMissing { name: "c".into() };
+        let facts = |f: DeletionFacts| Observed {
+            deletion: f,
+            ..terminating()
+        };
+        let drained = DeletionFacts {
+            drain_started: Some(t0()),
+            drained: true,
+            ..Default::default()
+        };
+        let unreachable = Some(NodeHealth {
+            unreachable: true,
+            ..not_ready(0).unwrap()
+        });
         let cases: Vec<(&str, Observed, u64, Step)> = vec![
             (
                 "start",
-                deleting(MachinePhase::Running),
+                Observed {
+                    deleting: true,
+                    ..with_vm(MachinePhase::Running)
+                },
                 0,
                 Step::MarkTerminating,
             ),
             (
                 "not started while frozen",
                 Observed {
+                    deleting: true,
                     frozen: true,
-                    ..deleting(MachinePhase::Running)
+                    ..with_vm(MachinePhase::Running)
                 },
                 0,
                 Step::Frozen,
             ),
             (
-                "normal drain",
-                Observed {
-                    node: healthy(),
-                    ..deleting(MachinePhase::Terminating)
-                },
-                1,
-                Step::Delete {
-                    force: false,
-                    force_reason: None,
-                },
+                "node present, drain not started",
+                facts(DeletionFacts::default()),
+                0,
+                Step::StartDrain,
             ),
+            ("a drain pass", terminating(), 1, pass(None, false, 1)),
             (
-                "force after the drain timeout",
-                Observed {
-                    node: healthy(),
-                    ..deleting(MachinePhase::Terminating)
-                },
+                "force after the drain timeout (counted from the drain start)",
+                terminating(),
                 120,
-                Step::Delete {
-                    force: true,
-                    force_reason: Some("drain timeout (2h0m0s) exceeded".into()),
-                },
+                pass(Some("drain timeout (2h0m0s) exceeded"), false, 120),
             ),
             (
                 "force by label",
                 Observed {
                     force_deletion: true,
-                    ..deleting(MachinePhase::Terminating)
+                    ..terminating()
                 },
                 0,
-                Step::Delete {
-                    force: true,
-                    force_reason: Some("label force-deletion=True is set".into()),
-                },
+                pass(Some("label force-deletion=True is set"), false, 0),
             ),
             (
                 "force when NotReady for 5 minutes",
                 Observed {
                     node: not_ready(0),
-                    ..deleting(MachinePhase::Terminating)
+                    ..terminating()
                 },
                 5,
-                Step::Delete {
-                    force: true,
-                    force_reason: Some("node has been NotReady for more than 5m".into()),
-                },
+                pass(Some("node has been NotReady for more than 5m"), false, 5),
             ),
             (
                 "not yet forced when NotReady for 4 minutes",
                 Observed {
                     node: not_ready(0),
-                    ..deleting(MachinePhase::Terminating)
+                    ..terminating()
                 },
                 4,
-                Step::Delete {
+                pass(None, false, 4),
+            ),
+            (
+                "an unreachable node is drained without waiting",
+                Observed {
+                    node: unreachable.clone(),
+                    ..terminating()
+                },
+                1,
+                pass(None, true, 1),
+            ),
+            (
+                "the volume wait counts from when the pods were gone",
+                facts(DeletionFacts {
+                    drain_started: Some(t0()),
+                    pods_drained: Some(at(3)),
+                    ..Default::default()
+                }),
+                5,
+                Step::DrainPass {
                     force: false,
                     force_reason: None,
+                    unreachable: false,
+                    elapsed: 5 * MIN,
+                    pods_gone_for: Some(2 * MIN),
                 },
             ),
             (
-                "no credentials: keep the finalizer, report",
+                "the VM is gone: nothing to drain",
+                facts(DeletionFacts {
+                    vm_gone: true,
+                    ..Default::default()
+                }),
+                0,
+                Step::DeleteVm,
+            ),
+            (
+                "drained: VolumeAttachments next",
+                facts(DeletionFacts {
+                    attachments_left: 2,
+                    ..drained.clone()
+                }),
+                0,
+                Step::DeleteVolumeAttachments,
+            ),
+            ("drained: the VM next", facts(drained.clone()), 0, Step::DeleteVm),
+            (
+                "VM deleted: the node next",
+                facts(DeletionFacts {
+                    vm_deleted: true,
+                    ..drained.clone()
+                }),
+                0,
+                Step::DeleteNode,
+            ),
+            (
+                "everything gone: the finalizer",
                 Observed {
-                    class: Err(secret.clone()),
-                    ..deleting(MachinePhase::Terminating)
+                    node: None,
+                    ..facts(DeletionFacts {
+                        vm_deleted: true,
+                        ..drained.clone()
+                    })
                 },
                 0,
-                Step::ReportClassProblem(secret),
+                Step::RemoveFinalizer,
+            ),
+            (
+                "no credentials while a VM may exist: blocked, finalizer kept",
+                Observed {
+                    class: Err(secret.clone()),
+                    ..facts(drained.clone())
+                },
+                0,
+                Step::DeletionBlocked(secret.clone()),
+            ),
+            (
+                "the drain does not need the class",
+                Observed {
+                    class: Err(missing.clone()),
+                    ..terminating()
+                },
+                1,
+                pass(None, false, 1),
+            ),
+            (
+                "creation requested but no providerID: the VM may exist",
+                Observed {
+                    deleting: true,
+                    phase: Some(MachinePhase::Terminating),
+                    vm_requested: true,
+                    class: Err(missing.clone()),
+                    ..fresh()
+                },
+                0,
+                Step::DeletionBlocked(missing.clone()),
+            ),
+            (
+                "no VM was ever requested: deleted without the class",
+                Observed {
+                    deleting: true,
+                    phase: Some(MachinePhase::Terminating),
+                    class: Err(missing.clone()),
+                    ..fresh()
+                },
+                0,
+                Step::RemoveFinalizer,
             ),
             (
                 "someone else's finalizer only",
                 Observed {
                     has_finalizer: false,
-                    ..deleting(MachinePhase::Terminating)
+                    ..terminating()
                 },
                 0,
                 Step::Nothing,
-            ),
-            (
-                "deletion of a machine that never got a VM still runs delete (leftovers)",
-                Observed {
-                    deleting: true,
-                    phase: Some(MachinePhase::Terminating),
-                    ..fresh()
-                },
-                0,
-                Step::Delete {
-                    force: false,
-                    force_reason: None,
-                },
             ),
         ];
         for (name, o, minute, want) in cases {

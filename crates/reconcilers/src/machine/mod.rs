@@ -11,7 +11,7 @@ pub mod status;
 pub mod token;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,6 +25,7 @@ use mcm_driver::{Code, Driver, DriverError};
 use mcm_permits::PermitGiver;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::events::EventPublisher;
@@ -51,6 +52,9 @@ pub enum Error {
         #[source]
         source: DriverError,
     },
+    /// A drain pass failed.
+    #[error("drain pass failed")]
+    Drain(#[source] mcm_drain::DrainError),
     /// The class or its secrets cannot be used.
     #[error("{0}")]
     Class(ClassProblem),
@@ -97,7 +101,7 @@ pub struct Settings {
 }
 
 /// Metrics of the machine controller.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct MachineMetrics {
     created: Counter,
     adopted: Counter,
@@ -107,6 +111,27 @@ pub struct MachineMetrics {
     pub frozen: Gauge,
     /// `mcm_machine_items_total`: Machines in the namespace.
     pub items: Gauge,
+    reconcile_duration: Histogram,
+    reconcile_errors: Counter,
+    longest_reconcile: Gauge<f64, AtomicU64>,
+}
+
+impl Default for MachineMetrics {
+    fn default() -> Self {
+        MachineMetrics {
+            created: Counter::default(),
+            adopted: Counter::default(),
+            failed: Counter::default(),
+            deleted: Counter::default(),
+            frozen: Gauge::default(),
+            items: Gauge::default(),
+            reconcile_duration: Histogram::new(
+                [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0],
+            ),
+            reconcile_errors: Counter::default(),
+            longest_reconcile: Gauge::default(),
+        }
+    }
 }
 
 impl std::fmt::Debug for MachineMetrics {
@@ -145,7 +170,37 @@ impl MachineMetrics {
             "Machines deleted",
             m.deleted.clone(),
         );
+        registry.register(
+            "mcm_machine_controller_reconcile_duration_seconds",
+            "Duration of machine reconciles",
+            m.reconcile_duration.clone(),
+        );
+        registry.register(
+            "mcm_machine_controller_reconcile_errors",
+            "Machine reconciles that failed",
+            m.reconcile_errors.clone(),
+        );
+        registry.register(
+            "mcm_machine_controller_reconcile_longest_seconds",
+            "The longest machine reconcile so far: no step (a drain pass included) holds a worker for long",
+            m.longest_reconcile.clone(),
+        );
         m
+    }
+
+    /// Records one reconcile.
+    fn reconciled(&self, took: Duration, failed: bool) {
+        let secs = took.as_secs_f64();
+        self.reconcile_duration.observe(secs);
+        if failed {
+            self.reconcile_errors.inc();
+        }
+        if secs > self.longest_reconcile.get() {
+            self.longest_reconcile.set(secs);
+            if took > Duration::from_secs(5) {
+                tracing::warn!(seconds = secs, "a machine reconcile took longer than 5s");
+            }
+        }
     }
 
     fn created(&self, adopted: bool) {
@@ -437,7 +492,13 @@ pub fn backoff_delay(initial: Duration, max: Duration, failures: u32) -> Duratio
 
 /// One reconcile of a Machine: observe, decide, act.
 pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Action, Error> {
-    let m = machine.as_ref();
+    let started = std::time::Instant::now();
+    let result = reconcile_once(&machine, &ctx).await;
+    ctx.metrics.reconciled(started.elapsed(), result.is_err());
+    result
+}
+
+async fn reconcile_once(m: &Machine, ctx: &Ctx) -> Result<Action, Error> {
     let cfg = observe::machine_config(m, &ctx.settings.defaults);
     let class = match observe::class_name(m) {
         Err(p) => Err(p),
@@ -450,6 +511,21 @@ pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Action, E
         .and_then(|n| ctx.node(n))
         .filter(|n| !observe::node_not_managed(n));
     let protection = ctx.failure_protection(m);
+    let deleting = m.metadata.deletion_timestamp.is_some();
+    let attachments_left = match observe::node_name(m) {
+        Some(n) if deleting => act::attachments_of(ctx, n).len(),
+        _ => 0,
+    };
+    // Before a drain starts, ask the driver whether the VM still exists: a vanished VM has
+    // nothing left to drain.
+    let vm_gone = deleting
+        && node.is_some()
+        && observe::vm_requested(m)
+        && class.is_ok()
+        && m.phase() == Some(&mcm_api::MachinePhase::Terminating)
+        && observe::progress(m, mcm_api::constants::annotations::progress::DRAIN_STARTED)
+            .is_none()
+        && act::vm_is_gone(ctx, m).await;
     let observed = observe::observe(
         m,
         &cfg,
@@ -458,43 +534,71 @@ pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Action, E
             node: node.as_deref(),
             frozen: ctx.freeze.is_frozen(),
             failure_protected: protection.as_deref(),
+            vm_gone,
+            attachments_left,
         },
     );
     let step = decide::next_step(&observed, &cfg, Timestamp::now());
     tracing::debug!(machine = %m.name_any(), ?step, "next step");
     let node = node.as_deref();
     match step {
-        Step::AddFinalizer => act::add_finalizer(&ctx, m).await,
-        Step::ReportClassProblem(p) => act::report_class_problem(&ctx, m, &p).await,
-        Step::CreateVm => act::create_vm(&ctx, m, &cfg).await,
-        Step::MarkPending => act::mark_pending(&ctx, m).await,
+        Step::AddFinalizer => act::add_finalizer(ctx, m).await,
+        Step::ReportClassProblem(p) => act::report_class_problem(ctx, m, &p).await,
+        Step::CreateVm => act::create_vm(ctx, m, &cfg).await,
+        Step::MarkPending => act::mark_pending(ctx, m).await,
         Step::AwaitNode { remaining } => Ok(Action::requeue(remaining.min(ctx.settings.resync))),
-        Step::MarkRunning => act::mark_running(&ctx, m, node).await,
-        Step::MarkUnknown { reason } => act::mark_unknown(&ctx, m, &reason, node).await,
+        Step::MarkRunning => act::mark_running(ctx, m, node).await,
+        Step::MarkUnknown { reason } => act::mark_unknown(ctx, m, &reason, node).await,
         Step::AwaitRecovery { remaining } => Ok(Action::requeue(
             remaining
                 .unwrap_or(ctx.settings.resync)
                 .min(ctx.settings.resync),
         )),
-        Step::MarkFailed { reason } => act::mark_failed(&ctx, m, &reason).await,
+        Step::MarkFailed { reason } => act::mark_failed(ctx, m, &reason).await,
         Step::Frozen => {
             act::hold(
-                &ctx,
+                ctx,
                 m,
                 "machine controller is frozen by the safety controller",
             )
             .await
         }
         Step::Protected { reason } => {
-            act::hold(&ctx, m, &format!("not marked Failed: {reason}")).await
+            act::hold(ctx, m, &format!("not marked Failed: {reason}")).await
         }
-        Step::KeepRunning => act::keep_running(&ctx, m, node).await,
+        Step::KeepRunning => act::keep_running(ctx, m, node).await,
         Step::Nothing => Ok(Action::await_change()),
-        Step::MarkTerminating => act::mark_terminating(&ctx, m).await,
-        Step::Delete {
+        Step::MarkTerminating => {
+            act::mark_terminating(ctx, m, node, observed.vm_requested).await
+        }
+        Step::StartDrain => match node {
+            Some(node) => act::start_drain(ctx, m, node).await,
+            None => Err(Error::Invariant("StartDrain without a node".into())),
+        },
+        Step::DrainPass {
             force,
             force_reason,
-        } => act::delete(&ctx, m, &cfg, force, force_reason.as_deref()).await,
+            unreachable,
+            elapsed,
+            pods_gone_for,
+        } => {
+            let Some(node_name) = observe::node_name(m) else {
+                return Err(Error::Invariant("DrainPass without a node name".into()));
+            };
+            let plan = act::PassPlan {
+                force,
+                force_reason: force_reason.as_deref(),
+                unreachable,
+                elapsed,
+                pods_gone_for,
+            };
+            act::drain_pass(ctx, m, &cfg, node_name, plan).await
+        }
+        Step::DeleteVolumeAttachments => act::delete_volume_attachments(ctx, m).await,
+        Step::DeleteVm => act::delete_vm(ctx, m).await,
+        Step::DeletionBlocked(problem) => act::deletion_blocked(ctx, m, &problem).await,
+        Step::DeleteNode => act::delete_node(ctx, m).await,
+        Step::RemoveFinalizer => act::finish_deletion(ctx, m).await,
     }
 }
 

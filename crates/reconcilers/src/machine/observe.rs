@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use mcm_api::constants::{annotations, finalizers, labels, node_conditions};
 use mcm_api::{Machine, MachineClass, MachinePhase};
 
-use super::decide::{ClassProblem, MachineConfig, NodeHealth, Observed};
+use super::decide::{ClassProblem, DeletionFacts, MachineConfig, NodeHealth, Observed};
 
 /// The controller-wide defaults that a Machine's inline configuration may override.
 #[derive(Debug, Clone, PartialEq)]
@@ -138,6 +138,7 @@ pub fn node_health(node: &Node, bad_conditions: &[String]) -> NodeHealth {
         ready,
         not_ready_since,
         bad_conditions: bad,
+        unreachable: ready_cond.is_none_or(|c| c.status == "Unknown"),
     }
 }
 
@@ -172,6 +173,35 @@ pub struct Context<'a> {
     pub frozen: bool,
     /// Why the machine must not be failed now, if it must not.
     pub failure_protected: Option<&'a str>,
+    /// The driver reported the VM gone (only asked while deleting).
+    pub vm_gone: bool,
+    /// VolumeAttachments to the machine's node.
+    pub attachments_left: usize,
+}
+
+/// A progress annotation of the Machine (see [`annotations::progress`]) as a time.
+/// An unparsable value counts as present, at the Machine's creation time.
+pub fn progress(machine: &Machine, key: &str) -> Option<Timestamp> {
+    let value = machine.metadata.annotations.as_ref()?.get(key)?;
+    Some(value.parse().unwrap_or_else(|_| {
+        machine
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0)
+            .unwrap_or(Timestamp::UNIX_EPOCH)
+    }))
+}
+
+/// Whether a VM may exist for the Machine: a providerID is recorded, or creation was
+/// requested.
+pub fn vm_requested(machine: &Machine) -> bool {
+    machine
+        .spec
+        .provider_id
+        .as_deref()
+        .is_some_and(|p| !p.is_empty())
+        || progress(machine, annotations::progress::VM_REQUESTED).is_some()
 }
 
 /// Builds the decision snapshot of a Machine.
@@ -196,6 +226,15 @@ pub fn observe(machine: &Machine, cfg: &MachineConfig, ctx: Context<'_>) -> Obse
             .and_then(|l| l.get(labels::FORCE_DELETION))
             .is_some_and(|v| v.eq_ignore_ascii_case("true")),
         failure_protected: ctx.failure_protected.map(String::from),
+        vm_requested: vm_requested(machine),
+        deletion: DeletionFacts {
+            drain_started: progress(machine, annotations::progress::DRAIN_STARTED),
+            pods_drained: progress(machine, annotations::progress::PODS_DRAINED),
+            drained: progress(machine, annotations::progress::DRAINED).is_some(),
+            vm_deleted: progress(machine, annotations::progress::VM_DELETED).is_some(),
+            attachments_left: ctx.attachments_left,
+            vm_gone: ctx.vm_gone,
+        },
     }
 }
 
@@ -267,14 +306,17 @@ mod tests {
         );
         assert_eq!(h.bad_conditions, vec!["KernelDeadlock".to_string()]);
         assert!(!h.healthy());
+        let h = node_health(&node(vec![cond("Ready", "False")]), &bad);
+        assert!(!h.ready && !h.unreachable, "a reporting kubelet is reachable");
         let h = node_health(&node(vec![cond("Ready", "Unknown")]), &bad);
-        assert!(!h.ready);
+        assert!(!h.ready && h.unreachable);
         assert_eq!(
             h.not_ready_since,
             Some("2026-01-01T00:00:00Z".parse().unwrap())
         );
-        // No conditions at all: not ready.
-        assert!(!node_health(&Node::default(), &bad).ready);
+        // No conditions at all: not ready, and unreachable.
+        let h = node_health(&Node::default(), &bad);
+        assert!(!h.ready && h.unreachable);
     }
 
     #[test]
