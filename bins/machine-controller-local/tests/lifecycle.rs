@@ -307,7 +307,7 @@ async fn a_crashed_vm_goes_unknown_then_failed_and_replacements_are_throttled() 
 #[tokio::test]
 async fn deletion_respects_a_pdb_and_reports_it_then_drains() {
     let h = Harness::new("drain", json!({})).await;
-    let _mc = h.spawn_controller("mc", &[]);
+    let mc = h.spawn_controller("mc", &[]);
     h.create_machine("d1", "local").await;
     h.await_phase("d1", MachinePhase::Running, WAIT).await;
 
@@ -363,6 +363,17 @@ async fn deletion_respects_a_pdb_and_reports_it_then_drains() {
         })
         .await;
     assert_eq!(m.phase(), Some(&MachinePhase::Terminating));
+    // The block is also told on the Node, for `kubectl describe node`.
+    let on_node = h.node_events_for("d1", "DrainBlockedByPDB").await;
+    assert!(
+        on_node.iter().any(|n| n.contains("web-pdb")),
+        "{on_node:?}"
+    );
+    // Keep the budget blocking for a while: the drain comes back every retry interval (1s)
+    // instead of holding a reconcile open.
+    let count = "mcm_machine_controller_reconcile_duration_seconds_count";
+    let before = mc.metric(count).await;
+    mc.await_metric(count, WAIT, |n| n >= before + 8.0).await;
     assert!(
         h.vm_alive("d1"),
         "the VM must not be deleted while the drain is blocked"
@@ -377,6 +388,17 @@ async fn deletion_respects_a_pdb_and_reports_it_then_drains() {
         .await
         .unwrap();
     h.await_gone("d1", WAIT).await;
+    // Blocked for 8 passes or more, yet no reconcile held a worker for more than a moment.
+    let longest = mc
+        .metric("mcm_machine_controller_reconcile_longest_seconds")
+        .await;
+    assert!(longest < 3.0, "a reconcile took {longest}s");
+    for reason in ["DrainStarted", "Drained", "VMDeleted"] {
+        assert!(
+            !h.node_events_for("d1", reason).await.is_empty(),
+            "no {reason} event on the node"
+        );
+    }
     assert!(pods.get_opt("web").await.unwrap().is_none(), "pod evicted");
     assert!(h.vm_records().is_empty());
     assert!(h.nodes().get_opt("d1").await.unwrap().is_none());

@@ -6,8 +6,10 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::api::{Api, PostParams};
 use kube::runtime::wait::await_condition;
+use mcm_api::constants::annotations::progress;
 use mcm_api::constants::node_conditions;
 use mcm_api::{Machine, MachinePhase};
 use serde_json::json;
@@ -25,6 +27,18 @@ fn node_terminating(n: &Node) -> bool {
     cordoned || condition
 }
 
+fn has_progress(m: Option<&Machine>, key: &str) -> bool {
+    m.is_none_or(|m| {
+        m.metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(key))
+    })
+}
+
+/// Deletion is a sequence of steps, each one reconcile: Terminating, drain started (node
+/// cordoned and marked), drain passes, drained, VM deleted, Node deleted, finalizer removed.
+/// The controller is SIGKILLed as soon as each step's durable record appears, and restarted.
 #[tokio::test]
 async fn a_deletion_interrupted_at_every_step_finishes_without_leaks() {
     let h = Harness::new("restart-del", json!({})).await;
@@ -37,6 +51,26 @@ async fn a_deletion_interrupted_at_every_step_finishes_without_leaks() {
     let bystander_pid = h.vm_pid("bystander");
     let victim_pid = h.vm_pid("victim");
     assert_eq!(h.vm_pids("victim"), vec![victim_pid]);
+    // A pod that takes a few seconds to terminate, so the drain spans several passes.
+    let pods: Api<Pod> = Api::namespaced(h.client.clone(), &h.ns);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": { "name": "slow" },
+        "spec": { "nodeName": "victim", "terminationGracePeriodSeconds": 3,
+                  "containers": [{ "name": "c", "image": "example.invalid/slow" }] }
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    within(
+        WAIT,
+        "the pod to run",
+        await_condition(pods.clone(), "slow", |p: Option<&Pod>| {
+            p.and_then(|p| p.status.as_ref())
+                .and_then(|s| s.phase.as_deref())
+                == Some("Running")
+        }),
+    )
+    .await
+    .unwrap();
 
     h.delete_machine("victim").await;
 
@@ -44,54 +78,70 @@ async fn a_deletion_interrupted_at_every_step_finishes_without_leaks() {
     h.await_phase("victim", MachinePhase::Terminating, WAIT)
         .await;
     mc.kill().await;
-    let node = h.nodes().get_opt("victim").await.unwrap();
-    eprintln!(
-        "(a) killed at Terminating; node already marked: {}",
-        node.as_ref().is_some_and(node_terminating)
-    );
     assert!(
         process_alive(victim_pid),
         "(a) the VM must not be gone before the node was drained"
     );
 
-    // (b) the Node carries the Terminating condition / is cordoned.
-    let mc = h.spawn_controller("mc-2", &[]);
-    h.await_node(
-        "victim",
-        WAIT,
-        "the node to be marked Terminating",
-        |n: Option<&Node>| n.is_none_or(node_terminating),
-    )
-    .await;
-    mc.kill().await;
-    eprintln!(
-        "(b) killed with the node marked; VM alive: {}",
-        process_alive(victim_pid)
-    );
-
-    // (c) the VM process is gone while the Machine still exists. The window (between the
-    // driver stopping the process and the finalizer's removal, a few API calls) is short:
-    // poll /proc every 2 ms and kill at once; whether the Machine still existed is reported.
-    let mc = h.spawn_controller("mc-3", &[]);
-    within(WAIT, "the VM process to stop", async {
-        while process_alive(victim_pid) {
-            tokio::time::sleep(Duration::from_millis(2)).await;
+    // (b) drain started: node cordoned and marked Terminating.
+    let mut mc = h.spawn_controller("mc-2", &[]);
+    let kills = [
+        (progress::DRAIN_STARTED, "drain started"),
+        (progress::DRAINED, "drained"),
+        (progress::VM_DELETED, "VM deleted"),
+    ];
+    for (i, (key, what)) in kills.iter().enumerate() {
+        let wanted = key.to_string();
+        within(
+            WAIT,
+            &format!("the machine to record: {what}"),
+            await_condition(h.machines(), "victim", move |m: Option<&Machine>| {
+                has_progress(m, &wanted)
+            }),
+        )
+        .await
+        .unwrap();
+        mc.kill().await;
+        let m = h.machines().get_opt("victim").await.unwrap();
+        let node = h.nodes().get_opt("victim").await.unwrap();
+        eprintln!(
+            "killed after '{what}': machine present {}, node present {} (marked {}), VM alive {}, pod present {}",
+            m.is_some(),
+            node.is_some(),
+            node.as_ref().is_some_and(node_terminating),
+            process_alive(victim_pid),
+            pods.get_opt("slow").await.unwrap().is_some()
+        );
+        if *key == progress::DRAIN_STARTED {
+            assert!(
+                node.as_ref().is_none_or(node_terminating),
+                "the node is marked before the drain is recorded as started"
+            );
         }
-    })
-    .await;
+        if *key == progress::DRAINED {
+            assert!(
+                pods.get_opt("slow").await.unwrap().is_none(),
+                "drained means the pod is gone"
+            );
+        }
+        if *key == progress::VM_DELETED {
+            assert!(!process_alive(victim_pid), "the VM is gone once recorded deleted");
+        }
+        mc = h.spawn_controller(&format!("mc-{}", i + 3), &[]);
+    }
+
+    // (e) the node is deleted while the Machine still exists.
+    h.await_node("victim", WAIT, "the node to be deleted", |n| n.is_none())
+        .await;
     mc.kill().await;
-    let still_there = h.machines().get_opt("victim").await.unwrap();
     eprintln!(
-        "(c) killed after the VM stopped; machine still present: {}, VM record present: {}",
-        still_there.is_some(),
-        h.vm_records().contains(&"victim".to_string())
+        "killed after the node's deletion: machine present {}",
+        h.machines().get_opt("victim").await.unwrap().is_some()
     );
 
     // Restart: the deletion finishes.
-    let mc = h.spawn_controller("mc-4", &[]);
+    let mc = h.spawn_controller("mc-last", &[]);
     h.await_gone("victim", WAIT).await;
-    h.await_node("victim", WAIT, "the node to be deleted", |n| n.is_none())
-        .await;
     assert!(
         !h.vm_records().contains(&"victim".to_string()),
         "VM record leaked: {:?}",

@@ -202,7 +202,10 @@ pub async fn run(
                 );
             };
             tokio::select! {
-                _ = synced => ready.store(true, Ordering::SeqCst),
+                _ = synced => {
+                    ready.store(true, Ordering::SeqCst);
+                    orphan_ctx.synced.send_replace(true);
+                }
                 _ = cancel.cancelled() => return,
             }
             // Orphan collection needs synced stores: it starts only now.

@@ -355,6 +355,24 @@ impl Harness {
             .collect()
     }
 
+    /// Events about the Node `name` (any namespace) whose reason is `reason`.
+    pub async fn node_events_for(&self, name: &str, reason: &str) -> Vec<String> {
+        let api: Api<k8s_openapi::api::events::v1::Event> = Api::all(self.client.clone());
+        api.list(&Default::default())
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|e| {
+                e.regarding.as_ref().is_some_and(|r| {
+                    r.kind.as_deref() == Some("Node") && r.name.as_deref() == Some(name)
+                })
+            })
+            .filter(|e| e.reason.as_deref() == Some(reason))
+            .filter_map(|e| e.note)
+            .collect()
+    }
+
     /// Whether a VM process of `machine` is alive.
     pub fn vm_alive(&self, machine: &str) -> bool {
         self.state()

@@ -270,6 +270,11 @@ pub struct Ctx {
     pub metrics: MachineMetrics,
     /// Wakes the orphan collector (after a deletion, leftovers of the VM are looked for).
     pub orphan_trigger: Arc<tokio::sync::Notify>,
+    /// Set to `true` once every store above has synced: until then a missing Node or
+    /// VolumeAttachment in a store is no evidence that it does not exist, so no reconcile
+    /// decides before (a restarted controller would otherwise skip the drain of a node it
+    /// has not listed yet).
+    pub synced: tokio::sync::watch::Sender<bool>,
     failures: Mutex<HashMap<String, u32>>,
 }
 
@@ -303,6 +308,7 @@ impl Ctx {
             freeze,
             metrics,
             orphan_trigger: Arc::new(tokio::sync::Notify::new()),
+            synced: tokio::sync::watch::Sender::new(false),
             failures: Mutex::new(HashMap::new()),
         }
     }
@@ -499,6 +505,10 @@ pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Action, E
 }
 
 async fn reconcile_once(m: &Machine, ctx: &Ctx) -> Result<Action, Error> {
+    // Decisions read the stores: wait for them to have synced (once, at start-up).
+    if ctx.synced.subscribe().wait_for(|synced| *synced).await.is_err() {
+        return Err(Error::Invariant("the store readiness signal was dropped".into()));
+    }
     let cfg = observe::machine_config(m, &ctx.settings.defaults);
     let class = match observe::class_name(m) {
         Err(p) => Err(p),

@@ -1,0 +1,186 @@
+//! Deletion in the unhappy cases a new user hits: a class that never worked, a class that does
+//! not exist, a class broken while a VM exists, and a node whose kubelet died.
+
+mod common;
+
+use common::*;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use kube::ResourceExt;
+use kube::api::{Api, PostParams};
+use kube::runtime::wait::await_condition;
+use mcm_api::constants::annotations::progress;
+use mcm_api::{Machine, MachinePhase};
+use serde_json::json;
+
+fn annotation<'a>(m: &'a Machine, key: &str) -> Option<&'a str> {
+    m.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .map(String::as_str)
+}
+
+fn description(m: &Machine) -> String {
+    m.status
+        .as_ref()
+        .and_then(|s| s.last_operation.as_ref())
+        .and_then(|o| o.description.clone())
+        .unwrap_or_default()
+}
+
+#[tokio::test]
+async fn a_machine_of_an_invalid_class_never_got_a_vm_and_is_deleted() {
+    let h = Harness::new("del-invalid", json!({})).await;
+    h.create_class("bad", json!({ "capacity": { "cpu": "abc" } }), "local-secret")
+        .await;
+    let _mc = h.spawn_controller("mc", &[]);
+    h.create_machine("b1", "bad").await;
+    let m = h
+        .await_description("b1", WAIT, "the invalid class to be reported", |d| {
+            d.contains("providerSpec.capacity.cpu")
+        })
+        .await;
+    assert_eq!(m.phase(), Some(&MachinePhase::CrashLoopBackOff));
+    // The driver refused the request: no VM was requested, and the record says so.
+    assert_eq!(annotation(&m, progress::VM_REQUESTED), None);
+    assert!(h.vm_records().is_empty());
+
+    h.delete_machine("b1").await;
+    h.await_gone("b1", WAIT).await;
+    assert!(h.vm_records().is_empty());
+    let deleted = h.events_for("b1", "Deleted").await;
+    assert!(
+        deleted.iter().any(|n| n.contains("no VM was ever requested")),
+        "{deleted:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_machine_whose_class_does_not_exist_is_deleted() {
+    let h = Harness::new("del-noclass", json!({})).await;
+    let _mc = h.spawn_controller("mc", &[]);
+    h.create_machine("n1", "does-not-exist").await;
+    h.await_description("n1", WAIT, "the missing class to be reported", |d| {
+        d.contains("cannot use the machine class") && d.contains("does-not-exist")
+    })
+    .await;
+
+    h.delete_machine("n1").await;
+    h.await_gone("n1", WAIT).await;
+    assert!(h.vm_records().is_empty());
+}
+
+#[tokio::test]
+async fn a_vm_that_may_exist_blocks_deletion_until_the_class_is_fixed() {
+    let h = Harness::new("del-blocked", json!({})).await;
+    let _mc = h.spawn_controller("mc", &[]);
+    h.create_machine("v1", "local").await;
+    let running = h.await_phase("v1", MachinePhase::Running, WAIT).await;
+    let provider_id = running.spec.provider_id.clone().unwrap();
+    assert!(annotation(&running, progress::VM_REQUESTED).is_some());
+
+    // The class breaks while the VM runs; then the Machine is deleted.
+    let good = h.classes().get("local").await.unwrap();
+    let mut broken = good.clone();
+    broken.provider_spec["capacity"] = json!({ "cpu": "abc" });
+    h.classes()
+        .replace("local", &PostParams::default(), &broken)
+        .await
+        .unwrap();
+    h.delete_machine("v1").await;
+    let m = h
+        .await_description("v1", WAIT, "the blocked deletion to be reported", |d| {
+            d.contains("may still exist and cannot be deleted")
+        })
+        .await;
+    let d = description(&m);
+    assert!(d.contains(&provider_id), "{d}");
+    assert!(d.contains("providerSpec.capacity.cpu"), "{d}");
+    assert!(d.contains("until the class is fixed"), "{d}");
+    assert!(
+        m.finalizers()
+            .iter()
+            .any(|f| f == mcm_api::constants::finalizers::MACHINE_CONTROLLER),
+        "the finalizer stays while the VM may exist"
+    );
+    assert!(h.vm_alive("v1"), "the VM is neither leaked nor deleted");
+    let events = h.events_for("v1", "DeletionBlocked").await;
+    assert_eq!(events.len(), 1, "one Event, not one per retry: {events:?}");
+
+    // Fixed: the deletion finishes.
+    let mut fixed = h.classes().get("local").await.unwrap();
+    fixed.provider_spec = good.provider_spec.clone();
+    h.classes()
+        .replace("local", &PostParams::default(), &fixed)
+        .await
+        .unwrap();
+    h.await_gone("v1", WAIT).await;
+    assert!(h.vm_records().is_empty());
+    assert!(h.nodes().get_opt("v1").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn pods_on_an_unreachable_node_are_not_waited_for() {
+    let h = Harness::new("del-unreachable", json!({})).await;
+    // Neither the drain timeout nor MCM's 5-minute NotReady rule can end this drain within
+    // the test's wait: only the unreachable-node rule can.
+    let _mc = h.spawn_controller(
+        "mc",
+        &[
+            "--machine-drain-timeout=10m".to_string(),
+            "--machine-health-timeout=10m".to_string(),
+        ],
+    );
+    h.create_machine("u1", "local").await;
+    h.await_phase("u1", MachinePhase::Running, WAIT).await;
+    let pods: Api<Pod> = Api::namespaced(h.client.clone(), &h.ns);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": { "name": "web" },
+        "spec": { "nodeName": "u1", "terminationGracePeriodSeconds": 30,
+                  "containers": [{ "name": "c", "image": "example.invalid/web" }] }
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    within(
+        WAIT,
+        "the pod to run",
+        await_condition(pods.clone(), "web", |p: Option<&Pod>| {
+            p.and_then(|p| p.status.as_ref())
+                .and_then(|s| s.phase.as_deref())
+                == Some("Running")
+        }),
+    )
+    .await
+    .unwrap();
+
+    // The VM crashes; the node lifecycle controller marks the node Unknown.
+    h.kill_vm("u1");
+    h.await_node("u1", WAIT, "the node to become unreachable", |n: Option<&Node>| {
+        n.and_then(|n| n.status.as_ref())
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "Unknown"))
+    })
+    .await;
+
+    h.delete_machine("u1").await;
+    h.await_gone("u1", WAIT).await;
+    assert!(h.vm_records().is_empty());
+    assert!(h.nodes().get_opt("u1").await.unwrap().is_none());
+    // The pod was evicted (it can never finish terminating on a dead kubelet; the pod
+    // garbage collector removes it once the node is gone).
+    if let Some(p) = pods.get_opt("web").await.unwrap() {
+        assert!(p.metadata.deletion_timestamp.is_some(), "the pod was evicted");
+    }
+    let drained = h.events_for("u1", "Drained").await;
+    assert!(
+        drained
+            .iter()
+            .any(|n| n.contains("not waited for (node unreachable)")),
+        "{drained:?}"
+    );
+    // The node's own events tell an operator why it went away.
+    for reason in ["DrainStarted", "Drained", "VMDeleted"] {
+        let on_node = h.node_events_for("u1", reason).await;
+        assert!(!on_node.is_empty(), "no {reason} event on the node");
+    }
+}
