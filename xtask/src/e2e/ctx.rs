@@ -34,6 +34,8 @@ pub const WAIT: Duration = Duration::from_secs(120);
 pub struct Timings {
     /// `--machine-health-timeout`.
     pub health_timeout: &'static str,
+    /// `--machine-drain-timeout`.
+    pub drain_timeout: &'static str,
     /// `--machine-safety-orphan-vms-period`.
     pub orphan_period: &'static str,
     /// `--machine-safety-apiserver-statuscheck-timeout`.
@@ -44,6 +46,7 @@ impl Default for Timings {
     fn default() -> Self {
         Timings {
             health_timeout: "60s",
+            drain_timeout: "30s",
             orphan_period: "30s",
             statuscheck_timeout: "30s",
         }
@@ -251,7 +254,7 @@ impl<'a> Ctx<'a> {
             extra.extend([
                 "--machine-creation-timeout=90s".to_string(),
                 format!("--machine-health-timeout={}", t.health_timeout),
-                "--machine-drain-timeout=30s".into(),
+                format!("--machine-drain-timeout={}", t.drain_timeout),
                 format!("--machine-safety-orphan-vms-period={}", t.orphan_period),
                 "--machine-safety-apiserver-statuscheck-period=1s".into(),
                 format!(

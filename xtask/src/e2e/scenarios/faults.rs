@@ -4,6 +4,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
+use mcm_api::MachinePhase;
 use mcm_driver::{CreateMachineRequest, Driver, RequestId, SecretData};
 use mcm_provider_local::{LocalDriver, LocalDriverConfig};
 use nix::sys::signal::{Signal, kill};
@@ -18,8 +19,12 @@ use crate::e2e::proxy::Proxy;
 /// moves to the other nodes.
 pub async fn vm_crash(ctx: &mut Ctx<'_>) -> Result<String> {
     ctx.create_class("local", json!({})).await?;
+    // The drain timeout is far longer than the bound asserted below: only not waiting for
+    // the pods of the dead (unreachable) node can meet it.
+    let health_timeout = Duration::from_secs(20);
     let timings = Timings {
         health_timeout: "20s",
+        drain_timeout: "10m",
         ..Timings::default()
     };
     ctx.start_controllers(&timings, None).await?;
@@ -38,6 +43,20 @@ pub async fn vm_crash(ctx: &mut Ctx<'_>) -> Result<String> {
     kill(Pid::from_raw(record.pid), Signal::SIGKILL)
         .with_context(|| format!("kill -9 {}", record.pid))?;
 
+    // The health timeout starts when the machine turns Unknown (the node lifecycle controller
+    // marks the node first).
+    wait_for(&format!("{victim} to turn Unknown"), WAIT, || async {
+        Ok(match ctx.machines_api().get_opt(&victim).await? {
+            Some(m) if m.phase() == Some(&MachinePhase::Unknown) => Check::Done(()),
+            None => bail!("{victim} vanished before it turned Unknown"),
+            Some(m) => Check::Pending(format!(
+                "{victim} is {}",
+                m.phase().map_or("(none)", |p| p.as_str())
+            )),
+        })
+    })
+    .await?;
+    let unknown_at = Instant::now();
     wait_for(&format!("{victim} to be replaced"), WAIT * 2, || async {
         Ok(match ctx.machines_api().get_opt(&victim).await? {
             None => Check::Done(()),
@@ -49,6 +68,14 @@ pub async fn vm_crash(ctx: &mut Ctx<'_>) -> Result<String> {
     })
     .await?;
     ctx.await_fleet(3, None).await?;
+    let replaced_after = unknown_at.elapsed();
+    let bound = health_timeout + Duration::from_secs(30);
+    ensure!(
+        replaced_after <= bound,
+        "{victim} was replaced {:.0}s after it turned Unknown; the bound is the health timeout + 30s ({:.0}s)",
+        replaced_after.as_secs_f64(),
+        bound.as_secs_f64()
+    );
     ctx.await_workload(3).await?;
     // The workload moved: no live pod is bound to the crashed node any more.
     let (terminating, live): (Vec<_>, Vec<_>) = ctx
@@ -79,9 +106,10 @@ pub async fn vm_crash(ctx: &mut Ctx<'_>) -> Result<String> {
         )
     };
     Ok(format!(
-        "{victim} (pid {}): {} -> replaced, workload back to 3 in {:.0}s{leftover}",
+        "{victim} (pid {}): {} -> replaced {:.0}s after turning Unknown (health timeout 20s), workload back to 3 in {:.0}s{leftover}",
         record.pid,
         seen.join(" -> "),
+        replaced_after.as_secs_f64(),
         began.elapsed().as_secs_f64()
     ))
 }
