@@ -180,6 +180,37 @@ impl PermitGiver {
         }
     }
 
+    /// Takes a permit of `key` if one is free right now, without waiting (a busy key fails
+    /// with [`PermitError::Timeout`] after zero time).
+    pub fn try_acquire_now(&self, key: &str) -> Result<Permit, PermitError> {
+        let (semaphore, capacity, last_used) = {
+            let keys = self.lock();
+            let entry = keys.get(key).ok_or_else(|| PermitError::NotRegistered {
+                key: key.to_string(),
+            })?;
+            (
+                entry.semaphore.clone(),
+                entry.capacity,
+                entry.last_used.clone(),
+            )
+        };
+        touch(&last_used);
+        match semaphore.try_acquire_owned() {
+            Ok(permit) => Ok(Permit {
+                _permit: permit,
+                last_used,
+            }),
+            Err(tokio::sync::TryAcquireError::Closed) => Err(PermitError::Deleted {
+                key: key.to_string(),
+            }),
+            Err(tokio::sync::TryAcquireError::NoPermits) => Err(PermitError::Timeout {
+                key: key.to_string(),
+                capacity,
+                waited: Duration::ZERO,
+            }),
+        }
+    }
+
     /// Deletes `key`. Waiters fail with [`PermitError::Deleted`]; held permits stay valid
     /// until dropped but no longer count for anything.
     pub fn delete(&self, key: &str) {
@@ -235,6 +266,22 @@ impl PermitGiver {
 mod tests {
     use super::*;
     use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[tokio::test]
+    async fn try_acquire_now_never_waits() {
+        let p = PermitGiver::new();
+        assert!(p.try_acquire_now("k").is_err(), "unregistered");
+        p.register("k", 1);
+        let held = p.try_acquire_now("k").expect("free");
+        assert!(matches!(
+            p.try_acquire_now("k"),
+            Err(PermitError::Timeout { waited, .. }) if waited == Duration::ZERO
+        ));
+        drop(held);
+        assert!(p.try_acquire_now("k").is_ok(), "free again once dropped");
+        p.delete("k");
+        assert!(p.try_acquire_now("k").is_err(), "deleted");
+    }
 
     #[tokio::test]
     async fn unregistered_keys_are_an_error() {

@@ -510,32 +510,47 @@ pub async fn mark_unknown(
     Ok(Action::requeue(RECHECK))
 }
 
-/// The machine is beyond repair: Failed, within the replacement budget of its deployment.
+/// The machine would fail, but the replacement budget of its deployment is used up:
+/// record why (once, with an Event) and check again later.
+pub async fn throttle_replacement(
+    ctx: &Ctx,
+    m: &Machine,
+    throttled: &str,
+    reason: &str,
+) -> Result<Action, Error> {
+    let description = format!("replacement throttled: {throttled}; {reason}");
+    if last_description(m) != Some(description.as_str()) {
+        announce(
+            ctx,
+            m,
+            None,
+            Operation::processing(MachineOperationType::HealthCheck, description),
+            EventType::Warning,
+            "ReplacementThrottled",
+            "HealthCheck",
+        )
+        .await?;
+    }
+    Ok(Action::requeue(RECHECK))
+}
+
+/// How soon a machine whose failure lost the race for its deployment's permit looks again.
+const PERMIT_BUSY_RECHECK: Duration = Duration::from_secs(1);
+
+/// The machine is beyond repair: Failed. The decision saw room in the replacement budget;
+/// the deployment's permit (taken without waiting) serialises concurrent failures of its
+/// machines, and the budget is counted again under it.
 pub async fn mark_failed(ctx: &Ctx, m: &Machine, reason: &str) -> Result<Action, Error> {
-    let _permit = match ctx.replacement_slot(m).await {
+    let _permit = match ctx.replacement_permit(m) {
         Ok(permit) => permit,
-        Err(throttled) => {
-            let description = format!("replacement throttled: {throttled}; {reason}");
-            if last_description(m) != Some(description.as_str()) {
-                record(
-                    ctx,
-                    m,
-                    None,
-                    &Operation::processing(MachineOperationType::HealthCheck, description.clone()),
-                )
-                .await?;
-                ctx.events
-                    .warning(
-                        &m.object_ref(&()),
-                        "ReplacementThrottled",
-                        "HealthCheck",
-                        description,
-                    )
-                    .await;
-            }
-            return Ok(Action::requeue(RECHECK));
+        Err(busy) => {
+            tracing::debug!(machine = %name(m), %busy, "replacement permit busy");
+            return Ok(Action::requeue(PERMIT_BUSY_RECHECK));
         }
     };
+    if let Some(throttled) = ctx.replacement_throttle(m) {
+        return throttle_replacement(ctx, m, &throttled, reason).await;
+    }
     let kind = match m.phase() {
         Some(MachinePhase::Unknown) | Some(MachinePhase::Running) => {
             MachineOperationType::HealthCheck

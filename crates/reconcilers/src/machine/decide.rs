@@ -138,6 +138,9 @@ pub struct Observed {
     /// Why this machine must not be marked Failed right now even if its health timeout
     /// expired (e.g. it belongs to an old MachineSet while a rollout is in progress).
     pub failure_protected: Option<String>,
+    /// Why the replacement budget of the machine's deployment allows no further failure
+    /// right now (at most maxSurge of its machines may be Failed or terminating at once).
+    pub replacement_throttled: Option<String>,
     /// A VM may exist: a providerID is recorded, or creation was requested (the
     /// `vm-requested` progress annotation). Without either, the Machine never asked for a
     /// VM and is deleted without touching the driver (or needing its class).
@@ -196,6 +199,13 @@ pub enum Step {
     /// The machine is beyond repair: Failed (the MachineSet replaces it).
     MarkFailed {
         /// Why.
+        reason: String,
+    },
+    /// The machine would fail, but its deployment's replacement budget is used up.
+    ReplacementThrottled {
+        /// Why the budget is used up.
+        throttled: String,
+        /// Why the machine would fail.
         reason: String,
     },
     /// The machine would fail or start deleting, but the controller is frozen.
@@ -416,6 +426,11 @@ fn drain_force_reason(
 fn fail_unless_frozen(o: &Observed, reason: String) -> Step {
     if o.frozen {
         Step::Frozen
+    } else if let Some(throttled) = &o.replacement_throttled {
+        Step::ReplacementThrottled {
+            throttled: throttled.clone(),
+            reason,
+        }
     } else {
         Step::MarkFailed { reason }
     }
@@ -484,6 +499,7 @@ mod tests {
             frozen: false,
             force_deletion: false,
             failure_protected: None,
+            replacement_throttled: None,
             vm_requested: false,
             deletion: DeletionFacts::default(),
         }
@@ -671,6 +687,19 @@ mod tests {
                 Observed { node: not_ready(0), frozen: true, ..with_vm(MachinePhase::Unknown) },
                 60,
                 Step::Frozen,
+            ),
+            (
+                "the replacement budget is used up: throttled, not failed",
+                Observed {
+                    node: not_ready(0),
+                    replacement_throttled: Some("1 machine(s) already being replaced".into()),
+                    ..with_vm(MachinePhase::Unknown)
+                },
+                10,
+                Step::ReplacementThrottled {
+                    throttled: "1 machine(s) already being replaced".into(),
+                    reason: "machine stayed unhealthy beyond the health timeout (10m0s): node is not Ready".into(),
+                },
             ),
             (
                 "never failed while protected by a rollout",

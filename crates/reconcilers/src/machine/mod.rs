@@ -20,7 +20,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
-use mcm_api::{Machine, MachineClass, MachineDeployment, MachineSet};
+use mcm_api::{Machine, MachineClass, MachineDeployment, MachinePhase, MachineSet};
 use mcm_driver::{Code, Driver, DriverError};
 use mcm_permits::PermitGiver;
 use prometheus_client::metrics::counter::Counter;
@@ -377,40 +377,46 @@ impl Ctx {
         rollout_protection(&set, &deployment, &owned)
     }
 
-    /// Takes a slot of the replacement budget of the machine's deployment: at most maxSurge
-    /// (at least 1) of its machines may be Failed or terminating at a time. Machines without
-    /// a deployment are not limited.
-    async fn replacement_slot(&self, m: &Machine) -> Result<Option<mcm_permits::Permit>, String> {
+    /// Whether the replacement budget of the machine's deployment is used up: at most
+    /// maxSurge (at least 1) of its machines may be Failed or terminating at a time. `Some`
+    /// says why; machines without a deployment are not limited. Reads the stores only.
+    pub fn replacement_throttle(&self, m: &Machine) -> Option<String> {
         let (_, Some(deployment)) = self.owners(m) else {
-            return Ok(None);
+            return None;
         };
-        let key = format!("{}/{}", self.settings.namespace, deployment.name_any());
-        self.permits.register(&key, 1);
-        let permit = self
-            .permits
-            .try_acquire(&key, Duration::from_secs(5))
-            .await
-            .map_err(|e| e.to_string())?;
         let budget = max_replacements(&deployment);
         let being_replaced = self
             .machines
             .state()
             .iter()
             .filter(|other| other.uid() != m.uid())
+            .filter(|other| observe::is_being_replaced(other))
             .filter(|other| {
                 self.owners(other)
                     .1
                     .is_some_and(|d| d.uid() == deployment.uid())
             })
-            .filter(|other| observe::is_being_replaced(other))
             .count();
-        if being_replaced >= budget {
-            return Err(format!(
+        (being_replaced >= budget).then(|| {
+            format!(
                 "{being_replaced} machine(s) of MachineDeployment {} are already being replaced (budget {budget})",
                 deployment.name_any()
-            ));
-        }
-        Ok(Some(permit))
+            )
+        })
+    }
+
+    /// The permit of the machine's deployment, taken without waiting (`Err` when another
+    /// reconcile holds it). `None` for machines without a deployment.
+    fn replacement_permit(&self, m: &Machine) -> Result<Option<mcm_permits::Permit>, String> {
+        let (_, Some(deployment)) = self.owners(m) else {
+            return Ok(None);
+        };
+        let key = format!("{}/{}", self.settings.namespace, deployment.name_any());
+        self.permits.register(&key, 1);
+        self.permits
+            .try_acquire_now(&key)
+            .map(Some)
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -522,6 +528,18 @@ async fn reconcile_once(m: &Machine, ctx: &Ctx) -> Result<Action, Error> {
         .filter(|n| !observe::node_not_managed(n));
     let protection = ctx.failure_protection(m);
     let deleting = m.metadata.deletion_timestamp.is_some();
+    // The replacement budget is counted only where a failure can be decided.
+    let may_fail = !deleting
+        && matches!(
+            m.phase(),
+            Some(
+                MachinePhase::Unknown
+                    | MachinePhase::Pending
+                    | MachinePhase::Available
+                    | MachinePhase::CrashLoopBackOff
+            )
+        );
+    let throttled = may_fail.then(|| ctx.replacement_throttle(m)).flatten();
     let attachments_left = match observe::node_name(m) {
         Some(n) if deleting => act::attachments_of(ctx, n).len(),
         _ => 0,
@@ -532,7 +550,7 @@ async fn reconcile_once(m: &Machine, ctx: &Ctx) -> Result<Action, Error> {
         && node.is_some()
         && observe::vm_requested(m)
         && class.is_ok()
-        && m.phase() == Some(&mcm_api::MachinePhase::Terminating)
+        && m.phase() == Some(&MachinePhase::Terminating)
         && observe::progress(m, mcm_api::constants::annotations::progress::DRAIN_STARTED)
             .is_none()
         && act::vm_is_gone(ctx, m).await;
@@ -544,6 +562,7 @@ async fn reconcile_once(m: &Machine, ctx: &Ctx) -> Result<Action, Error> {
             node: node.as_deref(),
             frozen: ctx.freeze.is_frozen(),
             failure_protected: protection.as_deref(),
+            replacement_throttled: throttled.as_deref(),
             vm_gone,
             attachments_left,
         },
@@ -565,6 +584,9 @@ async fn reconcile_once(m: &Machine, ctx: &Ctx) -> Result<Action, Error> {
                 .min(ctx.settings.resync),
         )),
         Step::MarkFailed { reason } => act::mark_failed(ctx, m, &reason).await,
+        Step::ReplacementThrottled { throttled, reason } => {
+            act::throttle_replacement(ctx, m, &throttled, &reason).await
+        }
         Step::Frozen => {
             act::hold(
                 ctx,

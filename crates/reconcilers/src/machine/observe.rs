@@ -173,6 +173,8 @@ pub struct Context<'a> {
     pub frozen: bool,
     /// Why the machine must not be failed now, if it must not.
     pub failure_protected: Option<&'a str>,
+    /// Why the deployment's replacement budget allows no failure now, if it does not.
+    pub replacement_throttled: Option<&'a str>,
     /// The driver reported the VM gone (only asked while deleting).
     pub vm_gone: bool,
     /// VolumeAttachments to the machine's node.
@@ -226,6 +228,7 @@ pub fn observe(machine: &Machine, cfg: &MachineConfig, ctx: Context<'_>) -> Obse
             .and_then(|l| l.get(labels::FORCE_DELETION))
             .is_some_and(|v| v.eq_ignore_ascii_case("true")),
         failure_protected: ctx.failure_protected.map(String::from),
+        replacement_throttled: ctx.replacement_throttled.map(String::from),
         vm_requested: vm_requested(machine),
         deletion: DeletionFacts {
             drain_started: progress(machine, annotations::progress::DRAIN_STARTED),
