@@ -247,7 +247,7 @@ async fn delete_bootstrap_token(ctx: &Ctx, m: &Machine) -> Result<(), Error> {
 }
 
 /// Finds the VM (adoption after a crash) or creates it, initializes it when the driver asks
-/// for it, and records providerID, the `node` label and Pending.
+/// for it, and records providerID and the `node` label. Pending is the next step.
 pub async fn create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Action, Error> {
     match try_create_vm(ctx, m, cfg).await {
         Ok(action) => {
@@ -348,18 +348,16 @@ async fn try_create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Ac
     } else {
         "Created"
     };
-    let description = format!("{verb} VM {provider_id}; waiting for node {node_name} to join");
-    announce(
-        ctx,
-        m,
-        Some(&MachinePhase::Pending),
-        Operation::processing(MachineOperationType::Create, description),
-        EventType::Normal,
-        "Created",
-        "Create",
-    )
-    .await?;
+    ctx.events
+        .normal(
+            &m.object_ref(&()),
+            "Created",
+            "Create",
+            format!("{verb} VM {provider_id} for node {node_name}"),
+        )
+        .await;
     ctx.metrics.created(adopted);
+    // Pending is the next step (the patch above wakes the machine again).
     Ok(Action::requeue(cfg.creation_timeout.min(RECHECK)))
 }
 
@@ -412,15 +410,17 @@ async fn creation_failed(
     Ok(Action::requeue(ctx.backoff(m, Some(&err))))
 }
 
-/// The VM exists but the phase was not recorded: Pending.
+/// The VM is recorded (providerID, `node` label): Pending, the creation timeout runs.
 pub async fn mark_pending(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
+    let vm = m.spec.provider_id.as_deref().unwrap_or_default();
+    let node = super::observe::node_name(m).unwrap_or_default();
     record(
         ctx,
         m,
         Some(&MachinePhase::Pending),
         &Operation::processing(
             MachineOperationType::Create,
-            "VM exists; waiting for its node to join",
+            format!("VM {vm} exists; waiting for node {node} to join"),
         ),
     )
     .await?;

@@ -175,9 +175,10 @@ pub enum Step {
     AddFinalizer,
     /// Record the class problem (lastOperation Failed, Event) and retry later.
     ReportClassProblem(ClassProblem),
-    /// Find the VM (adopt) or create it, then record providerID, node label and Pending.
+    /// Find the VM (adopt) or create it (with its bootstrap token, initialized when the
+    /// driver needs it), then record providerID and the node label.
     CreateVm,
-    /// The VM exists but the phase was not recorded: set Pending.
+    /// The VM is recorded: set Pending (the creation timeout runs from here).
     MarkPending,
     /// Pending: wait for the Node; the creation timeout expires in `remaining`.
     AwaitNode {
