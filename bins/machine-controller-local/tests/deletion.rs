@@ -31,8 +31,12 @@ fn description(m: &Machine) -> String {
 #[tokio::test]
 async fn a_machine_of_an_invalid_class_never_got_a_vm_and_is_deleted() {
     let h = Harness::new("del-invalid", json!({})).await;
-    h.create_class("bad", json!({ "capacity": { "cpu": "abc" } }), "local-secret")
-        .await;
+    h.create_class(
+        "bad",
+        json!({ "capacity": { "cpu": "abc" } }),
+        "local-secret",
+    )
+    .await;
     let _mc = h.spawn_controller("mc", &[]);
     h.create_machine("b1", "bad").await;
     let m = h
@@ -50,7 +54,9 @@ async fn a_machine_of_an_invalid_class_never_got_a_vm_and_is_deleted() {
     assert!(h.vm_records().is_empty());
     let deleted = h.events_for("b1", "Deleted").await;
     assert!(
-        deleted.iter().any(|n| n.contains("no VM was ever requested")),
+        deleted
+            .iter()
+            .any(|n| n.contains("no VM was ever requested")),
         "{deleted:?}"
     );
 }
@@ -155,11 +161,19 @@ async fn pods_on_an_unreachable_node_are_not_waited_for() {
 
     // The VM crashes; the node lifecycle controller marks the node Unknown.
     h.kill_vm("u1");
-    h.await_node("u1", WAIT, "the node to become unreachable", |n: Option<&Node>| {
-        n.and_then(|n| n.status.as_ref())
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "Unknown"))
-    })
+    h.await_node(
+        "u1",
+        WAIT,
+        "the node to become unreachable",
+        |n: Option<&Node>| {
+            n.and_then(|n| n.status.as_ref())
+                .and_then(|s| s.conditions.as_ref())
+                .is_some_and(|c| {
+                    c.iter()
+                        .any(|c| c.type_ == "Ready" && c.status == "Unknown")
+                })
+        },
+    )
     .await;
 
     h.delete_machine("u1").await;
@@ -169,7 +183,10 @@ async fn pods_on_an_unreachable_node_are_not_waited_for() {
     // The pod was evicted (it can never finish terminating on a dead kubelet; the pod
     // garbage collector removes it once the node is gone).
     if let Some(p) = pods.get_opt("web").await.unwrap() {
-        assert!(p.metadata.deletion_timestamp.is_some(), "the pod was evicted");
+        assert!(
+            p.metadata.deletion_timestamp.is_some(),
+            "the pod was evicted"
+        );
     }
     let drained = h.events_for("u1", "Drained").await;
     assert!(

@@ -365,10 +365,7 @@ async fn deletion_respects_a_pdb_and_reports_it_then_drains() {
     assert_eq!(m.phase(), Some(&MachinePhase::Terminating));
     // The block is also told on the Node, for `kubectl describe node`.
     let on_node = h.node_events_for("d1", "DrainBlockedByPDB").await;
-    assert!(
-        on_node.iter().any(|n| n.contains("web-pdb")),
-        "{on_node:?}"
-    );
+    assert!(on_node.iter().any(|n| n.contains("web-pdb")), "{on_node:?}");
     // Keep the budget blocking for a while: the drain comes back every retry interval (1s)
     // instead of holding a reconcile open.
     let count = "mcm_machine_controller_reconcile_duration_seconds_count";

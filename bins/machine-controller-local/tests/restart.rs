@@ -125,7 +125,10 @@ async fn a_deletion_interrupted_at_every_step_finishes_without_leaks() {
             );
         }
         if *key == progress::VM_DELETED {
-            assert!(!process_alive(victim_pid), "the VM is gone once recorded deleted");
+            assert!(
+                !process_alive(victim_pid),
+                "the VM is gone once recorded deleted"
+            );
         }
         mc = h.spawn_controller(&format!("mc-{}", i + 3), &[]);
     }

@@ -337,13 +337,19 @@ pub async fn drain_pass(
             (_, Ok(Acted::Gone)) => {}
             (_, Ok(Acted::Blocked(block))) => report.blocked.push(block),
             (_, Ok(Acted::Misconfigured { pdb, reason })) => {
-                report
-                    .misconfigured
-                    .push(MisconfiguredBudget { pod: key, pdb, reason })
+                report.misconfigured.push(MisconfiguredBudget {
+                    pod: key,
+                    pdb,
+                    reason,
+                })
             }
         }
     }
-    for list in [&mut report.evicted, &mut report.released, &mut report.terminating] {
+    for list in [
+        &mut report.evicted,
+        &mut report.released,
+        &mut report.terminating,
+    ] {
         list.sort();
     }
     report.held.sort();
@@ -367,12 +373,7 @@ pub async fn drain_pass(
         return Ok(report);
     };
     let kept = staying_volumes(&client, options, &staying).await?;
-    let attached = attached_volumes(
-        &node,
-        &stores.volume_attachments.state(),
-        node_name,
-        &kept,
-    );
+    let attached = attached_volumes(&node, &stores.volume_attachments.state(), node_name, &kept);
     report.state = Some(match input.pods_gone_for {
         _ if attached.is_empty() => PassState::Done,
         Some(waited) if waited >= options.pv_detach_timeout => {
@@ -414,7 +415,10 @@ async fn act(
                 Ok(Acted::Deleted(reason))
             }
             Ok(false) => Ok(Acted::Gone),
-            Err(source) => Err(DrainError::kube(format!("delete pod {}", pod_key(pod)), source)),
+            Err(source) => Err(DrainError::kube(
+                format!("delete pod {}", pod_key(pod)),
+                source,
+            )),
         },
         PodStep::Evict => match evict_pod(client, pod, Instant::now() + attempt).await {
             Evicted::Yes => Ok(Acted::Evicted),
@@ -593,7 +597,8 @@ mod tests {
             elapsed: Duration::from_secs(secs),
             ..Default::default()
         };
-        let plan = |input: PassInput| steps(&plan_pods(vec![pod("web", 0, false)], &options(), &input).0);
+        let plan =
+            |input: PassInput| steps(&plan_pods(vec![pod("web", 0, false)], &options(), &input).0);
         assert_eq!(plan(at(59)), vec![s("web", PodStep::Evict)]);
         assert_eq!(
             plan(at(60)),

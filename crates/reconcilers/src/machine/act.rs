@@ -284,8 +284,7 @@ async fn try_create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Ac
         Err(e) if matches!(e.code, Code::NotFound | Code::Unimplemented) => {
             // Recorded before the request: from now on a VM may exist, even if this process
             // dies before it learns the providerID, so deletion will need the class.
-            let first_request =
-                super::observe::progress(m, progress::VM_REQUESTED).is_none();
+            let first_request = super::observe::progress(m, progress::VM_REQUESTED).is_none();
             if first_request {
                 set_progress(ctx, m, progress::VM_REQUESTED).await?;
             }
@@ -668,7 +667,8 @@ pub async fn start_drain(ctx: &Ctx, m: &Machine, node: &Node) -> Result<Action, 
         .await
         .map_err(Error::Drain)?;
     set_progress(ctx, m, progress::DRAIN_STARTED).await?;
-    let description = format!("Drain of node {node_name} started: node cordoned, evicting its pods");
+    let description =
+        format!("Drain of node {node_name} started: node cordoned, evicting its pods");
     announce(
         ctx,
         m,
@@ -822,7 +822,14 @@ pub async fn drain_pass(
                     "Drain",
                 )
                 .await?;
-                node_event(ctx, node_name, EventType::Warning, "DrainBlockedByPDB", summary).await;
+                node_event(
+                    ctx,
+                    node_name,
+                    EventType::Warning,
+                    "DrainBlockedByPDB",
+                    summary,
+                )
+                .await;
             } else {
                 record(
                     ctx,

@@ -880,7 +880,12 @@ mod tests {
                 0,
                 Step::DeleteVolumeAttachments,
             ),
-            ("drained: the VM next", facts(drained.clone()), 0, Step::DeleteVm),
+            (
+                "drained: the VM next",
+                facts(drained.clone()),
+                0,
+                Step::DeleteVm,
+            ),
             (
                 "VM deleted: the node next",
                 facts(DeletionFacts {

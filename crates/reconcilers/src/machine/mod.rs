@@ -125,9 +125,9 @@ impl Default for MachineMetrics {
             deleted: Counter::default(),
             frozen: Gauge::default(),
             items: Gauge::default(),
-            reconcile_duration: Histogram::new(
-                [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0],
-            ),
+            reconcile_duration: Histogram::new([
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+            ]),
             reconcile_errors: Counter::default(),
             longest_reconcile: Gauge::default(),
         }
@@ -512,8 +512,16 @@ pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Action, E
 
 async fn reconcile_once(m: &Machine, ctx: &Ctx) -> Result<Action, Error> {
     // Decisions read the stores: wait for them to have synced (once, at start-up).
-    if ctx.synced.subscribe().wait_for(|synced| *synced).await.is_err() {
-        return Err(Error::Invariant("the store readiness signal was dropped".into()));
+    if ctx
+        .synced
+        .subscribe()
+        .wait_for(|synced| *synced)
+        .await
+        .is_err()
+    {
+        return Err(Error::Invariant(
+            "the store readiness signal was dropped".into(),
+        ));
     }
     let cfg = observe::machine_config(m, &ctx.settings.defaults);
     let class = match observe::class_name(m) {
@@ -551,8 +559,7 @@ async fn reconcile_once(m: &Machine, ctx: &Ctx) -> Result<Action, Error> {
         && observe::vm_requested(m)
         && class.is_ok()
         && m.phase() == Some(&MachinePhase::Terminating)
-        && observe::progress(m, mcm_api::constants::annotations::progress::DRAIN_STARTED)
-            .is_none()
+        && observe::progress(m, mcm_api::constants::annotations::progress::DRAIN_STARTED).is_none()
         && act::vm_is_gone(ctx, m).await;
     let observed = observe::observe(
         m,
@@ -600,9 +607,7 @@ async fn reconcile_once(m: &Machine, ctx: &Ctx) -> Result<Action, Error> {
         }
         Step::KeepRunning => act::keep_running(ctx, m, node).await,
         Step::Nothing => Ok(Action::await_change()),
-        Step::MarkTerminating => {
-            act::mark_terminating(ctx, m, node, observed.vm_requested).await
-        }
+        Step::MarkTerminating => act::mark_terminating(ctx, m, node, observed.vm_requested).await,
         Step::StartDrain => match node {
             Some(node) => act::start_drain(ctx, m, node).await,
             None => Err(Error::Invariant("StartDrain without a node".into())),

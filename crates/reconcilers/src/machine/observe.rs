@@ -310,7 +310,10 @@ mod tests {
         assert_eq!(h.bad_conditions, vec!["KernelDeadlock".to_string()]);
         assert!(!h.healthy());
         let h = node_health(&node(vec![cond("Ready", "False")]), &bad);
-        assert!(!h.ready && !h.unreachable, "a reporting kubelet is reachable");
+        assert!(
+            !h.ready && !h.unreachable,
+            "a reporting kubelet is reachable"
+        );
         let h = node_health(&node(vec![cond("Ready", "Unknown")]), &bad);
         assert!(!h.ready && h.unreachable);
         assert_eq!(
