@@ -228,9 +228,9 @@ impl PassReport {
                 }
                 s
             }
+            // A volume may show twice (its VolumeAttachment and the node's status): no count.
             PassState::Volumes => format!(
-                "draining node {node}: all pods gone, waiting for {} volume(s) to detach: {}",
-                self.attached_volumes.len(),
+                "draining node {node}: all pods gone, waiting for volumes to detach: {}",
                 self.attached_volumes.join(", ")
             ),
             PassState::Pods => {

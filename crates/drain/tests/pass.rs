@@ -1,0 +1,326 @@
+//! One-pass drains ([`mcm_drain::drain_pass`]) against a real control plane; the tests play
+//! the kubelet with [`support::FakeKubelet`] and call passes the way the machine controller
+//! does: one call, a report, come back later.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, PostParams};
+use mcm_drain::{
+    DeleteReason, Options, PassInput, PassReport, PassState, Stores, drain_pass,
+    start_volume_attachment_reflector,
+};
+use mcm_driver::FakeDriver;
+use mcm_testenv::Components;
+use serde_json::json;
+use support::*;
+
+async fn setup(prefix: &str) -> anyhow::Result<(kube::Client, String)> {
+    let cp = mcm_testenv::shared(Components::ALL).await?;
+    let client = cp.client().await?;
+    let ns = cp.namespace(prefix).await?;
+    Ok((client, ns))
+}
+
+fn options() -> Options {
+    let mut o = Options::new(Arc::new(FakeDriver::new()));
+    o.timeout = Duration::from_secs(600);
+    o.eviction_retry_interval = Duration::from_secs(1);
+    o.max_evict_retries = 30;
+    o.pv_detach_timeout = Duration::from_secs(30);
+    o
+}
+
+fn kubelet_options(ns: &str) -> KubeletOptions {
+    KubeletOptions {
+        labels: vec![("drain-test".into(), ns.into())],
+        ..Default::default()
+    }
+}
+
+fn at(secs: u64) -> PassInput {
+    PassInput {
+        elapsed: Duration::from_secs(secs),
+        ..Default::default()
+    }
+}
+
+/// Runs passes (as a controller would, one after the other) until one reports `want`.
+async fn pass_until(
+    client: &kube::Client,
+    node: &str,
+    options: &Options,
+    input: &PassInput,
+    stores: &Stores,
+    want: PassState,
+) -> anyhow::Result<PassReport> {
+    let mut last = None;
+    for _ in 0..150 {
+        let report = drain_pass(client.clone(), node, options, input, stores).await?;
+        if report.state() == want {
+            return Ok(report);
+        }
+        last = Some(report.summary());
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    anyhow::bail!("no pass reached {want:?} within 30s; last: {last:?}")
+}
+
+/// A pod the fake kubelet leaves alone: once deleted, it stays Terminating (a dead kubelet).
+async fn create_manual_pod(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    node: &str,
+) -> anyhow::Result<()> {
+    let mut pod: Pod = serde_json::from_value(json!({
+        "metadata": { "name": name, "namespace": ns, "annotations": { MANUAL: "true" } },
+    }))?;
+    pod.spec = Some(pod_spec(Some(node), None));
+    Api::<Pod>::namespaced(client.clone(), ns)
+        .create(&PostParams::default(), &pod)
+        .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn passes_cordon_evict_wait_and_finish() -> anyhow::Result<()> {
+    let (client, ns) = setup("pass-basic").await?;
+    let reflector = start_volume_attachment_reflector(client.clone());
+    let node = node_name("n", &ns);
+    let _kubelet = FakeKubelet::start(
+        client.clone(),
+        &node,
+        KubeletOptions {
+            termination_delay: Duration::from_secs(2),
+            ..kubelet_options(&ns)
+        },
+    )
+    .await?;
+    create_pod(&client, &ns, "a", &node, &[], None).await?;
+    create_pod(&client, &ns, "b", &node, &[], None).await?;
+    wait_ready(&client, &ns, 2).await?;
+
+    let stores = reflector.stores();
+    let first = drain_pass(client.clone(), &node, &options(), &at(0), &stores).await?;
+    println!("{}", first.summary());
+    assert_eq!(first.state(), PassState::Pods);
+    assert_eq!(first.evicted, vec![format!("{ns}/a"), format!("{ns}/b")]);
+    assert_eq!(first.terminating.len(), 2, "evicted pods are waited for");
+    let n = Api::<Node>::all(client.clone()).get(&node).await?;
+    assert_eq!(n.spec.and_then(|s| s.unschedulable), Some(true), "cordoned");
+
+    // The next pass evicts nothing again: it waits for the terminating pods.
+    let second = drain_pass(client.clone(), &node, &options(), &at(1), &stores).await?;
+    assert!(second.evicted.is_empty(), "{second:?}");
+    assert_eq!(
+        second.summary(),
+        format!("draining node {node}: waiting for 2 pod(s) to terminate")
+    );
+
+    let done = pass_until(&client, &node, &options(), &at(2), &stores, PassState::Done).await?;
+    assert_eq!(done.summary(), format!("node {node} drained"));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_budget_that_never_allows_an_eviction_is_named_until_the_retries_run_out()
+-> anyhow::Result<()> {
+    let (client, ns) = setup("pass-pdb").await?;
+    let reflector = start_volume_attachment_reflector(client.clone());
+    let node = node_name("n", &ns);
+    let _kubelet = FakeKubelet::start(client.clone(), &node, kubelet_options(&ns)).await?;
+    create_pod(&client, &ns, "db-0", &node, &[("app", "db")], None).await?;
+    wait_ready(&client, &ns, 1).await?;
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+        "metadata": { "name": "db-pdb", "namespace": ns },
+        "spec": { "minAvailable": 1, "selector": { "matchLabels": { "app": "db" } } },
+    }))?;
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns);
+    pdbs.create(&PostParams::default(), &pdb).await?;
+    eventually(Duration::from_secs(60), "PDB status", || {
+        let pdbs = pdbs.clone();
+        async move {
+            let p = pdbs.get("db-pdb").await?;
+            Ok(p.status.as_ref().is_some_and(|s| {
+                s.observed_generation == p.metadata.generation && s.current_healthy == Some(1)
+            }))
+        }
+    })
+    .await?;
+
+    let stores = reflector.stores();
+    let report = drain_pass(client.clone(), &node, &options(), &at(5), &stores).await?;
+    println!("{}", report.summary());
+    assert_eq!(report.state(), PassState::Pods);
+    let named = report
+        .misconfigured
+        .iter()
+        .any(|m| m.pdb == format!("{ns}/db-pdb"))
+        || report
+            .blocked
+            .iter()
+            .any(|b| b.pdb.as_deref() == Some(&format!("{ns}/db-pdb")));
+    assert!(named, "{report:?}");
+    assert!(report.summary().contains(&format!("{ns}/db-pdb")));
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    assert!(
+        pods.get("db-0")
+            .await?
+            .metadata
+            .deletion_timestamp
+            .is_none()
+    );
+
+    // 30 retries of 1s have passed since the drain started: the pod is deleted instead.
+    let report = drain_pass(client.clone(), &node, &options(), &at(30), &stores).await?;
+    assert_eq!(report.deleted.len(), 1, "{report:?}");
+    assert_eq!(report.deleted[0].reason, DeleteReason::MaxEvictRetries);
+    pass_until(
+        &client,
+        &node,
+        &options(),
+        &at(31),
+        &stores,
+        PassState::Done,
+    )
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn pods_on_an_unreachable_node_are_not_waited_for_and_force_deletes_them()
+-> anyhow::Result<()> {
+    let (client, ns) = setup("pass-unreachable").await?;
+    let reflector = start_volume_attachment_reflector(client.clone());
+    let node = node_name("n", &ns);
+    let _kubelet = FakeKubelet::start(client.clone(), &node, kubelet_options(&ns)).await?;
+    create_manual_pod(&client, &ns, "stuck", &node).await?;
+    let stores = reflector.stores();
+
+    // Reachable: evicted, then waited for (it never terminates: its kubelet is "dead").
+    let report = drain_pass(client.clone(), &node, &options(), &at(0), &stores).await?;
+    assert_eq!(report.evicted, vec![format!("{ns}/stuck")]);
+    let report = drain_pass(client.clone(), &node, &options(), &at(1), &stores).await?;
+    assert_eq!(report.state(), PassState::Pods);
+    assert_eq!(report.terminating, vec![format!("{ns}/stuck")]);
+
+    // Unreachable: not waited for, and no volume wait either.
+    let unreachable = PassInput {
+        unreachable: true,
+        ..at(2)
+    };
+    let report = drain_pass(client.clone(), &node, &options(), &unreachable, &stores).await?;
+    assert_eq!(report.state(), PassState::Done, "{report:?}");
+    assert_eq!(report.released, vec![format!("{ns}/stuck")]);
+    assert!(
+        report
+            .summary()
+            .contains("1 not waited for (node unreachable)")
+    );
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    assert!(pods.get_opt("stuck").await?.is_some(), "left to the pod GC");
+
+    // Force mode deletes it (grace period 0), so it is gone at once.
+    let mut force = options();
+    force.force = true;
+    let report = drain_pass(client.clone(), &node, &force, &at(3), &stores).await?;
+    assert_eq!(report.state(), PassState::Done);
+    assert_eq!(report.deleted.len(), 1);
+    assert!(pods.get_opt("stuck").await?.is_none());
+    Ok(())
+}
+
+#[tokio::test]
+async fn volumes_are_waited_for_within_the_detach_timeout() -> anyhow::Result<()> {
+    let (client, ns) = setup("pass-vol").await?;
+    let reflector = start_volume_attachment_reflector(client.clone());
+    let node = node_name("n", &ns);
+    let kubelet = FakeKubelet::start(
+        client.clone(),
+        &node,
+        KubeletOptions {
+            attach_volumes: true,
+            ..kubelet_options(&ns)
+        },
+    )
+    .await?;
+    let (claim, pv) = create_volume(&client, &ns, "data").await?;
+    create_pod(&client, &ns, "db", &node, &[], Some(&claim)).await?;
+    wait_ready(&client, &ns, 1).await?;
+    let nodes: Api<Node> = Api::all(client.clone());
+    let attached = attached_name(&handle_of(&pv));
+    eventually(Duration::from_secs(10), "volume attached", || {
+        let (nodes, node, attached) = (nodes.clone(), node.clone(), attached.clone());
+        async move {
+            let n = nodes.get(&node).await?;
+            Ok(n.status
+                .and_then(|s| s.volumes_attached)
+                .is_some_and(|v| v.iter().any(|a| a.name == attached)))
+        }
+    })
+    .await?;
+    let stores = reflector.stores();
+
+    // The pod goes; its volume stays attached (this kubelet never detaches on its own).
+    let report = pass_until(
+        &client,
+        &node,
+        &options(),
+        &at(1),
+        &stores,
+        PassState::Volumes,
+    )
+    .await?;
+    println!("{}", report.summary());
+    assert!(report.attached_volumes.contains(&attached), "{report:?}");
+
+    // Within the detach timeout the wait goes on; beyond it, the drain is done with a warning.
+    let waiting = PassInput {
+        pods_gone_for: Some(Duration::from_secs(29)),
+        ..at(40)
+    };
+    let report = drain_pass(client.clone(), &node, &options(), &waiting, &stores).await?;
+    assert_eq!(report.state(), PassState::Volumes);
+    let expired = PassInput {
+        pods_gone_for: Some(Duration::from_secs(30)),
+        ..at(41)
+    };
+    let report = drain_pass(client.clone(), &node, &options(), &expired, &stores).await?;
+    assert_eq!(report.state(), PassState::Done);
+    assert!(report.detach_timeouts.contains(&attached), "{report:?}");
+
+    // Detached: done without a warning.
+    kubelet.detach(&pv).await?;
+    let report = pass_until(
+        &client,
+        &node,
+        &options(),
+        &waiting,
+        &stores,
+        PassState::Done,
+    )
+    .await?;
+    assert!(report.detach_timeouts.is_empty(), "{report:?}");
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_missing_node_has_nothing_to_drain() -> anyhow::Result<()> {
+    let (client, ns) = setup("pass-missing").await?;
+    let reflector = start_volume_attachment_reflector(client.clone());
+    let report = drain_pass(
+        client.clone(),
+        &node_name("absent", &ns),
+        &options(),
+        &at(0),
+        &reflector.stores(),
+    )
+    .await?;
+    assert_eq!(report.state(), PassState::NodeGone);
+    Ok(())
+}
