@@ -4,8 +4,6 @@
 //! drained serially and in parallel against a real control plane); it prints its own wall
 //! times. The scale-out and rollout benchmarks of ARCHITECTURE.md section 11 do not exist yet.
 
-use std::process::Command;
-
 use anyhow::{Context, Result, bail};
 
 /// The benchmarks run, as `(package, bench target)`.
@@ -16,14 +14,13 @@ pub fn run() -> Result<()> {
     if std::env::var_os(mcm_testenv::binaries::ASSETS_ENV).is_none() {
         crate::testenv::run(false, false)?;
     }
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     for (package, bench) in BENCHES {
         println!("== cargo bench -p {package} --bench {bench}");
-        let status = Command::new(&cargo)
+        let status = crate::e2e::env::cargo_command()
             .current_dir(crate::crds::workspace_root())
             .args(["bench", "-p", package, "--bench", bench])
             .status()
-            .with_context(|| format!("cannot run {cargo}"))?;
+            .context("cannot run cargo")?;
         if !status.success() {
             bail!("benchmark {package}/{bench} failed ({status})");
         }

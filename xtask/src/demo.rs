@@ -4,11 +4,23 @@
 //! Set-up: control-plane binaries (`cargo xtask testenv`), `cargo build --bins`, the control
 //! plane in this process, `machine-controller-manager` and `machine-controller-local` as
 //! processes, then `docs/examples/*.yaml` applied. Everything lives in `target/demo/`: the
-//! controllers' logs in `logs/`, the VM records and VM logs in `vms/`. Ctrl-C (or SIGTERM)
-//! stops every process and checks that none is left.
+//! controllers' logs in `logs/`, the VM records and VM logs in `vms/` (`$MCM_DEMO_DIR`
+//! instead of `target/demo/` when set). Ctrl-C (or SIGTERM, SIGHUP) stops every process and
+//! checks that none is left.
+//!
+//! Stopping must not depend on anyone reading the output. The VMs run detached (like real
+//! VMs, so that they survive controller restarts): if this process does not kill them, nothing
+//! does. With `cargo xtask demo | tee demo.log`, Ctrl-C kills `tee` as well, every later write
+//! to stdout fails with a broken pipe, and since Rust ignores SIGPIPE, `println!` would panic
+//! and skip the clean-up. Hence: all output goes through [`say`], [`show`] and [`note`], which
+//! ignore write errors; the shutdown stops everything before it writes anything; a failed
+//! write in the live view stops the demo (nobody is watching any more); and [`VmReaper`] kills
+//! the VMs even when the demo panics. A demo killed with SIGKILL loses its control plane and
+//! controllers with it (they die with their parent); its VMs are killed by the next demo
+//! ([`reset_dir`]).
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
+use std::fmt::{Display, Write as _};
 use std::io::{IsTerminal, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -27,8 +39,11 @@ use mcm_testenv::ControlPlane;
 use tokio::sync::Notify;
 
 use crate::e2e::env::{
-    self, Binaries, Controller, ControllerKind, ControllerSpec, kill_vms, processes_mentioning,
+    self, Binaries, Controller, ControllerKind, ControllerSpec, ProcessInfo, kill_vms,
 };
+
+/// The environment variable naming the demo's directory (default `<target>/demo`).
+pub const DIR_ENV: &str = "MCM_DEMO_DIR";
 
 /// The namespace of `docs/examples/`.
 const NAMESPACE: &str = "mcm-demo";
@@ -43,8 +58,11 @@ const WORKLOAD_REPLICAS: i32 = 3;
 pub fn run(exit_when_ready: bool, timeout: Duration) -> Result<()> {
     env::plain_logs_for_children();
     let bins = env::prepare_binaries()?;
-    let dir = env::target_dir().join("demo");
+    let dir = demo_dir()?;
     reset_dir(&dir)?;
+    // Declared before the runtime, so dropped after it and after the demo's future (which
+    // owns the controllers and the control plane), on every way out, panics included.
+    let _reaper = VmReaper(StateDirectory::new(dir.join("vms")));
     let runtime = tokio::runtime::Runtime::new()?;
     let mode = if exit_when_ready {
         Mode::ExitWhenReady(timeout)
@@ -60,54 +78,124 @@ enum Mode {
     ExitWhenReady(Duration),
 }
 
-/// Removes what an earlier demo left (killing its VMs, should it have died without
-/// cleaning up) and creates `logs/` and `vms/`.
+/// `$MCM_DEMO_DIR` (made absolute: the controllers and VMs get paths in it), else
+/// `<target>/demo`.
+fn demo_dir() -> Result<PathBuf> {
+    match std::env::var_os(DIR_ENV).filter(|d| !d.is_empty()) {
+        Some(d) => std::path::absolute(&d)
+            .with_context(|| format!("{DIR_ENV}={}", Path::new(&d).display())),
+        None => Ok(env::target_dir().join("demo")),
+    }
+}
+
+/// Removes what an earlier demo left in `logs/` and `vms/` (killing its VMs, should it have
+/// died without cleaning up, e.g. by SIGKILL) and creates them afresh. Nothing else in `dir`
+/// is touched.
 fn reset_dir(dir: &Path) -> Result<()> {
     let killed = kill_vms(&StateDirectory::new(dir.join("vms")));
     if !killed.is_empty() {
-        eprintln!("killed {} VMs left by an earlier demo", killed.len());
-    }
-    if dir.exists() {
-        std::fs::remove_dir_all(dir).with_context(|| format!("removing {}", dir.display()))?;
+        note(format_args!(
+            "killed {} VMs left by an earlier demo",
+            killed.len()
+        ));
     }
     for sub in ["logs", "vms"] {
         let d = dir.join(sub);
+        match std::fs::remove_dir_all(&d) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).with_context(|| format!("removing {}", d.display())),
+        }
         std::fs::create_dir_all(&d).with_context(|| format!("creating {}", d.display()))?;
     }
     Ok(())
 }
 
-/// Starts everything, runs until done or interrupted, and always stops everything.
+/// Kills the VMs of the demo's state directory when dropped, also while unwinding from a
+/// panic: they run detached, so nothing else would (the controllers and the control plane die
+/// with their owners).
+struct VmReaper(StateDirectory);
+
+impl Drop for VmReaper {
+    fn drop(&mut self) {
+        let killed = kill_vms(&self.0);
+        if !killed.is_empty() {
+            note(format_args!("killed {} VMs on the way out", killed.len()));
+        }
+    }
+}
+
+/// Writes a line to stdout; `false` when that failed (stdout is a pipe nobody reads any
+/// more). Unlike `println!`, never panics.
+fn say(text: impl Display) -> bool {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{text}").and_then(|()| out.flush()).is_ok()
+}
+
+/// [`say`] without the newline (a terminal's redraws).
+fn show(text: impl Display) -> bool {
+    let mut out = std::io::stdout().lock();
+    write!(out, "{text}").and_then(|()| out.flush()).is_ok()
+}
+
+/// Writes a line to stderr, ignoring failures (stderr may be a closed pipe too).
+fn note(text: impl Display) {
+    let _ = writeln!(std::io::stderr().lock(), "{text}");
+}
+
+/// Why the demo ends.
+#[derive(Debug, Clone, Copy)]
+enum Stop {
+    /// `--exit-when-ready`: it was ready.
+    Ready,
+    /// Ctrl-C, SIGTERM or SIGHUP, named.
+    Signal(&'static str),
+    /// Writing to stdout failed: the viewer is gone (e.g. the `tee` of `| tee` was killed by
+    /// the same Ctrl-C).
+    ViewerGone,
+}
+
+/// Starts everything, runs until done or interrupted, and always stops everything, before
+/// writing anything more.
 async fn demo(bins: &Binaries, dir: &Path, mode: Mode) -> Result<()> {
     let cp = env::start_control_plane().await?;
     let mut controllers = Vec::new();
-    let result = tokio::select! {
+    let outcome = tokio::select! {
         r = run_demo(&cp, bins, dir, mode, &mut controllers) => r,
-        signal = interrupted() => {
-            println!("\n{signal}: stopping the demo");
-            Ok(())
-        }
+        signal = interrupted() => Ok(Stop::Signal(signal)),
     };
-    if let Err(e) = &result {
-        println!("\ndemo failed: {e:#}");
-    }
     let stopped = shutdown(cp, controllers, dir).await;
-    result.and(stopped)
+    match &outcome {
+        Ok(Stop::Ready) => {}
+        Ok(Stop::Signal(signal)) => {
+            say(format_args!("\n{signal}: stopped the demo"));
+        }
+        Ok(Stop::ViewerGone) => note("stdout was closed: stopped the demo"),
+        Err(e) => {
+            say(format_args!("\ndemo failed: {e:#}"));
+        }
+    }
+    let checked = stopped.report(dir);
+    outcome.map(drop).and(checked)
 }
 
-/// Resolves on Ctrl-C or SIGTERM, naming it.
+/// Resolves on Ctrl-C (SIGINT), SIGTERM or SIGHUP (the terminal went away), naming it. Once
+/// polled, these signals no longer end the process (a second Ctrl-C does not cut the
+/// shutdown short).
 async fn interrupted() -> &'static str {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+    use tokio::signal::unix::{SignalKind, signal};
+    async fn on(kind: SignalKind) {
+        match signal(kind) {
             Ok(mut s) => {
                 s.recv().await;
             }
             Err(_) => std::future::pending::<()>().await,
         }
-    };
+    }
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => "Ctrl-C",
-        _ = term => "SIGTERM",
+        _ = on(SignalKind::interrupt()) => "Ctrl-C",
+        _ = on(SignalKind::terminate()) => "SIGTERM",
+        _ = on(SignalKind::hangup()) => "SIGHUP",
     }
 }
 
@@ -117,16 +205,16 @@ async fn run_demo(
     dir: &Path,
     mode: Mode,
     controllers: &mut Vec<Controller>,
-) -> Result<()> {
+) -> Result<Stop> {
     let client = cp.client().await.context("building a client")?;
     for spec in controller_specs(cp) {
         let c = Controller::spawn(bins, cp, &dir.join("logs"), &spec)?;
-        println!(
+        say(format_args!(
             "started {} (pid {}, metrics on http://127.0.0.1:{}/metrics)",
             c.name,
             c.pid(),
             c.port
-        );
+        ));
         controllers.push(c);
     }
     for c in controllers.iter() {
@@ -138,23 +226,36 @@ async fn run_demo(
     match mode {
         Mode::ExitWhenReady(timeout) => {
             let ready = tokio::time::timeout(timeout, await_ready(&view, false)).await;
-            if ready.is_err() {
-                bail!(
+            match ready {
+                Err(_) => bail!(
                     "not ready after {timeout:?}: {}; logs in {}",
                     view.readiness(),
                     dir.join("logs").display()
-                );
+                ),
+                Ok(false) => bail!(
+                    "stdout was closed before the demo was ready: {}",
+                    view.readiness()
+                ),
+                Ok(true) => {}
             }
-            println!("{}", view.table(dir, true));
-            println!(
+            // Ready: the exit status says so even if nobody reads these lines.
+            say(view.table(dir, true));
+            say(format_args!(
                 "ready: {MACHINES} machines Running and {WORKLOAD_REPLICAS} workload pods available {:.1}s after applying docs/examples",
                 began.elapsed().as_secs_f64()
-            );
-            Ok(())
+            ));
+            Ok(Stop::Ready)
         }
         Mode::Live => {
-            await_ready(&view, true).await;
-            live(&view, cp, dir).await
+            let shown = await_ready(&view, true).await
+                && say(format_args!(
+                    "ready: {MACHINES} machines Running {:.1}s after applying docs/examples; Ctrl-C stops everything",
+                    began.elapsed().as_secs_f64()
+                ));
+            if !shown {
+                return Ok(Stop::ViewerGone);
+            }
+            Ok(live(&view, cp, dir).await)
         }
     }
 }
@@ -214,10 +315,10 @@ async fn apply_examples(client: &kube::Client, cp: &ControlPlane, dir: &Path) ->
                 .with_context(|| format!("applying {}", file.display()))?;
             let kind = obj.types.map(|t| t.kind).unwrap_or_default();
             let name = obj.metadata.name.unwrap_or_default();
-            println!(
+            say(format_args!(
                 "applied {kind}/{name} from docs/examples/{}",
                 file_name(&file)
-            );
+            ));
         }
     }
     Ok(())
@@ -444,49 +545,53 @@ fn age(d: jiff::SignedDuration) -> String {
 }
 
 /// Shows a progress bar until the machines run and, unless `machines_only`, the workload is
-/// available.
-async fn await_ready(view: &View, machines_only: bool) {
+/// available: `true` then, `false` as soon as a write fails (stdout is gone).
+async fn await_ready(view: &View, machines_only: bool) -> bool {
     let tty = std::io::stdout().is_terminal();
     let mut last = String::new();
     loop {
         let line = view.progress();
-        if tty {
-            print!("\r\x1b[K{line}");
-            let _ = std::io::stdout().flush();
-        } else if line != last {
-            println!("{line}");
+        let written = if tty {
+            show(format_args!("\r\x1b[K{line}"))
+        } else {
+            line == last || say(&line)
+        };
+        if !written {
+            return false;
         }
         last = line;
         let machines_done = view.running() >= MACHINES;
         if machines_done && (machines_only || view.workload_available() >= WORKLOAD_REPLICAS) {
-            if tty {
-                println!();
-            }
-            return;
+            return !tty || say("");
         }
         view.next_change().await;
     }
 }
 
-/// Redraws the table on every change until interrupted. A terminal gets the screen redrawn
-/// (ages move on); other output gets the table again when something but the ages changed.
-async fn live(view: &View, cp: &ControlPlane, dir: &Path) -> Result<()> {
+/// Redraws the table on every change until interrupted, or until stdout is gone. A terminal
+/// gets the screen redrawn (ages move on); other output gets the table again when something
+/// but the ages changed.
+async fn live(view: &View, cp: &ControlPlane, dir: &Path) -> Stop {
     let tty = std::io::stdout().is_terminal();
     let help = help(cp, dir);
-    if !tty {
-        println!("{help}");
+    if !tty && !say(&help) {
+        return Stop::ViewerGone;
     }
     let mut last = String::new();
     loop {
-        if tty {
-            print!("\x1b[H\x1b[2J{help}\n{}", view.table(dir, true));
-            let _ = std::io::stdout().flush();
+        let written = if tty {
+            show(format_args!(
+                "\x1b[H\x1b[2J{help}\n{}",
+                view.table(dir, true)
+            ))
         } else {
             let table = view.table(dir, false);
-            if table != last {
-                println!("{}", view.table(dir, true));
-                last = table;
-            }
+            let changed = table != last;
+            last = table;
+            !changed || say(view.table(dir, true))
+        };
+        if !written {
+            return Stop::ViewerGone;
         }
         view.next_change().await;
     }
@@ -513,40 +618,129 @@ fn help(cp: &ControlPlane, dir: &Path) -> String {
     )
 }
 
-/// Stops the controllers, the VMs and the control plane, keeps the control-plane logs, and
-/// checks that no process the demo started is left.
-async fn shutdown(cp: ControlPlane, controllers: Vec<Controller>, dir: &Path) -> Result<()> {
+/// What [`shutdown`] did, for [`Stopped::report`] once nothing is left running.
+struct Stopped {
+    vms: usize,
+    took: Duration,
+    cp_logs: Result<()>,
+    run_dir: PathBuf,
+    left: Vec<ProcessInfo>,
+}
+
+/// Stops the VMs, the controllers and the control plane, keeps the control-plane logs, and
+/// waits (bounded) until no process mentioning the demo's directories is left. Writes
+/// nothing: it must not depend on stdout or stderr being writable.
+async fn shutdown(cp: ControlPlane, controllers: Vec<Controller>, dir: &Path) -> Stopped {
     let started = Instant::now();
-    for c in controllers {
-        c.stop(Duration::from_secs(5)).await;
-    }
-    let vms = kill_vms(&StateDirectory::new(dir.join("vms")));
-    let cp_logs = dir.join("logs").join("control-plane");
-    if let Err(e) = env::preserve_control_plane_logs(&cp, &cp_logs) {
-        eprintln!("could not keep the control-plane logs: {e:#}");
-    }
+    let state = StateDirectory::new(dir.join("vms"));
+    // The VMs first: they run detached, nothing else stops them.
+    let mut vms = kill_vms(&state);
+    futures::future::join_all(
+        controllers
+            .into_iter()
+            .map(|c| c.stop(Duration::from_secs(5))),
+    )
+    .await;
+    // And any VM the machine controller created meanwhile.
+    vms.extend(kill_vms(&state));
+    vms.sort_unstable();
+    vms.dedup();
+    let cp_logs = env::preserve_control_plane_logs(&cp, &dir.join("logs").join("control-plane"));
     let run_dir = cp.run_dir().to_path_buf();
     drop(cp);
-    println!(
-        "stopped the controllers, {} VMs and the control plane in {:.1}s; logs kept in {}",
-        vms.len(),
-        started.elapsed().as_secs_f64(),
-        dir.join("logs").display()
-    );
+    let took = started.elapsed();
     let left = env::await_no_process(&[dir, &run_dir], Duration::from_secs(10)).await;
-    if left.is_empty() {
-        println!(
-            "process check: no process mentioning {} or {} is left",
+    Stopped {
+        vms: vms.len(),
+        took,
+        cp_logs,
+        run_dir,
+        left,
+    }
+}
+
+impl Stopped {
+    /// Says what was stopped; an error when a process is left.
+    fn report(self, dir: &Path) -> Result<()> {
+        if let Err(e) = &self.cp_logs {
+            note(format_args!("could not keep the control-plane logs: {e:#}"));
+        }
+        say(format_args!(
+            "stopped the controllers, {} VMs and the control plane in {:.1}s; logs kept in {}",
+            self.vms,
+            self.took.as_secs_f64(),
+            dir.join("logs").display()
+        ));
+        if self.left.is_empty() {
+            say(format_args!(
+                "process check: no process mentioning {} or {} is left",
+                dir.display(),
+                self.run_dir.display()
+            ));
+            return Ok(());
+        }
+        for p in &self.left {
+            say(format_args!("  left: {} {}", p.pid, p.cmdline));
+        }
+        let pids: Vec<String> = self.left.iter().map(|p| p.pid.to_string()).collect();
+        Err(anyhow!(
+            "process check failed: {} processes mentioning {} or {} are left (pids {})",
+            self.left.len(),
             dir.display(),
-            run_dir.display()
-        );
-        return Ok(());
+            self.run_dir.display(),
+            pids.join(", ")
+        ))
     }
-    for p in &left {
-        println!("  left: {} {}", p.pid, p.cmdline);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mcm_provider_local::state::{VmRecord, provider_id, read_proc_stat};
+    use std::os::unix::process::ExitStatusExt;
+
+    /// A panic anywhere in the demo unwinds through [`VmReaper`], which kills the recorded VMs.
+    #[test]
+    fn a_panic_still_kills_the_recorded_vms() {
+        let root = std::env::temp_dir().join(format!("mcm-demo-reaper-{}", std::process::id()));
+        let state = StateDirectory::new(&root);
+        let mut vm = std::process::Command::new("sleep")
+            .arg("600")
+            .spawn()
+            .unwrap();
+        let pid = vm.id() as i32;
+        state
+            .write(&VmRecord {
+                machine_name: "m1".into(),
+                class_name: "c".into(),
+                provider_id: provider_id("m1"),
+                node_name: "m1".into(),
+                pid,
+                start_time: read_proc_stat(pid).unwrap().start_time,
+                created_at: jiff::Timestamp::now(),
+                request_id: None,
+            })
+            .unwrap();
+        let unwound = std::panic::catch_unwind(|| {
+            let _reaper = VmReaper(state.clone());
+            panic!("the demo panics");
+        });
+        assert!(unwound.is_err());
+        // Killed by the reaper; otherwise `sleep 600` runs on: kill it here, and fail.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let status = loop {
+            if let Some(status) = vm.try_wait().unwrap() {
+                break Some(status);
+            }
+            if Instant::now() > deadline {
+                let _ = vm.kill();
+                let _ = vm.wait();
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        let _ = std::fs::remove_dir_all(&root);
+        let status = status.expect("the VM survived the panic");
+        assert_eq!(status.signal(), Some(9), "{status}");
     }
-    Err(anyhow!(
-        "process check failed: {} processes are left (see above)",
-        processes_mentioning(&[dir, &run_dir]).len()
-    ))
 }

@@ -42,7 +42,8 @@ enum Cmd {
         args: Vec<String>,
     },
     /// Start a local cluster with both controllers, 3 local machines and a workload, and
-    /// show them live until Ctrl-C (see docs/demo.md).
+    /// show them live until Ctrl-C (see docs/demo.md). Everything lives in `target/demo/`,
+    /// or in the directory `$MCM_DEMO_DIR` names.
     Demo {
         /// Exit 0 once the machines are Running and the workload is available, non-zero
         /// after the timeout; clean up either way.
@@ -86,12 +87,11 @@ fn test(args: &[String]) -> Result<()> {
     if std::env::var_os(mcm_testenv::binaries::ASSETS_ENV).is_none() {
         testenv::run(false, false)?;
     }
-    let status =
-        std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-            .current_dir(crds::workspace_root())
-            .args(["test", "--workspace", "--locked"])
-            .args(args)
-            .status()?;
+    let status = e2e::env::cargo_command()
+        .current_dir(crds::workspace_root())
+        .args(["test", "--workspace", "--locked"])
+        .args(args)
+        .status()?;
     if !status.success() {
         anyhow::bail!("cargo test failed ({status})");
     }

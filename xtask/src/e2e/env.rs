@@ -51,11 +51,32 @@ pub fn target_dir() -> PathBuf {
 
 /// Makes sure the control-plane binaries exist (unless `KUBEBUILDER_ASSETS` names them) and
 /// builds the workspace binaries.
+/// A `cargo` command for a nested build. `cargo run` (behind `cargo xtask`) sets variables
+/// such as `CARGO_MANIFEST_DIR` for the xtask binary; a build script that tracks one (ring's
+/// does) would see it change and rebuild everything above it on every `cargo xtask` run, and
+/// again on the next plain build. They are removed.
+pub fn cargo_command() -> Command {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    for (name, _) in std::env::vars_os() {
+        let Some(name) = name.to_str() else { continue };
+        if name == "CARGO_MANIFEST_DIR"
+            || name == "CARGO_MANIFEST_PATH"
+            || name == "CARGO_CRATE_NAME"
+            || name == "CARGO_PRIMARY_PACKAGE"
+            || name.starts_with("CARGO_PKG_")
+            || name.starts_with("CARGO_BIN_")
+        {
+            cmd.env_remove(name);
+        }
+    }
+    cmd
+}
+
 pub fn prepare_binaries() -> Result<Binaries> {
     if std::env::var_os(mcm_testenv::binaries::ASSETS_ENV).is_none() {
         crate::testenv::run(false, false).context("preparing the control-plane binaries")?;
     }
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let args = [
         "build",
         "--bins",
@@ -67,11 +88,11 @@ pub fn prepare_binaries() -> Result<Binaries> {
         "mcm-provider-local",
     ];
     eprintln!("building the binaries: cargo {}", args.join(" "));
-    let status = Command::new(&cargo)
+    let status = cargo_command()
         .current_dir(crate::crds::workspace_root())
         .args(args)
         .status()
-        .with_context(|| format!("cannot run {cargo}"))?;
+        .context("cannot run cargo")?;
     if !status.success() {
         bail!("cargo {} failed ({status})", args.join(" "));
     }
