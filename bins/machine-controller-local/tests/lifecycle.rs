@@ -368,9 +368,20 @@ async fn deletion_respects_a_pdb_and_reports_it_then_drains() {
     assert!(on_node.iter().any(|n| n.contains("web-pdb")), "{on_node:?}");
     // Keep the budget blocking for a while: the drain comes back every retry interval (1s)
     // instead of holding a reconcile open.
-    let count = "mcm_machine_controller_reconcile_duration_seconds_count";
-    let before = mc.metric(count).await;
-    mc.await_metric(count, WAIT, |n| n >= before + 8.0).await;
+    let reconciles = || async {
+        metric_with(
+            &mc.metrics().await,
+            "mcm_controller_reconcile_duration_seconds_count",
+            "controller=\"machine\"",
+        )
+    };
+    let before = reconciles().await;
+    within(WAIT, "8 more machine reconciles", async {
+        while reconciles().await < before + 8.0 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
     assert!(
         h.vm_alive("d1"),
         "the VM must not be deleted while the drain is blocked"
@@ -386,9 +397,11 @@ async fn deletion_respects_a_pdb_and_reports_it_then_drains() {
         .unwrap();
     h.await_gone("d1", WAIT).await;
     // Blocked for 8 passes or more, yet no reconcile held a worker for more than a moment.
-    let longest = mc
-        .metric("mcm_machine_controller_reconcile_longest_seconds")
-        .await;
+    let longest = metric_with(
+        &mc.metrics().await,
+        "mcm_controller_reconcile_longest_seconds",
+        "controller=\"machine\"",
+    );
     assert!(longest < 3.0, "a reconcile took {longest}s");
     for reason in ["DrainStarted", "Drained", "VMDeleted"] {
         assert!(

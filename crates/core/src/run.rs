@@ -11,6 +11,7 @@ use kube_lease_manager::LeaseManagerBuilder;
 use mcm_driver::{Driver, DriverMetrics, Instrumented};
 use mcm_reconcilers::machine::MachineMetrics;
 use mcm_reconcilers::machine_controller::{self, Handles};
+use mcm_reconcilers::metrics::ReconcileMetrics;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
@@ -332,7 +333,8 @@ pub async fn run_machine_controller_until(
     let driver_metrics = DriverMetrics::register(&mut registry);
     let provider = provider_name(&options);
     let driver: Arc<dyn Driver> = Arc::new(Instrumented::new(driver, &provider, driver_metrics));
-    let metrics = MachineMetrics::register(&mut registry);
+    let reconciles = ReconcileMetrics::register(&mut registry);
+    let metrics = MachineMetrics::register(&mut registry, reconciles.clone());
 
     let handles = Handles::default();
     let mut readiness = Readiness::default();

@@ -16,6 +16,7 @@ pub mod machineclass;
 pub mod machinedeployment;
 pub mod machineset;
 pub mod manager;
+pub mod metrics;
 pub mod safety;
 
 /// Waits until a reflector store is ready, re-polling every 100 ms.

@@ -275,6 +275,7 @@ pub async fn run(
         machines.clone(),
     ));
     let class_controller = {
+        let class_reconciles = ctx.metrics.reconciles.clone();
         let (class_reader, class_writer) = reflector::store::<MachineClass>();
         let class_trigger = watcher(
             Api::<MachineClass>::namespaced(control.clone(), &ns),
@@ -298,7 +299,17 @@ pub async fn run(
             })
             .graceful_shutdown_on(cancel.clone().cancelled_owned())
             .run(
-                machineclass::reconcile,
+                move |class, ctx| {
+                    let reconciles = class_reconciles.clone();
+                    async move {
+                        reconciles
+                            .time(
+                                machineclass::CONTROLLER,
+                                machineclass::reconcile(class, ctx),
+                            )
+                            .await
+                    }
+                },
                 machineclass::error_policy,
                 class_ctx,
             )

@@ -167,6 +167,9 @@ async fn sync_secret(ctx: &ClassCtx, r: &SecretRef, wanted: bool) -> Result<(), 
         )))
 }
 
+/// The `controller` label of this controller's reconcile metrics.
+pub const CONTROLLER: &str = "machineclass";
+
 /// Reconciles one class.
 pub async fn reconcile(class: Arc<MachineClass>, ctx: Arc<ClassCtx>) -> Result<Action, ClassError> {
     let api: Api<MachineClass> = Api::namespaced(ctx.client.clone(), &ctx.namespace);

@@ -11,7 +11,7 @@ pub mod status;
 pub mod token;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -25,10 +25,10 @@ use mcm_driver::{Code, Driver, DriverError};
 use mcm_permits::PermitGiver;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
-use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::events::EventPublisher;
+use crate::metrics::ReconcileMetrics;
 use decide::{ClassProblem, Step};
 
 /// Errors of a machine reconcile. Each keeps its cause.
@@ -101,7 +101,7 @@ pub struct Settings {
 }
 
 /// Metrics of the machine controller.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub struct MachineMetrics {
     created: Counter,
     adopted: Counter,
@@ -111,27 +111,8 @@ pub struct MachineMetrics {
     pub frozen: Gauge,
     /// `mcm_machine_items_total`: Machines in the namespace.
     pub items: Gauge,
-    reconcile_duration: Histogram,
-    reconcile_errors: Counter,
-    longest_reconcile: Gauge<f64, AtomicU64>,
-}
-
-impl Default for MachineMetrics {
-    fn default() -> Self {
-        MachineMetrics {
-            created: Counter::default(),
-            adopted: Counter::default(),
-            failed: Counter::default(),
-            deleted: Counter::default(),
-            frozen: Gauge::default(),
-            items: Gauge::default(),
-            reconcile_duration: Histogram::new([
-                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-            ]),
-            reconcile_errors: Counter::default(),
-            longest_reconcile: Gauge::default(),
-        }
-    }
+    /// Reconcile metrics of every controller of the process (`controller="machine"` here).
+    pub reconciles: ReconcileMetrics,
 }
 
 impl std::fmt::Debug for MachineMetrics {
@@ -141,9 +122,13 @@ impl std::fmt::Debug for MachineMetrics {
 }
 
 impl MachineMetrics {
-    /// Creates and registers the metrics.
-    pub fn register(registry: &mut Registry) -> Self {
-        let m = MachineMetrics::default();
+    /// Creates and registers the metrics; reconciles are recorded in `reconciles` (registered
+    /// once per process, see [`ReconcileMetrics::register`]).
+    pub fn register(registry: &mut Registry, reconciles: ReconcileMetrics) -> Self {
+        let m = MachineMetrics {
+            reconciles,
+            ..MachineMetrics::default()
+        };
         registry.register(
             "mcm_machine_controller_frozen",
             "1 when the machine controller is frozen by the safety controller",
@@ -170,37 +155,7 @@ impl MachineMetrics {
             "Machines deleted",
             m.deleted.clone(),
         );
-        registry.register(
-            "mcm_machine_controller_reconcile_duration_seconds",
-            "Duration of machine reconciles",
-            m.reconcile_duration.clone(),
-        );
-        registry.register(
-            "mcm_machine_controller_reconcile_errors",
-            "Machine reconciles that failed",
-            m.reconcile_errors.clone(),
-        );
-        registry.register(
-            "mcm_machine_controller_reconcile_longest_seconds",
-            "The longest machine reconcile so far: no step (a drain pass included) holds a worker for long",
-            m.longest_reconcile.clone(),
-        );
         m
-    }
-
-    /// Records one reconcile.
-    fn reconciled(&self, took: Duration, failed: bool) {
-        let secs = took.as_secs_f64();
-        self.reconcile_duration.observe(secs);
-        if failed {
-            self.reconcile_errors.inc();
-        }
-        if secs > self.longest_reconcile.get() {
-            self.longest_reconcile.set(secs);
-            if took > Duration::from_secs(5) {
-                tracing::warn!(seconds = secs, "a machine reconcile took longer than 5s");
-            }
-        }
     }
 
     fn created(&self, adopted: bool) {
@@ -504,11 +459,14 @@ pub fn backoff_delay(initial: Duration, max: Duration, failures: u32) -> Duratio
 
 /// One reconcile of a Machine: observe, decide, act.
 pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Action, Error> {
-    let started = std::time::Instant::now();
-    let result = reconcile_once(&machine, &ctx).await;
-    ctx.metrics.reconciled(started.elapsed(), result.is_err());
-    result
+    ctx.metrics
+        .reconciles
+        .time(CONTROLLER, reconcile_once(&machine, &ctx))
+        .await
 }
+
+/// The `controller` label of this controller's reconcile metrics.
+pub const CONTROLLER: &str = "machine";
 
 async fn reconcile_once(m: &Machine, ctx: &Ctx) -> Result<Action, Error> {
     // Decisions read the stores: wait for them to have synced (once, at start-up).
