@@ -1,19 +1,28 @@
 //! The manager side of mcm-rs (`machine-controller-manager`): the MachineSet,
 //! MachineDeployment and overshooting-safety controllers over shared reflector stores, plus
 //! MCM's `mcm_machine_set_*` / `mcm_machine_deployment_*` metrics read from those stores.
+//!
+//! One watch per kind feeds each store. kube-runtime's shared-store subscribers only receive
+//! the objects of `Apply` events (and of a completed re-list), never deletions, so each watch
+//! of a kind whose deletion matters to a controller also runs through a [`DeletionTap`]: the
+//! objects that disappeared are handed to the controllers as extra triggers, mapped like the
+//! subscriber's objects (a Machine to its MachineSet and MachineDeployment, a MachineSet to
+//! its MachineDeployment).
 
 use std::borrow::Cow;
+use std::collections::HashSet;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures::StreamExt;
+use futures::channel::mpsc;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
-use kube::runtime::reflector::{self, Store};
+use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Client};
+use kube::{Api, Client, Resource};
 use mcm_api::{ConditionStatus, Machine, MachineDeployment, MachineSet, MachineSummary};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -81,6 +90,112 @@ pub enum ManagerError {
 
 const STORE_BUFFER: usize = 1024;
 
+/// Hands the objects that disappeared from a store to the controllers that must react.
+///
+/// kube-runtime 5's `Writer::dispatch_event` broadcasts `Apply` and `InitDone` to shared-store
+/// subscribers but drops `Delete`, so a controller built with `watches_shared_stream` never
+/// hears that a Machine or MachineSet is gone. A tap observes the events of the one watch of a
+/// kind *after* the reflector applied them (the store no longer holds a deleted object when
+/// its controllers are woken) and sends every deleted object to each subscriber:
+/// - `Delete` events;
+/// - objects that vanished while the watch was re-listing (after a `410 Gone` or a broken
+///   connection the re-list replaces the store wholesale at `InitDone`, without a `Delete`
+///   for what is missing): the store's contents at `Init` minus the objects listed again.
+///
+/// Subscribers get unbounded channels: deletions are rare and bounded by the number of
+/// objects, and a tap must never block the watch that also feeds the store.
+pub struct DeletionTap<K>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    store: Store<K>,
+    subscribers: Vec<mpsc::UnboundedSender<Arc<K>>>,
+    relist: Option<Relist<K>>,
+}
+
+/// A re-list in progress: the store before it and the objects listed so far.
+struct Relist<K>
+where
+    K: Resource + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    before: Vec<Arc<K>>,
+    listed: HashSet<ObjectRef<K>>,
+}
+
+impl<K> std::fmt::Debug for DeletionTap<K>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeletionTap")
+            .field("subscribers", &self.subscribers.len())
+            .field("relisting", &self.relist.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K> DeletionTap<K>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    /// A tap for the watch that feeds `store`.
+    pub fn new(store: Store<K>) -> Self {
+        DeletionTap {
+            store,
+            subscribers: Vec::new(),
+            relist: None,
+        }
+    }
+
+    /// A stream of the objects deleted from now on, for `watches_shared_stream`.
+    pub fn subscribe(&mut self) -> mpsc::UnboundedReceiver<Arc<K>> {
+        let (tx, rx) = mpsc::unbounded();
+        self.subscribers.push(tx);
+        rx
+    }
+
+    /// Observes one watch event that the reflector has already applied to the store.
+    pub fn observe(&mut self, event: &watcher::Event<K>) {
+        match event {
+            watcher::Event::Delete(obj) => self.send(&Arc::new(obj.clone())),
+            // `Init` leaves the store alone until `InitDone` swaps the new list in.
+            watcher::Event::Init => {
+                self.relist = Some(Relist {
+                    before: self.store.state(),
+                    listed: HashSet::new(),
+                });
+            }
+            watcher::Event::InitApply(obj) => {
+                if let Some(relist) = &mut self.relist {
+                    relist.listed.insert(ObjectRef::from_obj(obj));
+                }
+            }
+            watcher::Event::InitDone => {
+                if let Some(relist) = self.relist.take() {
+                    for gone in relist
+                        .before
+                        .iter()
+                        .filter(|o| !relist.listed.contains(&ObjectRef::from_obj(o.as_ref())))
+                    {
+                        self.send(gone);
+                    }
+                }
+            }
+            watcher::Event::Apply(_) => {}
+        }
+    }
+
+    fn send(&mut self, obj: &Arc<K>) {
+        // A subscriber whose controller stopped is dropped.
+        self.subscribers
+            .retain(|tx| tx.unbounded_send(obj.clone()).is_ok());
+    }
+}
+
 /// Runs the manager's controllers until `shutdown` resolves; then lets in-flight reconciles
 /// finish and returns.
 ///
@@ -133,15 +248,23 @@ pub fn run_manager(
             .subscribe()
             .ok_or(ManagerError::NoSubscriber("MachineDeployment"))?;
         let (nodes, node_writer) = reflector::store::<Node>();
+        // Deletions, which the subscribers above never see.
+        let mut machine_tap = DeletionTap::new(machines.clone());
+        let machine_gone_ms = machine_tap.subscribe();
+        let machine_gone_md = machine_tap.subscribe();
+        let mut set_tap = DeletionTap::new(sets.clone());
+        let set_gone_md = set_tap.subscribe();
 
         let wc = watcher::Config::default;
         let machine_watch = watcher(Api::<Machine>::namespaced(control.clone(), &ns), wc())
             .default_backoff()
             .reflect_shared(machine_writer)
+            .inspect_ok(move |event| machine_tap.observe(event))
             .for_each(|_| futures::future::ready(()));
         let set_watch = watcher(Api::<MachineSet>::namespaced(control.clone(), &ns), wc())
             .default_backoff()
             .reflect_shared(set_writer)
+            .inspect_ok(move |event| set_tap.observe(event))
             .for_each(|_| futures::future::ready(()));
         let deployment_watch = watcher(
             Api::<MachineDeployment>::namespaced(control.clone(), &ns),
@@ -193,9 +316,10 @@ pub fn run_manager(
         });
         let sets_for_mapper = sets.clone();
         let ms_controller = Controller::for_shared_stream(set_sub_ms, sets.clone())
-            .watches_shared_stream(machine_sub_ms, move |m: Arc<Machine>| {
-                ms::sets_for_machine(&m, &sets_for_mapper)
-            })
+            .watches_shared_stream(
+                futures::stream::select(machine_sub_ms, machine_gone_ms),
+                move |m: Arc<Machine>| ms::sets_for_machine(&m, &sets_for_mapper),
+            )
             .with_config(controller_config.clone())
             .graceful_shutdown_on(stopped())
             .run(ms::reconcile, ms::error_policy, ms_ctx)
@@ -216,10 +340,14 @@ pub fn run_manager(
         });
         let sets_for_md = sets.clone();
         let md_controller = Controller::for_shared_stream(deployment_sub, deployments.clone())
-            .watches_shared_stream(set_sub_md, |s: Arc<MachineSet>| md::deployment_for_set(&s))
-            .watches_shared_stream(machine_sub_md, move |m: Arc<Machine>| {
-                md::deployment_for_machine(&m, &sets_for_md)
-            })
+            .watches_shared_stream(
+                futures::stream::select(set_sub_md, set_gone_md),
+                |s: Arc<MachineSet>| md::deployment_for_set(&s),
+            )
+            .watches_shared_stream(
+                futures::stream::select(machine_sub_md, machine_gone_md),
+                move |m: Arc<Machine>| md::deployment_for_machine(&m, &sets_for_md),
+            )
             .with_config(controller_config)
             .graceful_shutdown_on(stopped())
             .run(md::reconcile, md::error_policy, md_ctx)
@@ -654,4 +782,81 @@ where
     crate::store_ready(store)
         .await
         .map_err(|source| ManagerError::StoreDropped { kind, source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn machine(name: &str) -> Machine {
+        Machine {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                ..ObjectMeta::default()
+            },
+            ..Machine::default()
+        }
+    }
+
+    /// Applies `event` to the store as the reflector does, then lets the tap see it.
+    fn feed(
+        writer: &mut reflector::store::Writer<Machine>,
+        tap: &mut DeletionTap<Machine>,
+        event: watcher::Event<Machine>,
+    ) {
+        writer.apply_watcher_event(&event);
+        tap.observe(&event);
+    }
+
+    fn drain(rx: &mut mpsc::UnboundedReceiver<Arc<Machine>>) -> Vec<String> {
+        let mut names = Vec::new();
+        while let Ok(m) = rx.try_recv() {
+            names.push(m.metadata.name.clone().unwrap_or_default());
+        }
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn deletions_and_objects_lost_in_a_relist_reach_every_subscriber() {
+        let (store, mut writer) = reflector::store::<Machine>();
+        let mut tap = DeletionTap::new(store);
+        let mut first = tap.subscribe();
+        let mut second = tap.subscribe();
+
+        // Initial list: nothing was known before, nothing is reported.
+        feed(&mut writer, &mut tap, watcher::Event::Init);
+        for n in ["a", "b", "c", "d"] {
+            feed(&mut writer, &mut tap, watcher::Event::InitApply(machine(n)));
+        }
+        feed(&mut writer, &mut tap, watcher::Event::InitDone);
+        feed(&mut writer, &mut tap, watcher::Event::Apply(machine("e")));
+        assert_eq!(drain(&mut first), Vec::<String>::new());
+
+        feed(&mut writer, &mut tap, watcher::Event::Delete(machine("a")));
+        assert_eq!(drain(&mut first), ["a"]);
+        assert_eq!(drain(&mut second), ["a"]);
+
+        // A re-list after a broken watch: `c` and `e` went away meanwhile, `f` is new.
+        feed(&mut writer, &mut tap, watcher::Event::Init);
+        for n in ["b", "d", "f"] {
+            feed(&mut writer, &mut tap, watcher::Event::InitApply(machine(n)));
+        }
+        assert_eq!(
+            drain(&mut first),
+            Vec::<String>::new(),
+            "not before InitDone"
+        );
+        feed(&mut writer, &mut tap, watcher::Event::InitDone);
+        assert_eq!(drain(&mut first), ["c", "e"]);
+        assert_eq!(drain(&mut second), ["c", "e"]);
+
+        // A subscriber that went away does not stop the others.
+        drop(first);
+        feed(&mut writer, &mut tap, watcher::Event::Delete(machine("b")));
+        assert_eq!(drain(&mut second), ["b"]);
+        assert_eq!(tap.subscribers.len(), 1);
+    }
 }

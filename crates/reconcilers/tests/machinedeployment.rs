@@ -4,18 +4,27 @@
 mod common_manager;
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use common_manager::*;
 use futures::StreamExt;
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use kube::ResourceExt;
-use kube::api::DeleteParams;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, ResourceExt};
+use mcm_api::constants::labels;
 use mcm_api::{
-    Machine, MachineDeploymentStrategy, MachineDeploymentStrategyType,
-    RollingUpdateMachineDeployment, UpdateConfiguration,
+    ConditionStatus, Machine, MachineDeployment, MachineDeploymentCondition,
+    MachineDeploymentConditionType, MachineDeploymentStatus, MachineDeploymentStrategy,
+    MachineDeploymentStrategyType, RollingUpdateMachineDeployment, UpdateConfiguration,
 };
 use serde_json::json;
+
+/// Bound for reactions to a deletion: far below the 600 s resync, so a deployment that only
+/// notices at the resync fails.
+const PROMPT: Duration = Duration::from_secs(15);
 
 fn rolling(surge: i32, unavailable: i32) -> Option<MachineDeploymentStrategy> {
     Some(MachineDeploymentStrategy {
@@ -248,6 +257,248 @@ async fn priority_one_machines_go_first_on_trigger_deletion() {
     assert!(
         !d.annotations()
             .contains_key("node.machine.sapcloud.io/trigger-deletion-by-mcm")
+    );
+    h.stop().await;
+}
+
+/// The first deployment's status, when its generation is observed.
+fn observed_status(d: &[MachineDeployment]) -> Option<&MachineDeploymentStatus> {
+    let d = d.first()?;
+    let status = d.status.as_ref()?;
+    (status.observed_generation == d.metadata.generation).then_some(status)
+}
+
+fn counts(s: &MachineDeploymentStatus) -> [Option<i32>; 5] {
+    [
+        s.replicas,
+        s.updated_replicas,
+        s.ready_replicas,
+        s.available_replicas,
+        s.unavailable_replicas,
+    ]
+}
+
+/// A deployment counts a machine that disappears at once (deleted without finalizers: a
+/// watch `Delete` event is all there is) within seconds. Scale-up is disabled on its set
+/// (through the template's labels), so nothing replaces the machine and the counters must
+/// drop from 2 to 1; the test makes the machines and the set adopts them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counters_follow_a_machine_that_disappears() {
+    let h = Harness::start("md-machine-gone").await;
+    let mut d = deployment("md", 2, "c1", rolling(1, 0));
+    d.spec
+        .template
+        .metadata
+        .get_or_insert_with(Default::default)
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert(labels::MACHINE_SET_SCALE_UP_DISABLED.into(), "true".into());
+    create_deployment(&h, &d).await;
+    let sets = wait_list(h.sets(), "one set", |s| s.len() == 1).await;
+    let template = sets[0].spec.template.clone().expect("template");
+    for i in 0..2 {
+        let m = Machine {
+            metadata: ObjectMeta {
+                name: Some(format!("m{i}")),
+                labels: template.metadata.as_ref().and_then(|m| m.labels.clone()),
+                ..ObjectMeta::default()
+            },
+            spec: template.spec.clone().unwrap_or_default(),
+            ..Machine::default()
+        };
+        h.machines()
+            .create(&PostParams::default(), &m)
+            .await
+            .expect("create machine");
+    }
+    let set_uid = sets[0].metadata.uid.clone().expect("uid");
+    wait_machines(&h, "2 adopted and running", |m| {
+        running_of_class(m, "c1") == 2
+            && m.iter()
+                .all(|m| m.owner_references().iter().any(|o| o.uid == set_uid))
+    })
+    .await;
+    wait_list(h.deployments(), "2 machines counted", |d| {
+        observed_status(d)
+            .is_some_and(|s| counts(s) == [Some(2), Some(2), Some(2), Some(2), Some(0)])
+    })
+    .await;
+    h.machines()
+        .delete("m0", &DeleteParams::default())
+        .await
+        .expect("delete machine");
+    wait_list_within(h.deployments(), "1 machine counted", PROMPT, |d| {
+        observed_status(d)
+            .is_some_and(|s| counts(s) == [Some(1), Some(1), Some(1), Some(1), Some(1)])
+    })
+    .await;
+    h.stop().await;
+}
+
+/// A deployment notices within seconds that one of its MachineSets is gone. The set is held
+/// by a test finalizer until its machines are gone and the deployment counts 0 machines (it
+/// cannot create its new set while the old one of the same name still exists); then the
+/// last finalizer goes and the set disappears with nothing but a watch `Delete` event. The
+/// deployment must create a new set and count its machines, not wait for the resync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_machine_set_is_replaced_and_counted_promptly() {
+    let h = Harness::start("md-set-gone").await;
+    create_deployment(&h, &deployment("md", 2, "c1", rolling(1, 0))).await;
+    wait_machines(&h, "2 running", |m| {
+        m.len() == 2 && running_of_class(m, "c1") == 2
+    })
+    .await;
+    let sets = wait_list(h.sets(), "one set", |s| s.len() == 1).await;
+    wait_list(h.deployments(), "2 machines counted", |d| {
+        observed_status(d)
+            .is_some_and(|s| counts(s) == [Some(2), Some(2), Some(2), Some(2), Some(0)])
+    })
+    .await;
+    let (set, old_uid) = (sets[0].name_any(), sets[0].metadata.uid.clone());
+    let mut finalizers = sets[0].finalizers().to_vec();
+    finalizers.push("test/hold".into());
+    h.sets()
+        .patch(
+            &set,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": finalizers}})),
+        )
+        .await
+        .expect("hold the set");
+    h.sets()
+        .delete(&set, &DeleteParams::default())
+        .await
+        .expect("delete set");
+    wait_machines(&h, "no machines", |m| m.is_empty()).await;
+    wait_list(h.sets(), "only the test finalizer left", |s| {
+        s.len() == 1 && s[0].finalizers() == ["test/hold"]
+    })
+    .await;
+    wait_list(h.deployments(), "no machine counted", |d| {
+        observed_status(d)
+            .is_some_and(|s| counts(s) == [Some(0), Some(0), Some(0), Some(0), Some(2)])
+    })
+    .await;
+    h.sets()
+        .patch(
+            &set,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .expect("release the set");
+    let sets = wait_list_within(h.sets(), "a new set", PROMPT, |s| {
+        s.len() == 1 && s[0].metadata.uid != old_uid
+    })
+    .await;
+    assert_eq!(sets[0].name_any(), set, "same template, same name");
+    wait_list_within(h.deployments(), "2 new machines counted", PROMPT, |d| {
+        observed_status(d)
+            .is_some_and(|s| counts(s) == [Some(2), Some(2), Some(2), Some(2), Some(0)])
+    })
+    .await;
+    h.stop().await;
+}
+
+fn progressing(d: &MachineDeployment) -> Option<&MachineDeploymentCondition> {
+    d.status
+        .as_ref()?
+        .conditions
+        .as_ref()?
+        .iter()
+        .find(|c| c.type_ == MachineDeploymentConditionType::Progressing)
+}
+
+fn is_invalid_strategy(c: &MachineDeploymentCondition, message: &str) -> bool {
+    c.status == ConditionStatus::False
+        && c.reason.as_deref() == Some("InvalidStrategy")
+        && c.message.as_deref() == Some(message)
+}
+
+/// `maxSurge: "abc"` stops the deployment with a `Progressing=False, InvalidStrategy`
+/// condition naming field and value (kept through spec changes, with one Warning Event);
+/// fixing the strategy replaces the condition and the rollout proceeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invalid_strategy_is_a_condition_until_fixed() {
+    let h = Harness::start("md-invalid").await;
+    let bad = Some(MachineDeploymentStrategy {
+        type_: Some(MachineDeploymentStrategyType::RollingUpdate),
+        rolling_update: Some(RollingUpdateMachineDeployment {
+            update_configuration: UpdateConfiguration {
+                max_surge: Some(IntOrString::String("abc".into())),
+                max_unavailable: Some(IntOrString::Int(0)),
+            },
+        }),
+        in_place_update: None,
+    });
+    let mut d = deployment("md", 2, "c1", bad);
+    d.spec.progress_deadline_seconds = Some(600);
+    create_deployment(&h, &d).await;
+    let message = r#"spec.strategy.rollingUpdate.maxSurge: "abc" is neither an integer nor a percentage like "25%""#;
+    wait_list(h.deployments(), "the InvalidStrategy condition", |d| {
+        observed_status(d).is_some()
+            && progressing(&d[0]).is_some_and(|c| is_invalid_strategy(c, message))
+    })
+    .await;
+    let sets = h
+        .sets()
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items;
+    assert!(sets.is_empty(), "no set for an invalid strategy: {sets:#?}");
+
+    // Still invalid after a spec change: the status follows the generation.
+    patch_deployment(&h, "md", json!({"spec": {"replicas": 3}})).await;
+    wait_list(
+        h.deployments(),
+        "generation 2 observed, still invalid",
+        |d| {
+            observed_status(d).is_some()
+                && d[0].metadata.generation == Some(2)
+                && progressing(&d[0]).is_some_and(|c| is_invalid_strategy(c, message))
+        },
+    )
+    .await;
+
+    // Fixed: the condition is replaced and the machines come.
+    patch_deployment(
+        &h,
+        "md",
+        json!({"spec": {"strategy": {"rollingUpdate": {"maxSurge": 1}}}}),
+    )
+    .await;
+    wait_machines(&h, "3 running", |m| {
+        m.len() == 3 && running_of_class(m, "c1") == 3
+    })
+    .await;
+    wait_list(h.deployments(), "the condition replaced", |d| {
+        observed_status(d).is_some_and(|s| s.available_replicas == Some(3))
+            && progressing(&d[0]).is_some_and(|c| {
+                c.status == ConditionStatus::True && c.reason.as_deref() != Some("InvalidStrategy")
+            })
+    })
+    .await;
+
+    // One Warning Event for the whole episode (the generation-2 reconcile is long over).
+    let events: Vec<Event> = Api::<Event>::namespaced(h.client.clone(), &h.ns)
+        .list(&ListParams::default())
+        .await
+        .expect("list events")
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some("InvalidStrategy")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("md")
+        })
+        .collect();
+    assert_eq!(events.len(), 1, "one InvalidStrategy event: {events:#?}");
+    assert_eq!(events[0].type_.as_deref(), Some("Warning"));
+    assert_eq!(events[0].note.as_deref(), Some(message));
+    assert!(
+        events[0].series.is_none(),
+        "published once, not repeated: {:#?}",
+        events[0]
     );
     h.stop().await;
 }

@@ -3,14 +3,31 @@
 mod common_manager;
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use common_manager::*;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::ResourceExt;
-use kube::api::{Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use mcm_api::constants::{annotations, finalizers, labels};
 use mcm_api::{Machine, MachineSet, MachineSetConditionType, MachineSetSpec};
 use serde_json::json;
+
+/// Bound for reactions to a deletion: far below the 600 s resync, so a set that only
+/// notices at the resync fails.
+const PROMPT: Duration = Duration::from_secs(15);
+
+/// The first set's status counts `n` machines, all ready, available and fully labelled.
+fn counted(n: i32) -> impl Fn(&[MachineSet]) -> bool {
+    move |s| {
+        s.first().and_then(|s| s.status.as_ref()).is_some_and(|st| {
+            st.replicas == Some(n)
+                && st.ready_replicas == Some(n)
+                && st.available_replicas == Some(n)
+                && st.fully_labeled_replicas == Some(n)
+        })
+    }
+}
 
 fn set(name: &str, replicas: i32) -> MachineSet {
     MachineSet {
@@ -153,5 +170,86 @@ async fn overshoot_freezes_and_unfreezes() {
     })
     .await;
     wait_machines(&h, "1 machine again", |m| m.len() == 1).await;
+    h.stop().await;
+}
+
+/// A Machine deleted behind the set's back (no finalizer: it is gone at once, with nothing
+/// but a watch `Delete` event) is replaced and counted within seconds, not at the resync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_deleted_directly_is_replaced_and_counted_promptly() {
+    let h = Harness::start("ms-gone").await;
+    h.sets()
+        .create(&PostParams::default(), &set("ms", 3))
+        .await
+        .expect("create set");
+    let ms = wait_machines(&h, "3 running", |m| {
+        m.len() == 3 && running_of_class(m, "c1") == 3
+    })
+    .await;
+    wait_list(h.sets(), "3 machines counted", counted(3)).await;
+    let victim = ms[0].name_any();
+    h.machines()
+        .delete(&victim, &DeleteParams::default())
+        .await
+        .expect("delete machine");
+    wait_list_within(h.machines(), "a running replacement", PROMPT, |m| {
+        m.len() == 3 && running_of_class(m, "c1") == 3 && m.iter().all(|m| m.name_any() != victim)
+    })
+    .await;
+    wait_list_within(h.sets(), "3 machines counted again", PROMPT, counted(3)).await;
+    h.stop().await;
+}
+
+/// The VM-crash flow of the bug report: a Machine held by a finalizer is deleted, replaced
+/// while it terminates (the set counts 4), then its last finalizer goes and it disappears.
+/// The counters must drop to the 3 machines left within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn counters_drop_when_the_last_finalizer_of_a_machine_goes() {
+    let h = Harness::start("ms-finalizer").await;
+    h.sets()
+        .create(&PostParams::default(), &set("ms", 3))
+        .await
+        .expect("create set");
+    let ms = wait_machines(&h, "3 running", |m| {
+        m.len() == 3 && running_of_class(m, "c1") == 3
+    })
+    .await;
+    wait_list(h.sets(), "3 machines counted", counted(3)).await;
+    let victim = ms[0].name_any();
+    h.machines()
+        .patch(
+            &victim,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": ["test/hold"]}})),
+        )
+        .await
+        .expect("hold");
+    h.machines()
+        .delete(&victim, &DeleteParams::default())
+        .await
+        .expect("delete machine");
+    wait_machines(&h, "a replacement while the victim terminates", |m| {
+        m.len() == 4 && running_of_class(m, "c1") == 3
+    })
+    .await;
+    wait_list(h.sets(), "the terminating machine counted", |s| {
+        s.first()
+            .and_then(|s| s.status.as_ref())
+            .is_some_and(|st| st.replicas == Some(4))
+    })
+    .await;
+    h.machines()
+        .patch(
+            &victim,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .expect("release");
+    wait_machines(&h, "the victim gone", |m| {
+        m.len() == 3 && m.iter().all(|m| m.name_any() != victim)
+    })
+    .await;
+    wait_list_within(h.sets(), "the 3 machines left counted", PROMPT, counted(3)).await;
     h.stop().await;
 }

@@ -59,8 +59,19 @@ async fn ready_after_sync_metrics_and_shutdown() {
     })
     .await;
 
-    let mut text = String::new();
-    encode(&mut text, &registry).expect("encode");
+    // The manager's own store may lag the test's watch a little (more so on a busy machine):
+    // poll the scrape until it shows the set.
+    let text = within("the set in the metrics", async {
+        loop {
+            let mut text = String::new();
+            encode(&mut text, &registry).expect("encode");
+            if text.contains("mcm_machine_set_info{") {
+                break text;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
     for name in [
         "mcm_machine_set_info{",
         "mcm_machine_set_info_spec_replicas{",

@@ -13,17 +13,19 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
 use mcm_api::constants::{annotations, finalizers, labels};
-use mcm_api::intstr::{IntOrPercentError, resolve_fenceposts};
+use mcm_api::intstr::{RollingUpdateError, resolve_rolling_update};
 use mcm_api::{
-    Machine, MachineDeployment, MachineDeploymentStrategyType, MachinePhase, MachineSet,
-    MachineSetSpec, MachineTemplateSpec,
+    Machine, MachineDeployment, MachineDeploymentStatus, MachineDeploymentStrategyType,
+    MachinePhase, MachineSet, MachineSetSpec, MachineTemplateSpec,
 };
 use serde_json::json;
 
 use super::decide::{self, Action as RolloutAction, Rollout, SetState, Snapshot, Strategy};
 use super::hash::{template_hash, templates_equal};
 use super::nodes::apply_markers;
-use super::status::{StatusInput, compute_status};
+use super::status::{
+    Counters, StatusInput, compute_status, invalid_strategy_status, is_invalid_strategy, reasons,
+};
 use crate::events::EventPublisher;
 use crate::machineset::controller::status_patch;
 use crate::machineset::decide::{MachineView, controller_of, count_machines, is_frozen};
@@ -48,15 +50,6 @@ pub enum Error {
         /// The client error.
         #[source]
         source: kube::Error,
-    },
-    /// `maxSurge`/`maxUnavailable` cannot be resolved.
-    #[error("invalid rolling update limits of MachineDeployment {name}: {source}")]
-    InvalidLimits {
-        /// The deployment.
-        name: String,
-        /// Why the values are invalid.
-        #[source]
-        source: IntOrPercentError,
     },
     /// A MachineSet with the new set's name exists with another template.
     #[error("hash collision for MachineSet {0}")]
@@ -122,7 +115,9 @@ fn reference(d: &MachineDeployment) -> ObjectReference {
     d.object_ref(&())
 }
 
-fn strategy_of(d: &MachineDeployment, replicas: i32) -> Result<Strategy, Error> {
+/// The deployment's strategy with resolved limits ([`resolve_rolling_update`]); an error
+/// names the field and the value that cannot be used.
+fn strategy_of(d: &MachineDeployment, replicas: i32) -> Result<Strategy, RollingUpdateError> {
     let strategy = d.spec.strategy.as_ref();
     if strategy.and_then(|s| s.type_.as_ref()) == Some(&MachineDeploymentStrategyType::Recreate) {
         return Ok(Strategy::Recreate);
@@ -130,15 +125,11 @@ fn strategy_of(d: &MachineDeployment, replicas: i32) -> Result<Strategy, Error> 
     let limits = strategy
         .and_then(|s| s.rolling_update.as_ref())
         .map(|r| &r.update_configuration);
-    let (max_surge, max_unavailable) = resolve_fenceposts(
+    let (max_surge, max_unavailable) = resolve_rolling_update(
         limits.and_then(|l| l.max_surge.as_ref()),
         limits.and_then(|l| l.max_unavailable.as_ref()),
         replicas,
-    )
-    .map_err(|source| Error::InvalidLimits {
-        name: d.name_any(),
-        source,
-    })?;
+    )?;
     Ok(Strategy::RollingUpdate {
         max_surge,
         max_unavailable,
@@ -242,7 +233,6 @@ fn set_state(set: &MachineSet, machines: &[Arc<Machine>], now: Timestamp) -> Set
 
 /// Reconciles one MachineDeployment.
 pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let name = d.name_any();
     let ns = d.namespace().unwrap_or_default();
     let api: Api<MachineDeployment> = Api::namespaced(ctx.client.clone(), &ns);
     let sets_api: Api<MachineSet> = Api::namespaced(ctx.client.clone(), &ns);
@@ -310,15 +300,6 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
 
     let now = Timestamp::now();
     let replicas = d.spec.replicas();
-    let strategy = match strategy_of(&d, replicas) {
-        Ok(s) => s,
-        Err(e) => {
-            ctx.events
-                .warning(&reference(&d), "InvalidStrategy", "Sync", e.to_string())
-                .await;
-            return Ok(Action::await_change());
-        }
-    };
     let empty = Vec::new();
     let state_of = |s: &MachineSet| {
         set_state(
@@ -328,6 +309,42 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
         )
     };
     let new_name = observed.new_set.as_ref().map(|s| s.name_any());
+    let new_set = observed.new_set.as_deref().map(state_of);
+    let old_sets: Vec<SetState> = observed
+        .sets
+        .iter()
+        .filter(|s| Some(s.name_any()) != new_name)
+        .map(|s| state_of(s))
+        .collect();
+    let failed: Vec<_> = observed
+        .machines
+        .values()
+        .flatten()
+        .map(|m| MachineView::from_machine(m, None, now))
+        .filter_map(|v| v.failure)
+        .collect();
+    let strategy = match strategy_of(&d, replicas) {
+        Ok(s) => s,
+        Err(invalid) => {
+            let input = StatusInput {
+                generation: d.metadata.generation,
+                progress_deadline_seconds: d.spec.progress_deadline_seconds,
+                previous: d.status.as_ref(),
+                failed_machines: failed,
+                progressed: false,
+                now,
+            };
+            let status = invalid_strategy_status(
+                replicas,
+                Counters::of(new_set.as_ref(), &old_sets),
+                &input,
+                &invalid.to_string(),
+            );
+            report_invalid_strategy(&d, &ctx, &api, status).await?;
+            // Nothing is rolled out or scaled until the strategy changes (an event).
+            return Ok(Action::await_change());
+        }
+    };
     let snapshot = Snapshot {
         rollout: Rollout {
             replicas,
@@ -335,13 +352,8 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
             paused: d.spec.paused.unwrap_or(false),
             frozen: is_frozen(d.metadata.labels.as_ref()),
         },
-        new_set: observed.new_set.as_deref().map(state_of),
-        old_sets: observed
-            .sets
-            .iter()
-            .filter(|s| Some(s.name_any()) != new_name)
-            .map(|s| state_of(s))
-            .collect(),
+        new_set,
+        old_sets,
     };
 
     sync_revision(&d, &ctx, &observed).await?;
@@ -393,13 +405,6 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
     .await;
 
     // Status.
-    let failed = observed
-        .machines
-        .values()
-        .flatten()
-        .map(|m| MachineView::from_machine(m, None, now))
-        .filter_map(|v| v.failure)
-        .collect();
     let (status, recheck) = compute_status(
         &snapshot,
         &StatusInput {
@@ -411,30 +416,69 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
             now,
         },
     );
-    if d.status.as_ref() != Some(&status) {
-        let patch = status_patch(&status, &["conditions", "failedMachines"]);
-        match api
-            .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => {
-                return Err(Error::kube(
-                    "update status of",
-                    "MachineDeployment",
-                    &name,
-                    e,
-                ));
-            }
-        }
-    }
+    update_status(&api, &d, &status).await?;
     let min_ready = d.spec.min_ready_seconds.unwrap_or(0);
     let mut next = recheck.unwrap_or(RESYNC_PERIOD);
     if min_ready > 0 && !snapshot.is_complete() {
         next = next.min(Duration::from_secs(u64::try_from(min_ready).unwrap_or(1)));
     }
     Ok(Action::requeue(next + Duration::from_millis(500)))
+}
+
+/// Writes `status` unless the deployment already has it.
+async fn update_status(
+    api: &Api<MachineDeployment>,
+    d: &MachineDeployment,
+    status: &MachineDeploymentStatus,
+) -> Result<(), Error> {
+    if d.status.as_ref() == Some(status) {
+        return Ok(());
+    }
+    let patch = status_patch(status, &["conditions", "failedMachines"]);
+    match api
+        .patch_status(
+            &d.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
+        Err(e) => Err(Error::kube(
+            "update status of",
+            "MachineDeployment",
+            &d.name_any(),
+            e,
+        )),
+    }
+}
+
+/// Records an unusable strategy: writes `status` (with its `Progressing=False,
+/// InvalidStrategy` condition) and, only when that condition is new or its message changed,
+/// publishes one Warning Event. The condition is stored, so neither later reconciles nor a
+/// restarted controller repeat the Event.
+async fn report_invalid_strategy(
+    d: &MachineDeployment,
+    ctx: &Context,
+    api: &Api<MachineDeployment>,
+    status: MachineDeploymentStatus,
+) -> Result<(), Error> {
+    let invalid = |s: Option<&MachineDeploymentStatus>| {
+        s.and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| is_invalid_strategy(c)))
+            .and_then(|c| c.message.clone())
+    };
+    let before = invalid(d.status.as_ref());
+    let message = invalid(Some(&status)).unwrap_or_default();
+    tracing::debug!(deployment = %d.name_any(), %message, "invalid strategy");
+    update_status(api, d, &status).await?;
+    if before.as_deref() != Some(message.as_str()) {
+        ctx.events
+            .warning(&reference(d), reasons::INVALID_STRATEGY, "Sync", message)
+            .await;
+    }
+    Ok(())
 }
 
 /// What to do after a failed reconcile.

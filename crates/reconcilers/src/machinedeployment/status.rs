@@ -9,7 +9,7 @@ use mcm_api::{
     MachineDeploymentStatus, MachineSummary,
 };
 
-use super::decide::Snapshot;
+use super::decide::{SetState, Snapshot};
 
 /// Condition reasons (the strings of the Go controller).
 pub mod reasons {
@@ -29,6 +29,9 @@ pub mod reasons {
     pub const MINIMUM_REPLICAS_AVAILABLE: &str = "MinimumReplicasAvailable";
     /// Fewer than `replicas - maxUnavailable` machines are available.
     pub const MINIMUM_REPLICAS_UNAVAILABLE: &str = "MinimumReplicasUnavailable";
+    /// `spec.strategy` cannot be resolved: nothing is rolled out or scaled until it is fixed
+    /// (`Progressing=False`; the condition is replaced once the strategy is valid again).
+    pub const INVALID_STRATEGY: &str = "InvalidStrategy";
 }
 
 /// Inputs besides the snapshot.
@@ -96,20 +99,114 @@ fn make(
     }
 }
 
+/// The machine counters of a deployment's status.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counters {
+    /// Non-terminating machines of all sets.
+    pub replicas: i32,
+    /// Non-terminating machines of the new set.
+    pub updated: i32,
+    /// Ready machines.
+    pub ready: i32,
+    /// Available machines.
+    pub available: i32,
+}
+
+impl Counters {
+    /// Counts the machines of the new set and the old sets.
+    pub fn of(new_set: Option<&SetState>, old_sets: &[SetState]) -> Self {
+        let all: Vec<&SetState> = new_set.into_iter().chain(old_sets.iter()).collect();
+        Counters {
+            replicas: all.iter().map(|x| x.machines).sum(),
+            updated: new_set.map_or(0, |n| n.machines),
+            ready: all.iter().map(|x| x.ready).sum(),
+            available: all.iter().map(|x| x.available).sum(),
+        }
+    }
+}
+
+/// Whether a condition is the `Progressing=False, InvalidStrategy` condition.
+pub fn is_invalid_strategy(c: &MachineDeploymentCondition) -> bool {
+    c.type_ == MachineDeploymentConditionType::Progressing
+        && c.status == ConditionStatus::False
+        && c.reason.as_deref() == Some(reasons::INVALID_STRATEGY)
+}
+
+/// The status of a deployment whose strategy cannot be resolved: counters from the machines,
+/// `observedGeneration` current, `Progressing=False` with reason
+/// [`reasons::INVALID_STRATEGY`] and `message`; the other conditions are kept as they are
+/// (availability cannot be judged without `maxUnavailable`).
+pub fn invalid_strategy_status(
+    replicas: i32,
+    counters: Counters,
+    input: &StatusInput<'_>,
+    message: &str,
+) -> MachineDeploymentStatus {
+    let prev = input.previous;
+    let mut conditions = prev.and_then(|p| p.conditions.clone()).unwrap_or_default();
+    set_condition(
+        &mut conditions,
+        make(
+            MachineDeploymentConditionType::Progressing,
+            ConditionStatus::False,
+            reasons::INVALID_STRATEGY,
+            message.to_owned(),
+            input.now,
+        ),
+    );
+    status_with(replicas, counters, conditions, input)
+}
+
+fn status_with(
+    desired: i32,
+    counters: Counters,
+    conditions: Vec<MachineDeploymentCondition>,
+    input: &StatusInput<'_>,
+) -> MachineDeploymentStatus {
+    let prev = input.previous;
+    MachineDeploymentStatus {
+        observed_generation: input.generation,
+        replicas: Some(counters.replicas),
+        updated_replicas: Some(counters.updated),
+        ready_replicas: Some(counters.ready),
+        available_replicas: Some(counters.available),
+        unavailable_replicas: Some((desired - counters.available).max(0)),
+        conditions: if conditions.is_empty() {
+            None
+        } else {
+            Some(conditions)
+        },
+        collision_count: prev.and_then(|p| p.collision_count),
+        failed_machines: if input.failed_machines.is_empty() {
+            None
+        } else {
+            Some(input.failed_machines.clone())
+        },
+        preserved_failed_replicas: prev.and_then(|p| p.preserved_failed_replicas),
+    }
+}
+
 /// The new status and, when a progress deadline is running, the time after which the
 /// deployment must be looked at again.
+///
+/// A `Progressing=False, InvalidStrategy` condition left from an earlier invalid strategy is
+/// dropped (the strategy resolved, or this would not be called); with a progress deadline the
+/// usual `Progressing` condition takes its place.
 pub fn compute_status(
     s: &Snapshot,
     input: &StatusInput<'_>,
 ) -> (MachineDeploymentStatus, Option<Duration>) {
-    let all: Vec<_> = s.new_set.iter().chain(s.old_sets.iter()).collect();
     let d = s.rollout.replicas;
-    let replicas: i32 = all.iter().map(|x| x.machines).sum();
-    let ready: i32 = all.iter().map(|x| x.ready).sum();
-    let available: i32 = all.iter().map(|x| x.available).sum();
-    let updated = s.new_set.as_ref().map_or(0, |n| n.machines);
+    let counters = Counters::of(s.new_set.as_ref(), &s.old_sets);
+    let Counters {
+        replicas,
+        updated,
+        ready,
+        available,
+    } = counters;
     let prev = input.previous;
     let mut conditions = prev.and_then(|p| p.conditions.clone()).unwrap_or_default();
+    conditions.retain(|c| !is_invalid_strategy(c));
     let now = input.now;
 
     let min_available = d - s.rollout.strategy.max_unavailable();
@@ -248,27 +345,7 @@ pub fn compute_status(
         }
     }
 
-    let status = MachineDeploymentStatus {
-        observed_generation: input.generation,
-        replicas: Some(replicas),
-        updated_replicas: Some(updated),
-        ready_replicas: Some(ready),
-        available_replicas: Some(available),
-        unavailable_replicas: Some((d - available).max(0)),
-        conditions: if conditions.is_empty() {
-            None
-        } else {
-            Some(conditions)
-        },
-        collision_count: prev.and_then(|p| p.collision_count),
-        failed_machines: if input.failed_machines.is_empty() {
-            None
-        } else {
-            Some(input.failed_machines.clone())
-        },
-        preserved_failed_replicas: prev.and_then(|p| p.preserved_failed_replicas),
-    };
-    (status, recheck)
+    (status_with(d, counters, conditions, input), recheck)
 }
 
 #[cfg(test)]
@@ -347,5 +424,48 @@ mod tests {
             Some((ConditionStatus::True, reasons::MACHINE_SET_UPDATED.into()))
         );
         assert_eq!(fourth.unavailable_replicas, Some(0));
+    }
+
+    #[test]
+    fn invalid_strategy_condition_is_set_once_and_replaced_when_fixed() {
+        let s = snapshot(0);
+        let (valid, _) = compute_status(&s, &input(None, 1_000));
+        let counters = Counters::of(s.new_set.as_ref(), &s.old_sets);
+        let message = "spec.strategy.rollingUpdate.maxSurge: \"abc\" is neither an integer nor a percentage like \"25%\"";
+        let mut later = input(Some(&valid), 1_010);
+        later.generation = Some(2);
+        let invalid = invalid_strategy_status(2, counters, &later, message);
+        let c = condition(
+            invalid.conditions.as_ref(),
+            &MachineDeploymentConditionType::Progressing,
+        )
+        .expect("progressing");
+        assert!(is_invalid_strategy(c));
+        assert_eq!(c.message.as_deref(), Some(message));
+        assert_eq!(c.last_transition_time, Some(Time(later.now)));
+        assert_eq!(invalid.observed_generation, Some(2));
+        assert_eq!(
+            (
+                invalid.replicas,
+                invalid.available_replicas,
+                invalid.unavailable_replicas
+            ),
+            (Some(3), Some(1), Some(1))
+        );
+        // Unchanged on the next reconcile: nothing to write, so no second event.
+        let again = invalid_strategy_status(2, counters, &input(Some(&invalid), 1_020), message);
+        assert_eq!(again.conditions, invalid.conditions);
+
+        // Fixed, with a progress deadline: the usual Progressing condition replaces it.
+        let (fixed, _) = compute_status(&s, &input(Some(&invalid), 1_030));
+        assert_eq!(
+            progressing(&fixed),
+            Some((ConditionStatus::True, reasons::MACHINE_SET_UPDATED.into()))
+        );
+        // Fixed, without a deadline: the condition is dropped.
+        let mut no_deadline = input(Some(&invalid), 1_030);
+        no_deadline.progress_deadline_seconds = None;
+        let (fixed, _) = compute_status(&s, &no_deadline);
+        assert_eq!(progressing(&fixed), None);
     }
 }

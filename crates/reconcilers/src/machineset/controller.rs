@@ -28,8 +28,6 @@ use crate::events::EventPublisher;
 
 /// How often a set is reconciled without any event (MCM: 10 minutes).
 pub const RESYNC_PERIOD: Duration = Duration::from_secs(600);
-/// Re-check period of a deleting set whose Machines are going away.
-const DELETING_RECHECK: Duration = Duration::from_secs(2);
 /// How long creations/deletions are awaited in the machine store before acting again.
 pub const EXPECTATIONS_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -254,10 +252,9 @@ pub async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action
     let counts = count_machines(&views, set.spec.min_ready_seconds.unwrap_or(0), now);
     update_status(&sets, &set, &counts, manage.as_ref().err()).await?;
     manage?;
+    // A Machine that disappears (also the last one of a deleting set) triggers this set
+    // through the manager's deletion tap; no polling is needed for it.
     Ok(match counts.recheck_after {
-        // Shared-stream subscribers of kube-runtime 5 see no Delete events, so the removal of
-        // the last Machine of a deleting set triggers nothing: look again soon.
-        _ if deleting => Action::requeue(DELETING_RECHECK),
         Some(after) => Action::requeue(after + Duration::from_secs(1)),
         None => Action::requeue(RESYNC_PERIOD),
     })

@@ -204,6 +204,26 @@ where
         + Sync
         + 'static,
 {
+    wait_list_within(api, what, WAIT, pred).await
+}
+
+/// Waits (on a watch) at most `limit` until the objects of `api` satisfy `pred`; panics with
+/// the objects as they are then.
+pub async fn wait_list_within<K>(
+    api: Api<K>,
+    what: &str,
+    limit: Duration,
+    pred: impl Fn(&[K]) -> bool,
+) -> Vec<K>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+{
     let (reader, writer) = kube::runtime::reflector::store::<K>();
     let mut stream = kube::runtime::reflector::reflector(
         writer,
@@ -211,7 +231,7 @@ where
     )
     .default_backoff()
     .boxed();
-    let result = tokio::time::timeout(WAIT, async {
+    let result = tokio::time::timeout(limit, async {
         let mut ready = false;
         loop {
             match stream.next().await {
@@ -233,7 +253,7 @@ where
         Ok(Some(items)) => items,
         _ => {
             let now = api.list(&ListParams::default()).await.map(|l| l.items);
-            panic!("timed out waiting for {what}; now: {now:#?}");
+            panic!("timed out after {limit:?} waiting for {what}; now: {now:#?}");
         }
     }
 }
