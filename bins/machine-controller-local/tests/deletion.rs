@@ -64,7 +64,8 @@ async fn a_machine_of_an_invalid_class_never_got_a_vm_and_is_deleted() {
 #[tokio::test]
 async fn a_machine_whose_class_does_not_exist_is_deleted() {
     let h = Harness::new("del-noclass", json!({})).await;
-    let _mc = h.spawn_controller("mc", &[]);
+    // Both halves in one process: one set of reconcile metrics for all controllers.
+    let mc = h.spawn_controller("mc", &["--controllers=machine,manager".to_string()]);
     h.create_machine("n1", "does-not-exist").await;
     h.await_description("n1", WAIT, "the missing class to be reported", |d| {
         d.contains("cannot use the machine class") && d.contains("does-not-exist")
@@ -74,6 +75,16 @@ async fn a_machine_whose_class_does_not_exist_is_deleted() {
     h.delete_machine("n1").await;
     h.await_gone("n1", WAIT).await;
     assert!(h.vm_records().is_empty());
+    let metrics = mc.metrics().await;
+    let help = "# HELP mcm_controller_reconcile_duration_seconds ";
+    assert_eq!(metrics.matches(help).count(), 1, "{metrics}");
+    assert!(
+        metric_with(
+            &metrics,
+            "mcm_controller_reconcile_duration_seconds_count",
+            "controller=\"machine\""
+        ) > 0.0
+    );
 }
 
 #[tokio::test]

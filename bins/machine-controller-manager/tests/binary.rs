@@ -157,6 +157,12 @@ async fn the_process_reconciles_a_deployment_and_serves_its_endpoints() {
     let metrics = http_get(port, "/metrics").await.unwrap_or_default();
     assert!(metrics.contains("mcm_machine_deployment_"), "{metrics}");
     assert!(metrics.contains("mcm_machine_set_"), "{metrics}");
+    for controller in ["machineset", "machinedeployment"] {
+        let line = format!(
+            "mcm_controller_reconcile_duration_seconds_count{{controller=\"{controller}\"}}"
+        );
+        assert!(metrics.contains(&line), "no {line} in {metrics}");
+    }
 }
 
 /// The manifests in deploy/ are accepted by a real API server (server-side dry run).

@@ -340,9 +340,12 @@ pub async fn run_machine_controller_until(
     let mut readiness = Readiness::default();
     let run_machine = options.runs("machine");
     let manager_config = options.runs("manager").then(|| {
-        options
+        let mut config = options
             .manager
-            .manager_config(&options.common.namespace, options.concurrent_syncs)
+            .manager_config(&options.common.namespace, options.concurrent_syncs);
+        // One set of reconcile metrics for both halves.
+        config.reconciles = Some(reconciles.clone());
+        config
     });
     if run_machine {
         readiness.synced.push(handles.ready.clone());

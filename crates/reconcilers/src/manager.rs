@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use crate::metrics::ReconcileMetrics;
 use futures::channel::mpsc;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Node;
@@ -55,6 +56,9 @@ pub struct ManagerConfig {
     /// `--autoscaler-scaledown-annotation-during-rollout` (default true): annotate the nodes
     /// of a rolling deployment so the cluster-autoscaler does not scale them down.
     pub autoscaler_annotations: bool,
+    /// Reconcile metrics shared with the other controllers of the process; `None`: the
+    /// manager registers its own in the registry [`run_manager`] is given.
+    pub reconciles: Option<ReconcileMetrics>,
 }
 
 impl Default for ManagerConfig {
@@ -67,6 +71,7 @@ impl Default for ManagerConfig {
             overshooting_period: Duration::from_secs(60),
             ready: Arc::new(AtomicBool::new(false)),
             autoscaler_annotations: true,
+            reconciles: None,
         }
     }
 }
@@ -217,6 +222,10 @@ pub fn run_manager(
         sets: sets.clone(),
         deployments: deployments.clone(),
     }));
+    let reconciles = config
+        .reconciles
+        .clone()
+        .unwrap_or_else(|| ReconcileMetrics::register(registry));
     async move {
         let ns = config.namespace.clone();
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -322,7 +331,21 @@ pub fn run_manager(
             )
             .with_config(controller_config.clone())
             .graceful_shutdown_on(stopped())
-            .run(ms::reconcile, ms::error_policy, ms_ctx)
+            .run(
+                {
+                    let reconciles = reconciles.clone();
+                    move |set, ctx| {
+                        let reconciles = reconciles.clone();
+                        async move {
+                            reconciles
+                                .time(ms::CONTROLLER, ms::reconcile(set, ctx))
+                                .await
+                        }
+                    }
+                },
+                ms::error_policy,
+                ms_ctx,
+            )
             .for_each(|r| async move {
                 if let Err(error) = r {
                     tracing::debug!(%error, "MachineSet controller");
@@ -350,7 +373,18 @@ pub fn run_manager(
             )
             .with_config(controller_config)
             .graceful_shutdown_on(stopped())
-            .run(md::reconcile, md::error_policy, md_ctx)
+            .run(
+                move |deployment, ctx| {
+                    let reconciles = reconciles.clone();
+                    async move {
+                        reconciles
+                            .time(md::CONTROLLER, md::reconcile(deployment, ctx))
+                            .await
+                    }
+                },
+                md::error_policy,
+                md_ctx,
+            )
             .for_each(|r| async move {
                 if let Err(error) = r {
                     tracing::debug!(%error, "MachineDeployment controller");

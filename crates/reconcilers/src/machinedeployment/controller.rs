@@ -231,6 +231,9 @@ fn set_state(set: &MachineSet, machines: &[Arc<Machine>], now: Timestamp) -> Set
     }
 }
 
+/// The `controller` label of this controller's reconcile metrics.
+pub const CONTROLLER: &str = "machinedeployment";
+
 /// Reconciles one MachineDeployment.
 pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Action, Error> {
     let ns = d.namespace().unwrap_or_default();

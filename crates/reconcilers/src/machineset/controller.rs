@@ -172,6 +172,9 @@ pub fn sets_for_machine(machine: &Machine, sets: &Store<MachineSet>) -> Vec<Obje
         .collect()
 }
 
+/// The `controller` label of this controller's reconcile metrics.
+pub const CONTROLLER: &str = "machineset";
+
 /// Reconciles one MachineSet.
 pub async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Error> {
     let name = set.name_any();
