@@ -118,3 +118,29 @@ async fn a_missing_target_kubeconfig_is_reported_readably() {
     );
     assert!(!msg.contains("panicked"), "{msg}");
 }
+
+#[tokio::test]
+async fn an_invalid_fault_configuration_names_the_entry() {
+    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_machine-controller-local"))
+        .args(["--leader-elect=false"])
+        .env(mcm_provider_local::NODE_BINARY_ENV, node_binary())
+        .env("MCM_DRIVER_FAULTS", "all:rate=0.3;reboot:rate=1")
+        .env_remove("KUBECONFIG")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let out = within(
+        Duration::from_secs(30),
+        "machine-controller-local with bad faults to exit",
+        child.wait_with_output(),
+    )
+    .await
+    .unwrap();
+    assert!(!out.status.success());
+    let msg = text(&out);
+    assert!(msg.contains("MCM_DRIVER_FAULTS"), "{msg}");
+    assert!(msg.contains("unknown operation \"reboot\""), "{msg}");
+}

@@ -17,8 +17,11 @@ pub struct FaultSpec {
     pub error_rate: f64,
     /// The code of injected errors.
     pub code: Code,
-    /// Latency added before every call (failing or not).
+    /// Latency added before every call (failing or not); with [`FaultSpec::max_latency`]
+    /// above it, the lower bound of a uniformly drawn latency.
     pub latency: Duration,
+    /// Upper bound of the added latency (`latency` when not above it).
+    pub max_latency: Duration,
 }
 
 impl FaultSpec {
@@ -28,6 +31,7 @@ impl FaultSpec {
             error_rate: 1.0,
             code,
             latency: Duration::ZERO,
+            max_latency: Duration::ZERO,
         }
     }
 
@@ -37,6 +41,7 @@ impl FaultSpec {
             error_rate: rate.clamp(0.0, 1.0),
             code,
             latency: Duration::ZERO,
+            max_latency: Duration::ZERO,
         }
     }
 
@@ -46,8 +51,93 @@ impl FaultSpec {
             error_rate: 0.0,
             code: Code::Unavailable,
             latency,
+            max_latency: latency,
         }
     }
+
+    /// Parses a fault configuration, entries separated by `;`, each
+    /// `<operations>:<key>=<value>,...` where `<operations>` is `all` or operation names
+    /// joined by `+` (`create_machine+delete_machine`) and the keys are `rate` (`0.0..=1.0`),
+    /// `code` (an MCM code name, default `Unavailable`) and `latency` (a Go duration, or a
+    /// range `0s..2s` drawn uniformly). Later entries override earlier ones per operation.
+    ///
+    /// `all:rate=0.3,latency=0s..2s;create_machine:rate=0.5,code=ResourceExhausted`
+    pub fn parse_config(config: &str) -> Result<Vec<(Operation, FaultSpec)>, FaultConfigError> {
+        let mut out: BTreeMap<Operation, FaultSpec> = BTreeMap::new();
+        for entry in config.split(';').map(str::trim).filter(|e| !e.is_empty()) {
+            let bad = |why: String| FaultConfigError {
+                entry: entry.to_string(),
+                why,
+            };
+            let (ops, settings) = entry
+                .split_once(':')
+                .ok_or_else(|| bad("expected <operations>:<key>=<value>,...".into()))?;
+            let ops: Vec<Operation> = if ops.trim() == "all" {
+                Operation::ALL.to_vec()
+            } else {
+                ops.split('+')
+                    .map(|name| {
+                        let name = name.trim();
+                        Operation::ALL
+                            .into_iter()
+                            .find(|o| o.as_str() == name)
+                            .ok_or_else(|| bad(format!("unknown operation {name:?}")))
+                    })
+                    .collect::<Result<_, _>>()?
+            };
+            let mut spec = FaultSpec::rate(0.0, Code::Unavailable);
+            for setting in settings.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+                let (key, value) = setting
+                    .split_once('=')
+                    .ok_or_else(|| bad(format!("expected key=value, got {setting:?}")))?;
+                match key.trim() {
+                    "rate" => {
+                        let rate: f64 = value
+                            .parse()
+                            .map_err(|_| bad(format!("rate {value:?} is not a number")))?;
+                        if !(0.0..=1.0).contains(&rate) {
+                            return Err(bad(format!("rate {rate} is not within 0..=1")));
+                        }
+                        spec.error_rate = rate;
+                    }
+                    "code" => {
+                        spec.code = Code::from_name(value.trim())
+                            .ok_or_else(|| bad(format!("unknown code {value:?}")))?;
+                    }
+                    "latency" => {
+                        let duration = |d: &str| {
+                            mcm_api::duration::parse_go_duration(d.trim())
+                                .map_err(|e| bad(format!("latency {d:?}: {e}")))
+                        };
+                        let (low, high) = match value.split_once("..") {
+                            Some((low, high)) => (duration(low)?, duration(high)?),
+                            None => (duration(value)?, duration(value)?),
+                        };
+                        if high < low {
+                            return Err(bad(format!("latency range {value:?} is empty")));
+                        }
+                        spec.latency = low;
+                        spec.max_latency = high;
+                    }
+                    other => return Err(bad(format!("unknown key {other:?}"))),
+                }
+            }
+            for op in ops {
+                out.insert(op, spec.clone());
+            }
+        }
+        Ok(out.into_iter().collect())
+    }
+}
+
+/// A fault configuration that cannot be parsed (see [`FaultSpec::parse_config`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid fault configuration entry {entry:?}: {why}")]
+pub struct FaultConfigError {
+    /// The entry.
+    pub entry: String,
+    /// What is wrong.
+    pub why: String,
 }
 
 /// A driver wrapper that fails calls at configured rates, with configured codes and added
@@ -87,15 +177,33 @@ impl<D: Driver> FaultInjecting<D> {
         &self.inner
     }
 
+    /// Wraps `inner` with the faults of a parsed configuration ([`FaultSpec::parse_config`]).
+    pub fn with_config(inner: D, seed: u64, config: &[(Operation, FaultSpec)]) -> Self {
+        let d = FaultInjecting::new(inner, seed);
+        for (op, spec) in config {
+            d.set(*op, spec.clone());
+        }
+        d
+    }
+
     /// Whether the next call of `op` fails, and the latency to add.
     fn decide(&self, op: Operation) -> (Option<Code>, Duration) {
         let spec = self.faults.lock().ok().and_then(|f| f.get(&op).cloned());
         let Some(spec) = spec else {
             return (None, Duration::ZERO);
         };
-        let roll: f64 = self.rng.lock().map(|mut r| r.random()).unwrap_or(1.0);
+        let Ok(mut rng) = self.rng.lock() else {
+            return (None, spec.latency);
+        };
+        let roll: f64 = rng.random();
         let fail = spec.error_rate > 0.0 && roll < spec.error_rate;
-        (fail.then_some(spec.code), spec.latency)
+        let latency = if spec.max_latency > spec.latency {
+            let extra: f64 = rng.random();
+            spec.latency + (spec.max_latency - spec.latency).mul_f64(extra)
+        } else {
+            spec.latency
+        };
+        (fail.then_some(spec.code), latency)
     }
 
     async fn around<T>(
@@ -178,6 +286,71 @@ mod tests {
         assert!(ok.is_ok());
         d.clear(Operation::ListMachines);
         assert!(d.list_machines(list_req()).await.is_ok());
+    }
+
+    #[test]
+    fn configurations_parse_and_bad_ones_name_the_entry() {
+        let c = FaultSpec::parse_config(
+            "all:rate=0.3,latency=0s..2s; create_machine+delete_machine:rate=0.5,code=ResourceExhausted",
+        )
+        .unwrap();
+        assert_eq!(c.len(), 6);
+        let create = &c
+            .iter()
+            .find(|(o, _)| *o == Operation::CreateMachine)
+            .unwrap()
+            .1;
+        assert_eq!(create.error_rate, 0.5);
+        assert_eq!(create.code, Code::ResourceExhausted);
+        assert_eq!(
+            create.max_latency,
+            Duration::ZERO,
+            "the later entry replaces"
+        );
+        let list = &c
+            .iter()
+            .find(|(o, _)| *o == Operation::ListMachines)
+            .unwrap()
+            .1;
+        assert_eq!(list.error_rate, 0.3);
+        assert_eq!(list.code, Code::Unavailable);
+        assert_eq!(
+            (list.latency, list.max_latency),
+            (Duration::ZERO, Duration::from_secs(2))
+        );
+        for (bad, says) in [
+            ("all:rate=2", "not within 0..=1"),
+            ("reboot:rate=0.1", "unknown operation"),
+            ("all:code=Oops", "unknown code"),
+            ("all:latency=2s..1s", "is empty"),
+            ("all", "expected <operations>"),
+        ] {
+            let err = FaultSpec::parse_config(bad).unwrap_err().to_string();
+            assert!(err.contains(says) && err.contains(bad), "{bad}: {err}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn latency_ranges_stay_within_their_bounds() {
+        let d = FaultInjecting::with_config(
+            FakeDriver::new(),
+            3,
+            &FaultSpec::parse_config("list_machines:latency=1s..3s").unwrap(),
+        );
+        let mut seen = Vec::new();
+        for _ in 0..20 {
+            let began = tokio::time::Instant::now();
+            d.list_machines(list_req()).await.unwrap();
+            seen.push(began.elapsed());
+        }
+        assert!(
+            seen.iter()
+                .all(|l| *l >= Duration::from_secs(1) && *l <= Duration::from_secs(3))
+        );
+        assert!(
+            seen.iter().any(|l| *l != seen[0]),
+            "drawn, not fixed: {seen:?}"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -147,7 +147,7 @@ use async_trait::async_trait;
 
 pub use error::{BoxError, Code, DriverError};
 pub use fake::{FakeDriver, FakeVm};
-pub use fault::{FaultInjecting, FaultSpec};
+pub use fault::{FaultConfigError, FaultInjecting, FaultSpec};
 pub use instrumented::{DriverMetrics, Instrumented};
 pub use ratelimit::{RateLimited, TokenBucket};
 pub use types::*;
