@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use kube_lease_manager::LeaseManagerBuilder;
 use mcm_driver::{Driver, DriverMetrics, Instrumented};
+use mcm_reconcilers::informers::Informers;
 use mcm_reconcilers::machine::MachineMetrics;
 use mcm_reconcilers::machine_controller::{self, Handles};
 use mcm_reconcilers::metrics::ReconcileMetrics;
@@ -56,21 +57,7 @@ pub enum RunError {
     LeadershipLost(String),
 }
 
-/// An error and its chain of causes on one line (`a: b: c`), for messages on exit.
-pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        // Some errors (kube's) repeat their cause in their own message: say it once.
-        let text = c.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        cause = c.source();
-    }
-    out
-}
+pub use mcm_reconcilers::error_chain;
 
 /// Installs the tracing subscriber: `--v` maps to a level, `RUST_LOG` overrides it.
 pub fn init_logging(common: &CommonOptions) {
@@ -362,6 +349,7 @@ pub async fn run_machine_controller_until(
     tracing::info!(%bound, provider, namespace = %options.common.namespace, controllers = ?options.controllers, "machine controller starting");
 
     let config = options.controller_config();
+    let namespace = options.common.namespace.clone();
     let result = with_leader_election(
         control.clone(),
         &options.common,
@@ -369,46 +357,44 @@ pub async fn run_machine_controller_until(
         readiness,
         cancel.clone(),
         |work_cancel| async move {
-            let manager = match manager_config {
-                Some(mc) => {
-                    let shutdown = work_cancel.clone().cancelled_owned();
-                    let fut = {
-                        let mut r = registry.lock().unwrap_or_else(|e| e.into_inner());
-                        mcm_reconcilers::manager::run_manager(
-                            control.clone(),
-                            target.clone(),
-                            mc,
-                            &mut r,
-                            shutdown,
-                        )
-                    };
-                    Some(fut)
+            // One set of informers for both halves: one watch per kind in the process.
+            let mut informers = Informers::new(&control, &target, &namespace);
+            let manager = manager_config.map(|mc| {
+                let mut r = registry.lock().unwrap_or_else(|e| e.into_inner());
+                mcm_reconcilers::manager::prepare(
+                    &mut informers,
+                    control.clone(),
+                    target.clone(),
+                    mc,
+                    &mut r,
+                    work_cancel.clone(),
+                )
+            });
+            let machine = run_machine.then(|| {
+                machine_controller::prepare(
+                    &mut informers,
+                    control.clone(),
+                    target.clone(),
+                    driver,
+                    config,
+                    metrics,
+                    handles,
+                    work_cancel.clone(),
+                )
+            });
+            informers.start(work_cancel.clone());
+            futures::join!(
+                async {
+                    if let Some(m) = machine {
+                        m.await;
+                    }
+                },
+                async {
+                    if let Some(m) = manager {
+                        m.await;
+                    }
                 }
-                None => None,
-            };
-            let machine = async {
-                if run_machine {
-                    machine_controller::run(
-                        control,
-                        target,
-                        driver,
-                        config,
-                        metrics,
-                        handles,
-                        work_cancel.clone(),
-                    )
-                    .await
-                }
-            };
-            let manager = async {
-                if let Some(m) = manager
-                    && let Err(e) = m.await
-                {
-                    tracing::error!(error = %error_chain(&e), "manager stopped");
-                    work_cancel.cancel();
-                }
-            };
-            futures::join!(machine, manager);
+            );
         },
     )
     .await;
@@ -464,9 +450,7 @@ pub async fn run_manager_until(
                     work_cancel.clone().cancelled_owned(),
                 )
             };
-            if let Err(e) = fut.await {
-                tracing::error!(error = %error_chain(&e), "manager stopped");
-            }
+            fut.await;
         },
     )
     .await;

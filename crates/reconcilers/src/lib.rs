@@ -1,15 +1,20 @@
 //! The controllers of mcm-rs.
 //!
-//! Machine-controller side (one binary per provider): [`machine`] (lifecycle of each
-//! Machine: create, health, delete), machine classes and their secrets, nodes, and safety
-//! (orphan VMs, API-server freeze). Manager side (provider independent): [`machineset`] and
-//! [`machinedeployment`] with Kubernetes Deployment semantics, and the overshooting guard.
+//! Machine-controller side (one binary per provider, [`machine_controller`]): [`machine`]
+//! (lifecycle of each Machine: create, health, delete), [`machineclass`] (class finalizers,
+//! validation, the Secrets classes reference), [`safety`] (orphan VMs, API-server freeze).
+//! Manager side (provider independent, [`manager`]): [`machineset`] and
+//! [`machinedeployment`] with Kubernetes Deployment semantics, and the overshooting guard
+//! ([`safety::overshoot`]).
 //!
-//! Every controller is a `kube_runtime::Controller` over shared reflector stores; the
-//! decisions are pure functions (`decide` modules) and the effects are small async actions.
+//! Every controller is a `kube_runtime::Controller` over the process's shared stores
+//! ([`informers`]: one watch per kind, whichever halves run in the process); the decisions
+//! are pure functions (`decide` modules) and the effects are small async actions.
+//! [`metrics`] records every reconcile, [`events`] publishes Kubernetes Events.
 #![warn(missing_docs)]
 
 pub mod events;
+pub mod informers;
 pub mod machine;
 pub mod machine_controller;
 pub mod machineclass;
@@ -19,24 +24,45 @@ pub mod manager;
 pub mod metrics;
 pub mod safety;
 
-/// Waits until a reflector store is ready, re-polling every 100 ms.
+/// An error and its chain of causes on one line (`a: b: c`), for logs and messages on exit.
 ///
-/// `Store::wait_until_ready` of kube-runtime 5 rests on a `futures` oneshot receiver that keeps
-/// only the last waker: when a `Controller` and another task (a readiness probe) wait on the
-/// same store, the one that polled first is never woken. Re-polling makes such a waiter see
-/// the ready store within 100 ms; the controller's task is woken by its own watch stream.
-pub async fn store_ready<K>(
-    store: &kube::runtime::reflector::Store<K>,
-) -> Result<(), kube::runtime::reflector::store::WriterDropped>
-where
-    K: kube::runtime::reflector::Lookup + Clone + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone,
-{
-    loop {
-        let wait = store.wait_until_ready();
-        if let Ok(result) = tokio::time::timeout(std::time::Duration::from_millis(100), wait).await
-        {
-            return result;
-        }
+/// Our errors never print their source in their own message. `kube::Error` does (its
+/// message embeds its cause), so the chain ends at the first `kube::Error`.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut current = e;
+    while current.downcast_ref::<kube::Error>().is_none() {
+        let Some(cause) = current.source() else { break };
+        out.push_str(": ");
+        out.push_str(&cause.to_string());
+        current = cause;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[derive(Debug, thiserror::Error)]
+    #[error("failed to patch")]
+    struct Outer(#[source] kube::Error);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("reconcile failed")]
+    struct Top(#[source] Outer);
+
+    #[test]
+    fn the_chain_names_each_cause_once() {
+        let api = kube::Error::Api(
+            kube::core::Status::failure("machines \"m\" not found", "NotFound")
+                .with_code(404)
+                .boxed(),
+        );
+        let text = super::error_chain(&Top(Outer(api)));
+        assert!(
+            text.starts_with("reconcile failed: failed to patch: "),
+            "{text}"
+        );
+        // The kube error is printed once (its message embeds its cause).
+        assert_eq!(text.matches("ApiError").count(), 1, "{text}");
     }
 }

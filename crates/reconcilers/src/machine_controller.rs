@@ -1,25 +1,28 @@
-//! Running the machine-controller side: reflectors, the machine and machineclass controllers,
-//! the node-deletion watcher and the safety loops, until a cancellation token fires.
+//! Running the machine-controller side over the process's shared informers: the machine,
+//! machineclass and orphan-collection controllers and the API-server check, until one
+//! cancellation token fires.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use futures::{StreamExt, TryStreamExt};
-use k8s_openapi::api::core::v1::Node;
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams};
-use kube::runtime::controller::{self, Controller};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::controller::{self, Action, Controller};
+use kube::runtime::reflector::{ObjectRef, Store};
 use mcm_api::constants::labels;
-use mcm_api::{Machine, MachineClass, MachineDeployment, MachineSet};
+use mcm_api::{Machine, MachineClass};
 use mcm_driver::Driver;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
+use crate::informers::{Informers, changed_only, notifications};
 use crate::machine::{self, Ctx, Freeze, MachineMetrics, Settings, Stores};
 use crate::machineclass::{self, ClassCtx};
-use crate::safety::{self, SafetySettings};
+use crate::metrics::ReconcileMetrics;
+use crate::safety::orphans::{self, OrphanCtx};
+use crate::safety::{SafetySettings, apiserver};
 
 /// Handles to a running machine controller.
 #[derive(Clone, Debug, Default)]
@@ -41,31 +44,6 @@ pub struct MachineControllerConfig {
     pub safety: SafetySettings,
     /// `--concurrent-syncs`: machines reconciled at the same time.
     pub concurrent_syncs: u16,
-}
-
-fn watched<K>(
-    api: Api<K>,
-    config: watcher::Config,
-) -> (
-    Store<K>,
-    impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
-)
-where
-    K: kube::Resource
-        + Clone
-        + serde::de::DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
-    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
-{
-    let (reader, writer) = reflector::store();
-    let stream = watcher(api, config)
-        .default_backoff()
-        .reflect(writer)
-        .applied_objects();
-    (reader, stream)
 }
 
 /// What about a Node matters to its Machine: conditions without heartbeat times, labels,
@@ -109,7 +87,8 @@ fn machine_of_node(
         .map(|m| ObjectRef::from_obj(m.as_ref()))
 }
 
-/// Runs everything until `cancel` fires. `metrics` come from [`MachineMetrics::register`].
+/// Runs the machine-controller side on informers of its own until `cancel` fires.
+/// `metrics` come from [`MachineMetrics::register`].
 pub async fn run(
     control: kube::Client,
     target: kube::Client,
@@ -119,231 +98,240 @@ pub async fn run(
     handles: Handles,
     cancel: CancellationToken,
 ) {
+    let mut informers = Informers::new(&control, &target, &config.machine.namespace);
+    let work = prepare(
+        &mut informers,
+        control,
+        target,
+        driver,
+        config,
+        metrics,
+        handles,
+        cancel.clone(),
+    );
+    informers.start(cancel);
+    work.await
+}
+
+/// Builds the machine-controller side over the process's `informers` (taking its
+/// subscriptions); the returned future runs it until `cancel` fires. Start the informers
+/// after every half of the process is prepared.
+#[allow(clippy::too_many_arguments)]
+pub fn prepare(
+    informers: &mut Informers,
+    control: kube::Client,
+    target: kube::Client,
+    driver: Arc<dyn Driver>,
+    config: MachineControllerConfig,
+    metrics: MachineMetrics,
+    handles: Handles,
+    cancel: CancellationToken,
+) -> impl std::future::Future<Output = ()> + Send + 'static + use<> {
     let ns = config.machine.namespace.clone();
-
-    let (machines, machine_stream) = watched(
-        Api::<Machine>::namespaced(control.clone(), &ns),
-        watcher::Config::default(),
-    );
-    let (classes, class_stream) = watched(
-        Api::<MachineClass>::namespaced(control.clone(), &ns),
-        watcher::Config::default(),
-    );
-    let (nodes, node_stream) =
-        watched(Api::<Node>::all(target.clone()), watcher::Config::default());
-    let (machine_sets, set_stream) = watched(
-        Api::<MachineSet>::namespaced(control.clone(), &ns),
-        watcher::Config::default(),
-    );
-    let (machine_deployments, deployment_stream) = watched(
-        Api::<MachineDeployment>::namespaced(control.clone(), &ns),
-        watcher::Config::default(),
-    );
-    let va = mcm_drain::start_volume_attachment_reflector(target.clone());
-
-    // Streams that only feed stores.
-    let mut tasks = tokio::task::JoinSet::new();
-    for s in [
-        set_stream.map_ok(|_| ()).boxed(),
-        deployment_stream.map_ok(|_| ()).boxed(),
-    ] {
-        let cancel = cancel.clone();
-        tasks.spawn(async move {
-            tokio::select! {
-                _ = s.for_each(|_| futures::future::ready(())) => {}
-                _ = cancel.cancelled() => {}
-            }
-        });
-    }
-
+    let stores = Stores {
+        machines: informers.machines.store(),
+        classes: informers.classes.store(),
+        secrets: informers.secrets.store(),
+        nodes: informers.nodes.store(),
+        machine_sets: informers.sets.store(),
+        machine_deployments: informers.deployments.store(),
+    };
+    let machines = stores.machines.clone();
+    let classes = stores.classes.clone();
     let mut ctx = Ctx::new(
         control.clone(),
         target.clone(),
         driver,
         config.machine.clone(),
-        Stores {
-            machines: machines.clone(),
-            classes: classes.clone(),
-            nodes: nodes.clone(),
-            machine_sets: machine_sets.clone(),
-            machine_deployments: machine_deployments.clone(),
-        },
-        va.stores(),
+        stores,
+        mcm_drain::Stores::new(informers.volume_attachments.store()),
         handles.freeze.clone(),
         metrics,
     );
     ctx.orphan_trigger = handles.orphan_trigger.clone();
     let ctx = Arc::new(ctx);
+    let reconciles = ctx.metrics.reconciles.clone();
+    let controller_config = controller::Config::default().concurrency(config.concurrent_syncs);
 
-    // Readiness: every store synced; then the orphan collector starts.
-    {
-        let (m, c, n, s, d) = (
-            machines.clone(),
-            classes.clone(),
-            nodes.clone(),
-            machine_sets.clone(),
-            machine_deployments.clone(),
-        );
-        let va_stores = va.stores();
-        let ready = handles.ready.clone();
-        let cancel = cancel.clone();
-        let orphan_ctx = ctx.clone();
-        let orphan_period = config.safety.orphan_vms_period;
-        let orphan_trigger = handles.orphan_trigger.clone();
-        tasks.spawn(async move {
-            let synced = async {
-                let _ = futures::join!(
-                    crate::store_ready(&m),
-                    crate::store_ready(&c),
-                    crate::store_ready(&n),
-                    crate::store_ready(&s),
-                    crate::store_ready(&d),
-                    crate::store_ready(&va_stores.volume_attachments),
-                );
-            };
-            tokio::select! {
-                _ = synced => {
-                    ready.store(true, Ordering::SeqCst);
-                    orphan_ctx.synced.send_replace(true);
-                }
-                _ = cancel.cancelled() => return,
-            }
-            // Orphan collection needs synced stores: it starts only now.
-            safety::run_orphan_collector(
-                orphan_ctx,
-                orphan_period,
-                orphan_trigger,
-                cancel.cancelled_owned(),
+    // Readiness: every store this side reads has listed once.
+    let synced = futures::future::join_all([
+        informers.machines.synced().boxed(),
+        informers.classes.synced().boxed(),
+        informers.secrets.synced().boxed(),
+        informers.nodes.synced().boxed(),
+        informers.sets.synced().boxed(),
+        informers.deployments.synced().boxed(),
+        informers.volume_attachments.synced().boxed(),
+    ]);
+
+    // The machine controller: Machines, their Nodes (not heartbeats; deletions too) and
+    // their classes.
+    let machine_controller = {
+        let (for_nodes, for_deleted_nodes, for_classes) =
+            (machines.clone(), machines.clone(), machines.clone());
+        let (ns_nodes, ns_deleted_nodes) = (ns.clone(), ns.clone());
+        Controller::for_shared_stream(informers.machines.subscribe(), machines.clone())
+            .watches_shared_stream(
+                changed_only(informers.nodes.subscribe(), node_fingerprint),
+                move |node: Arc<Node>| machine_of_node(&node, &for_nodes, &ns_nodes),
             )
-            .await
-        });
-    }
+            .watches_shared_stream(informers.nodes.deletions(), move |node: Arc<Node>| {
+                machine_of_node(&node, &for_deleted_nodes, &ns_deleted_nodes)
+            })
+            .watches_shared_stream(
+                informers.classes.subscribe(),
+                move |class: Arc<MachineClass>| machines_of_class(&class.name_any(), &for_classes),
+            )
+            .with_config(controller_config.clone())
+            .graceful_shutdown_on(cancel.clone().cancelled_owned())
+            .run(
+                timed(reconciles.clone(), machine::CONTROLLER, machine::reconcile),
+                machine::error_policy,
+                ctx.clone(),
+            )
+            .for_each(|_| futures::future::ready(()))
+    };
 
-    // Node deletions delete their Machine.
-    {
-        let ctx = ctx.clone();
-        let cancel = cancel.clone();
-        let ns = ns.clone();
-        tasks.spawn(async move {
-            let deletions = watcher(Api::<Node>::all(ctx.target.clone()), watcher::Config::default())
-                .default_backoff()
-                .try_filter_map(|e| async move {
-                    Ok(match e {
-                        watcher::Event::Delete(n) => Some(n),
-                        _ => None,
-                    })
-                });
-            let work = deletions.for_each(|node| {
-                let ctx = ctx.clone();
-                let ns = ns.clone();
-                async move {
-                    let Ok(node) = node else { return };
-                    if machine::observe::node_not_managed(&node) {
-                        return;
-                    }
-                    let Some(r) = machine_of_node(&node, &ctx.machines, &ns) else { return };
-                    let Some(m) = ctx.machines.get(&r) else { return };
-                    if m.metadata.deletion_timestamp.is_some() || ctx.freeze.is_frozen() {
-                        return;
-                    }
-                    tracing::info!(node = %node.name_any(), machine = %m.name_any(), "node deleted: deleting its machine");
-                    let api: Api<Machine> = Api::namespaced(ctx.control.clone(), &ns);
-                    if let Err(e) = api.delete(&m.name_any(), &DeleteParams::default()).await {
-                        tracing::warn!(machine = %m.name_any(), error = %e, "failed to delete the machine of a deleted node");
-                    }
-                }
-            });
-            tokio::select! {
-                _ = work => {}
-                _ = cancel.cancelled() => {}
-            }
-        });
-    }
-
-    // API-server reachability (the orphan collector starts with readiness, above).
-    tasks.spawn(safety::run_apiserver_check(
-        ctx.clone(),
-        config.safety.clone(),
-        cancel.clone().cancelled_owned(),
-    ));
-
-    // The machineclass controller.
+    // The machineclass controller: classes, the Machines using a class that is being
+    // deleted, deleted Machines, and the Secrets classes reference.
     let class_ctx = Arc::new(ClassCtx::new(
         control.clone(),
         ns.clone(),
         classes.clone(),
         machines.clone(),
+        informers.secrets.store(),
     ));
     let class_controller = {
-        let class_reconciles = ctx.metrics.reconciles.clone();
-        let (class_reader, class_writer) = reflector::store::<MachineClass>();
-        let class_trigger = watcher(
-            Api::<MachineClass>::namespaced(control.clone(), &ns),
-            watcher::Config::default(),
-        )
-        .default_backoff()
-        .reflect(class_writer)
-        .applied_objects();
-        let machine_trigger = watcher(
-            Api::<Machine>::namespaced(control.clone(), &ns),
-            watcher::Config::default(),
-        )
-        .default_backoff()
-        .touched_objects();
-        let ns2 = ns.clone();
-        Controller::for_stream(class_trigger, class_reader)
-            .watches_stream(machine_trigger, move |m: Machine| {
-                machine::observe::class_name(&m)
-                    .ok()
-                    .map(|c| ObjectRef::new(c).within(&ns2))
+        let (classes_for_machines, classes_for_secrets, classes_for_gone_secrets) =
+            (classes.clone(), classes.clone(), classes.clone());
+        let (ns_m, ns_d) = (ns.clone(), ns.clone());
+        Controller::for_shared_stream(informers.classes.subscribe(), classes.clone())
+            .watches_shared_stream(informers.machines.subscribe(), move |m: Arc<Machine>| {
+                class_being_deleted(&m, &classes_for_machines, &ns_m)
             })
+            .watches_shared_stream(informers.machines.deletions(), move |m: Arc<Machine>| {
+                class_of_machine(&m, &ns_d)
+            })
+            .watches_shared_stream(informers.secrets.subscribe(), move |s: Arc<Secret>| {
+                machineclass::classes_referencing(&s, &classes_for_secrets)
+            })
+            .watches_shared_stream(informers.secrets.deletions(), move |s: Arc<Secret>| {
+                machineclass::classes_referencing(&s, &classes_for_gone_secrets)
+            })
+            .with_config(controller_config.clone())
             .graceful_shutdown_on(cancel.clone().cancelled_owned())
             .run(
-                move |class, ctx| {
-                    let reconciles = class_reconciles.clone();
-                    async move {
-                        reconciles
-                            .time(
-                                machineclass::CONTROLLER,
-                                machineclass::reconcile(class, ctx),
-                            )
-                            .await
-                    }
-                },
+                timed(
+                    reconciles.clone(),
+                    machineclass::CONTROLLER,
+                    machineclass::reconcile,
+                ),
                 machineclass::error_policy,
                 class_ctx,
             )
             .for_each(|_| futures::future::ready(()))
     };
 
-    // The machine controller.
-    let machine_controller = {
-        let machines_for_nodes = machines.clone();
-        let ns_nodes = ns.clone();
-        let machines_for_classes = machines.clone();
-        Controller::for_stream(machine_stream, machines.clone())
-            .watches_stream(
-                node_stream.predicate_filter(node_fingerprint, Default::default()),
-                move |node: Node| machine_of_node(&node, &machines_for_nodes, &ns_nodes),
-            )
-            .watches_stream(class_stream, move |class: MachineClass| {
-                let name = class.name_any();
-                machines_for_classes
-                    .state()
-                    .iter()
-                    .filter(|m| machine::observe::class_name(m).ok() == Some(name.as_str()))
-                    .map(|m| ObjectRef::from_obj(m.as_ref()))
-                    .collect::<Vec<_>>()
-            })
-            .with_config(controller::Config::default().concurrency(config.concurrent_syncs))
+    // Orphan collection: per class, every orphan period and on demand.
+    let orphan_controller = {
+        let orphan_ctx = Arc::new(OrphanCtx {
+            machine: ctx.clone(),
+            period: config.safety.orphan_vms_period,
+        });
+        Controller::for_shared_stream(informers.classes.subscribe(), classes.clone())
+            .reconcile_all_on(notifications(handles.orphan_trigger.clone()))
             .graceful_shutdown_on(cancel.clone().cancelled_owned())
-            .run(machine::reconcile, machine::error_policy, ctx.clone())
+            .run(
+                timed(reconciles, orphans::CONTROLLER, orphans::reconcile),
+                orphans::error_policy,
+                orphan_ctx,
+            )
             .for_each(|_| futures::future::ready(()))
     };
 
-    futures::join!(machine_controller, class_controller);
-    cancel.cancel();
-    while tasks.join_next().await.is_some() {}
+    let apiserver_check = apiserver::run_apiserver_check(
+        ctx.clone(),
+        config.safety.clone(),
+        cancel.clone().cancelled_owned(),
+    );
+
+    async move {
+        let readiness = async {
+            tokio::select! {
+                _ = synced => {
+                    handles.ready.store(true, Ordering::SeqCst);
+                    ctx.synced.send_replace(true);
+                }
+                () = cancel.cancelled() => {}
+            }
+        };
+        let controllers = async {
+            futures::join!(machine_controller, class_controller, orphan_controller);
+            cancel.cancel();
+        };
+        futures::join!(readiness, controllers, apiserver_check);
+        handles.ready.store(false, Ordering::SeqCst);
+    }
+}
+
+/// A reconcile function that records its duration and errors under `controller`, inside a
+/// span naming the object.
+pub fn timed<K, C, E, F, Fut>(
+    reconciles: ReconcileMetrics,
+    controller: &'static str,
+    reconcile: F,
+) -> impl FnMut(Arc<K>, Arc<C>) -> futures::future::BoxFuture<'static, Result<Action, E>>
+where
+    K: kube::Resource + Send + Sync + 'static,
+    C: Send + Sync + 'static,
+    E: Send + 'static,
+    F: Fn(Arc<K>, Arc<C>) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = Result<Action, E>> + Send + 'static,
+{
+    move |obj, ctx| {
+        let reconciles = reconciles.clone();
+        let span = tracing::info_span!(
+            "reconcile",
+            controller,
+            namespace = obj.meta().namespace.as_deref().unwrap_or_default(),
+            name = obj.meta().name.as_deref().unwrap_or_default(),
+        );
+        let fut = reconcile(obj, ctx);
+        async move { reconciles.time(controller, fut).await }
+            .instrument(span)
+            .boxed()
+    }
+}
+
+/// The Machines whose class is `class`.
+fn machines_of_class(class: &str, machines: &Store<Machine>) -> Vec<ObjectRef<Machine>> {
+    machines
+        .state()
+        .iter()
+        .filter(|m| machine::observe::class_name(m).ok() == Some(class))
+        .map(|m| ObjectRef::from_obj(m.as_ref()))
+        .collect()
+}
+
+/// The class of a Machine.
+fn class_of_machine(m: &Machine, namespace: &str) -> Option<ObjectRef<MachineClass>> {
+    machine::observe::class_name(m)
+        .ok()
+        .map(|c| ObjectRef::new(c).within(namespace))
+}
+
+/// The class of a Machine when that class is being deleted (its finalizer waits for its
+/// Machines); other Machine changes do not concern the class controller.
+fn class_being_deleted(
+    m: &Machine,
+    classes: &Store<MachineClass>,
+    namespace: &str,
+) -> Option<ObjectRef<MachineClass>> {
+    class_of_machine(m, namespace).filter(|r| {
+        classes
+            .get(r)
+            .is_some_and(|c| c.metadata.deletion_timestamp.is_some())
+    })
 }
 
 #[cfg(test)]

@@ -1,6 +1,10 @@
 //! The machineclass controller: finalizers on classes (while Machines use them) and on the
 //! Secrets they reference, and the class validation, run once per generation and published
 //! as an Event.
+//!
+//! A referenced Secret also gets the label [`CLASS_CREDENTIALS_LABEL`], which is what the
+//! process's Secret watch selects: only those Secrets are watched, and a reconcile reads them
+//! from the store (the API server is asked only for a Secret the store does not hold yet).
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
@@ -9,13 +13,14 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::Store;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use mcm_api::constants::finalizers::MACHINE_CONTROLLER as FINALIZER;
 use mcm_api::{Machine, MachineClass};
 use serde_json::json;
 
 use crate::events::EventPublisher;
+use crate::informers::CLASS_CREDENTIALS_LABEL;
 use crate::machine::observe::{SecretRef, class_name, class_secret_refs};
 
 /// Errors of the class controller.
@@ -47,6 +52,8 @@ pub struct ClassCtx {
     pub classes: Store<MachineClass>,
     /// All machines.
     pub machines: Store<Machine>,
+    /// The Secrets classes reference (labelled).
+    pub secrets: Store<Secret>,
     /// Events on classes.
     pub events: EventPublisher,
     validated: Mutex<HashMap<String, i64>>,
@@ -59,6 +66,7 @@ impl ClassCtx {
         namespace: String,
         classes: Store<MachineClass>,
         machines: Store<Machine>,
+        secrets: Store<Secret>,
     ) -> Self {
         ClassCtx {
             events: EventPublisher::new(client.clone(), "machine-controller"),
@@ -66,6 +74,7 @@ impl ClassCtx {
             namespace,
             classes,
             machines,
+            secrets,
             validated: Mutex::new(HashMap::new()),
         }
     }
@@ -117,25 +126,62 @@ pub fn referenced_secrets(classes: &[Arc<MachineClass>]) -> BTreeSet<(String, St
         .collect()
 }
 
-async fn set_finalizer<K>(api: &Api<K>, obj: &K, present: bool) -> Result<(), kube::Error>
-where
-    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let has = obj.finalizers().iter().any(|f| f == FINALIZER);
-    if has == present {
-        return Ok(());
+/// The classes (not being deleted or being deleted alike) that reference `secret`.
+pub fn classes_referencing(
+    secret: &Secret,
+    classes: &Store<MachineClass>,
+) -> Vec<ObjectRef<MachineClass>> {
+    let (ns, name) = (secret.namespace(), secret.name_any());
+    classes
+        .state()
+        .iter()
+        .filter(|c| {
+            class_secret_refs(c)
+                .into_iter()
+                .flatten()
+                .any(|r| Some(&r.namespace) == ns.as_ref() && r.name == name)
+        })
+        .map(|c| ObjectRef::from_obj(c.as_ref()))
+        .collect()
+}
+
+/// The metadata patch that gives (`wanted`) or takes away our finalizer and, for Secrets,
+/// the watch label; `None` when the object already is as wanted. Pure.
+pub fn marking_patch<K: Resource>(obj: &K, wanted: bool, label: bool) -> Option<serde_json::Value> {
+    let has_finalizer = obj.finalizers().iter().any(|f| f == FINALIZER);
+    let has_label = obj
+        .labels()
+        .get(CLASS_CREDENTIALS_LABEL)
+        .map(String::as_str)
+        == Some("true");
+    if has_finalizer == wanted && (!label || has_label == wanted) {
+        return None;
     }
-    let mut list: Vec<String> = obj
+    let mut finalizers: Vec<String> = obj
         .finalizers()
         .iter()
         .filter(|f| *f != FINALIZER)
         .cloned()
         .collect();
-    if present {
-        list.push(FINALIZER.into());
+    if wanted {
+        finalizers.push(FINALIZER.into());
     }
-    let patch =
-        json!({ "metadata": { "finalizers": list, "resourceVersion": obj.resource_version() } });
+    let mut meta = json!({ "finalizers": finalizers, "resourceVersion": obj.resource_version() });
+    if label {
+        meta["labels"] =
+            json!({ CLASS_CREDENTIALS_LABEL: if wanted { json!("true") } else { json!(null) } });
+    }
+    Some(json!({ "metadata": meta }))
+}
+
+/// Applies [`marking_patch`]; an object that is gone is left alone.
+async fn mark<K>(api: &Api<K>, obj: &K, wanted: bool, label: bool) -> Result<(), kube::Error>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let Some(patch) = marking_patch(obj, wanted, label) else {
+        return Ok(());
+    };
     match api
         .patch(
             &obj.name_any(),
@@ -150,19 +196,30 @@ where
     }
 }
 
+/// Gives a referenced Secret our finalizer and the watch label (or takes them away). Read
+/// from the store; from the API server only when the store does not hold it yet.
 async fn sync_secret(ctx: &ClassCtx, r: &SecretRef, wanted: bool) -> Result<(), ClassError> {
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &r.namespace);
-    let Some(secret) = api
-        .get_opt(&r.name)
-        .await
-        .map_err(kube_err(format!("read secret {}", r.name)))?
-    else {
-        return Ok(());
+    let stored = ctx
+        .secrets
+        .get(&ObjectRef::new(&r.name).within(&r.namespace));
+    let secret = match stored {
+        Some(s) => s,
+        None if !wanted => return Ok(()),
+        None => match api
+            .get_opt(&r.name)
+            .await
+            .map_err(kube_err(format!("read secret {}", r.name)))?
+        {
+            Some(s) => Arc::new(s),
+            // Missing: the Machines using the class report it.
+            None => return Ok(()),
+        },
     };
-    set_finalizer(&api, &secret, wanted)
+    mark(&api, secret.as_ref(), wanted, true)
         .await
         .map_err(kube_err(format!(
-            "update the finalizer of secret {}",
+            "update the finalizer and label of secret {}",
             r.name
         )))
 }
@@ -188,13 +245,13 @@ pub async fn reconcile(class: Arc<MachineClass>, ctx: Arc<ClassCtx>) -> Result<A
                 sync_secret(&ctx, &r, false).await?;
             }
         }
-        set_finalizer(&api, class.as_ref(), false)
+        mark(&api, class.as_ref(), false, false)
             .await
             .map_err(kube_err("remove the class finalizer"))?;
         return Ok(Action::await_change());
     }
 
-    set_finalizer(&api, class.as_ref(), true)
+    mark(&api, class.as_ref(), true, false)
         .await
         .map_err(kube_err("add the class finalizer"))?;
     for r in class_secret_refs(&class).into_iter().flatten() {
@@ -239,14 +296,14 @@ pub async fn reconcile(class: Arc<MachineClass>, ctx: Arc<ClassCtx>) -> Result<A
 }
 
 /// Retry policy of failed class reconciles.
-pub fn error_policy(class: Arc<MachineClass>, err: &ClassError, _ctx: Arc<ClassCtx>) -> Action {
+pub fn error_policy(_class: Arc<MachineClass>, err: &ClassError, _ctx: Arc<ClassCtx>) -> Action {
     let ClassError::Kube { source, .. } = err;
     if matches!(source, kube::Error::Api(s) if s.code == 409) {
         // Our view was stale (the class or secret changed meanwhile): retry soon, quietly.
-        tracing::debug!(class = %class.name_any(), error = %err, "conflict; retrying");
+        tracing::debug!(error = %crate::error_chain(err), "conflict; retrying");
         return Action::requeue(Duration::from_secs(1));
     }
-    tracing::warn!(class = %class.name_any(), error = %err, cause = %source, "class reconcile failed");
+    tracing::warn!(error = %crate::error_chain(err), "class reconcile failed");
     Action::requeue(Duration::from_secs(10))
 }
 

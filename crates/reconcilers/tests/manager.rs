@@ -89,9 +89,6 @@ async fn ready_after_sync_metrics_and_shutdown() {
     assert!(text.contains(&format!("namespace=\"{ns}\"")));
 
     tx.send(()).expect("shutdown");
-    within("shutdown", manager)
-        .await
-        .expect("join")
-        .expect("manager result");
+    within("shutdown", manager).await.expect("join");
     assert!(!ready.load(Ordering::SeqCst));
 }

@@ -179,20 +179,18 @@ pub async fn class_and_secret(ctx: &Ctx, m: &Machine) -> Result<(MachineClass, S
     let [secret_ref, credentials] = super::observe::class_secret_refs(&class);
     let mut fetched = Vec::new();
     for r in [secret_ref, credentials].into_iter().flatten() {
-        let api: Api<Secret> = Api::namespaced(ctx.control.clone(), &r.namespace);
-        let secret = api
-            .get_opt(&r.name)
-            .await
-            .map_err(|e| Error::kube("read a class secret", e))?
-            .ok_or_else(|| {
-                Error::Class(ClassProblem::SecretMissing {
-                    class: class_name.into(),
-                    secret: r.name.clone(),
-                })
-            })?;
+        let secret = ctx.class_secret(&r).await?.ok_or_else(|| {
+            Error::Class(ClassProblem::SecretMissing {
+                class: class_name.into(),
+                secret: r.name.clone(),
+            })
+        })?;
         fetched.push(secret);
     }
-    let data = SecretData::merge(fetched.first(), fetched.get(1));
+    let data = SecretData::merge(
+        fetched.first().map(AsRef::as_ref),
+        fetched.get(1).map(AsRef::as_ref),
+    );
     Ok((class, data))
 }
 

@@ -58,8 +58,7 @@ impl Harness {
             run_manager(c1, c2, config, &mut registry, async move {
                 let _ = rx.await;
             })
-            .await
-            .expect("manager");
+            .await;
         });
         let fake = tokio::spawn(fake_machine_controller(client.clone(), ns.clone()));
         Harness {

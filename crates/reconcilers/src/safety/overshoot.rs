@@ -1,6 +1,7 @@
 //! The overshooting safety guard: freezes a MachineSet (and its MachineDeployment) that has
 //! far more machines than it should, unfreezes it once the count dropped below a lower
-//! threshold or when a user sets the unfreeze annotation.
+//! threshold or when a user sets the unfreeze annotation. A controller per MachineSet:
+//! triggered by the set and its deployment, and re-checked every overshooting period.
 //!
 //! Thresholds follow MCM (`--safety-up`, `--safety-down`): for a set owned by a deployment,
 //! `higher = deployment.replicas + maxSurge + safetyUp`, otherwise
@@ -14,6 +15,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
+use kube::runtime::controller::Action;
 use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource, ResourceExt};
 use mcm_api::constants::{annotations, freeze_reasons, labels};
@@ -24,9 +26,9 @@ use mcm_api::{
 };
 use serde_json::json;
 
-use super::decide::{controller_of, is_frozen};
-use super::selector::labels_contain;
 use crate::events::EventPublisher;
+use crate::machineset::decide::{controller_of, is_frozen};
+use crate::machineset::selector::labels_contain;
 
 /// The `--safety-up` / `--safety-down` settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,13 +110,15 @@ pub struct SafetyContext {
     pub events: EventPublisher,
     /// Thresholds.
     pub limits: SafetyLimits,
+    /// `--machine-safety-overshooting-period`: how often each set is re-checked.
+    pub period: Duration,
 }
 
 /// Errors of the overshooting guard.
 #[derive(Debug, thiserror::Error)]
 pub enum SafetyError {
     /// A call to the API server failed.
-    #[error("{action} {name}: {source}")]
+    #[error("failed to {action} {name}")]
     Kube {
         /// What was attempted.
         action: &'static str,
@@ -135,25 +139,13 @@ fn kube_err(action: &'static str, name: &str) -> impl FnOnce(kube::Error) -> Saf
     }
 }
 
-/// Runs the guard every `period` until `shutdown` resolves.
-pub async fn run_overshooting(
-    ctx: SafetyContext,
-    period: Duration,
-    shutdown: impl std::future::Future<Output = ()>,
-) {
-    let mut ticker = tokio::time::interval(period);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut shutdown = std::pin::pin!(shutdown);
-    loop {
-        tokio::select! {
-            _ = &mut shutdown => return,
-            _ = ticker.tick() => {
-                if let Err(error) = check_once(&ctx).await {
-                    tracing::warn!(%error, "overshooting safety check failed");
-                }
-            }
-        }
-    }
+/// The `controller` label of the guard's reconcile metrics.
+pub const CONTROLLER: &str = "overshooting";
+
+/// Retry policy of a failed check: the next check comes soon.
+pub fn error_policy(set: Arc<MachineSet>, error: &SafetyError, _ctx: Arc<SafetyContext>) -> Action {
+    tracing::warn!(set = %set.name_any(), error = %crate::error_chain(error), "overshooting safety check failed");
+    Action::requeue(Duration::from_secs(10))
 }
 
 fn deployment_of(
@@ -196,75 +188,70 @@ fn has_unfreeze_annotation<K: Resource>(obj: &K) -> bool {
         .is_some_and(|a| a.contains_key(annotations::UNFREEZE))
 }
 
-/// One pass of the guard (MCM's `reconcileClusterMachineSafetyOvershooting`).
-pub async fn check_once(ctx: &SafetyContext) -> Result<(), SafetyError> {
-    let machines = ctx.machines.state();
-    for set in ctx.sets.state() {
-        let name = set.name_any();
-        let template_labels = set
-            .spec
-            .template
-            .as_ref()
-            .and_then(|t| t.metadata.as_ref())
-            .and_then(|m| m.labels.as_ref());
-        let count = machines
-            .iter()
-            .filter(|m| m.namespace() == set.namespace())
-            .filter(|m| labels_contain(m.metadata.labels.as_ref(), template_labels))
-            .filter(|m| {
-                m.metadata
-                    .owner_references
-                    .as_ref()
-                    .is_some_and(|o| o.iter().any(|r| r.name == name))
-            })
-            .count();
-        let deployment = deployment_of(&set, &ctx.deployments).map(|d| {
-            let surge = d
-                .spec
-                .strategy
+/// The guard for one set (MCM's `reconcileClusterMachineSafetyOvershooting`, per set):
+/// freeze or unfreeze it by its machine count, keep its deployment's freeze in line with its
+/// sets, and honour the unfreeze annotations of the deployment and of the set.
+pub async fn reconcile(
+    set: Arc<MachineSet>,
+    ctx: Arc<SafetyContext>,
+) -> Result<Action, SafetyError> {
+    let ctx = ctx.as_ref();
+    let name = set.name_any();
+    let template_labels = set
+        .spec
+        .template
+        .as_ref()
+        .and_then(|t| t.metadata.as_ref())
+        .and_then(|m| m.labels.as_ref());
+    let count = ctx
+        .machines
+        .state()
+        .iter()
+        .filter(|m| m.namespace() == set.namespace())
+        .filter(|m| labels_contain(m.metadata.labels.as_ref(), template_labels))
+        .filter(|m| {
+            m.metadata
+                .owner_references
                 .as_ref()
-                .and_then(|s| s.rolling_update.as_ref())
-                .and_then(|r| r.update_configuration.max_surge.as_ref())
-                .and_then(|v| scaled_value(v, d.spec.replicas(), true).ok())
-                .unwrap_or(0);
-            (d.spec.replicas(), surge)
-        });
-        let decision = overshoot_decision(
-            &name,
-            set.spec.replicas(),
-            deployment,
-            i32::try_from(count).unwrap_or(i32::MAX),
-            is_frozen(set.metadata.labels.as_ref()),
-            set_frozen_condition(&set).is_some(),
-            ctx.limits,
-        );
-        match decision {
-            Overshoot::Freeze(message) => {
-                freeze_set(
-                    ctx,
-                    &set,
-                    freeze_reasons::OVERSHOOTING_REPLICA_COUNT,
-                    &message,
-                )
-                .await?;
-                if let Some(d) = deployment_of(&set, &ctx.deployments) {
-                    freeze_deployment(
-                        ctx,
-                        &d,
-                        freeze_reasons::OVERSHOOTING_REPLICA_COUNT,
-                        &message,
-                    )
-                    .await?;
-                }
+                .is_some_and(|o| o.iter().any(|r| r.name == name))
+        })
+        .count();
+    let deployment = deployment_of(&set, &ctx.deployments);
+    let limits = deployment.as_ref().map(|d| {
+        let surge = d
+            .spec
+            .strategy
+            .as_ref()
+            .and_then(|s| s.rolling_update.as_ref())
+            .and_then(|r| r.update_configuration.max_surge.as_ref())
+            .and_then(|v| scaled_value(v, d.spec.replicas(), true).ok())
+            .unwrap_or(0);
+        (d.spec.replicas(), surge)
+    });
+    let decision = overshoot_decision(
+        &name,
+        set.spec.replicas(),
+        limits,
+        i32::try_from(count).unwrap_or(i32::MAX),
+        is_frozen(set.metadata.labels.as_ref()),
+        set_frozen_condition(&set).is_some(),
+        ctx.limits,
+    );
+    match decision {
+        Overshoot::Freeze(message) => {
+            let reason = freeze_reasons::OVERSHOOTING_REPLICA_COUNT;
+            freeze_set(ctx, &set, reason, &message).await?;
+            if let Some(d) = &deployment {
+                freeze_deployment(ctx, d, reason, &message).await?;
             }
-            Overshoot::Unfreeze => unfreeze_set(ctx, &set).await?,
-            Overshoot::Keep => {}
         }
+        Overshoot::Unfreeze => unfreeze_set(ctx, &set).await?,
+        Overshoot::Keep => {}
     }
-    sync_deployment_freeze_state(ctx).await?;
-    for d in ctx.deployments.state() {
+    if let Some(d) = &deployment {
+        sync_deployment_freeze_state(ctx, d).await?;
         if has_unfreeze_annotation(d.as_ref()) {
-            unfreeze_deployment(ctx, &d).await?;
+            unfreeze_deployment(ctx, d).await?;
             for set in ctx.sets.state().iter().filter(|s| {
                 deployment_of(s, &ctx.deployments).is_some_and(|o| o.metadata.uid == d.metadata.uid)
             }) {
@@ -281,34 +268,46 @@ pub async fn check_once(ctx: &SafetyContext) -> Result<(), SafetyError> {
             }
         }
     }
-    for set in ctx.sets.state() {
-        if has_unfreeze_annotation(set.as_ref()) {
-            unfreeze_set(ctx, &set).await?;
-        }
+    if has_unfreeze_annotation(set.as_ref()) {
+        unfreeze_set(ctx, &set).await?;
     }
-    Ok(())
+    Ok(Action::requeue(ctx.period))
 }
 
-async fn sync_deployment_freeze_state(ctx: &SafetyContext) -> Result<(), SafetyError> {
+/// The MachineSets of the deployment a MachineDeployment change concerns.
+pub fn sets_of_deployment(
+    d: &MachineDeployment,
+    sets: &Store<MachineSet>,
+    deployments: &Store<MachineDeployment>,
+) -> Vec<kube::runtime::reflector::ObjectRef<MachineSet>> {
+    sets.state()
+        .iter()
+        .filter(|s| deployment_of(s, deployments).is_some_and(|o| o.metadata.uid == d.metadata.uid))
+        .map(|s| kube::runtime::reflector::ObjectRef::from_obj(s.as_ref()))
+        .collect()
+}
+
+async fn sync_deployment_freeze_state(
+    ctx: &SafetyContext,
+    d: &MachineDeployment,
+) -> Result<(), SafetyError> {
     let sets = ctx.sets.state();
-    for d in ctx.deployments.state() {
-        let frozen_label = is_frozen(d.metadata.labels.as_ref());
-        let frozen_condition = deployment_frozen_condition(&d).is_some();
-        let has_frozen_set = sets.iter().any(|s| {
-            deployment_of(s, &ctx.deployments).is_some_and(|o| o.metadata.uid == d.metadata.uid)
-                && (is_frozen(s.metadata.labels.as_ref()) || set_frozen_condition(s).is_some())
-        });
-        if has_frozen_set && !(frozen_label && frozen_condition) {
-            freeze_deployment(
-                ctx,
-                &d,
-                freeze_reasons::MACHINE_DEPLOYMENT_STATE_SYNC,
-                "MachineDeployment State was inconsistent, hence safety controller has fixed this and frozen it",
-            )
-            .await?;
-        } else if !has_frozen_set && (frozen_label || frozen_condition) {
-            unfreeze_deployment(ctx, &d).await?;
-        }
+    let frozen_label = is_frozen(d.metadata.labels.as_ref());
+    let frozen_condition = deployment_frozen_condition(d).is_some();
+    let has_frozen_set = sets.iter().any(|s| {
+        deployment_of(s, &ctx.deployments).is_some_and(|o| o.metadata.uid == d.metadata.uid)
+            && (is_frozen(s.metadata.labels.as_ref()) || set_frozen_condition(s).is_some())
+    });
+    if has_frozen_set && !(frozen_label && frozen_condition) {
+        freeze_deployment(
+            ctx,
+            d,
+            freeze_reasons::MACHINE_DEPLOYMENT_STATE_SYNC,
+            "MachineDeployment State was inconsistent, hence safety controller has fixed this and frozen it",
+        )
+        .await?;
+    } else if !has_frozen_set && (frozen_label || frozen_condition) {
+        unfreeze_deployment(ctx, d).await?;
     }
     Ok(())
 }

@@ -1,0 +1,480 @@
+//! One watch per kind per process: the shared reflector stores every controller of a
+//! process reads, and the streams that trigger them.
+//!
+//! A process builds one [`Informers`], lets each controller [`Informer::subscribe`] to the
+//! kinds it reacts to (and [`Informer::deletions`] where a deletion matters), then calls
+//! [`Informers::start`]: from then on one watch per kind feeds one store, whichever halves of
+//! mcm-rs run in the process. Subscriptions are taken before the start because a shared
+//! store's broadcast waits for every subscriber: a subscription nobody reads would stall the
+//! watch, so none is created on speculation.
+//!
+//! Secrets are watched only when a class references them: the machineclass controller marks
+//! them with the label [`CLASS_CREDENTIALS_LABEL`], and the Secret watch selects that label.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use futures::channel::mpsc;
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::core::v1::{Node, Secret};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::runtime::reflector::{self, ObjectRef, ReflectHandle, Store, store::Writer};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Client, Resource};
+use mcm_api::{Machine, MachineClass, MachineDeployment, MachineSet};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+/// The label the machineclass controller puts on every Secret a MachineClass references;
+/// the process watches only the Secrets that carry it.
+pub const CLASS_CREDENTIALS_LABEL: &str = "machine.sapcloud.io/class-credentials";
+
+/// Room for object references a subscriber has not read yet; a full buffer makes the watch
+/// wait for the slowest subscriber (the initial list of a large cluster fits).
+const BUFFER: usize = 8192;
+
+/// The watch of one kind: its store, its subscribers, and whether it has listed once.
+pub struct Informer<K>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    kind: &'static str,
+    api: Api<K>,
+    config: watcher::Config,
+    store: Store<K>,
+    writer: Option<Writer<K>>,
+    tap: DeletionTap<K>,
+    synced: watch::Sender<bool>,
+    wanted: bool,
+}
+
+impl<K> std::fmt::Debug for Informer<K>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Informer")
+            .field("kind", &self.kind)
+            .field("started", &self.writer.is_none())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K> Informer<K>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    fn new(kind: &'static str, api: Api<K>, config: watcher::Config) -> Self {
+        let (store, writer) = reflector::store_shared(BUFFER);
+        Informer {
+            kind,
+            api,
+            config,
+            tap: DeletionTap::new(store.clone()),
+            store,
+            writer: Some(writer),
+            synced: watch::Sender::new(false),
+            wanted: false,
+        }
+    }
+
+    /// The store (empty until the first list completed, see [`Informer::synced`]). A kind
+    /// is watched only when some controller of the process asked for its store, a
+    /// subscription or its deletions.
+    pub fn store(&mut self) -> Store<K> {
+        self.wanted = true;
+        self.store.clone()
+    }
+
+    /// A stream of every object the watch applies (and of all objects after each complete
+    /// list), for `Controller::for_shared_stream` / `watches_shared_stream`. Must be taken
+    /// before [`Informers::start`] and must be read.
+    ///
+    /// # Panics
+    /// After the watch started (a programming error: the stream would miss events).
+    pub fn subscribe(&mut self) -> ReflectHandle<K> {
+        self.wanted = true;
+        self.writer
+            .as_ref()
+            .and_then(Writer::subscribe)
+            .unwrap_or_else(|| panic!("subscribe to {} before the informers start", self.kind))
+    }
+
+    /// The objects deleted from the store from now on (see [`DeletionTap`]).
+    pub fn deletions(&mut self) -> mpsc::UnboundedReceiver<Arc<K>> {
+        self.wanted = true;
+        self.tap.subscribe()
+    }
+
+    /// Resolves once the store holds a complete list (and at once if it already did). A
+    /// kind nobody asked for (see [`Informer::store`]) is never watched and never syncs.
+    pub fn synced(&self) -> impl std::future::Future<Output = ()> + Send + 'static + use<K> {
+        let mut rx = self.synced.subscribe();
+        async move {
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    }
+
+    /// Whether the store holds a complete list.
+    pub fn is_synced(&self) -> bool {
+        *self.synced.borrow()
+    }
+
+    /// The watch, feeding the store, the subscribers and the deletion tap; `None` when it
+    /// was started already.
+    fn watch(&mut self) -> Option<BoxFuture<'static, ()>> {
+        if !self.wanted {
+            return None;
+        }
+        let writer = self.writer.take()?;
+        let mut tap = std::mem::replace(&mut self.tap, DeletionTap::new(self.store.clone()));
+        let synced = self.synced.clone();
+        let kind = self.kind;
+        Some(
+            watcher(self.api.clone(), self.config.clone())
+                .default_backoff()
+                .reflect_shared(writer)
+                .inspect(move |event| match event {
+                    Ok(event) => {
+                        tap.observe(event);
+                        if matches!(event, watcher::Event::InitDone) {
+                            synced.send_replace(true);
+                        }
+                    }
+                    Err(error) => tracing::warn!(kind, %error, "watch failed; retrying"),
+                })
+                .for_each(|_| futures::future::ready(()))
+                .boxed(),
+        )
+    }
+}
+
+/// The stores of one process: control-cluster kinds of one namespace and target-cluster
+/// Nodes and VolumeAttachments.
+#[derive(Debug)]
+pub struct Informers {
+    /// Machines of the namespace.
+    pub machines: Informer<Machine>,
+    /// MachineSets of the namespace.
+    pub sets: Informer<MachineSet>,
+    /// MachineDeployments of the namespace.
+    pub deployments: Informer<MachineDeployment>,
+    /// MachineClasses of the namespace.
+    pub classes: Informer<MachineClass>,
+    /// The Secrets of the namespace that classes reference (label [`CLASS_CREDENTIALS_LABEL`]).
+    pub secrets: Informer<Secret>,
+    /// Nodes of the target cluster.
+    pub nodes: Informer<Node>,
+    /// VolumeAttachments of the target cluster.
+    pub volume_attachments: Informer<VolumeAttachment>,
+}
+
+impl Informers {
+    /// Informers of `namespace` in the control cluster and of the target cluster. Nothing
+    /// is watched before [`Informers::start`].
+    pub fn new(control: &Client, target: &Client, namespace: &str) -> Self {
+        let all = watcher::Config::default;
+        Informers {
+            machines: Informer::new(
+                "Machine",
+                Api::namespaced(control.clone(), namespace),
+                all(),
+            ),
+            sets: Informer::new(
+                "MachineSet",
+                Api::namespaced(control.clone(), namespace),
+                all(),
+            ),
+            deployments: Informer::new(
+                "MachineDeployment",
+                Api::namespaced(control.clone(), namespace),
+                all(),
+            ),
+            classes: Informer::new(
+                "MachineClass",
+                Api::namespaced(control.clone(), namespace),
+                all(),
+            ),
+            secrets: Informer::new(
+                "Secret",
+                Api::namespaced(control.clone(), namespace),
+                all().labels(&format!("{CLASS_CREDENTIALS_LABEL}=true")),
+            ),
+            nodes: Informer::new("Node", Api::all(target.clone()), all()),
+            volume_attachments: Informer::new("VolumeAttachment", Api::all(target.clone()), all()),
+        }
+    }
+
+    /// Starts the watch of every kind some controller asked for (and not started yet); they
+    /// run until `cancel` fires. Take all subscriptions first.
+    pub fn start(&mut self, cancel: CancellationToken) {
+        let watches = [
+            self.machines.watch(),
+            self.sets.watch(),
+            self.deployments.watch(),
+            self.classes.watch(),
+            self.secrets.watch(),
+            self.nodes.watch(),
+            self.volume_attachments.watch(),
+        ];
+        for watch in watches.into_iter().flatten() {
+            let cancel = cancel.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = watch => {}
+                    () = cancel.cancelled() => {}
+                }
+            });
+        }
+    }
+}
+
+/// Hands the objects that disappeared from a store to the controllers that must react.
+///
+/// kube-runtime 5's `Writer::dispatch_event` broadcasts `Apply` and `InitDone` to shared-store
+/// subscribers but drops `Delete`, so a controller built with `watches_shared_stream` never
+/// hears that an object is gone. A tap observes the events of the one watch of a kind *after*
+/// the reflector applied them (the store no longer holds a deleted object when its
+/// controllers are woken) and sends every deleted object to each subscriber:
+/// - `Delete` events;
+/// - objects that vanished while the watch was re-listing (after a `410 Gone` or a broken
+///   connection the re-list replaces the store wholesale at `InitDone`, without a `Delete`
+///   for what is missing): the store's contents at `Init` minus the objects listed again.
+///
+/// Subscribers get unbounded channels: deletions are rare and bounded by the number of
+/// objects, and a tap must never block the watch that also feeds the store.
+pub struct DeletionTap<K>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    store: Store<K>,
+    subscribers: Vec<mpsc::UnboundedSender<Arc<K>>>,
+    relist: Option<Relist<K>>,
+}
+
+/// A re-list in progress: the store before it and the objects listed so far.
+struct Relist<K>
+where
+    K: Resource + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    before: Vec<Arc<K>>,
+    listed: HashSet<ObjectRef<K>>,
+}
+
+impl<K> std::fmt::Debug for DeletionTap<K>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone,
+{
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeletionTap")
+            .field("subscribers", &self.subscribers.len())
+            .field("relisting", &self.relist.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K> DeletionTap<K>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone,
+{
+    /// A tap for the watch that feeds `store`.
+    pub fn new(store: Store<K>) -> Self {
+        DeletionTap {
+            store,
+            subscribers: Vec::new(),
+            relist: None,
+        }
+    }
+
+    /// A stream of the objects deleted from now on, for `watches_shared_stream`.
+    pub fn subscribe(&mut self) -> mpsc::UnboundedReceiver<Arc<K>> {
+        let (tx, rx) = mpsc::unbounded();
+        self.subscribers.push(tx);
+        rx
+    }
+
+    /// Observes one watch event that the reflector has already applied to the store.
+    pub fn observe(&mut self, event: &watcher::Event<K>) {
+        match event {
+            watcher::Event::Delete(obj) => self.send(&Arc::new(obj.clone())),
+            // `Init` leaves the store alone until `InitDone` swaps the new list in.
+            watcher::Event::Init => {
+                self.relist = Some(Relist {
+                    before: self.store.state(),
+                    listed: HashSet::new(),
+                });
+            }
+            watcher::Event::InitApply(obj) => {
+                if let Some(relist) = &mut self.relist {
+                    relist.listed.insert(ObjectRef::from_obj(obj));
+                }
+            }
+            watcher::Event::InitDone => {
+                if let Some(relist) = self.relist.take() {
+                    for gone in relist
+                        .before
+                        .iter()
+                        .filter(|o| !relist.listed.contains(&ObjectRef::from_obj(o.as_ref())))
+                    {
+                        self.send(gone);
+                    }
+                }
+            }
+            watcher::Event::Apply(_) => {}
+        }
+    }
+
+    fn send(&mut self, obj: &Arc<K>) {
+        // A subscriber whose controller stopped is dropped.
+        self.subscribers
+            .retain(|tx| tx.unbounded_send(obj.clone()).is_ok());
+    }
+}
+
+/// Passes on only the objects whose `fingerprint` changed since the stream last passed that
+/// object (e.g. Nodes whose heartbeat alone changed are dropped). Objects with no
+/// fingerprint always pass.
+pub fn changed_only<K, S>(
+    stream: S,
+    fingerprint: fn(&K) -> Option<u64>,
+) -> impl futures::Stream<Item = Arc<K>> + Send + 'static
+where
+    S: futures::Stream<Item = Arc<K>> + Send + 'static,
+    K: Resource + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    let mut seen = std::collections::HashMap::<ObjectRef<K>, u64>::new();
+    stream.filter(move |obj| {
+        let pass = match fingerprint(obj) {
+            Some(fp) => seen.insert(ObjectRef::from_obj(obj.as_ref()), fp) != Some(fp),
+            None => true,
+        };
+        futures::future::ready(pass)
+    })
+}
+
+/// A stream of `()`, one per notification of `notify`, for `Controller::reconcile_all_on`.
+pub fn notifications(
+    notify: Arc<tokio::sync::Notify>,
+) -> impl futures::Stream<Item = ()> + Send + 'static {
+    futures::stream::unfold(notify, |n| async move {
+        n.notified().await;
+        Some(((), n))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+    fn machine(name: &str) -> Machine {
+        Machine {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                ..ObjectMeta::default()
+            },
+            ..Machine::default()
+        }
+    }
+
+    /// Applies `event` to the store as the reflector does, then lets the tap see it.
+    fn feed(
+        writer: &mut reflector::store::Writer<Machine>,
+        tap: &mut DeletionTap<Machine>,
+        event: watcher::Event<Machine>,
+    ) {
+        writer.apply_watcher_event(&event);
+        tap.observe(&event);
+    }
+
+    fn drain(rx: &mut mpsc::UnboundedReceiver<Arc<Machine>>) -> Vec<String> {
+        let mut names = Vec::new();
+        while let Ok(m) = rx.try_recv() {
+            names.push(m.metadata.name.clone().unwrap_or_default());
+        }
+        names.sort();
+        names
+    }
+
+    #[test]
+    fn deletions_and_objects_lost_in_a_relist_reach_every_subscriber() {
+        let (store, mut writer) = reflector::store::<Machine>();
+        let mut tap = DeletionTap::new(store);
+        let mut first = tap.subscribe();
+        let mut second = tap.subscribe();
+
+        // Initial list: nothing was known before, nothing is reported.
+        feed(&mut writer, &mut tap, watcher::Event::Init);
+        for n in ["a", "b", "c", "d"] {
+            feed(&mut writer, &mut tap, watcher::Event::InitApply(machine(n)));
+        }
+        feed(&mut writer, &mut tap, watcher::Event::InitDone);
+        feed(&mut writer, &mut tap, watcher::Event::Apply(machine("e")));
+        assert_eq!(drain(&mut first), Vec::<String>::new());
+
+        feed(&mut writer, &mut tap, watcher::Event::Delete(machine("a")));
+        assert_eq!(drain(&mut first), ["a"]);
+        assert_eq!(drain(&mut second), ["a"]);
+
+        // A re-list after a broken watch: `c` and `e` went away meanwhile, `f` is new.
+        feed(&mut writer, &mut tap, watcher::Event::Init);
+        for n in ["b", "d", "f"] {
+            feed(&mut writer, &mut tap, watcher::Event::InitApply(machine(n)));
+        }
+        assert_eq!(
+            drain(&mut first),
+            Vec::<String>::new(),
+            "not before InitDone"
+        );
+        feed(&mut writer, &mut tap, watcher::Event::InitDone);
+        assert_eq!(drain(&mut first), ["c", "e"]);
+        assert_eq!(drain(&mut second), ["c", "e"]);
+
+        // A subscriber that went away does not stop the others.
+        drop(first);
+        feed(&mut writer, &mut tap, watcher::Event::Delete(machine("b")));
+        assert_eq!(drain(&mut second), ["b"]);
+        assert_eq!(tap.subscribers.len(), 1);
+    }
+
+    #[tokio::test]
+    async fn changed_only_drops_repeats_of_the_same_fingerprint() {
+        fn fp(m: &Machine) -> Option<u64> {
+            m.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("v"))
+                .and_then(|v| v.parse().ok())
+        }
+        let with = |name: &str, v: Option<&str>| {
+            let mut m = machine(name);
+            if let Some(v) = v {
+                m.metadata.labels = Some([("v".to_string(), v.to_string())].into());
+            }
+            Arc::new(m)
+        };
+        let input = futures::stream::iter(vec![
+            with("a", Some("1")),
+            with("a", Some("1")),
+            with("b", Some("1")),
+            with("a", Some("2")),
+            with("c", None),
+            with("c", None),
+        ]);
+        let out: Vec<String> = changed_only(input, fp)
+            .map(|m| m.metadata.name.clone().unwrap_or_default())
+            .collect()
+            .await;
+        assert_eq!(out, ["a", "b", "a", "c", "c"]);
+    }
+}

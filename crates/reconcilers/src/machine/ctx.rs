@@ -1,0 +1,248 @@
+//! What a machine reconcile reads and uses: clients, driver, stores, permits, backoff.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Node, Secret};
+use kube::ResourceExt;
+use kube::runtime::reflector::{ObjectRef, Store};
+use mcm_api::{Machine, MachineClass, MachineDeployment, MachineSet};
+use mcm_driver::{Code, Driver, DriverError};
+use mcm_permits::PermitGiver;
+
+use super::policy::{backoff_delay, controller_owner, max_replacements, rollout_protection};
+use super::{Freeze, MachineMetrics, Settings, observe};
+use crate::events::EventPublisher;
+
+/// Everything a machine reconcile needs.
+pub struct Ctx {
+    /// Client of the control cluster (Machines, classes, secrets).
+    pub control: kube::Client,
+    /// Client of the target cluster (Nodes, pods, bootstrap tokens).
+    pub target: kube::Client,
+    /// The provider driver.
+    pub driver: Arc<dyn Driver>,
+    /// Settings.
+    pub settings: Settings,
+    /// Machines of the namespace.
+    pub machines: Store<Machine>,
+    /// MachineClasses of the namespace.
+    pub classes: Store<MachineClass>,
+    /// The Secrets of the namespace that classes reference.
+    pub secrets: Store<Secret>,
+    /// Nodes of the target cluster.
+    pub nodes: Store<Node>,
+    /// MachineSets of the namespace (rollout protection, replacement budget).
+    pub machine_sets: Store<MachineSet>,
+    /// MachineDeployments of the namespace (rollout protection, replacement budget).
+    pub machine_deployments: Store<MachineDeployment>,
+    /// VolumeAttachments of the target cluster, shared with drain.
+    pub drain_stores: mcm_drain::Stores,
+    /// Events on Machines (control cluster).
+    pub events: EventPublisher,
+    /// Events on Nodes (target cluster).
+    pub node_events: EventPublisher,
+    /// Replacement budget per MachineDeployment (meltdown protection).
+    pub permits: PermitGiver,
+    /// Set by the safety controller.
+    pub freeze: Freeze,
+    /// Metrics.
+    pub metrics: MachineMetrics,
+    /// Wakes the orphan collector (after a deletion, leftovers of the VM are looked for).
+    pub orphan_trigger: Arc<tokio::sync::Notify>,
+    /// Set to `true` once every store above has synced: until then a missing Node or
+    /// VolumeAttachment in a store is no evidence that it does not exist, so no reconcile
+    /// decides before (a restarted controller would otherwise skip the drain of a node it
+    /// has not listed yet).
+    pub synced: tokio::sync::watch::Sender<bool>,
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl Ctx {
+    /// Builds a context.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        control: kube::Client,
+        target: kube::Client,
+        driver: Arc<dyn Driver>,
+        settings: Settings,
+        stores: Stores,
+        drain_stores: mcm_drain::Stores,
+        freeze: Freeze,
+        metrics: MachineMetrics,
+    ) -> Self {
+        Ctx {
+            events: EventPublisher::new(control.clone(), "machine-controller"),
+            node_events: EventPublisher::new(target.clone(), "machine-controller"),
+            control,
+            target,
+            driver,
+            settings,
+            machines: stores.machines,
+            classes: stores.classes,
+            secrets: stores.secrets,
+            nodes: stores.nodes,
+            machine_sets: stores.machine_sets,
+            machine_deployments: stores.machine_deployments,
+            drain_stores,
+            permits: PermitGiver::new(),
+            freeze,
+            metrics,
+            orphan_trigger: Arc::new(tokio::sync::Notify::new()),
+            synced: tokio::sync::watch::Sender::new(false),
+            failures: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A class of the namespace from the store.
+    pub fn class(&self, name: &str) -> Option<MachineClass> {
+        self.classes
+            .get(&ObjectRef::new(name).within(&self.settings.namespace))
+            .map(|c| (*c).clone())
+    }
+
+    /// A Secret from the store of class-referenced Secrets.
+    pub fn secret(&self, namespace: &str, name: &str) -> Option<Arc<Secret>> {
+        self.secrets.get(&ObjectRef::new(name).within(namespace))
+    }
+
+    /// A Secret a class references: from the store, or, for one the store does not hold yet
+    /// (the class controller has not labelled it for the watch, or it lives in another
+    /// namespace), from the API server. `None`: it does not exist.
+    pub async fn class_secret(
+        &self,
+        r: &observe::SecretRef,
+    ) -> Result<Option<Arc<Secret>>, super::Error> {
+        if let Some(secret) = self.secret(&r.namespace, &r.name) {
+            return Ok(Some(secret));
+        }
+        let api: kube::Api<Secret> = kube::Api::namespaced(self.control.clone(), &r.namespace);
+        api.get_opt(&r.name)
+            .await
+            .map(|s| s.map(Arc::new))
+            .map_err(|e| super::Error::kube("read a class secret", e))
+    }
+
+    pub(crate) fn node(&self, name: &str) -> Option<Arc<Node>> {
+        self.nodes.get(&ObjectRef::new(name))
+    }
+
+    /// The retry delay after a failure of `m`: exponential per consecutive failure, or the
+    /// resource-exhausted period, or what the cloud asked for.
+    pub(crate) fn backoff(&self, m: &Machine, err: Option<&DriverError>) -> Duration {
+        if let Some(after) = err.and_then(|e| e.retry_after) {
+            return after;
+        }
+        if err.is_some_and(|e| e.code == Code::ResourceExhausted) {
+            return self.settings.resource_exhausted_retry;
+        }
+        let n = {
+            let mut f = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+            let n = f.entry(m.uid().unwrap_or_default()).or_insert(0);
+            *n = n.saturating_add(1);
+            *n
+        };
+        backoff_delay(self.settings.backoff_initial, self.settings.backoff_max, n)
+    }
+
+    pub(crate) fn reset_backoff(&self, m: &Machine) {
+        let mut f = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        f.remove(&m.uid().unwrap_or_default());
+    }
+
+    /// The MachineSet and MachineDeployment that own a Machine, from the stores.
+    pub(crate) fn owners(
+        &self,
+        m: &Machine,
+    ) -> (Option<Arc<MachineSet>>, Option<Arc<MachineDeployment>>) {
+        let ns = &self.settings.namespace;
+        let set = controller_owner(m.owner_references(), "MachineSet")
+            .and_then(|n| self.machine_sets.get(&ObjectRef::new(n).within(ns)));
+        let deployment = set.as_ref().and_then(|s| {
+            controller_owner(s.owner_references(), "MachineDeployment")
+                .and_then(|n| self.machine_deployments.get(&ObjectRef::new(n).within(ns)))
+        });
+        (set, deployment)
+    }
+
+    /// Why `m` must not be marked Failed now: it belongs to an old MachineSet of a
+    /// MachineDeployment that is rolling out (failing it would leave pods unschedulable
+    /// while the new machines are not ready yet).
+    pub(crate) fn failure_protection(&self, m: &Machine) -> Option<String> {
+        let (set, deployment) = self.owners(m);
+        let (set, deployment) = (set?, deployment?);
+        let owned: Vec<Arc<MachineSet>> = self
+            .machine_sets
+            .state()
+            .into_iter()
+            .filter(|s| {
+                controller_owner(s.owner_references(), "MachineDeployment")
+                    == Some(deployment.name_any().as_str())
+            })
+            .collect();
+        rollout_protection(&set, &deployment, &owned)
+    }
+
+    /// Whether the replacement budget of the machine's deployment is used up: at most
+    /// maxSurge (at least 1) of its machines may be Failed or terminating at a time. `Some`
+    /// says why; machines without a deployment are not limited. Reads the stores only.
+    pub fn replacement_throttle(&self, m: &Machine) -> Option<String> {
+        let (_, Some(deployment)) = self.owners(m) else {
+            return None;
+        };
+        let budget = max_replacements(&deployment);
+        let being_replaced = self
+            .machines
+            .state()
+            .iter()
+            .filter(|other| other.uid() != m.uid())
+            .filter(|other| observe::is_being_replaced(other))
+            .filter(|other| {
+                self.owners(other)
+                    .1
+                    .is_some_and(|d| d.uid() == deployment.uid())
+            })
+            .count();
+        (being_replaced >= budget).then(|| {
+            format!(
+                "{being_replaced} machine(s) of MachineDeployment {} are already being replaced (budget {budget})",
+                deployment.name_any()
+            )
+        })
+    }
+
+    /// The permit of the machine's deployment, taken without waiting (`Err` when another
+    /// reconcile holds it). `None` for machines without a deployment.
+    pub(crate) fn replacement_permit(
+        &self,
+        m: &Machine,
+    ) -> Result<Option<mcm_permits::Permit>, String> {
+        let (_, Some(deployment)) = self.owners(m) else {
+            return Ok(None);
+        };
+        let key = format!("{}/{}", self.settings.namespace, deployment.name_any());
+        self.permits.register(&key, 1);
+        self.permits
+            .try_acquire_now(&key)
+            .map(Some)
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// The stores a machine reconcile reads.
+#[derive(Clone)]
+pub struct Stores {
+    /// Machines.
+    pub machines: Store<Machine>,
+    /// MachineClasses.
+    pub classes: Store<MachineClass>,
+    /// The Secrets classes reference.
+    pub secrets: Store<Secret>,
+    /// Nodes (target).
+    pub nodes: Store<Node>,
+    /// MachineSets.
+    pub machine_sets: Store<MachineSet>,
+    /// MachineDeployments.
+    pub machine_deployments: Store<MachineDeployment>,
+}

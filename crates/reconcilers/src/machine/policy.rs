@@ -1,0 +1,133 @@
+//! Pure policies of the machine controller: rollout protection, the replacement budget,
+//! retry backoff.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::ResourceExt;
+use mcm_api::{MachineDeployment, MachineSet};
+
+pub(crate) fn controller_owner<'a>(
+    refs: &'a [k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference],
+    kind: &str,
+) -> Option<&'a str> {
+    refs.iter()
+        .find(|r| r.controller == Some(true) && r.kind == kind)
+        .map(|r| r.name.as_str())
+}
+
+/// Why a machine of `set` is protected from being failed: `set` is an old set of
+/// `deployment` (its template differs from the deployment's) while the deployment rolls out
+/// (a new set with the current template exists and has not all its replicas ready). Pure.
+pub fn rollout_protection(
+    set: &MachineSet,
+    deployment: &MachineDeployment,
+    owned_sets: &[Arc<MachineSet>],
+) -> Option<String> {
+    use crate::machinedeployment::hash::templates_equal;
+    let current = &deployment.spec.template;
+    let is_new = |s: &MachineSet| {
+        s.spec
+            .template
+            .as_ref()
+            .is_some_and(|t| templates_equal(t, current))
+    };
+    if is_new(set) {
+        return None;
+    }
+    let new_set = owned_sets.iter().find(|s| is_new(s))?;
+    let ready = new_set
+        .status
+        .as_ref()
+        .and_then(|s| s.ready_replicas)
+        .unwrap_or(0);
+    let rolling = ready < deployment.spec.replicas().max(1);
+    rolling.then(|| {
+        format!(
+            "machine belongs to old MachineSet {} while MachineDeployment {} rolls out to {}",
+            set.name_any(),
+            deployment.name_any(),
+            new_set.name_any()
+        )
+    })
+}
+
+/// The replacement budget of a deployment: its resolved maxSurge, at least 1.
+pub fn max_replacements(d: &MachineDeployment) -> usize {
+    let replicas = d.spec.replicas();
+    let surge = d
+        .spec
+        .strategy
+        .as_ref()
+        .and_then(|s| s.rolling_update.as_ref())
+        .and_then(|r| r.update_configuration.max_surge.as_ref());
+    let resolved = match surge {
+        Some(s) => mcm_api::intstr::scaled_value(s, replicas, true).unwrap_or(1),
+        None => 1,
+    };
+    usize::try_from(resolved.max(1)).unwrap_or(1)
+}
+
+/// `initial * 2^(failures-1)`, capped at `max`.
+pub fn backoff_delay(initial: Duration, max: Duration, failures: u32) -> Duration {
+    let exp = failures.saturating_sub(1).min(20);
+    initial.saturating_mul(1u32 << exp).min(max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn set(name: &str, labels: serde_json::Value, ready: i32) -> Arc<MachineSet> {
+        Arc::new(
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "MachineSet",
+                "metadata": { "name": name },
+                "spec": { "replicas": 2, "template": { "metadata": { "labels": labels },
+                    "spec": { "class": { "kind": "MachineClass", "name": "c" } } } },
+                "status": { "readyReplicas": ready }
+            }))
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn old_sets_are_protected_only_while_the_new_set_is_not_ready() {
+        let d: MachineDeployment = serde_json::from_value(serde_json::json!({
+            "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "MachineDeployment",
+            "metadata": { "name": "md" },
+            "spec": { "replicas": 2, "template": { "metadata": { "labels": { "v": "2" } },
+                "spec": { "class": { "kind": "MachineClass", "name": "c" } } } }
+        }))
+        .unwrap();
+        let old = set("old", serde_json::json!({ "v": "1" }), 2);
+        let new_not_ready = set(
+            "new",
+            serde_json::json!({ "v": "2", "machine-template-hash": "abc" }),
+            1,
+        );
+        let new_ready = set(
+            "new",
+            serde_json::json!({ "v": "2", "machine-template-hash": "abc" }),
+            2,
+        );
+        assert!(rollout_protection(&old, &d, &[old.clone(), new_not_ready.clone()]).is_some());
+        assert!(
+            rollout_protection(&new_not_ready, &d, &[old.clone(), new_not_ready.clone()]).is_none()
+        );
+        assert!(rollout_protection(&old, &d, &[old.clone(), new_ready]).is_none());
+        // No new set yet: nothing rolls out.
+        assert!(rollout_protection(&old, &d, std::slice::from_ref(&old)).is_none());
+    }
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let s = Duration::from_secs(5);
+        let max = Duration::from_secs(60);
+        let delays: Vec<u64> = (1..=6)
+            .map(|n| backoff_delay(s, max, n).as_secs())
+            .collect();
+        assert_eq!(delays, vec![5, 10, 20, 40, 60, 60]);
+        assert_eq!(backoff_delay(s, max, 10_000), max);
+    }
+}

@@ -1,0 +1,263 @@
+//! One reconcile of a Machine: observe, decide, act.
+
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use kube::ResourceExt;
+use kube::runtime::controller::Action;
+use mcm_api::{Machine, MachinePhase};
+
+use super::decide::{self, ClassProblem, Step};
+use super::{Ctx, Error, act, observe};
+
+/// One reconcile of a Machine: observe, decide, act.
+pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    reconcile_once(&machine, &ctx).await
+}
+
+/// The `controller` label of this controller's reconcile metrics.
+pub const CONTROLLER: &str = "machine";
+
+async fn reconcile_once(m: &Machine, ctx: &Ctx) -> Result<Action, Error> {
+    // Decisions read the stores: wait for them to have synced (once, at start-up).
+    if ctx
+        .synced
+        .subscribe()
+        .wait_for(|synced| *synced)
+        .await
+        .is_err()
+    {
+        return Err(Error::Invariant(
+            "the store readiness signal was dropped".into(),
+        ));
+    }
+    if node_was_deleted(m, ctx, ctx.freeze.is_frozen()) {
+        return delete_machine_of_deleted_node(ctx, m).await;
+    }
+    let cfg = observe::machine_config(m, &ctx.settings.defaults);
+    let class = match observe::class_name(m) {
+        Err(p) => Err(p),
+        Ok(name) => match ctx.class(name) {
+            None => Err(ClassProblem::ClassMissing { name: name.into() }),
+            Some(_) => Ok(()),
+        },
+    };
+    let node = observe::node_name(m)
+        .and_then(|n| ctx.node(n))
+        .filter(|n| !observe::node_not_managed(n));
+    let protection = ctx.failure_protection(m);
+    let deleting = m.metadata.deletion_timestamp.is_some();
+    // The replacement budget is counted only where a failure can be decided.
+    let may_fail = !deleting
+        && matches!(
+            m.phase(),
+            Some(
+                MachinePhase::Unknown
+                    | MachinePhase::Pending
+                    | MachinePhase::Available
+                    | MachinePhase::CrashLoopBackOff
+            )
+        );
+    let throttled = may_fail.then(|| ctx.replacement_throttle(m)).flatten();
+    let attachments_left = match observe::node_name(m) {
+        Some(n) if deleting => act::attachments_of(ctx, n).len(),
+        _ => 0,
+    };
+    // Before a drain starts, ask the driver whether the VM still exists: a vanished VM has
+    // nothing left to drain.
+    let vm_gone = deleting
+        && node.is_some()
+        && observe::vm_requested(m)
+        && class.is_ok()
+        && m.phase() == Some(&MachinePhase::Terminating)
+        && observe::progress(m, mcm_api::constants::annotations::progress::DRAIN_STARTED).is_none()
+        && act::vm_is_gone(ctx, m).await;
+    let observed = observe::observe(
+        m,
+        &cfg,
+        observe::Context {
+            class: &class,
+            node: node.as_deref(),
+            frozen: ctx.freeze.is_frozen(),
+            failure_protected: protection.as_deref(),
+            replacement_throttled: throttled.as_deref(),
+            vm_gone,
+            attachments_left,
+        },
+    );
+    let step = decide::next_step(&observed, &cfg, Timestamp::now());
+    tracing::debug!(?step, "next step");
+    let node = node.as_deref();
+    match step {
+        Step::AddFinalizer => act::add_finalizer(ctx, m).await,
+        Step::ReportClassProblem(p) => act::report_class_problem(ctx, m, &p).await,
+        Step::CreateVm => act::create_vm(ctx, m, &cfg).await,
+        Step::MarkPending => act::mark_pending(ctx, m).await,
+        Step::AwaitNode { remaining } => Ok(Action::requeue(remaining.min(ctx.settings.resync))),
+        Step::MarkRunning => act::mark_running(ctx, m, node).await,
+        Step::MarkUnknown { reason } => act::mark_unknown(ctx, m, &reason, node).await,
+        Step::AwaitRecovery { remaining } => Ok(Action::requeue(
+            remaining
+                .unwrap_or(ctx.settings.resync)
+                .min(ctx.settings.resync),
+        )),
+        Step::MarkFailed { reason } => act::mark_failed(ctx, m, &reason).await,
+        Step::ReplacementThrottled { throttled, reason } => {
+            act::throttle_replacement(ctx, m, &throttled, &reason).await
+        }
+        Step::Frozen => {
+            act::hold(
+                ctx,
+                m,
+                "machine controller is frozen by the safety controller",
+            )
+            .await
+        }
+        Step::Protected { reason } => {
+            act::hold(ctx, m, &format!("not marked Failed: {reason}")).await
+        }
+        Step::KeepRunning => act::keep_running(ctx, m, node).await,
+        Step::Nothing => Ok(Action::await_change()),
+        Step::MarkTerminating => act::mark_terminating(ctx, m, node, observed.vm_requested).await,
+        Step::StartDrain => match node {
+            Some(node) => act::start_drain(ctx, m, node).await,
+            None => Err(Error::Invariant("StartDrain without a node".into())),
+        },
+        Step::DrainPass {
+            force,
+            force_reason,
+            unreachable,
+            elapsed,
+            pods_gone_for,
+        } => {
+            let Some(node_name) = observe::node_name(m) else {
+                return Err(Error::Invariant("DrainPass without a node name".into()));
+            };
+            let plan = act::PassPlan {
+                force,
+                force_reason: force_reason.as_deref(),
+                unreachable,
+                elapsed,
+                pods_gone_for,
+            };
+            act::drain_pass(ctx, m, &cfg, node_name, plan).await
+        }
+        Step::DeleteVolumeAttachments => act::delete_volume_attachments(ctx, m).await,
+        Step::DeleteVm => act::delete_vm(ctx, m).await,
+        Step::DeletionBlocked(problem) => act::deletion_blocked(ctx, m, &problem).await,
+        Step::DeleteNode => act::delete_node(ctx, m).await,
+        Step::RemoveFinalizer => act::finish_deletion(ctx, m).await,
+    }
+}
+
+/// Retry policy of failed reconciles: exponential backoff per machine.
+pub fn error_policy(machine: Arc<Machine>, err: &Error, ctx: Arc<Ctx>) -> Action {
+    tracing::warn!(error = %crate::error_chain(err), "reconcile failed");
+    let driver_err = match err {
+        Error::Driver { source, .. } => Some(source),
+        _ => None,
+    };
+    Action::requeue(ctx.backoff(&machine, driver_err))
+}
+
+/// Whether the Node of `m` was deleted: the machine had joined (Running or Unknown), is not
+/// being deleted, and the synced Node store no longer holds its node. A level-triggered
+/// observation: a failed deletion of the Machine is retried by the next reconcile.
+fn node_was_deleted(m: &Machine, ctx: &Ctx, frozen: bool) -> bool {
+    let present = observe::node_name(m).map(|n| ctx.node(n).is_some());
+    node_gone(m, present, frozen)
+}
+
+/// [`node_was_deleted`] on facts: `node_present` is `None` when no node name is recorded.
+/// Pure.
+pub fn node_gone(m: &Machine, node_present: Option<bool>, frozen: bool) -> bool {
+    m.metadata.deletion_timestamp.is_none()
+        && !frozen
+        && node_present == Some(false)
+        && matches!(
+            m.phase(),
+            Some(MachinePhase::Running | MachinePhase::Unknown)
+        )
+}
+
+/// Deletes a Machine whose Node was deleted (MCM's rule: the node's deletion deletes its
+/// machine, which then drains nothing and deletes the VM).
+async fn delete_machine_of_deleted_node(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
+    let node = observe::node_name(m).unwrap_or_default();
+    tracing::info!(node, "node deleted: deleting its machine");
+    let api: kube::Api<Machine> =
+        kube::Api::namespaced(ctx.control.clone(), &ctx.settings.namespace);
+    match api.delete(&m.name_any(), &Default::default()).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(Action::await_change()),
+        Err(e) => return Err(Error::kube("delete the machine of a deleted node", e)),
+    }
+    ctx.events
+        .normal(
+            &kube::Resource::object_ref(m, &()),
+            "NodeDeleted",
+            "Delete",
+            format!("node {node} was deleted: deleting the machine"),
+        )
+        .await;
+    Ok(Action::await_change())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn machine(phase: Option<&str>, deleting: bool) -> Machine {
+        let mut m: Machine = serde_json::from_value(serde_json::json!({
+            "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "Machine",
+            "metadata": { "name": "m", "labels": { "node": "n" } },
+            "spec": {},
+            "status": { "currentStatus": { "phase": phase } }
+        }))
+        .unwrap();
+        if deleting {
+            m.metadata.deletion_timestamp = Some(
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::now()),
+            );
+        }
+        m
+    }
+
+    #[test]
+    fn only_a_joined_machine_whose_node_is_gone_is_deleted() {
+        assert!(node_gone(
+            &machine(Some("Running"), false),
+            Some(false),
+            false
+        ));
+        assert!(node_gone(
+            &machine(Some("Unknown"), false),
+            Some(false),
+            false
+        ));
+        // The node has not joined yet.
+        assert!(!node_gone(
+            &machine(Some("Pending"), false),
+            Some(false),
+            false
+        ));
+        assert!(!node_gone(&machine(None, false), Some(false), false));
+        // Present, no node recorded, already deleting, or frozen.
+        assert!(!node_gone(
+            &machine(Some("Running"), false),
+            Some(true),
+            false
+        ));
+        assert!(!node_gone(&machine(Some("Running"), false), None, false));
+        assert!(!node_gone(
+            &machine(Some("Running"), true),
+            Some(false),
+            false
+        ));
+        assert!(!node_gone(
+            &machine(Some("Running"), false),
+            Some(false),
+            true
+        ));
+    }
+}

@@ -1,0 +1,245 @@
+//! The manager side of mcm-rs (`machine-controller-manager`): the MachineSet,
+//! MachineDeployment and overshooting-safety controllers over the process's shared informers
+//! ([`crate::informers`]), plus MCM's `mcm_machine_set_*` / `mcm_machine_deployment_*`
+//! metrics read from those stores ([`metrics`]).
+//!
+//! Deleted Machines and MachineSets reach the controllers through the informers' deletion
+//! taps (shared-store subscribers never see deletions), mapped like the subscribed objects.
+
+pub mod metrics;
+
+pub use metrics::StoreMetrics;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures::{FutureExt, StreamExt};
+use kube::Client;
+use kube::runtime::controller::{Config as ControllerConfig, Controller};
+use mcm_api::{Machine, MachineDeployment, MachineSet};
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+
+use crate::events::EventPublisher;
+use crate::informers::Informers;
+use crate::machine_controller::timed;
+use crate::machinedeployment::controller as md;
+use crate::machineset::controller as ms;
+use crate::metrics::ReconcileMetrics;
+use crate::safety::overshoot::{self, SafetyContext, SafetyLimits};
+
+/// Settings of the manager (MCM's flags of the same meaning).
+#[derive(Debug, Clone)]
+pub struct ManagerConfig {
+    /// Namespace of the machine objects in the control cluster (`--namespace`).
+    pub namespace: String,
+    /// Reconciles running at once per controller (`--concurrent-syncs`, default 10).
+    pub concurrent_syncs: u16,
+    /// `--safety-up` (default 2).
+    pub safety_up: i32,
+    /// `--safety-down` (default 1).
+    pub safety_down: i32,
+    /// `--machine-safety-overshooting-period` (default 1m).
+    pub overshooting_period: Duration,
+    /// Turns true once all stores have synced (for `/readyz`); clone it before passing the
+    /// config.
+    pub ready: Arc<AtomicBool>,
+    /// `--autoscaler-scaledown-annotation-during-rollout` (default true): annotate the nodes
+    /// of a rolling deployment so the cluster-autoscaler does not scale them down.
+    pub autoscaler_annotations: bool,
+    /// Reconcile metrics shared with the other controllers of the process; `None`: the
+    /// manager registers its own in the registry [`run_manager`] is given.
+    pub reconciles: Option<ReconcileMetrics>,
+}
+
+impl Default for ManagerConfig {
+    fn default() -> Self {
+        ManagerConfig {
+            namespace: "default".to_owned(),
+            concurrent_syncs: 10,
+            safety_up: 2,
+            safety_down: 1,
+            overshooting_period: Duration::from_secs(60),
+            ready: Arc::new(AtomicBool::new(false)),
+            autoscaler_annotations: true,
+            reconciles: None,
+        }
+    }
+}
+
+/// Runs the manager's controllers on informers of its own until `shutdown` resolves; then
+/// lets in-flight reconciles finish and returns.
+///
+/// The metrics collector is registered in `registry` when this function is called (before
+/// the returned future is awaited), so the registry is free again for the HTTP endpoint
+/// while the manager runs: `run_manager(...)` borrows it only synchronously.
+pub fn run_manager<S>(
+    control: Client,
+    target: Client,
+    config: ManagerConfig,
+    registry: &mut Registry,
+    shutdown: S,
+) -> impl Future<Output = ()> + Send + 'static + use<S>
+where
+    S: Future<Output = ()> + Send + 'static,
+{
+    let cancel = CancellationToken::new();
+    let mut informers = Informers::new(&control, &target, &config.namespace);
+    let work = prepare(
+        &mut informers,
+        control,
+        target,
+        config,
+        registry,
+        cancel.clone(),
+    );
+    informers.start(cancel.clone());
+    async move {
+        let stop = cancel.clone();
+        let on_shutdown = tokio::spawn(async move {
+            shutdown.await;
+            stop.cancel();
+        });
+        work.await;
+        on_shutdown.abort();
+        cancel.cancel();
+    }
+}
+
+/// Builds the manager's controllers (MachineSet, MachineDeployment, overshooting guard) over
+/// the process's `informers`, taking their subscriptions, and registers the store metrics in
+/// `registry`; the returned future runs them until `cancel` fires. Start the informers after
+/// every half of the process is prepared.
+pub fn prepare(
+    informers: &mut Informers,
+    control: Client,
+    target: Client,
+    config: ManagerConfig,
+    registry: &mut Registry,
+    cancel: CancellationToken,
+) -> impl Future<Output = ()> + Send + 'static + use<> {
+    let machines = informers.machines.store();
+    let sets = informers.sets.store();
+    let deployments = informers.deployments.store();
+    let nodes = informers.nodes.store();
+    registry.register_collector(Box::new(StoreMetrics {
+        sets: sets.clone(),
+        deployments: deployments.clone(),
+    }));
+    let reconciles = config
+        .reconciles
+        .clone()
+        .unwrap_or_else(|| ReconcileMetrics::register(registry));
+    let synced = futures::future::join_all([
+        informers.machines.synced().boxed(),
+        informers.sets.synced().boxed(),
+        informers.deployments.synced().boxed(),
+        informers.nodes.synced().boxed(),
+    ]);
+    let controller_config = ControllerConfig::default().concurrency(config.concurrent_syncs);
+    let events = EventPublisher::new(control.clone(), "machine-controller-manager");
+
+    let ms_ctx = Arc::new(ms::Context {
+        client: control.clone(),
+        machines: machines.clone(),
+        sets: sets.clone(),
+        events: events.clone(),
+        expectations: ms::Expectations::default(),
+    });
+    let (sets_for_machines, sets_for_gone_machines) = (sets.clone(), sets.clone());
+    let ms_controller = Controller::for_shared_stream(informers.sets.subscribe(), sets.clone())
+        .watches_shared_stream(informers.machines.subscribe(), move |m: Arc<Machine>| {
+            ms::sets_for_machine(&m, &sets_for_machines)
+        })
+        .watches_shared_stream(informers.machines.deletions(), move |m: Arc<Machine>| {
+            ms::sets_for_machine(&m, &sets_for_gone_machines)
+        })
+        .with_config(controller_config.clone())
+        .graceful_shutdown_on(cancel.clone().cancelled_owned())
+        .run(
+            timed(reconciles.clone(), ms::CONTROLLER, ms::reconcile),
+            ms::error_policy,
+            ms_ctx,
+        )
+        .for_each(|_| futures::future::ready(()));
+
+    let md_ctx = Arc::new(md::Context {
+        client: control.clone(),
+        target,
+        machines: machines.clone(),
+        sets: sets.clone(),
+        nodes,
+        events: events.clone(),
+        autoscaler_annotations: config.autoscaler_annotations,
+    });
+    let (sets_for_md, sets_for_gone_md) = (sets.clone(), sets.clone());
+    let md_controller =
+        Controller::for_shared_stream(informers.deployments.subscribe(), deployments.clone())
+            .watches_shared_stream(informers.sets.subscribe(), |s: Arc<MachineSet>| {
+                md::deployment_for_set(&s)
+            })
+            .watches_shared_stream(informers.sets.deletions(), |s: Arc<MachineSet>| {
+                md::deployment_for_set(&s)
+            })
+            .watches_shared_stream(informers.machines.subscribe(), move |m: Arc<Machine>| {
+                md::deployment_for_machine(&m, &sets_for_md)
+            })
+            .watches_shared_stream(informers.machines.deletions(), move |m: Arc<Machine>| {
+                md::deployment_for_machine(&m, &sets_for_gone_md)
+            })
+            .with_config(controller_config.clone())
+            .graceful_shutdown_on(cancel.clone().cancelled_owned())
+            .run(
+                timed(reconciles.clone(), md::CONTROLLER, md::reconcile),
+                md::error_policy,
+                md_ctx,
+            )
+            .for_each(|_| futures::future::ready(()));
+
+    let safety_ctx = Arc::new(SafetyContext {
+        client: control,
+        machines,
+        sets: sets.clone(),
+        deployments: deployments.clone(),
+        events,
+        limits: SafetyLimits {
+            safety_up: config.safety_up,
+            safety_down: config.safety_down,
+        },
+        period: config.overshooting_period,
+    });
+    let (sets_for_guard, deployments_for_guard) = (sets.clone(), deployments.clone());
+    let overshoot_guard = Controller::for_shared_stream(informers.sets.subscribe(), sets)
+        .watches_shared_stream(
+            informers.deployments.subscribe(),
+            move |d: Arc<MachineDeployment>| {
+                overshoot::sets_of_deployment(&d, &sets_for_guard, &deployments_for_guard)
+            },
+        )
+        .with_config(controller_config)
+        .graceful_shutdown_on(cancel.clone().cancelled_owned())
+        .run(
+            timed(reconciles, overshoot::CONTROLLER, overshoot::reconcile),
+            overshoot::error_policy,
+            safety_ctx,
+        )
+        .for_each(|_| futures::future::ready(()));
+
+    let ready = config.ready;
+    async move {
+        let readiness = async {
+            tokio::select! {
+                _ = synced => ready.store(true, Ordering::SeqCst),
+                () = cancel.cancelled() => {}
+            }
+        };
+        let controllers = async {
+            tokio::join!(ms_controller, md_controller, overshoot_guard);
+            cancel.cancel();
+        };
+        tokio::join!(readiness, controllers);
+        ready.store(false, Ordering::SeqCst);
+    }
+}

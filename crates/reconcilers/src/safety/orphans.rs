@@ -1,0 +1,150 @@
+//! Orphan VM collection, a controller per MachineClass: the VMs the driver lists for the
+//! class that no Machine owns are deleted, every orphan period and whenever a deletion asks
+//! for a pass (leftovers of a VM are looked for).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::ResourceExt;
+use kube::runtime::controller::Action;
+use mcm_api::{Machine, MachineClass};
+use mcm_driver::{DeleteMachineRequest, ListMachinesRequest, RequestId};
+
+use crate::machine::{Ctx, Error, act};
+
+/// The `controller` label of the collector's reconcile metrics.
+pub const CONTROLLER: &str = "orphans";
+
+/// The orphans among the VMs a driver listed: `(provider id, machine name)` pairs whose
+/// machine name no Machine has.
+pub fn orphans<'a>(
+    listed: &'a BTreeMap<String, String>,
+    machine_names: &BTreeSet<String>,
+) -> Vec<(&'a str, &'a str)> {
+    listed
+        .iter()
+        .filter(|(_, name)| !machine_names.contains(*name))
+        .map(|(id, name)| (id.as_str(), name.as_str()))
+        .collect()
+}
+
+/// What the collector needs: the machine controller's context and its period.
+pub struct OrphanCtx {
+    /// The machine controller's context (driver, clients, stores, freeze).
+    pub machine: Arc<Ctx>,
+    /// `--machine-safety-orphan-vms-period`.
+    pub period: Duration,
+}
+
+/// One collection pass for one class: deletes the VMs of the class that no Machine owns.
+/// Returns how many were deleted. Nothing happens while frozen or before the stores synced.
+pub async fn collect(ctx: &Ctx, class: &MachineClass) -> Result<usize, Error> {
+    if ctx.freeze.is_frozen() || class.metadata.deletion_timestamp.is_some() {
+        return Ok(0);
+    }
+    let class_name = class.name_any();
+    let (class, secret) = match act::class_and_secret(ctx, &class_probe(&class_name)).await {
+        Ok(x) => x,
+        Err(Error::Class(p)) => {
+            tracing::debug!(problem = %p, "class unusable: no orphan collection");
+            return Ok(0);
+        }
+        Err(e) => return Err(e),
+    };
+    let request_id = RequestId::generate();
+    let listed = ctx
+        .driver
+        .list_machines(ListMachinesRequest {
+            machine_class: class.clone(),
+            secret: secret.clone(),
+            request_id: request_id.clone(),
+        })
+        .await
+        .map_err(|e| Error::driver("list_machines", e))?;
+    if listed.machines.is_empty() {
+        return Ok(0);
+    }
+    // Read the Machines from the API server, not the store: a stale store must never make a
+    // VM look orphaned.
+    let names = act::list_machines(ctx).await?.into_keys().collect();
+    let mut deleted = 0;
+    for (provider_id, machine_name) in orphans(&listed.machines, &names) {
+        let mut vm_machine = Machine::new(machine_name, Default::default());
+        vm_machine.metadata.namespace = Some(ctx.settings.namespace.clone());
+        vm_machine.spec.provider_id = Some(provider_id.to_string());
+        tracing::info!(%provider_id, vm_machine = machine_name, %request_id, "deleting orphan VM");
+        ctx.driver
+            .delete_machine(DeleteMachineRequest {
+                machine: vm_machine,
+                machine_class: class.clone(),
+                secret: secret.clone(),
+                request_id: request_id.clone(),
+            })
+            .await
+            .or_else(|e| {
+                if e.is_not_found() {
+                    Ok(Default::default())
+                } else {
+                    Err(e)
+                }
+            })
+            .map_err(|e| Error::driver("delete_machine", e))?;
+        ctx.events
+            .warning(
+                &kube::Resource::object_ref(&class, &()),
+                "OrphanVMDeleted",
+                "OrphanCollection",
+                format!("deleted orphan VM {provider_id} (machine {machine_name} does not exist)"),
+            )
+            .await;
+        deleted += 1;
+    }
+    Ok(deleted)
+}
+
+/// A Machine that names only `class_name`, to resolve the class and its secrets.
+fn class_probe(class_name: &str) -> Machine {
+    let mut m = Machine::new("orphan-probe", Default::default());
+    m.spec.class = Some(mcm_api::ClassSpec {
+        api_group: None,
+        kind: Some(mcm_api::constants::MACHINE_CLASS_KIND.into()),
+        name: Some(class_name.into()),
+    });
+    m
+}
+
+/// Reconciles one class: a collection pass once the stores synced, then again after the
+/// orphan period.
+pub async fn reconcile(class: Arc<MachineClass>, ctx: Arc<OrphanCtx>) -> Result<Action, Error> {
+    // A store that has not listed yet is no evidence that a Machine does not exist.
+    let mut synced = ctx.machine.synced.subscribe();
+    let _ = synced.wait_for(|s| *s).await;
+    match collect(&ctx.machine, &class).await? {
+        0 => {}
+        n => tracing::info!(deleted = n, "orphan collection deleted VMs"),
+    }
+    Ok(Action::requeue(ctx.period))
+}
+
+/// Retry policy of a failed pass: the next pass after a tenth of the period (at least 5 s).
+pub fn error_policy(_class: Arc<MachineClass>, error: &Error, ctx: Arc<OrphanCtx>) -> Action {
+    tracing::warn!(error = %crate::error_chain(error), "orphan collection failed");
+    Action::requeue((ctx.period / 10).max(Duration::from_secs(5)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn orphans_are_vms_without_a_machine_of_that_name() {
+        let listed = BTreeMap::from([
+            ("local:///a".to_string(), "a".to_string()),
+            ("local:///b".to_string(), "b".to_string()),
+        ]);
+        let names = BTreeSet::from(["a".to_string()]);
+        assert_eq!(orphans(&listed, &names), vec![("local:///b", "b")]);
+        assert!(orphans(&listed, &BTreeSet::from(["a".into(), "b".into()])).is_empty());
+    }
+}
