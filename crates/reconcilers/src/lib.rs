@@ -26,18 +26,26 @@ pub mod safety;
 
 /// An error and its chain of causes on one line (`a: b: c`), for logs and messages on exit.
 ///
-/// Our errors never print their source in their own message. `kube::Error` does (its
-/// message embeds its cause), so the chain ends at the first `kube::Error`.
+/// Our errors never print their source in their own message. kube's errors do (their
+/// message embeds their cause), so the chain ends at the first of those.
 pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();
     let mut current = e;
-    while current.downcast_ref::<kube::Error>().is_none() {
+    while !embeds_its_source(current) {
         let Some(cause) = current.source() else { break };
         out.push_str(": ");
         out.push_str(&cause.to_string());
         current = cause;
     }
     out
+}
+
+/// Error types of kube whose message already contains their cause.
+fn embeds_its_source(e: &(dyn std::error::Error + 'static)) -> bool {
+    e.is::<kube::Error>()
+        || e.is::<kube::config::KubeconfigError>()
+        || e.is::<kube::config::InClusterError>()
+        || e.is::<kube::config::InferConfigError>()
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! What a machine reconcile reads and uses: clients, driver, stores, permits, backoff.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -57,6 +57,8 @@ pub struct Ctx {
     /// has not listed yet).
     pub synced: tokio::sync::watch::Sender<bool>,
     failures: Mutex<HashMap<String, u32>>,
+    /// Names of deleted Nodes that were not managed by MCM (their Machines stay).
+    unmanaged_gone: Mutex<HashSet<String>>,
 }
 
 impl Ctx {
@@ -92,6 +94,7 @@ impl Ctx {
             orphan_trigger: Arc::new(tokio::sync::Notify::new()),
             synced: tokio::sync::watch::Sender::new(false),
             failures: Mutex::new(HashMap::new()),
+            unmanaged_gone: Mutex::new(HashSet::new()),
         }
     }
 
@@ -122,6 +125,29 @@ impl Ctx {
             .await
             .map(|s| s.map(Arc::new))
             .map_err(|e| super::Error::kube("read a class secret", e))
+    }
+
+    /// Notes a Node that was deleted (seen by the Node watch's deletion tap before the
+    /// Machine is reconciled): the deletion of a Node annotated not-managed-by-MCM does not
+    /// delete its Machine.
+    pub fn note_node_deleted(&self, node: &Node) {
+        let mut gone = self
+            .unmanaged_gone
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if observe::node_not_managed(node) {
+            gone.insert(node.name_any());
+        } else {
+            gone.remove(&node.name_any());
+        }
+    }
+
+    /// Whether the Node `name` was deleted while not managed by MCM.
+    pub fn unmanaged_node_deleted(&self, name: &str) -> bool {
+        self.unmanaged_gone
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(name)
     }
 
     pub(crate) fn node(&self, name: &str) -> Option<Arc<Node>> {

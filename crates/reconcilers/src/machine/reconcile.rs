@@ -162,9 +162,11 @@ pub fn error_policy(machine: Arc<Machine>, err: &Error, ctx: Arc<Ctx>) -> Action
 
 /// Whether the Node of `m` was deleted: the machine had joined (Running or Unknown), is not
 /// being deleted, and the synced Node store no longer holds its node. A level-triggered
-/// observation: a failed deletion of the Machine is retried by the next reconcile.
+/// observation: a failed deletion of the Machine is retried by the next reconcile. A Node
+/// deleted while annotated not-managed-by-MCM counts as present: its Machine stays.
 fn node_was_deleted(m: &Machine, ctx: &Ctx, frozen: bool) -> bool {
-    let present = observe::node_name(m).map(|n| ctx.node(n).is_some());
+    let present =
+        observe::node_name(m).map(|n| ctx.node(n).is_some() || ctx.unmanaged_node_deleted(n));
     node_gone(m, present, frozen)
 }
 
