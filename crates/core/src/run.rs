@@ -371,16 +371,15 @@ pub async fn run_machine_controller_until(
                 )
             });
             let machine = run_machine.then(|| {
-                machine_controller::prepare(
-                    &mut informers,
-                    control.clone(),
-                    target.clone(),
+                let side = machine_controller::MachineSide {
+                    control: control.clone(),
+                    target: target.clone(),
                     driver,
                     config,
                     metrics,
                     handles,
-                    work_cancel.clone(),
-                )
+                };
+                machine_controller::prepare(&mut informers, side, work_cancel.clone())
             });
             informers.start(work_cancel.clone());
             futures::join!(

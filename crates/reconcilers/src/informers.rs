@@ -68,7 +68,26 @@ where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
 {
-    fn new(kind: &'static str, api: Api<K>, config: watcher::Config) -> Self {
+    /// The informer of a namespaced kind.
+    fn new(
+        (kind, client, namespace): (&'static str, &Client, &str),
+        config: watcher::Config,
+    ) -> Self
+    where
+        K: Resource<Scope = kube::core::NamespaceResourceScope>,
+    {
+        Self::with_api(kind, Api::namespaced(client.clone(), namespace), config)
+    }
+
+    /// The informer of a cluster-scoped kind.
+    fn cluster(kind: &'static str, client: &Client) -> Self
+    where
+        K: Resource<Scope = kube::core::ClusterResourceScope>,
+    {
+        Self::with_api(kind, Api::all(client.clone()), watcher::Config::default())
+    }
+
+    fn with_api(kind: &'static str, api: Api<K>, config: watcher::Config) -> Self {
         let (store, writer) = reflector::store_shared(BUFFER);
         Informer {
             kind,
@@ -104,6 +123,12 @@ where
             .unwrap_or_else(|| panic!("subscribe to {} before the informers start", self.kind))
     }
 
+    /// [`Informer::subscribe`] and [`Informer::deletions`] in one stream: every object that
+    /// was applied or deleted, for a controller that maps both alike.
+    pub fn changes(&mut self) -> impl futures::Stream<Item = Arc<K>> + Send + 'static + use<K> {
+        futures::stream::select(self.subscribe(), self.deletions())
+    }
+
     /// The objects deleted from the store from now on (see [`DeletionTap`]).
     pub fn deletions(&mut self) -> mpsc::UnboundedReceiver<Arc<K>> {
         self.wanted = true;
@@ -116,6 +141,13 @@ where
         let mut rx = self.synced.subscribe();
         async move {
             let _ = rx.wait_for(|s| *s).await;
+        }
+    }
+
+    /// Adds [`Informer::synced`] to `all` if the kind is watched.
+    fn push_synced(&self, all: &mut Vec<BoxFuture<'static, ()>>) {
+        if self.wanted {
+            all.push(self.synced().boxed());
         }
     }
 
@@ -177,35 +209,19 @@ impl Informers {
     /// Informers of `namespace` in the control cluster and of the target cluster. Nothing
     /// is watched before [`Informers::start`].
     pub fn new(control: &Client, target: &Client, namespace: &str) -> Self {
-        let all = watcher::Config::default;
+        let ns = |kind| (kind, control, namespace);
+        let everything = watcher::Config::default;
         Informers {
-            machines: Informer::new(
-                "Machine",
-                Api::namespaced(control.clone(), namespace),
-                all(),
-            ),
-            sets: Informer::new(
-                "MachineSet",
-                Api::namespaced(control.clone(), namespace),
-                all(),
-            ),
-            deployments: Informer::new(
-                "MachineDeployment",
-                Api::namespaced(control.clone(), namespace),
-                all(),
-            ),
-            classes: Informer::new(
-                "MachineClass",
-                Api::namespaced(control.clone(), namespace),
-                all(),
-            ),
+            machines: Informer::new(ns("Machine"), everything()),
+            sets: Informer::new(ns("MachineSet"), everything()),
+            deployments: Informer::new(ns("MachineDeployment"), everything()),
+            classes: Informer::new(ns("MachineClass"), everything()),
             secrets: Informer::new(
-                "Secret",
-                Api::namespaced(control.clone(), namespace),
-                all().labels(&format!("{CLASS_CREDENTIALS_LABEL}=true")),
+                ns("Secret"),
+                everything().labels(&format!("{CLASS_CREDENTIALS_LABEL}=true")),
             ),
-            nodes: Informer::new("Node", Api::all(target.clone()), all()),
-            volume_attachments: Informer::new("VolumeAttachment", Api::all(target.clone()), all()),
+            nodes: Informer::cluster("Node", target),
+            volume_attachments: Informer::cluster("VolumeAttachment", target),
         }
     }
 
@@ -230,6 +246,19 @@ impl Informers {
                 }
             });
         }
+    }
+
+    /// Resolves once every kind asked for so far (see [`Informer::store`]) has listed once.
+    pub fn synced(&self) -> impl std::future::Future<Output = ()> + Send + 'static + use<> {
+        let mut all = Vec::new();
+        self.machines.push_synced(&mut all);
+        self.sets.push_synced(&mut all);
+        self.deployments.push_synced(&mut all);
+        self.classes.push_synced(&mut all);
+        self.secrets.push_synced(&mut all);
+        self.nodes.push_synced(&mut all);
+        self.volume_attachments.push_synced(&mut all);
+        futures::future::join_all(all).map(|_| ())
     }
 }
 

@@ -22,6 +22,7 @@ pub mod machinedeployment;
 pub mod machineset;
 pub mod manager;
 pub mod metrics;
+pub mod runtime;
 pub mod safety;
 
 /// An error and its chain of causes on one line (`a: b: c`), for logs and messages on exit.

@@ -5,22 +5,21 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use futures::{FutureExt, StreamExt};
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::ResourceExt;
-use kube::runtime::controller::{self, Action, Controller};
+use kube::runtime::controller::{self, Controller};
 use kube::runtime::reflector::{ObjectRef, Store};
 use mcm_api::constants::labels;
 use mcm_api::{Machine, MachineClass};
 use mcm_driver::Driver;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 use crate::informers::{Informers, changed_only, notifications};
 use crate::machine::{self, Ctx, Freeze, MachineMetrics, Settings, Stores};
 use crate::machineclass::{self, ClassCtx};
-use crate::metrics::ReconcileMetrics;
+use crate::runtime::Runner;
 use crate::safety::orphans::{self, OrphanCtx};
 use crate::safety::{SafetySettings, apiserver};
 
@@ -87,6 +86,22 @@ fn machine_of_node(
         .map(|m| ObjectRef::from_obj(m.as_ref()))
 }
 
+/// What the machine-controller side is made of, besides the informers.
+pub struct MachineSide {
+    /// Client of the control cluster.
+    pub control: kube::Client,
+    /// Client of the target cluster.
+    pub target: kube::Client,
+    /// The provider's driver.
+    pub driver: Arc<dyn Driver>,
+    /// Settings.
+    pub config: MachineControllerConfig,
+    /// Metrics, from [`MachineMetrics::register`].
+    pub metrics: MachineMetrics,
+    /// Readiness, orphan trigger and freeze flag shared with the process.
+    pub handles: Handles,
+}
+
 /// Runs the machine-controller side on informers of its own until `cancel` fires.
 /// `metrics` come from [`MachineMetrics::register`].
 pub async fn run(
@@ -99,16 +114,15 @@ pub async fn run(
     cancel: CancellationToken,
 ) {
     let mut informers = Informers::new(&control, &target, &config.machine.namespace);
-    let work = prepare(
-        &mut informers,
+    let side = MachineSide {
         control,
         target,
         driver,
         config,
         metrics,
         handles,
-        cancel.clone(),
-    );
+    };
+    let work = prepare(&mut informers, side, cancel.clone());
     informers.start(cancel);
     work.await
 }
@@ -116,17 +130,19 @@ pub async fn run(
 /// Builds the machine-controller side over the process's `informers` (taking its
 /// subscriptions); the returned future runs it until `cancel` fires. Start the informers
 /// after every half of the process is prepared.
-#[allow(clippy::too_many_arguments)]
 pub fn prepare(
     informers: &mut Informers,
-    control: kube::Client,
-    target: kube::Client,
-    driver: Arc<dyn Driver>,
-    config: MachineControllerConfig,
-    metrics: MachineMetrics,
-    handles: Handles,
+    side: MachineSide,
     cancel: CancellationToken,
 ) -> impl std::future::Future<Output = ()> + Send + 'static + use<> {
+    let MachineSide {
+        control,
+        target,
+        driver,
+        config,
+        metrics,
+        handles,
+    } = side;
     let ns = config.machine.namespace.clone();
     let stores = Stores {
         machines: informers.machines.store(),
@@ -150,19 +166,11 @@ pub fn prepare(
     );
     ctx.orphan_trigger = handles.orphan_trigger.clone();
     let ctx = Arc::new(ctx);
-    let reconciles = ctx.metrics.reconciles.clone();
-    let controller_config = controller::Config::default().concurrency(config.concurrent_syncs);
-
-    // Readiness: every store this side reads has listed once.
-    let synced = futures::future::join_all([
-        informers.machines.synced().boxed(),
-        informers.classes.synced().boxed(),
-        informers.secrets.synced().boxed(),
-        informers.nodes.synced().boxed(),
-        informers.sets.synced().boxed(),
-        informers.deployments.synced().boxed(),
-        informers.volume_attachments.synced().boxed(),
-    ]);
+    let runner = Runner {
+        reconciles: ctx.metrics.reconciles.clone(),
+        config: controller::Config::default().concurrency(config.concurrent_syncs),
+        cancel: cancel.clone(),
+    };
 
     // The machine controller: Machines, their Nodes (not heartbeats; deletions too) and
     // their classes.
@@ -171,32 +179,32 @@ pub fn prepare(
             (machines.clone(), machines.clone(), machines.clone());
         let (ns_nodes, ns_deleted_nodes) = (ns.clone(), ns.clone());
         let gone_ctx = ctx.clone();
-        Controller::for_shared_stream(informers.machines.subscribe(), machines.clone())
-            .watches_shared_stream(
-                changed_only(informers.nodes.subscribe(), node_fingerprint),
-                move |node: Arc<Node>| machine_of_node(&node, &for_nodes, &ns_nodes),
-            )
-            .watches_shared_stream(
-                informers
-                    .nodes
-                    .deletions()
-                    .inspect(move |node| gone_ctx.note_node_deleted(node)),
-                move |node: Arc<Node>| {
-                    machine_of_node(&node, &for_deleted_nodes, &ns_deleted_nodes)
-                },
-            )
-            .watches_shared_stream(
-                informers.classes.subscribe(),
-                move |class: Arc<MachineClass>| machines_of_class(&class.name_any(), &for_classes),
-            )
-            .with_config(controller_config.clone())
-            .graceful_shutdown_on(cancel.clone().cancelled_owned())
-            .run(
-                timed(reconciles.clone(), machine::CONTROLLER, machine::reconcile),
-                machine::error_policy,
-                ctx.clone(),
-            )
-            .for_each(|_| futures::future::ready(()))
+        runner.run(
+            Controller::for_shared_stream(informers.machines.subscribe(), machines.clone())
+                .watches_shared_stream(
+                    changed_only(informers.nodes.subscribe(), node_fingerprint),
+                    move |node: Arc<Node>| machine_of_node(&node, &for_nodes, &ns_nodes),
+                )
+                .watches_shared_stream(
+                    informers
+                        .nodes
+                        .deletions()
+                        .inspect(move |node| gone_ctx.note_node_deleted(node)),
+                    move |node: Arc<Node>| {
+                        machine_of_node(&node, &for_deleted_nodes, &ns_deleted_nodes)
+                    },
+                )
+                .watches_shared_stream(
+                    informers.classes.subscribe(),
+                    move |class: Arc<MachineClass>| {
+                        machines_of_class(&class.name_any(), &for_classes)
+                    },
+                ),
+            machine::CONTROLLER,
+            machine::reconcile,
+            machine::error_policy,
+            ctx.clone(),
+        )
     };
 
     // The machineclass controller: classes, the Machines using a class that is being
@@ -209,34 +217,24 @@ pub fn prepare(
         informers.secrets.store(),
     ));
     let class_controller = {
-        let (classes_for_machines, classes_for_secrets, classes_for_gone_secrets) =
-            (classes.clone(), classes.clone(), classes.clone());
+        let (classes_for_machines, classes_for_secrets) = (classes.clone(), classes.clone());
         let (ns_m, ns_d) = (ns.clone(), ns.clone());
-        Controller::for_shared_stream(informers.classes.subscribe(), classes.clone())
-            .watches_shared_stream(informers.machines.subscribe(), move |m: Arc<Machine>| {
-                class_being_deleted(&m, &classes_for_machines, &ns_m)
-            })
-            .watches_shared_stream(informers.machines.deletions(), move |m: Arc<Machine>| {
-                class_of_machine(&m, &ns_d)
-            })
-            .watches_shared_stream(informers.secrets.subscribe(), move |s: Arc<Secret>| {
-                machineclass::classes_referencing(&s, &classes_for_secrets)
-            })
-            .watches_shared_stream(informers.secrets.deletions(), move |s: Arc<Secret>| {
-                machineclass::classes_referencing(&s, &classes_for_gone_secrets)
-            })
-            .with_config(controller_config.clone())
-            .graceful_shutdown_on(cancel.clone().cancelled_owned())
-            .run(
-                timed(
-                    reconciles.clone(),
-                    machineclass::CONTROLLER,
-                    machineclass::reconcile,
-                ),
-                machineclass::error_policy,
-                class_ctx,
-            )
-            .for_each(|_| futures::future::ready(()))
+        runner.run(
+            Controller::for_shared_stream(informers.classes.subscribe(), classes.clone())
+                .watches_shared_stream(informers.machines.subscribe(), move |m: Arc<Machine>| {
+                    class_being_deleted(&m, &classes_for_machines, &ns_m)
+                })
+                .watches_shared_stream(informers.machines.deletions(), move |m: Arc<Machine>| {
+                    class_of_machine(&m, &ns_d)
+                })
+                .watches_shared_stream(informers.secrets.changes(), move |s: Arc<Secret>| {
+                    machineclass::classes_referencing(&s, &classes_for_secrets)
+                }),
+            machineclass::CONTROLLER,
+            machineclass::reconcile,
+            machineclass::error_policy,
+            class_ctx,
+        )
     };
 
     // Orphan collection: per class, every orphan period and on demand.
@@ -245,16 +243,18 @@ pub fn prepare(
             machine: ctx.clone(),
             period: config.safety.orphan_vms_period,
         });
-        Controller::for_shared_stream(informers.classes.subscribe(), classes.clone())
-            .reconcile_all_on(notifications(handles.orphan_trigger.clone()))
-            .graceful_shutdown_on(cancel.clone().cancelled_owned())
-            .run(
-                timed(reconciles, orphans::CONTROLLER, orphans::reconcile),
-                orphans::error_policy,
-                orphan_ctx,
-            )
-            .for_each(|_| futures::future::ready(()))
+        runner.run(
+            Controller::for_shared_stream(informers.classes.subscribe(), classes.clone())
+                .reconcile_all_on(notifications(handles.orphan_trigger.clone())),
+            orphans::CONTROLLER,
+            orphans::reconcile,
+            orphans::error_policy,
+            orphan_ctx,
+        )
     };
+
+    // Readiness: every store this side reads has listed once.
+    let synced = informers.synced();
 
     let apiserver_check = apiserver::run_apiserver_check(
         ctx.clone(),
@@ -278,35 +278,6 @@ pub fn prepare(
         };
         futures::join!(readiness, controllers, apiserver_check);
         handles.ready.store(false, Ordering::SeqCst);
-    }
-}
-
-/// A reconcile function that records its duration and errors under `controller`, inside a
-/// span naming the object.
-pub fn timed<K, C, E, F, Fut>(
-    reconciles: ReconcileMetrics,
-    controller: &'static str,
-    reconcile: F,
-) -> impl FnMut(Arc<K>, Arc<C>) -> futures::future::BoxFuture<'static, Result<Action, E>>
-where
-    K: kube::Resource + Send + Sync + 'static,
-    C: Send + Sync + 'static,
-    E: Send + 'static,
-    F: Fn(Arc<K>, Arc<C>) -> Fut + Clone + Send + 'static,
-    Fut: std::future::Future<Output = Result<Action, E>> + Send + 'static,
-{
-    move |obj, ctx| {
-        let reconciles = reconciles.clone();
-        let span = tracing::info_span!(
-            "reconcile",
-            controller,
-            namespace = obj.meta().namespace.as_deref().unwrap_or_default(),
-            name = obj.meta().name.as_deref().unwrap_or_default(),
-        );
-        let fut = reconcile(obj, ctx);
-        async move { reconciles.time(controller, fut).await }
-            .instrument(span)
-            .boxed()
     }
 }
 

@@ -25,18 +25,8 @@ pub struct Ctx {
     pub driver: Arc<dyn Driver>,
     /// Settings.
     pub settings: Settings,
-    /// Machines of the namespace.
-    pub machines: Store<Machine>,
-    /// MachineClasses of the namespace.
-    pub classes: Store<MachineClass>,
-    /// The Secrets of the namespace that classes reference.
-    pub secrets: Store<Secret>,
-    /// Nodes of the target cluster.
-    pub nodes: Store<Node>,
-    /// MachineSets of the namespace (rollout protection, replacement budget).
-    pub machine_sets: Store<MachineSet>,
-    /// MachineDeployments of the namespace (rollout protection, replacement budget).
-    pub machine_deployments: Store<MachineDeployment>,
+    /// The stores it reads (also reachable through `Deref`: `ctx.machines`).
+    pub stores: Stores,
     /// VolumeAttachments of the target cluster, shared with drain.
     pub drain_stores: mcm_drain::Stores,
     /// Events on Machines (control cluster).
@@ -81,12 +71,7 @@ impl Ctx {
             target,
             driver,
             settings,
-            machines: stores.machines,
-            classes: stores.classes,
-            secrets: stores.secrets,
-            nodes: stores.nodes,
-            machine_sets: stores.machine_sets,
-            machine_deployments: stores.machine_deployments,
+            stores,
             drain_stores,
             permits: PermitGiver::new(),
             freeze,
@@ -256,6 +241,14 @@ impl Ctx {
     }
 }
 
+impl std::ops::Deref for Ctx {
+    type Target = Stores;
+
+    fn deref(&self) -> &Stores {
+        &self.stores
+    }
+}
+
 /// The stores a machine reconcile reads.
 #[derive(Clone)]
 pub struct Stores {
@@ -267,8 +260,8 @@ pub struct Stores {
     pub secrets: Store<Secret>,
     /// Nodes (target).
     pub nodes: Store<Node>,
-    /// MachineSets.
+    /// MachineSets (rollout protection, replacement budget).
     pub machine_sets: Store<MachineSet>,
-    /// MachineDeployments.
+    /// MachineDeployments (rollout protection, replacement budget).
     pub machine_deployments: Store<MachineDeployment>,
 }

@@ -35,32 +35,30 @@ impl MachineMetrics {
             reconciles,
             ..MachineMetrics::default()
         };
-        registry.register(
-            "mcm_machine_controller_frozen",
-            "1 when the machine controller is frozen by the safety controller",
-            m.frozen.clone(),
-        );
-        registry.register(
-            "mcm_machine_items_total",
-            "Number of Machines",
-            m.items.clone(),
-        );
-        registry.register("mcm_machine_vm_creations", "VMs created", m.created.clone());
-        registry.register(
-            "mcm_machine_vm_adoptions",
-            "Existing VMs adopted",
-            m.adopted.clone(),
-        );
-        registry.register(
-            "mcm_machine_failed",
-            "Machines marked Failed",
-            m.failed.clone(),
-        );
-        registry.register(
-            "mcm_machine_deletions",
-            "Machines deleted",
-            m.deleted.clone(),
-        );
+        let gauges = [
+            (
+                "mcm_machine_controller_frozen",
+                "1 when the machine controller is frozen by the safety controller",
+                &m.frozen,
+            ),
+            ("mcm_machine_items_total", "Number of Machines", &m.items),
+        ];
+        for (name, help, gauge) in gauges {
+            registry.register(name, help, gauge.clone());
+        }
+        let counters = [
+            ("mcm_machine_vm_creations", "VMs created", &m.created),
+            (
+                "mcm_machine_vm_adoptions",
+                "Existing VMs adopted",
+                &m.adopted,
+            ),
+            ("mcm_machine_failed", "Machines marked Failed", &m.failed),
+            ("mcm_machine_deletions", "Machines deleted", &m.deleted),
+        ];
+        for (name, help, counter) in counters {
+            registry.register(name, help, counter.clone());
+        }
         m
     }
 

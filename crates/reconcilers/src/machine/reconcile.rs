@@ -227,39 +227,25 @@ mod tests {
 
     #[test]
     fn only_a_joined_machine_whose_node_is_gone_is_deleted() {
-        assert!(node_gone(
-            &machine(Some("Running"), false),
-            Some(false),
-            false
-        ));
-        assert!(node_gone(
-            &machine(Some("Unknown"), false),
-            Some(false),
-            false
-        ));
-        // The node has not joined yet.
-        assert!(!node_gone(
-            &machine(Some("Pending"), false),
-            Some(false),
-            false
-        ));
-        assert!(!node_gone(&machine(None, false), Some(false), false));
-        // Present, no node recorded, already deleting, or frozen.
-        assert!(!node_gone(
-            &machine(Some("Running"), false),
-            Some(true),
-            false
-        ));
-        assert!(!node_gone(&machine(Some("Running"), false), None, false));
-        assert!(!node_gone(
-            &machine(Some("Running"), true),
-            Some(false),
-            false
-        ));
-        assert!(!node_gone(
-            &machine(Some("Running"), false),
-            Some(false),
-            true
-        ));
+        // (phase, deleting, node present, frozen) -> deleted
+        let cases = [
+            (Some("Running"), false, Some(false), false, true),
+            (Some("Unknown"), false, Some(false), false, true),
+            // The node has not joined yet.
+            (Some("Pending"), false, Some(false), false, false),
+            (None, false, Some(false), false, false),
+            // Present, no node recorded, already deleting, or frozen.
+            (Some("Running"), false, Some(true), false, false),
+            (Some("Running"), false, None, false, false),
+            (Some("Running"), true, Some(false), false, false),
+            (Some("Running"), false, Some(false), true, false),
+        ];
+        for (phase, deleting, present, frozen, want) in cases {
+            assert_eq!(
+                node_gone(&machine(phase, deleting), present, frozen),
+                want,
+                "{phase:?} deleting={deleting} present={present:?} frozen={frozen}"
+            );
+        }
     }
 }

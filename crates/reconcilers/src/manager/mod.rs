@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use futures::{FutureExt, StreamExt};
 use kube::Client;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use mcm_api::{Machine, MachineDeployment, MachineSet};
@@ -24,10 +23,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::events::EventPublisher;
 use crate::informers::Informers;
-use crate::machine_controller::timed;
 use crate::machinedeployment::controller as md;
 use crate::machineset::controller as ms;
 use crate::metrics::ReconcileMetrics;
+use crate::runtime::Runner;
 use crate::safety::overshoot::{self, SafetyContext, SafetyLimits};
 
 /// Settings of the manager (MCM's flags of the same meaning).
@@ -132,13 +131,11 @@ pub fn prepare(
         .reconciles
         .clone()
         .unwrap_or_else(|| ReconcileMetrics::register(registry));
-    let synced = futures::future::join_all([
-        informers.machines.synced().boxed(),
-        informers.sets.synced().boxed(),
-        informers.deployments.synced().boxed(),
-        informers.nodes.synced().boxed(),
-    ]);
-    let controller_config = ControllerConfig::default().concurrency(config.concurrent_syncs);
+    let runner = Runner {
+        reconciles,
+        config: ControllerConfig::default().concurrency(config.concurrent_syncs),
+        cancel: cancel.clone(),
+    };
     let events = EventPublisher::new(control.clone(), "machine-controller-manager");
 
     let ms_ctx = Arc::new(ms::Context {
@@ -148,22 +145,17 @@ pub fn prepare(
         events: events.clone(),
         expectations: ms::Expectations::default(),
     });
-    let (sets_for_machines, sets_for_gone_machines) = (sets.clone(), sets.clone());
-    let ms_controller = Controller::for_shared_stream(informers.sets.subscribe(), sets.clone())
-        .watches_shared_stream(informers.machines.subscribe(), move |m: Arc<Machine>| {
-            ms::sets_for_machine(&m, &sets_for_machines)
-        })
-        .watches_shared_stream(informers.machines.deletions(), move |m: Arc<Machine>| {
-            ms::sets_for_machine(&m, &sets_for_gone_machines)
-        })
-        .with_config(controller_config.clone())
-        .graceful_shutdown_on(cancel.clone().cancelled_owned())
-        .run(
-            timed(reconciles.clone(), ms::CONTROLLER, ms::reconcile),
-            ms::error_policy,
-            ms_ctx,
-        )
-        .for_each(|_| futures::future::ready(()));
+    let sets_for_machines = sets.clone();
+    let ms_controller = runner.run(
+        Controller::for_shared_stream(informers.sets.subscribe(), sets.clone())
+            .watches_shared_stream(informers.machines.changes(), move |m: Arc<Machine>| {
+                ms::sets_for_machine(&m, &sets_for_machines)
+            }),
+        ms::CONTROLLER,
+        ms::reconcile,
+        ms::error_policy,
+        ms_ctx,
+    );
 
     let md_ctx = Arc::new(md::Context {
         client: control.clone(),
@@ -174,29 +166,20 @@ pub fn prepare(
         events: events.clone(),
         autoscaler_annotations: config.autoscaler_annotations,
     });
-    let (sets_for_md, sets_for_gone_md) = (sets.clone(), sets.clone());
-    let md_controller =
+    let sets_for_md = sets.clone();
+    let md_controller = runner.run(
         Controller::for_shared_stream(informers.deployments.subscribe(), deployments.clone())
-            .watches_shared_stream(informers.sets.subscribe(), |s: Arc<MachineSet>| {
+            .watches_shared_stream(informers.sets.changes(), |s: Arc<MachineSet>| {
                 md::deployment_for_set(&s)
             })
-            .watches_shared_stream(informers.sets.deletions(), |s: Arc<MachineSet>| {
-                md::deployment_for_set(&s)
-            })
-            .watches_shared_stream(informers.machines.subscribe(), move |m: Arc<Machine>| {
+            .watches_shared_stream(informers.machines.changes(), move |m: Arc<Machine>| {
                 md::deployment_for_machine(&m, &sets_for_md)
-            })
-            .watches_shared_stream(informers.machines.deletions(), move |m: Arc<Machine>| {
-                md::deployment_for_machine(&m, &sets_for_gone_md)
-            })
-            .with_config(controller_config.clone())
-            .graceful_shutdown_on(cancel.clone().cancelled_owned())
-            .run(
-                timed(reconciles.clone(), md::CONTROLLER, md::reconcile),
-                md::error_policy,
-                md_ctx,
-            )
-            .for_each(|_| futures::future::ready(()));
+            }),
+        md::CONTROLLER,
+        md::reconcile,
+        md::error_policy,
+        md_ctx,
+    );
 
     let safety_ctx = Arc::new(SafetyContext {
         client: control,
@@ -211,22 +194,20 @@ pub fn prepare(
         period: config.overshooting_period,
     });
     let (sets_for_guard, deployments_for_guard) = (sets.clone(), deployments.clone());
-    let overshoot_guard = Controller::for_shared_stream(informers.sets.subscribe(), sets)
-        .watches_shared_stream(
+    let overshoot_guard = runner.run(
+        Controller::for_shared_stream(informers.sets.subscribe(), sets).watches_shared_stream(
             informers.deployments.subscribe(),
             move |d: Arc<MachineDeployment>| {
                 overshoot::sets_of_deployment(&d, &sets_for_guard, &deployments_for_guard)
             },
-        )
-        .with_config(controller_config)
-        .graceful_shutdown_on(cancel.clone().cancelled_owned())
-        .run(
-            timed(reconciles, overshoot::CONTROLLER, overshoot::reconcile),
-            overshoot::error_policy,
-            safety_ctx,
-        )
-        .for_each(|_| futures::future::ready(()));
+        ),
+        overshoot::CONTROLLER,
+        overshoot::reconcile,
+        overshoot::error_policy,
+        safety_ctx,
+    );
 
+    let synced = informers.synced();
     let ready = config.ready;
     async move {
         let readiness = async {

@@ -20,10 +20,7 @@ use kube::runtime::reflector::Store;
 use kube::{Api, Client, Resource, ResourceExt};
 use mcm_api::constants::{annotations, freeze_reasons, labels};
 use mcm_api::intstr::scaled_value;
-use mcm_api::{
-    ConditionStatus, Machine, MachineDeployment, MachineDeploymentCondition,
-    MachineDeploymentConditionType, MachineSet, MachineSetCondition, MachineSetConditionType,
-};
+use mcm_api::{Machine, MachineDeployment, MachineSet};
 use serde_json::json;
 
 use crate::events::EventPublisher;
@@ -161,26 +158,6 @@ fn deployment_of(
     })
 }
 
-fn set_frozen_condition(set: &MachineSet) -> Option<&MachineSetCondition> {
-    set.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| {
-            c.iter()
-                .find(|c| c.type_ == MachineSetConditionType::Frozen)
-        })
-}
-
-fn deployment_frozen_condition(d: &MachineDeployment) -> Option<&MachineDeploymentCondition> {
-    d.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .and_then(|c| {
-            c.iter()
-                .find(|c| c.type_ == MachineDeploymentConditionType::Frozen)
-        })
-}
-
 fn has_unfreeze_annotation<K: Resource>(obj: &K) -> bool {
     obj.meta()
         .annotations
@@ -234,24 +211,24 @@ pub async fn reconcile(
         limits,
         i32::try_from(count).unwrap_or(i32::MAX),
         is_frozen(set.metadata.labels.as_ref()),
-        set_frozen_condition(&set).is_some(),
+        set.has_frozen_condition(),
         ctx.limits,
     );
     match decision {
         Overshoot::Freeze(message) => {
             let reason = freeze_reasons::OVERSHOOTING_REPLICA_COUNT;
-            freeze_set(ctx, &set, reason, &message).await?;
+            freeze(ctx, set.as_ref(), reason, &message).await?;
             if let Some(d) = &deployment {
-                freeze_deployment(ctx, d, reason, &message).await?;
+                freeze(ctx, d.as_ref(), reason, &message).await?;
             }
         }
-        Overshoot::Unfreeze => unfreeze_set(ctx, &set).await?,
+        Overshoot::Unfreeze => unfreeze(ctx, set.as_ref()).await?,
         Overshoot::Keep => {}
     }
     if let Some(d) = &deployment {
         sync_deployment_freeze_state(ctx, d).await?;
         if has_unfreeze_annotation(d.as_ref()) {
-            unfreeze_deployment(ctx, d).await?;
+            unfreeze(ctx, d.as_ref()).await?;
             for set in ctx.sets.state().iter().filter(|s| {
                 deployment_of(s, &ctx.deployments).is_some_and(|o| o.metadata.uid == d.metadata.uid)
             }) {
@@ -269,7 +246,7 @@ pub async fn reconcile(
         }
     }
     if has_unfreeze_annotation(set.as_ref()) {
-        unfreeze_set(ctx, &set).await?;
+        unfreeze(ctx, set.as_ref()).await?;
     }
     Ok(Action::requeue(ctx.period))
 }
@@ -293,13 +270,13 @@ async fn sync_deployment_freeze_state(
 ) -> Result<(), SafetyError> {
     let sets = ctx.sets.state();
     let frozen_label = is_frozen(d.metadata.labels.as_ref());
-    let frozen_condition = deployment_frozen_condition(d).is_some();
+    let frozen_condition = d.has_frozen_condition();
     let has_frozen_set = sets.iter().any(|s| {
         deployment_of(s, &ctx.deployments).is_some_and(|o| o.metadata.uid == d.metadata.uid)
-            && (is_frozen(s.metadata.labels.as_ref()) || set_frozen_condition(s).is_some())
+            && (is_frozen(s.metadata.labels.as_ref()) || s.has_frozen_condition())
     });
     if has_frozen_set && !(frozen_label && frozen_condition) {
-        freeze_deployment(
+        freeze(
             ctx,
             d,
             freeze_reasons::MACHINE_DEPLOYMENT_STATE_SYNC,
@@ -307,52 +284,99 @@ async fn sync_deployment_freeze_state(
         )
         .await?;
     } else if !has_frozen_set && (frozen_label || frozen_condition) {
-        unfreeze_deployment(ctx, d).await?;
+        unfreeze(ctx, d).await?;
     }
     Ok(())
 }
 
-async fn freeze_set(
+/// What freezing needs of a MachineSet or MachineDeployment: where its conditions live.
+trait Freezable:
+    Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+    + Clone
+    + serde::de::DeserializeOwned
+    + std::fmt::Debug
+{
+    /// The field of `status` that holds the conditions.
+    const CONDITIONS_FIELD: &'static str;
+    /// Whether its conditions carry a `lastUpdateTime`.
+    const UPDATE_TIME: bool;
+    /// Its conditions, as JSON.
+    fn conditions(&self) -> Vec<serde_json::Value>;
+
+    /// The conditions other than Frozen.
+    fn conditions_without_frozen(&self) -> Vec<serde_json::Value> {
+        let mut all = self.conditions();
+        all.retain(|c| c["type"] != FROZEN);
+        all
+    }
+
+    /// Whether a Frozen condition is set.
+    fn has_frozen_condition(&self) -> bool {
+        self.conditions().iter().any(|c| c["type"] == FROZEN)
+    }
+
+    /// A Frozen condition.
+    fn frozen_condition(reason: &str, message: &str) -> serde_json::Value {
+        let now = Time(Timestamp::now());
+        let mut c = json!({
+            "type": FROZEN, "status": "True", "lastTransitionTime": now,
+            "reason": reason, "message": message,
+        });
+        if Self::UPDATE_TIME {
+            c["lastUpdateTime"] = json!(now);
+        }
+        c
+    }
+}
+
+/// The type of the Frozen condition of sets and deployments.
+const FROZEN: &str = "Frozen";
+
+macro_rules! freezable {
+    ($kind:ty, $field:literal, $update_time:literal) => {
+        impl Freezable for $kind {
+            const CONDITIONS_FIELD: &'static str = $field;
+            const UPDATE_TIME: bool = $update_time;
+            fn conditions(&self) -> Vec<serde_json::Value> {
+                let all = self.status.as_ref().and_then(|s| s.conditions.as_ref());
+                all.into_iter().flatten().map(|c| json!(c)).collect()
+            }
+        }
+    };
+}
+freezable!(MachineSet, "machineSetCondition", false);
+freezable!(MachineDeployment, "conditions", true);
+
+/// Freezes a set or deployment: the `freeze` label, a Frozen condition and a warning Event.
+async fn freeze<K: Freezable>(
     ctx: &SafetyContext,
-    set: &MachineSet,
+    obj: &K,
     reason: &str,
     message: &str,
 ) -> Result<(), SafetyError> {
-    let name = set.name_any();
-    let api: Api<MachineSet> =
-        Api::namespaced(ctx.client.clone(), &set.namespace().unwrap_or_default());
+    let name = obj.name_any();
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), &obj.namespace().unwrap_or_default());
     let label = json!({"metadata": {"labels": {labels::FREEZE: labels::TRUE_VALUE}}});
     api.patch(&name, &PatchParams::default(), &Patch::Merge(&label))
         .await
         .map_err(kube_err("freeze", &name))?;
-    let mut conditions: Vec<MachineSetCondition> = set
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.clone())
-        .unwrap_or_default();
-    conditions.retain(|c| c.type_ != MachineSetConditionType::Frozen);
-    conditions.push(MachineSetCondition {
-        type_: MachineSetConditionType::Frozen,
-        status: ConditionStatus::True,
-        last_transition_time: Some(Time(Timestamp::now())),
-        reason: Some(reason.to_owned()),
-        message: Some(message.to_owned()),
-    });
-    let status = json!({"status": {"machineSetCondition": conditions}});
+    let mut conditions = obj.conditions_without_frozen();
+    conditions.push(K::frozen_condition(reason, message));
+    let status = json!({"status": {K::CONDITIONS_FIELD: conditions}});
     api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
         .await
         .map_err(kube_err("set Frozen condition of", &name))?;
     ctx.events
-        .warning(&set.object_ref(&()), "Frozen", "Freeze", message.to_owned())
+        .warning(&obj.object_ref(&()), "Frozen", "Freeze", message.to_owned())
         .await;
-    tracing::warn!(set = %name, reason, "froze MachineSet");
+    tracing::warn!(kind = %K::kind(&()), name, reason, "froze");
     Ok(())
 }
 
-async fn unfreeze_set(ctx: &SafetyContext, set: &MachineSet) -> Result<(), SafetyError> {
-    let name = set.name_any();
-    let api: Api<MachineSet> =
-        Api::namespaced(ctx.client.clone(), &set.namespace().unwrap_or_default());
+/// Unfreezes a set or deployment: label, unfreeze annotation and Frozen condition go.
+async fn unfreeze<K: Freezable>(ctx: &SafetyContext, obj: &K) -> Result<(), SafetyError> {
+    let name = obj.name_any();
+    let api: Api<K> = Api::namespaced(ctx.client.clone(), &obj.namespace().unwrap_or_default());
     let meta = json!({"metadata": {
         "labels": {labels::FREEZE: null},
         "annotations": {annotations::UNFREEZE: null},
@@ -360,103 +384,24 @@ async fn unfreeze_set(ctx: &SafetyContext, set: &MachineSet) -> Result<(), Safet
     api.patch(&name, &PatchParams::default(), &Patch::Merge(&meta))
         .await
         .map_err(kube_err("unfreeze", &name))?;
-    if set_frozen_condition(set).is_some() {
-        let conditions: Vec<MachineSetCondition> = set
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.clone())
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|c| c.type_ != MachineSetConditionType::Frozen)
-            .collect();
-        let status = json!({"status": {"machineSetCondition": if conditions.is_empty() { serde_json::Value::Null } else { json!(conditions) }}});
+    if obj.has_frozen_condition() {
+        let conditions = obj.conditions_without_frozen();
+        let value = if conditions.is_empty() {
+            serde_json::Value::Null
+        } else {
+            json!(conditions)
+        };
+        let status = json!({"status": {K::CONDITIONS_FIELD: value}});
         api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
             .await
             .map_err(kube_err("remove Frozen condition of", &name))?;
     }
     ctx.events
         .normal(
-            &set.object_ref(&()),
+            &obj.object_ref(&()),
             "Unfrozen",
             "Unfreeze",
-            format!("MachineSet {name} unfrozen"),
-        )
-        .await;
-    Ok(())
-}
-
-async fn freeze_deployment(
-    ctx: &SafetyContext,
-    d: &MachineDeployment,
-    reason: &str,
-    message: &str,
-) -> Result<(), SafetyError> {
-    let name = d.name_any();
-    let api: Api<MachineDeployment> =
-        Api::namespaced(ctx.client.clone(), &d.namespace().unwrap_or_default());
-    let label = json!({"metadata": {"labels": {labels::FREEZE: labels::TRUE_VALUE}}});
-    api.patch(&name, &PatchParams::default(), &Patch::Merge(&label))
-        .await
-        .map_err(kube_err("freeze", &name))?;
-    let mut conditions: Vec<MachineDeploymentCondition> = d
-        .status
-        .as_ref()
-        .and_then(|s| s.conditions.clone())
-        .unwrap_or_default();
-    conditions.retain(|c| c.type_ != MachineDeploymentConditionType::Frozen);
-    let now = Some(Time(Timestamp::now()));
-    conditions.push(MachineDeploymentCondition {
-        type_: MachineDeploymentConditionType::Frozen,
-        status: ConditionStatus::True,
-        last_update_time: now.clone(),
-        last_transition_time: now,
-        reason: Some(reason.to_owned()),
-        message: Some(message.to_owned()),
-    });
-    let status = json!({"status": {"conditions": conditions}});
-    api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
-        .await
-        .map_err(kube_err("set Frozen condition of", &name))?;
-    ctx.events
-        .warning(&d.object_ref(&()), "Frozen", "Freeze", message.to_owned())
-        .await;
-    Ok(())
-}
-
-async fn unfreeze_deployment(
-    ctx: &SafetyContext,
-    d: &MachineDeployment,
-) -> Result<(), SafetyError> {
-    let name = d.name_any();
-    let api: Api<MachineDeployment> =
-        Api::namespaced(ctx.client.clone(), &d.namespace().unwrap_or_default());
-    let meta = json!({"metadata": {
-        "labels": {labels::FREEZE: null},
-        "annotations": {annotations::UNFREEZE: null},
-    }});
-    api.patch(&name, &PatchParams::default(), &Patch::Merge(&meta))
-        .await
-        .map_err(kube_err("unfreeze", &name))?;
-    if deployment_frozen_condition(d).is_some() {
-        let conditions: Vec<MachineDeploymentCondition> = d
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.clone())
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|c| c.type_ != MachineDeploymentConditionType::Frozen)
-            .collect();
-        let status = json!({"status": {"conditions": if conditions.is_empty() { serde_json::Value::Null } else { json!(conditions) }}});
-        api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
-            .await
-            .map_err(kube_err("remove Frozen condition of", &name))?;
-    }
-    ctx.events
-        .normal(
-            &d.object_ref(&()),
-            "Unfrozen",
-            "Unfreeze",
-            format!("MachineDeployment {name} unfrozen"),
+            format!("{} {name} unfrozen", K::kind(&())),
         )
         .await;
     Ok(())
