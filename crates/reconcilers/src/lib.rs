@@ -15,6 +15,7 @@
 
 pub mod events;
 pub mod informers;
+pub mod kube_api;
 pub mod machine;
 pub mod machine_controller;
 pub mod machineclass;

@@ -23,6 +23,7 @@ use serde_json::json;
 use super::decide::{ClassProblem, MachineConfig};
 use super::status::{self, Operation};
 use super::{Ctx, Error, token};
+use crate::kube_api::{self, ApiErrorExt};
 
 const RECHECK: Duration = Duration::from_secs(30);
 
@@ -74,15 +75,10 @@ async fn announce(
     Ok(())
 }
 
-/// Adds our finalizer, guarded by the resource version.
+/// Adds our finalizer, guarded by the resource version. A Machine gone meanwhile needs
+/// nothing more.
 pub async fn add_finalizer(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
-    let mut list = m.finalizers().to_vec();
-    list.push(finalizers::MACHINE_CONTROLLER.to_string());
-    let patch = json!({
-        "metadata": { "finalizers": list, "resourceVersion": m.resource_version() }
-    });
-    machine_api(ctx)
-        .patch(&name(m), &PatchParams::default(), &Patch::Merge(&patch))
+    let _ = kube_api::add_finalizer(&machine_api(ctx), m, finalizers::MACHINE_CONTROLLER)
         .await
         .map_err(|e| Error::kube("add the machine finalizer", e))?;
     Ok(Action::await_change())
@@ -102,30 +98,11 @@ async fn remove_finalizer(ctx: &Ctx, m: &Machine) -> Result<(), Error> {
         Ok(_) => return Ok(()),
         Err(e) => return Err(Error::kube("read the machine", e)),
     };
-    if !current
-        .finalizers()
-        .iter()
-        .any(|f| f == finalizers::MACHINE_CONTROLLER)
-    {
-        return Ok(());
-    }
-    let list: Vec<String> = current
-        .finalizers()
-        .iter()
-        .filter(|f| *f != finalizers::MACHINE_CONTROLLER)
-        .cloned()
-        .collect();
-    let patch = json!({
-        "metadata": { "finalizers": list, "resourceVersion": current.resource_version() }
-    });
-    match api
-        .patch(&name(m), &PatchParams::default(), &Patch::Merge(&patch))
+    // Gone meanwhile: nothing left to remove.
+    let _ = kube_api::remove_finalizer(&api, &current, finalizers::MACHINE_CONTROLLER)
         .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(Error::kube("remove the machine finalizer", e)),
-    }
+        .map_err(|e| Error::kube("remove the machine finalizer", e))?;
+    Ok(())
 }
 
 /// Records why the class cannot be used; retries with backoff (class changes also wake us).
@@ -219,7 +196,7 @@ async fn ensure_bootstrap_token(
     );
     let created = match api.create(&PostParams::default(), &secret).await {
         Ok(s) => s,
-        Err(kube::Error::Api(s)) if s.code == 409 => api
+        Err(e) if e.is_conflict() => api
             .get(&secret_name)
             .await
             .map_err(|e| Error::kube("read the bootstrap token", e))?,
@@ -234,14 +211,11 @@ async fn ensure_bootstrap_token(
 async fn delete_bootstrap_token(ctx: &Ctx, m: &Machine) -> Result<(), Error> {
     let api: Api<Secret> = Api::namespaced(ctx.target.clone(), token::TOKEN_NAMESPACE);
     let id = token::token_id(&ctx.settings.namespace, &name(m));
-    match api
-        .delete(&token::secret_name(&id), &DeleteParams::default())
+    // Gone already is as good as deleted.
+    let _ = kube_api::delete(&api, &token::secret_name(&id), &DeleteParams::default())
         .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(Error::kube("delete the bootstrap token", e)),
-    }
+        .map_err(|e| Error::kube("delete the bootstrap token", e))?;
+    Ok(())
 }
 
 /// Finds the VM (adoption after a crash) or creates it, initializes it when the driver asks
@@ -855,11 +829,9 @@ pub async fn delete_volume_attachments(ctx: &Ctx, m: &Machine) -> Result<Action,
     };
     let api: Api<VolumeAttachment> = Api::all(ctx.target.clone());
     for va in attachments_of(ctx, node_name) {
-        match api.delete(&va, &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(Error::kube("delete a VolumeAttachment of the node", e)),
-        }
+        let _ = kube_api::delete(&api, &va, &DeleteParams::default())
+            .await
+            .map_err(|e| Error::kube("delete a VolumeAttachment of the node", e))?;
     }
     Ok(Action::requeue(DELETION_STEP_REQUEUE))
 }
@@ -971,11 +943,9 @@ pub async fn deletion_blocked(
 pub async fn delete_node(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
     if let Some(node_name) = super::observe::node_name(m) {
         let nodes: Api<Node> = Api::all(ctx.target.clone());
-        match nodes.delete(node_name, &DeleteParams::default()).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
-            Err(e) => return Err(Error::kube("delete the machine's node", e)),
-        }
+        let _ = kube_api::delete(&nodes, node_name, &DeleteParams::default())
+            .await
+            .map_err(|e| Error::kube("delete the machine's node", e))?;
     }
     Ok(Action::requeue(DELETION_STEP_REQUEUE))
 }
@@ -1026,17 +996,12 @@ async fn set_node_terminating(ctx: &Ctx, node: &Node, m: &Machine) -> Result<(),
         "lastTransitionTime": now,
     }));
     let nodes: Api<Node> = Api::all(ctx.target.clone());
-    match nodes
-        .patch_status(
-            &node.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&json!({ "status": { "conditions": conditions } })),
-        )
+    let patch = json!({ "status": { "conditions": conditions } });
+    let outcome = kube_api::merge_patch_status(&nodes, &node.name_any(), &patch)
         .await
-    {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
-        Err(e) => return Err(Error::kube("set the node's Terminating condition", e)),
+        .map_err(|e| Error::kube("set the node's Terminating condition", e))?;
+    if outcome.is_gone() {
+        return Ok(());
     }
     ctx.node_events
         .normal(

@@ -8,13 +8,14 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use mcm_api::Machine;
 use mcm_api::constants::annotations::LAST_APPLIED_ANNO_LABELS_TAINTS;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::{Ctx, Error};
+use crate::kube_api::{self, ApiErrorExt};
 
 /// What the template asks for (and what the annotation records as applied).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -173,17 +174,10 @@ pub async fn sync(ctx: &Ctx, machine: &Machine, node: &Node) -> Result<(), Error
         return Ok(());
     };
     let nodes: Api<Node> = Api::all(ctx.target.clone());
-    match nodes
-        .patch(
-            &node.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
+    // A vanished node (Gone) and a conflict are retried by the next reconcile.
+    match kube_api::merge_patch(&nodes, &node.name_any(), &patch).await {
         Ok(_) => Ok(()),
-        // Conflicts and a vanished node are retried by the next reconcile.
-        Err(kube::Error::Api(s)) if s.code == 409 || s.code == 404 => Ok(()),
+        Err(e) if e.is_conflict() => Ok(()),
         Err(e) => Err(Error::kube("apply the node template", e)),
     }
 }

@@ -20,6 +20,9 @@ use mcm_api::{
 };
 use serde_json::json;
 
+/// The finalizer of the manager's controllers.
+const FINALIZER: &str = finalizers::MACHINE_CONTROLLER_MANAGER;
+
 use super::decide::{self, Action as RolloutAction, Rollout, SetState, Snapshot, Strategy};
 use super::hash::{template_hash, templates_equal};
 use super::nodes::apply_markers;
@@ -27,6 +30,10 @@ use super::status::{
     Counters, StatusInput, compute_status, invalid_strategy_status, is_invalid_strategy, reasons,
 };
 use crate::events::EventPublisher;
+use crate::kube_api::{
+    self, ApiCallError, ApiErrorExt, Outcome, ReconcileError, RetryPolicy, add_finalizer,
+    merge_patch_status, remove_finalizer,
+};
 use crate::machineset::controller::status_patch;
 use crate::machineset::decide::{MachineView, controller_of, count_machines, is_frozen};
 
@@ -39,18 +46,8 @@ pub const DEFAULT_REVISION_HISTORY_LIMIT: i32 = 10;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A call to the API server failed.
-    #[error("{action} {kind} {name}: {source}")]
-    Kube {
-        /// What was attempted.
-        action: &'static str,
-        /// The kind of object.
-        kind: &'static str,
-        /// The object's name.
-        name: String,
-        /// The client error.
-        #[source]
-        source: kube::Error,
-    },
+    #[error(transparent)]
+    Kube(#[from] ApiCallError),
     /// A MachineSet with the new set's name exists with another template.
     #[error("hash collision for MachineSet {0}")]
     HashCollision(String),
@@ -58,17 +55,13 @@ pub enum Error {
 
 impl Error {
     fn kube(action: &'static str, kind: &'static str, name: &str, source: kube::Error) -> Self {
-        Error::Kube {
-            action,
-            kind,
-            name: name.to_owned(),
-            source,
-        }
+        ApiCallError::new(action, kind, name, source).into()
     }
+}
 
-    /// Whether the error is a write conflict (stale object): retried quickly.
-    pub fn is_conflict(&self) -> bool {
-        matches!(self, Error::Kube { source: kube::Error::Api(s), .. } if s.code == 409)
+impl ReconcileError for Error {
+    fn is_conflict(&self) -> bool {
+        matches!(self, Error::Kube(e) if e.source.is_conflict())
     }
 }
 
@@ -239,10 +232,7 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
     let ns = d.namespace().unwrap_or_default();
     let api: Api<MachineDeployment> = Api::namespaced(ctx.client.clone(), &ns);
     let sets_api: Api<MachineSet> = Api::namespaced(ctx.client.clone(), &ns);
-    let has_finalizer = d
-        .finalizers()
-        .iter()
-        .any(|f| f == finalizers::MACHINE_CONTROLLER_MANAGER);
+    let has_finalizer = d.finalizers().iter().any(|f| f == FINALIZER);
     let observed = observe(&d, &ctx);
 
     if d.metadata.deletion_timestamp.is_some() {
@@ -250,7 +240,10 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
             return Ok(Action::await_change());
         }
         if observed.sets.is_empty() {
-            set_finalizer(&api, &d, false).await?;
+            // Gone already is as good as released.
+            let _ = remove_finalizer(&api, &d, FINALIZER)
+                .await
+                .map_err(finalizer_error(&d))?;
             return Ok(Action::await_change());
         }
         for s in observed
@@ -258,11 +251,9 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
             .iter()
             .filter(|s| s.metadata.deletion_timestamp.is_none())
         {
-            match sets_api
-                .delete(&s.name_any(), &DeleteParams::background())
-                .await
-            {
-                Ok(_) => {
+            match kube_api::delete(&sets_api, &s.name_any(), &DeleteParams::background()).await {
+                Ok(Outcome::Gone) => {}
+                Ok(Outcome::Done) => {
                     ctx.events
                         .normal(
                             &reference(&d),
@@ -272,14 +263,18 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
                         )
                         .await;
                 }
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
                 Err(e) => return Err(Error::kube("delete", "MachineSet", &s.name_any(), e)),
             }
         }
         return Ok(Action::requeue(Duration::from_secs(10)));
     }
-    if !has_finalizer {
-        set_finalizer(&api, &d, true).await?;
+    if !has_finalizer
+        && add_finalizer(&api, &d, FINALIZER)
+            .await
+            .map_err(finalizer_error(&d))?
+            .is_gone()
+    {
+        return Ok(Action::await_change());
     }
     if d.spec
         .selector
@@ -370,11 +365,10 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
             .revision_history_limit
             .unwrap_or(DEFAULT_REVISION_HISTORY_LIMIT);
         for set in decide::sets_to_prune(&snapshot.old_sets, limit) {
-            match sets_api.delete(&set, &DeleteParams::background()).await {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(Error::kube("prune", "MachineSet", &set, e)),
-            }
+            // A set gone meanwhile is pruned.
+            let _ = kube_api::delete(&sets_api, &set, &DeleteParams::background())
+                .await
+                .map_err(ApiCallError::on::<Error>("prune", "MachineSet", &set))?;
         }
     }
 
@@ -438,23 +432,15 @@ async fn update_status(
         return Ok(());
     }
     let patch = status_patch(status, &["conditions", "failedMachines"]);
-    match api
-        .patch_status(
-            &d.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
+    // A deployment gone meanwhile needs no status.
+    let _ = merge_patch_status(api, &d.name_any(), &patch)
         .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(Error::kube(
+        .map_err(ApiCallError::on::<Error>(
             "update status of",
             "MachineDeployment",
             &d.name_any(),
-            e,
-        )),
-    }
+        ))?;
+    Ok(())
 }
 
 /// Records an unusable strategy: writes `status` (with its `Progressing=False,
@@ -484,48 +470,25 @@ async fn report_invalid_strategy(
     Ok(())
 }
 
-/// What to do after a failed reconcile.
-pub fn error_policy(_d: Arc<MachineDeployment>, error: &Error, _ctx: Arc<Context>) -> Action {
-    tracing::warn!(%error, "MachineDeployment reconcile failed");
-    if error.is_conflict() {
-        Action::requeue(Duration::from_millis(200))
-    } else {
-        Action::requeue(Duration::from_secs(5))
-    }
+/// Retry periods of failed deployment reconciles.
+const RETRY: RetryPolicy = RetryPolicy {
+    conflict: Duration::from_millis(200),
+    backoff: Duration::from_secs(5),
+};
+
+/// What to do after a failed reconcile: conflicts are retried quickly, the rest after a
+/// few seconds ([`kube_api::error_policy`]).
+pub fn error_policy(d: Arc<MachineDeployment>, error: &Error, _ctx: Arc<Context>) -> Action {
+    kube_api::error_policy(&RETRY, MachineDeployment::KIND, &d.name_any(), error)
 }
 
-async fn set_finalizer(
-    api: &Api<MachineDeployment>,
-    d: &MachineDeployment,
-    add: bool,
-) -> Result<(), Error> {
-    let mut list: Vec<String> = d
-        .finalizers()
-        .iter()
-        .filter(|f| *f != finalizers::MACHINE_CONTROLLER_MANAGER)
-        .cloned()
-        .collect();
-    if add {
-        list.push(finalizers::MACHINE_CONTROLLER_MANAGER.to_owned());
-    }
-    let patch = json!({"metadata": {"finalizers": list, "resourceVersion": d.resource_version()}});
-    match api
-        .patch(
-            &d.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 && !add => Ok(()),
-        Err(e) => Err(Error::kube(
-            "update finalizers of",
-            "MachineDeployment",
-            &d.name_any(),
-            e,
-        )),
-    }
+/// The error of a failed finalizer update of `d`.
+fn finalizer_error(d: &MachineDeployment) -> impl FnOnce(kube::Error) -> Error + use<> {
+    ApiCallError::on(
+        "update finalizers of",
+        MachineDeployment::KIND,
+        &d.name_any(),
+    )
 }
 
 fn max_old_revision(observed: &Observed) -> i64 {
@@ -682,7 +645,7 @@ async fn apply_action(
                         .await;
                     Ok(())
                 }
-                Err(kube::Error::Api(e)) if e.code == 409 => {
+                Err(e) if e.is_conflict() => {
                     let existing = sets
                         .get(&set_name)
                         .await

@@ -8,7 +8,7 @@ use futures::future::join_all;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
@@ -19,12 +19,19 @@ use mcm_api::{
 };
 use serde_json::{Value, json};
 
+/// The finalizer of the manager's controllers.
+const FINALIZER: &str = finalizers::MACHINE_CONTROLLER_MANAGER;
+
 use super::decide::{
     Claim, MachineView, ReplicaPlan, SLOW_START_INITIAL_BATCH_SIZE, SetCounts, SetInput, claim,
     controller_of, count_machines, is_frozen, plan_replicas, slow_start_batches,
 };
 use super::selector::selector_matches;
 use crate::events::EventPublisher;
+use crate::kube_api::{
+    self, ApiCallError, ApiErrorExt, Outcome, ReconcileError, RetryPolicy, add_finalizer,
+    merge_patch, merge_patch_status, remove_finalizer,
+};
 
 /// How often a set is reconciled without any event (MCM: 10 minutes).
 pub const RESYNC_PERIOD: Duration = Duration::from_secs(600);
@@ -35,18 +42,8 @@ pub const EXPECTATIONS_TIMEOUT: Duration = Duration::from_secs(60);
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// A call to the API server failed.
-    #[error("{action} {kind} {name}: {source}")]
-    Kube {
-        /// What was attempted.
-        action: &'static str,
-        /// The kind of object.
-        kind: &'static str,
-        /// The object's name.
-        name: String,
-        /// The client error.
-        #[source]
-        source: kube::Error,
-    },
+    #[error(transparent)]
+    Kube(#[from] ApiCallError),
     /// The template of the set has no labels: machines created from it could never be
     /// selected.
     #[error("MachineSet {0} has a template without labels")]
@@ -55,17 +52,13 @@ pub enum Error {
 
 impl Error {
     fn kube(action: &'static str, kind: &'static str, name: &str, source: kube::Error) -> Self {
-        Error::Kube {
-            action,
-            kind,
-            name: name.to_owned(),
-            source,
-        }
+        ApiCallError::new(action, kind, name, source).into()
     }
+}
 
-    /// Whether the error is a write conflict (stale object): retried quickly.
-    pub fn is_conflict(&self) -> bool {
-        matches!(self, Error::Kube { source: kube::Error::Api(s), .. } if s.code == 409)
+impl ReconcileError for Error {
+    fn is_conflict(&self) -> bool {
+        matches!(self, Error::Kube(e) if e.source.is_conflict())
     }
 }
 
@@ -182,15 +175,18 @@ pub async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action
     let sets: Api<MachineSet> = Api::namespaced(ctx.client.clone(), &ns);
     let machines_api: Api<Machine> = Api::namespaced(ctx.client.clone(), &ns);
     let deleting = set.metadata.deletion_timestamp.is_some();
-    let has_finalizer = set
-        .finalizers()
-        .iter()
-        .any(|f| f == finalizers::MACHINE_CONTROLLER_MANAGER);
+    let has_finalizer = set.finalizers().iter().any(|f| f == FINALIZER);
     if deleting && !has_finalizer {
         return Ok(Action::await_change());
     }
-    if !deleting && !has_finalizer {
-        set_finalizer(&sets, &set, true).await?;
+    if !deleting
+        && !has_finalizer
+        && add_finalizer(&sets, &set, FINALIZER)
+            .await
+            .map_err(finalizer_error(&set))?
+            .is_gone()
+    {
+        return Ok(Action::await_change());
     }
     let key = format!("{ns}/{name}");
     let all: Vec<Arc<Machine>> = ctx
@@ -224,7 +220,10 @@ pub async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action
     }
 
     if deleting && claimed.is_empty() {
-        set_finalizer(&sets, &set, false).await?;
+        // Gone already is as good as released.
+        let _ = remove_finalizer(&sets, &set, FINALIZER)
+            .await
+            .map_err(finalizer_error(&set))?;
         return Ok(Action::await_change());
     }
 
@@ -263,15 +262,16 @@ pub async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action
     })
 }
 
+/// Retry periods of failed set reconciles.
+const RETRY: RetryPolicy = RetryPolicy {
+    conflict: Duration::from_millis(200),
+    backoff: Duration::from_secs(5),
+};
+
 /// What to do after a failed reconcile: conflicts are retried quickly, the rest after a
-/// few seconds.
-pub fn error_policy(_set: Arc<MachineSet>, error: &Error, _ctx: Arc<Context>) -> Action {
-    tracing::warn!(%error, "MachineSet reconcile failed");
-    if error.is_conflict() {
-        Action::requeue(Duration::from_millis(200))
-    } else {
-        Action::requeue(Duration::from_secs(5))
-    }
+/// few seconds ([`kube_api::error_policy`]).
+pub fn error_policy(set: Arc<MachineSet>, error: &Error, _ctx: Arc<Context>) -> Action {
+    kube_api::error_policy(&RETRY, MachineSet::KIND, &set.name_any(), error)
 }
 
 async fn manage_replicas(
@@ -411,13 +411,14 @@ async fn delete_machines(
             }),
             ..DeleteParams::default()
         };
-        async move { (n, api.delete(n, &dp).await) }
+        async move { (n, kube_api::delete(api, n, &dp).await) }
     }))
     .await;
     let mut first_error = None;
     for (n, r) in results {
         match r {
-            Ok(_) => {
+            Ok(Outcome::Gone) => {}
+            Ok(Outcome::Done) => {
                 ctx.events
                     .normal(
                         &reference,
@@ -428,7 +429,6 @@ async fn delete_machines(
                     .await;
                 deleted.push(n.clone());
             }
-            Err(kube::Error::Api(s)) if s.code == 404 => {}
             Err(e) => {
                 ctx.events
                     .warning(
@@ -445,38 +445,9 @@ async fn delete_machines(
     first_error.map_or(Ok(()), Err)
 }
 
-/// Adds (`add`) or removes the MCM finalizer of a set, guarded by its resourceVersion.
-async fn set_finalizer(api: &Api<MachineSet>, set: &MachineSet, add: bool) -> Result<(), Error> {
-    let mut list: Vec<String> = set
-        .finalizers()
-        .iter()
-        .filter(|f| *f != finalizers::MACHINE_CONTROLLER_MANAGER)
-        .cloned()
-        .collect();
-    if add {
-        list.push(finalizers::MACHINE_CONTROLLER_MANAGER.to_owned());
-    }
-    let patch = json!({"metadata": {
-        "finalizers": list,
-        "resourceVersion": set.resource_version(),
-    }});
-    match api
-        .patch(
-            &set.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 && !add => Ok(()),
-        Err(e) => Err(Error::kube(
-            "update finalizers of",
-            "MachineSet",
-            &set.name_any(),
-            e,
-        )),
-    }
+/// The error of a failed finalizer update of `set`.
+fn finalizer_error(set: &MachineSet) -> impl FnOnce(kube::Error) -> Error + use<> {
+    ApiCallError::on("update finalizers of", MachineSet::KIND, &set.name_any())
 }
 
 /// Sets (adopt) or removes (release) the controller reference of a machine. Returns false
@@ -499,23 +470,14 @@ async fn set_controller(
         "ownerReferences": refs,
         "uid": machine.metadata.uid,
     }});
-    match api
-        .patch(
-            &machine.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
+    let outcome = merge_patch(api, &machine.name_any(), &patch)
         .await
-    {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
-        Err(e) => Err(Error::kube(
+        .map_err(ApiCallError::on::<Error>(
             "update owner of",
             "Machine",
             &machine.name_any(),
-            e,
-        )),
-    }
+        ))?;
+    Ok(!outcome.is_gone())
 }
 
 /// The patch that brings a machine's node template, configuration and class kind in line
@@ -560,18 +522,11 @@ async fn sync_machine_specs(
         .filter(|m| m.metadata.deletion_timestamp.is_none())
     {
         if let Some(patch) = machine_spec_patch(set, m) {
-            match api
-                .patch(
-                    &m.name_any(),
-                    &PatchParams::default(),
-                    &Patch::Merge(&patch),
-                )
-                .await
-            {
-                Ok(_) => {}
-                Err(kube::Error::Api(s)) if s.code == 404 => {}
-                Err(e) => return Err(Error::kube("sync spec of", "Machine", &m.name_any(), e)),
-            }
+            // A machine gone meanwhile needs no sync.
+            let _ =
+                merge_patch(api, &m.name_any(), &patch).await.map_err(
+                    ApiCallError::on::<Error>("sync spec of", "Machine", &m.name_any()),
+                )?;
         }
     }
     Ok(())
@@ -602,10 +557,10 @@ pub fn desired_status(
                     reason: Some(
                         if matches!(
                             e,
-                            Error::Kube {
+                            Error::Kube(ApiCallError {
                                 action: "delete",
                                 ..
-                            }
+                            })
                         ) {
                             "FailedDelete"
                         } else {
@@ -654,21 +609,13 @@ async fn update_status(
         return Ok(());
     }
     let patch = status_patch(&status, &["machineSetCondition", "failedMachines"]);
-    match api
-        .patch_status(
-            &set.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
+    // A set gone meanwhile needs no status.
+    let _ = merge_patch_status(api, &set.name_any(), &patch)
         .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(Error::kube(
+        .map_err(ApiCallError::on::<Error>(
             "update status of",
             "MachineSet",
             &set.name_any(),
-            e,
-        )),
-    }
+        ))?;
+    Ok(())
 }

@@ -1,0 +1,402 @@
+//! Kubernetes API helpers shared by the controllers: classifying API errors
+//! ([`ApiErrorExt`]), writes that report a vanished object as [`Outcome::Gone`] instead of
+//! failing or silently succeeding ([`merge_patch`], [`merge_patch_status`], [`delete`]),
+//! idempotent finalizer updates guarded by the resourceVersion ([`add_finalizer`],
+//! [`remove_finalizer`]), an error type for a failed call on a named object
+//! ([`ApiCallError`]) and one retry policy for failed reconciles ([`error_policy`]).
+
+use std::fmt::Debug;
+use std::time::Duration;
+
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+/// Classification of Kubernetes API errors by their HTTP status code.
+pub trait ApiErrorExt {
+    /// The status code of an error the API server answered with (`None` for transport,
+    /// decoding and other client-side errors).
+    fn api_code(&self) -> Option<u16>;
+
+    /// A write conflict (409): the object changed since it was read, or already exists.
+    fn is_conflict(&self) -> bool {
+        self.api_code() == Some(409)
+    }
+
+    /// The object does not exist (404).
+    fn is_not_found(&self) -> bool {
+        self.api_code() == Some(404)
+    }
+}
+
+impl ApiErrorExt for kube::Error {
+    fn api_code(&self) -> Option<u16> {
+        match self {
+            kube::Error::Api(s) => Some(s.code),
+            _ => None,
+        }
+    }
+}
+
+/// The result of a write to an object that may have disappeared meanwhile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use = "the object may be gone"]
+pub enum Outcome {
+    /// The write was applied (or, for a finalizer, nothing needed to change).
+    Done,
+    /// The object does not exist (any more): nothing was written.
+    Gone,
+}
+
+impl Outcome {
+    /// Whether the object was gone.
+    pub fn is_gone(self) -> bool {
+        self == Outcome::Gone
+    }
+}
+
+/// Turns a NotFound error into [`Outcome::Gone`] and any success into [`Outcome::Done`].
+pub fn gone_if_not_found<T>(result: Result<T, kube::Error>) -> Result<Outcome, kube::Error> {
+    match result {
+        Ok(_) => Ok(Outcome::Done),
+        Err(e) if e.is_not_found() => Ok(Outcome::Gone),
+        Err(e) => Err(e),
+    }
+}
+
+/// Applies a JSON merge patch to the object `name`.
+pub async fn merge_patch<K>(api: &Api<K>, name: &str, patch: &Value) -> Result<Outcome, kube::Error>
+where
+    K: Clone + DeserializeOwned + Debug,
+{
+    gone_if_not_found(
+        api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await,
+    )
+}
+
+/// Applies a JSON merge patch to the `status` subresource of the object `name`.
+pub async fn merge_patch_status<K>(
+    api: &Api<K>,
+    name: &str,
+    patch: &Value,
+) -> Result<Outcome, kube::Error>
+where
+    K: Clone + DeserializeOwned + Debug,
+{
+    gone_if_not_found(
+        api.patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await,
+    )
+}
+
+/// Deletes the object `name`; [`Outcome::Gone`] when it did not exist.
+pub async fn delete<K>(
+    api: &Api<K>,
+    name: &str,
+    params: &DeleteParams,
+) -> Result<Outcome, kube::Error>
+where
+    K: Clone + DeserializeOwned + Debug,
+{
+    gone_if_not_found(api.delete(name, params).await)
+}
+
+/// The finalizer list of `current` with `finalizer` present or absent, or `None` when it
+/// already is so. Other finalizers keep their order; an added one goes last.
+pub fn finalizers_with(current: &[String], finalizer: &str, present: bool) -> Option<Vec<String>> {
+    if current.iter().any(|f| f == finalizer) == present {
+        return None;
+    }
+    let mut list: Vec<String> = current
+        .iter()
+        .filter(|f| *f != finalizer)
+        .cloned()
+        .collect();
+    if present {
+        list.push(finalizer.to_owned());
+    }
+    Some(list)
+}
+
+/// The merge patch that makes `finalizer` present or absent on `obj`, guarded by the
+/// object's resourceVersion (a concurrent change of the list fails with a conflict instead
+/// of being overwritten), or `None` when nothing needs to change.
+pub fn finalizer_patch<K: Resource>(obj: &K, finalizer: &str, present: bool) -> Option<Value> {
+    let list = finalizers_with(obj.finalizers(), finalizer, present)?;
+    Some(json!({"metadata": {
+        "finalizers": list,
+        "resourceVersion": obj.resource_version(),
+    }}))
+}
+
+/// Makes `finalizer` present or absent on `obj`. Idempotent: no request when the list is
+/// already right ([`Outcome::Done`]); [`Outcome::Gone`] when the object no longer exists.
+pub async fn set_finalizer<K>(
+    api: &Api<K>,
+    obj: &K,
+    finalizer: &str,
+    present: bool,
+) -> Result<Outcome, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    match finalizer_patch(obj, finalizer, present) {
+        Some(patch) => merge_patch(api, &obj.name_any(), &patch).await,
+        None => Ok(Outcome::Done),
+    }
+}
+
+/// Adds `finalizer` to `obj` (see [`set_finalizer`]).
+pub async fn add_finalizer<K>(
+    api: &Api<K>,
+    obj: &K,
+    finalizer: &str,
+) -> Result<Outcome, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    set_finalizer(api, obj, finalizer, true).await
+}
+
+/// Removes `finalizer` from `obj` (see [`set_finalizer`]).
+pub async fn remove_finalizer<K>(
+    api: &Api<K>,
+    obj: &K,
+    finalizer: &str,
+) -> Result<Outcome, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    set_finalizer(api, obj, finalizer, false).await
+}
+
+/// A failed API call on one named object: what was attempted, on what, and the cause.
+#[derive(Debug, thiserror::Error)]
+#[error("{action} {kind} {name}: {source}")]
+pub struct ApiCallError {
+    /// What was attempted (e.g. `"delete"`, `"update status of"`).
+    pub action: &'static str,
+    /// The kind of object.
+    pub kind: &'static str,
+    /// The object's name.
+    pub name: String,
+    /// The client error.
+    #[source]
+    pub source: kube::Error,
+}
+
+impl ApiCallError {
+    /// The error of `action` on the `kind` object `name`.
+    pub fn new(action: &'static str, kind: &'static str, name: &str, source: kube::Error) -> Self {
+        ApiCallError {
+            action,
+            kind,
+            name: name.to_owned(),
+            source,
+        }
+    }
+
+    /// A `map_err` adapter: `result.map_err(ApiCallError::on(action, kind, name))`.
+    pub fn on<E: From<ApiCallError>>(
+        action: &'static str,
+        kind: &'static str,
+        name: &str,
+    ) -> impl FnOnce(kube::Error) -> E + use<E> {
+        let name = name.to_owned();
+        move |source| {
+            ApiCallError {
+                action,
+                kind,
+                name,
+                source,
+            }
+            .into()
+        }
+    }
+}
+
+/// What the retry policy needs to know about a reconcile error.
+pub trait ReconcileError: std::error::Error {
+    /// Whether the cause is a write conflict (our view of an object was stale): retried
+    /// quickly and quietly.
+    fn is_conflict(&self) -> bool;
+
+    /// A retry period the error itself asks for (e.g. a rate limit), instead of the
+    /// policy's backoff.
+    fn retry_after(&self) -> Option<Duration> {
+        None
+    }
+}
+
+/// Retry periods of a controller's failed reconciles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    /// After a conflict.
+    pub conflict: Duration,
+    /// After any other failure (unless the error names its own period).
+    pub backoff: Duration,
+}
+
+/// When and how loudly to retry a failed reconcile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retry {
+    /// The requeue period.
+    pub after: Duration,
+    /// Whether the failure is worth a warning (conflicts are not).
+    pub warn: bool,
+}
+
+impl RetryPolicy {
+    /// The retry of `error`: conflicts quietly after [`RetryPolicy::conflict`], others with
+    /// a warning after their own [`ReconcileError::retry_after`] or [`RetryPolicy::backoff`].
+    pub fn retry<E: ReconcileError + ?Sized>(&self, error: &E) -> Retry {
+        if error.is_conflict() {
+            return Retry {
+                after: self.conflict,
+                warn: false,
+            };
+        }
+        Retry {
+            after: error.retry_after().unwrap_or(self.backoff),
+            warn: true,
+        }
+    }
+}
+
+/// The `error_policy` of a controller: logs the failure of the reconcile of `kind` `name`
+/// (debug for a conflict, warning otherwise) and requeues as [`RetryPolicy::retry`] says.
+pub fn error_policy<E: ReconcileError + ?Sized>(
+    policy: &RetryPolicy,
+    kind: &str,
+    name: &str,
+    error: &E,
+) -> Action {
+    let retry = policy.retry(error);
+    if retry.warn {
+        tracing::warn!(kind, name, %error, "reconcile failed");
+    } else {
+        tracing::debug!(kind, name, %error, "conflict; retrying");
+    }
+    Action::requeue(retry.after)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::Status;
+    use mcm_api::MachineSet;
+
+    fn api_error(code: u16) -> kube::Error {
+        let mut status = Status::failure("boom", "");
+        status.code = code;
+        kube::Error::Api(Box::new(status))
+    }
+
+    #[test]
+    fn classifies_api_errors_by_code() {
+        assert!(api_error(409).is_conflict());
+        assert!(!api_error(409).is_not_found());
+        assert!(api_error(404).is_not_found());
+        assert!(!api_error(500).is_conflict());
+        assert_eq!(api_error(500).api_code(), Some(500));
+        let other = kube::Error::LinesCodecMaxLineLengthExceeded;
+        assert_eq!(other.api_code(), None);
+        assert!(!other.is_not_found());
+    }
+
+    #[test]
+    fn not_found_is_gone() {
+        assert_eq!(gone_if_not_found(Ok(())).unwrap(), Outcome::Done);
+        assert_eq!(
+            gone_if_not_found::<()>(Err(api_error(404))).unwrap(),
+            Outcome::Gone
+        );
+        assert!(gone_if_not_found::<()>(Err(api_error(409))).is_err());
+    }
+
+    #[test]
+    fn finalizer_lists_are_idempotent() {
+        let list = vec!["a".to_owned(), "f".to_owned(), "b".to_owned()];
+        assert_eq!(finalizers_with(&list, "f", true), None);
+        assert_eq!(
+            finalizers_with(&list, "f", false),
+            Some(vec!["a".to_owned(), "b".to_owned()])
+        );
+        assert_eq!(finalizers_with(&[], "f", false), None);
+        assert_eq!(
+            finalizers_with(&["a".to_owned()], "f", true),
+            Some(vec!["a".to_owned(), "f".to_owned()])
+        );
+    }
+
+    #[test]
+    fn finalizer_patch_carries_the_resource_version() {
+        let mut set = MachineSet::default();
+        set.metadata.resource_version = Some("42".into());
+        assert_eq!(
+            finalizer_patch(&set, "f", true),
+            Some(json!({"metadata": {"finalizers": ["f"], "resourceVersion": "42"}}))
+        );
+        assert_eq!(finalizer_patch(&set, "f", false), None);
+    }
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("test error")]
+    struct TestError {
+        conflict: bool,
+        after: Option<Duration>,
+    }
+
+    impl ReconcileError for TestError {
+        fn is_conflict(&self) -> bool {
+            self.conflict
+        }
+        fn retry_after(&self) -> Option<Duration> {
+            self.after
+        }
+    }
+
+    #[test]
+    fn conflicts_retry_quickly_and_quietly() {
+        let policy = RetryPolicy {
+            conflict: Duration::from_millis(200),
+            backoff: Duration::from_secs(5),
+        };
+        let err = |conflict, after| TestError { conflict, after };
+        assert_eq!(
+            policy.retry(&err(true, None)),
+            Retry {
+                after: Duration::from_millis(200),
+                warn: false
+            }
+        );
+        assert_eq!(
+            policy.retry(&err(false, None)),
+            Retry {
+                after: Duration::from_secs(5),
+                warn: true
+            }
+        );
+        assert_eq!(
+            policy
+                .retry(&err(false, Some(Duration::from_secs(1))))
+                .after,
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            error_policy(&policy, "MachineSet", "s", &err(true, None)),
+            Action::requeue(Duration::from_millis(200))
+        );
+    }
+
+    #[test]
+    fn api_call_errors_keep_their_source() {
+        let e: ApiCallError = ApiCallError::on("delete", "Machine", "m")(api_error(500));
+        assert_eq!(e.action, "delete");
+        assert!(e.to_string().starts_with("delete Machine m: "));
+        assert!(std::error::Error::source(&e).is_some());
+    }
+}
