@@ -90,7 +90,7 @@ pub enum DrainError {
     },
 
     /// A Kubernetes API call failed.
-    #[error("failed to {action}: {source}")]
+    #[error("failed to {action}")]
     Kube {
         /// What the drain was doing, e.g. "evict pod ns/name".
         action: String,
@@ -100,7 +100,7 @@ pub enum DrainError {
     },
 
     /// The driver failed to map PersistentVolumes to volume ids.
-    #[error("failed to get the volume ids of the pods' PersistentVolumes from the driver: {0}")]
+    #[error("failed to get the volume ids of the pods' PersistentVolumes from the driver")]
     Driver(#[source] DriverError),
 }
 

@@ -175,7 +175,7 @@ where
 
 /// A failed API call on one named object: what was attempted, on what, and the cause.
 #[derive(Debug, thiserror::Error)]
-#[error("{action} {kind} {name}: {source}")]
+#[error("failed to {action} {kind} {name}")]
 pub struct ApiCallError {
     /// What was attempted (e.g. `"delete"`, `"update status of"`).
     pub action: &'static str,
@@ -268,13 +268,14 @@ impl RetryPolicy {
 
 /// The `error_policy` of a controller: logs the failure of the reconcile of `kind` `name`
 /// (debug for a conflict, warning otherwise) and requeues as [`RetryPolicy::retry`] says.
-pub fn error_policy<E: ReconcileError + ?Sized>(
+pub fn error_policy<E: ReconcileError + 'static>(
     policy: &RetryPolicy,
     kind: &str,
     name: &str,
     error: &E,
 ) -> Action {
     let retry = policy.retry(error);
+    let error = crate::error_chain(error);
     if retry.warn {
         tracing::warn!(kind, name, %error, "reconcile failed");
     } else {

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
@@ -21,6 +21,7 @@ use serde_json::json;
 
 use crate::events::EventPublisher;
 use crate::informers::CLASS_CREDENTIALS_LABEL;
+use crate::kube_api::{self, ApiErrorExt, ReconcileError, RetryPolicy};
 use crate::machine::observe::{SecretRef, class_name, class_secret_refs};
 
 /// Errors of the class controller.
@@ -148,28 +149,21 @@ pub fn classes_referencing(
 /// The metadata patch that gives (`wanted`) or takes away our finalizer and, for Secrets,
 /// the watch label; `None` when the object already is as wanted. Pure.
 pub fn marking_patch<K: Resource>(obj: &K, wanted: bool, label: bool) -> Option<serde_json::Value> {
-    let has_finalizer = obj.finalizers().iter().any(|f| f == FINALIZER);
     let has_label = obj
         .labels()
         .get(CLASS_CREDENTIALS_LABEL)
         .map(String::as_str)
         == Some("true");
-    if has_finalizer == wanted && (!label || has_label == wanted) {
+    let label_ok = !label || has_label == wanted;
+    let finalizers = kube_api::finalizers_with(obj.finalizers(), FINALIZER, wanted);
+    if finalizers.is_none() && label_ok {
         return None;
     }
-    let mut finalizers: Vec<String> = obj
-        .finalizers()
-        .iter()
-        .filter(|f| *f != FINALIZER)
-        .cloned()
-        .collect();
-    if wanted {
-        finalizers.push(FINALIZER.into());
-    }
+    let finalizers = finalizers.unwrap_or_else(|| obj.finalizers().to_vec());
     let mut meta = json!({ "finalizers": finalizers, "resourceVersion": obj.resource_version() });
     if label {
-        meta["labels"] =
-            json!({ CLASS_CREDENTIALS_LABEL: if wanted { json!("true") } else { json!(null) } });
+        let value = if wanted { json!("true") } else { json!(null) };
+        meta["labels"] = json!({ CLASS_CREDENTIALS_LABEL: value });
     }
     Some(json!({ "metadata": meta }))
 }
@@ -179,20 +173,12 @@ async fn mark<K>(api: &Api<K>, obj: &K, wanted: bool, label: bool) -> Result<(),
 where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    let Some(patch) = marking_patch(obj, wanted, label) else {
-        return Ok(());
-    };
-    match api
-        .patch(
-            &obj.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-    {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
-        Err(e) => Err(e),
+    match marking_patch(obj, wanted, label) {
+        // Gone: nothing is left to mark.
+        Some(patch) => kube_api::merge_patch(api, &obj.name_any(), &patch)
+            .await
+            .map(|_gone_or_done| ()),
+        None => Ok(()),
     }
 }
 
@@ -295,16 +281,22 @@ pub async fn reconcile(class: Arc<MachineClass>, ctx: Arc<ClassCtx>) -> Result<A
     Ok(Action::await_change())
 }
 
-/// Retry policy of failed class reconciles.
-pub fn error_policy(_class: Arc<MachineClass>, err: &ClassError, _ctx: Arc<ClassCtx>) -> Action {
-    let ClassError::Kube { source, .. } = err;
-    if matches!(source, kube::Error::Api(s) if s.code == 409) {
-        // Our view was stale (the class or secret changed meanwhile): retry soon, quietly.
-        tracing::debug!(error = %crate::error_chain(err), "conflict; retrying");
-        return Action::requeue(Duration::from_secs(1));
+impl ReconcileError for ClassError {
+    fn is_conflict(&self) -> bool {
+        let ClassError::Kube { source, .. } = self;
+        source.is_conflict()
     }
-    tracing::warn!(error = %crate::error_chain(err), "class reconcile failed");
-    Action::requeue(Duration::from_secs(10))
+}
+
+const RETRY: RetryPolicy = RetryPolicy {
+    conflict: Duration::from_secs(1),
+    backoff: Duration::from_secs(10),
+};
+
+/// Retry policy of failed class reconciles: a conflict (our view of the class or a secret
+/// was stale) soon and quietly, anything else after 10 s ([`kube_api::error_policy`]).
+pub fn error_policy(class: Arc<MachineClass>, err: &ClassError, _ctx: Arc<ClassCtx>) -> Action {
+    kube_api::error_policy(&RETRY, MachineClass::KIND, &class.name_any(), err)
 }
 
 #[cfg(test)]

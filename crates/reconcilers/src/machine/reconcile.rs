@@ -189,10 +189,11 @@ async fn delete_machine_of_deleted_node(ctx: &Ctx, m: &Machine) -> Result<Action
     tracing::info!(node, "node deleted: deleting its machine");
     let api: kube::Api<Machine> =
         kube::Api::namespaced(ctx.control.clone(), &ctx.settings.namespace);
-    match api.delete(&m.name_any(), &Default::default()).await {
-        Ok(_) => {}
-        Err(kube::Error::Api(s)) if s.code == 404 => return Ok(Action::await_change()),
-        Err(e) => return Err(Error::kube("delete the machine of a deleted node", e)),
+    let outcome = crate::kube_api::delete(&api, &m.name_any(), &Default::default())
+        .await
+        .map_err(|e| Error::kube("delete the machine of a deleted node", e))?;
+    if outcome.is_gone() {
+        return Ok(Action::await_change());
     }
     ctx.events
         .normal(

@@ -24,6 +24,7 @@ use mcm_api::{Machine, MachineDeployment, MachineSet};
 use serde_json::json;
 
 use crate::events::EventPublisher;
+use crate::kube_api::{self, ApiErrorExt, ReconcileError, RetryPolicy};
 use crate::machineset::decide::{controller_of, is_frozen};
 use crate::machineset::selector::labels_contain;
 
@@ -139,10 +140,21 @@ fn kube_err(action: &'static str, name: &str) -> impl FnOnce(kube::Error) -> Saf
 /// The `controller` label of the guard's reconcile metrics.
 pub const CONTROLLER: &str = "overshooting";
 
-/// Retry policy of a failed check: the next check comes soon.
+impl ReconcileError for SafetyError {
+    fn is_conflict(&self) -> bool {
+        let SafetyError::Kube { source, .. } = self;
+        source.is_conflict()
+    }
+}
+
+const RETRY: RetryPolicy = RetryPolicy {
+    conflict: Duration::from_secs(1),
+    backoff: Duration::from_secs(10),
+};
+
+/// Retry policy of a failed check ([`kube_api::error_policy`]).
 pub fn error_policy(set: Arc<MachineSet>, error: &SafetyError, _ctx: Arc<SafetyContext>) -> Action {
-    tracing::warn!(set = %set.name_any(), error = %crate::error_chain(error), "overshooting safety check failed");
-    Action::requeue(Duration::from_secs(10))
+    kube_api::error_policy(&RETRY, MachineSet::KIND, &set.name_any(), error)
 }
 
 fn deployment_of(
