@@ -24,6 +24,7 @@ pub mod machine;
 pub mod machine_class;
 pub mod machine_deployment;
 pub mod machine_set;
+pub mod owner;
 pub mod quantity;
 mod resource;
 mod schema;

@@ -63,6 +63,25 @@ impl Machine {
             .and_then(|s| s.current_status.as_ref())
             .and_then(|c| c.phase.as_ref())
     }
+
+    /// The name of the machine's Node (its `node` label), if recorded and not empty.
+    pub fn node_name(&self) -> Option<&str> {
+        self.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(crate::constants::labels::NODE))
+            .map(String::as_str)
+            .filter(|n| !n.is_empty())
+    }
+
+    /// The name of the MachineClass the machine references (see
+    /// [`ClassSpec::machine_class_name`]).
+    pub fn class_name(&self) -> Option<&str> {
+        self.spec
+            .class
+            .as_ref()
+            .and_then(ClassSpec::machine_class_name)
+    }
 }
 
 /// List of Machines.
@@ -141,4 +160,39 @@ pub struct CurrentStatus {
     /// not preserved.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub preserve_expiry_time: Option<Time>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::constants::labels;
+
+    #[test]
+    fn node_name_is_the_non_empty_node_label() {
+        let mut m = Machine::default();
+        assert_eq!(m.node_name(), None);
+        m.metadata.labels = Some([(labels::NODE.to_owned(), String::new())].into());
+        assert_eq!(m.node_name(), None);
+        m.metadata.labels = Some([(labels::NODE.to_owned(), "n".to_owned())].into());
+        assert_eq!(m.node_name(), Some("n"));
+    }
+
+    #[test]
+    fn class_name_needs_a_machine_class() {
+        let mut m = Machine::default();
+        assert_eq!(m.class_name(), None);
+        let class = |kind: Option<&str>, name: &str| ClassSpec {
+            api_group: None,
+            kind: kind.map(str::to_owned),
+            name: Some(name.to_owned()),
+        };
+        m.spec.class = Some(class(None, "c"));
+        assert_eq!(m.class_name(), Some("c"));
+        m.spec.class = Some(class(Some(crate::constants::MACHINE_CLASS_KIND), "c"));
+        assert_eq!(m.class_name(), Some("c"));
+        m.spec.class = Some(class(Some("AWSMachineClass"), "c"));
+        assert_eq!(m.class_name(), None);
+        m.spec.class = Some(class(None, ""));
+        assert_eq!(m.class_name(), None);
+    }
 }

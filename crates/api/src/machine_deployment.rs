@@ -95,6 +95,37 @@ impl MachineDeploymentSpec {
     }
 }
 
+impl MachineDeployment {
+    /// Whether the strategy is `Recreate` (otherwise a rolling update).
+    pub fn is_recreate(&self) -> bool {
+        self.spec.strategy.as_ref().and_then(|s| s.type_.as_ref())
+            == Some(&MachineDeploymentStrategyType::Recreate)
+    }
+
+    /// `(maxSurge, maxUnavailable)` of the rolling update as written (`None` when unset).
+    pub fn rolling_update_limits(&self) -> (Option<&IntOrString>, Option<&IntOrString>) {
+        let limits = self
+            .spec
+            .strategy
+            .as_ref()
+            .and_then(|s| s.rolling_update.as_ref())
+            .map(|r| &r.update_configuration);
+        (
+            limits.and_then(|l| l.max_surge.as_ref()),
+            limits.and_then(|l| l.max_unavailable.as_ref()),
+        )
+    }
+
+    /// `(maxSurge, maxUnavailable)` resolved for `spec.replicas` by
+    /// [`resolve_rolling_update`](crate::intstr::resolve_rolling_update): unset values are
+    /// 1, percentages of surge round up and of unavailability down, both 0 becomes (0, 1);
+    /// an unusable value is an error naming the field.
+    pub fn resolved_rolling_update(&self) -> Result<(i32, i32), crate::intstr::RollingUpdateError> {
+        let (max_surge, max_unavailable) = self.rolling_update_limits();
+        crate::intstr::resolve_rolling_update(max_surge, max_unavailable, self.spec.replicas())
+    }
+}
+
 /// How a MachineDeployment replaces existing machines.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -209,4 +240,61 @@ pub struct MachineDeploymentCondition {
     /// Human-readable details of the last change.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::intstr::RollingUpdateError;
+
+    fn deployment(
+        replicas: i32,
+        surge: Option<IntOrString>,
+        unavailable: Option<IntOrString>,
+    ) -> MachineDeployment {
+        let mut d = MachineDeployment::default();
+        d.spec.replicas = Some(replicas);
+        d.spec.strategy = Some(MachineDeploymentStrategy {
+            rolling_update: Some(RollingUpdateMachineDeployment {
+                update_configuration: UpdateConfiguration {
+                    max_surge: surge,
+                    max_unavailable: unavailable,
+                },
+            }),
+            ..MachineDeploymentStrategy::default()
+        });
+        d
+    }
+
+    #[test]
+    fn resolves_the_rolling_update_for_its_replicas() {
+        assert_eq!(
+            MachineDeployment::default().resolved_rolling_update(),
+            Ok((1, 1))
+        );
+        let pct = |s: &str| Some(IntOrString::String(s.to_owned()));
+        assert_eq!(
+            deployment(10, pct("25%"), pct("25%")).resolved_rolling_update(),
+            Ok((3, 2))
+        );
+        assert_eq!(
+            deployment(3, Some(IntOrString::Int(0)), None).resolved_rolling_update(),
+            Ok((0, 1))
+        );
+        assert!(matches!(
+            deployment(3, pct("x"), None).resolved_rolling_update(),
+            Err(RollingUpdateError::NotIntOrPercent { .. })
+        ));
+    }
+
+    #[test]
+    fn recreate_is_explicit() {
+        let mut d = MachineDeployment::default();
+        assert!(!d.is_recreate());
+        d.spec.strategy = Some(MachineDeploymentStrategy {
+            type_: Some(MachineDeploymentStrategyType::Recreate),
+            ..MachineDeploymentStrategy::default()
+        });
+        assert!(d.is_recreate());
+    }
 }

@@ -1,5 +1,7 @@
 //! The `MachineSet` kind: keeps a number of identical Machines running.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, Time};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -74,6 +76,31 @@ impl MachineSetSpec {
     /// Desired replicas, with Go's zero default.
     pub fn replicas(&self) -> i32 {
         self.replicas.unwrap_or(0)
+    }
+}
+
+impl MachineSet {
+    /// The labels of the set's template (given to its Machines).
+    pub fn template_labels(&self) -> Option<&BTreeMap<String, String>> {
+        self.spec
+            .template
+            .as_ref()
+            .and_then(MachineTemplateSpec::labels)
+    }
+
+    /// The class reference of the set's template.
+    pub fn template_class(&self) -> Option<&ClassSpec> {
+        self.spec
+            .template
+            .as_ref()
+            .and_then(MachineTemplateSpec::class)
+    }
+
+    /// The name of the MachineClass of the set's template (see
+    /// [`ClassSpec::machine_class_name`]).
+    pub fn class_name(&self) -> Option<&str> {
+        self.template_class()
+            .and_then(ClassSpec::machine_class_name)
     }
 }
 

@@ -1,6 +1,8 @@
 //! Types shared by several kinds: class references, templates, machine configuration,
 //! last operation and machine summaries.
 
+use std::collections::BTreeMap;
+
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -22,6 +24,18 @@ pub struct ClassSpec {
     pub name: Option<String>,
 }
 
+impl ClassSpec {
+    /// The name of the referenced MachineClass: `name` when it is not empty and `kind` is
+    /// unset or [`MACHINE_CLASS_KIND`](crate::constants::MACHINE_CLASS_KIND).
+    pub fn machine_class_name(&self) -> Option<&str> {
+        let kind_ok = self
+            .kind
+            .as_deref()
+            .is_none_or(|k| k == crate::constants::MACHINE_CLASS_KIND);
+        self.name.as_deref().filter(|n| kind_ok && !n.is_empty())
+    }
+}
+
 /// The template from which a MachineSet or MachineDeployment creates Machines.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct MachineTemplateSpec {
@@ -31,6 +45,18 @@ pub struct MachineTemplateSpec {
     /// Spec of the created Machines.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spec: Option<MachineSpec>,
+}
+
+impl MachineTemplateSpec {
+    /// The labels given to the created Machines.
+    pub fn labels(&self) -> Option<&BTreeMap<String, String>> {
+        self.metadata.as_ref().and_then(|m| m.labels.as_ref())
+    }
+
+    /// The class reference of the created Machines.
+    pub fn class(&self) -> Option<&ClassSpec> {
+        self.spec.as_ref().and_then(|s| s.class.as_ref())
+    }
 }
 
 /// Per-machine overrides of the machine controller's settings, inlined into the Machine spec.

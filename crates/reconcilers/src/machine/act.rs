@@ -384,7 +384,7 @@ async fn creation_failed(
 /// The VM is recorded (providerID, `node` label): Pending, the creation timeout runs.
 pub async fn mark_pending(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
     let vm = m.spec.provider_id.as_deref().unwrap_or_default();
-    let node = super::observe::node_name(m).unwrap_or_default();
+    let node = m.node_name().unwrap_or_default();
     record(
         ctx,
         m,
@@ -824,7 +824,7 @@ pub async fn drain_pass(
 /// Drained: delete the VolumeAttachments still pointing at the node (those already being
 /// deleted are left to their attacher).
 pub async fn delete_volume_attachments(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
-    let Some(node_name) = super::observe::node_name(m) else {
+    let Some(node_name) = m.node_name() else {
         return Ok(Action::requeue(DELETION_STEP_REQUEUE));
     };
     let api: Api<VolumeAttachment> = Api::all(ctx.target.clone());
@@ -894,7 +894,7 @@ pub async fn delete_vm(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
         "Delete",
     )
     .await?;
-    if let Some(node) = super::observe::node_name(m) {
+    if let Some(node) = m.node_name() {
         node_event(ctx, node, EventType::Normal, "VMDeleted", description).await;
     }
     Ok(Action::requeue(RECHECK))
@@ -941,7 +941,7 @@ pub async fn deletion_blocked(
 
 /// The VM is gone: delete the Node.
 pub async fn delete_node(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
-    if let Some(node_name) = super::observe::node_name(m) {
+    if let Some(node_name) = m.node_name() {
         let nodes: Api<Node> = Api::all(ctx.target.clone());
         let _ = kube_api::delete(&nodes, node_name, &DeleteParams::default())
             .await

@@ -52,21 +52,10 @@ pub fn split_list(s: &str) -> Vec<String> {
         .collect()
 }
 
-/// The name of the class a Machine references, or the problem with the reference.
+/// The name of the class a Machine references ([`Machine::class_name`]), or the problem
+/// with the reference.
 pub fn class_name(machine: &Machine) -> Result<&str, ClassProblem> {
-    let class = machine
-        .spec
-        .class
-        .as_ref()
-        .ok_or(ClassProblem::NoClassReference)?;
-    let kind_ok = class
-        .kind
-        .as_deref()
-        .is_none_or(|k| k == mcm_api::constants::MACHINE_CLASS_KIND);
-    match class.name.as_deref() {
-        Some(name) if !name.is_empty() && kind_ok => Ok(name),
-        _ => Err(ClassProblem::NoClassReference),
-    }
+    machine.class_name().ok_or(ClassProblem::NoClassReference)
 }
 
 /// A Secret a class references.
@@ -95,15 +84,9 @@ pub fn class_secret_refs(class: &MachineClass) -> [Option<SecretRef>; 2] {
     })
 }
 
-/// The node name recorded on a Machine (its `node` label).
+/// The node name recorded on a Machine ([`Machine::node_name`], its `node` label).
 pub fn node_name(machine: &Machine) -> Option<&str> {
-    machine
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(labels::NODE))
-        .map(String::as_str)
-        .filter(|n| !n.is_empty())
+    machine.node_name()
 }
 
 /// Whether the Node is excluded from MCM's management.
@@ -218,7 +201,7 @@ pub fn observe(machine: &Machine, cfg: &MachineConfig, ctx: Context<'_>) -> Obse
         phase: machine.phase().cloned(),
         phase_since: phase_since(machine),
         provider_id: machine.spec.provider_id.clone().filter(|p| !p.is_empty()),
-        node_name: node_name(machine).map(String::from),
+        node_name: machine.node_name().map(String::from),
         class: ctx.class.clone(),
         node: ctx.node.map(|n| node_health(n, &cfg.bad_conditions)),
         frozen: ctx.frozen,

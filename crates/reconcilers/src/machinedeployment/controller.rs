@@ -7,16 +7,17 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
 use mcm_api::constants::{annotations, finalizers, labels};
-use mcm_api::intstr::{RollingUpdateError, resolve_rolling_update};
+use mcm_api::intstr::RollingUpdateError;
+use mcm_api::owner::{controller_of, controller_reference};
 use mcm_api::{
-    Machine, MachineDeployment, MachineDeploymentStatus, MachineDeploymentStrategyType,
-    MachinePhase, MachineSet, MachineSetSpec, MachineTemplateSpec,
+    Machine, MachineDeployment, MachineDeploymentStatus, MachinePhase, MachineSet, MachineSetSpec,
+    MachineTemplateSpec,
 };
 use serde_json::json;
 
@@ -35,7 +36,7 @@ use crate::kube_api::{
     merge_patch_status, remove_finalizer,
 };
 use crate::machineset::controller::status_patch;
-use crate::machineset::decide::{MachineView, controller_of, count_machines, is_frozen};
+use crate::machineset::decide::{MachineView, count_machines, is_frozen};
 
 /// How often a deployment is reconciled without any event (MCM: 10 minutes).
 pub const RESYNC_PERIOD: Duration = Duration::from_secs(600);
@@ -85,7 +86,7 @@ pub struct Context {
 
 /// The deployment owning a set, for watches.
 pub fn deployment_for_set(set: &MachineSet) -> Option<ObjectRef<MachineDeployment>> {
-    let owner = controller_of(set.metadata.owner_references.as_ref())?;
+    let owner = controller_of(&set.metadata)?;
     (owner.kind == MachineDeployment::KIND)
         .then(|| ObjectRef::new(&owner.name).within(&set.namespace().unwrap_or_default()))
 }
@@ -95,7 +96,7 @@ pub fn deployment_for_machine(
     machine: &Machine,
     sets: &Store<MachineSet>,
 ) -> Option<ObjectRef<MachineDeployment>> {
-    let owner = controller_of(machine.metadata.owner_references.as_ref())?;
+    let owner = controller_of(&machine.metadata)?;
     if owner.kind != MachineSet::KIND {
         return None;
     }
@@ -108,21 +109,14 @@ fn reference(d: &MachineDeployment) -> ObjectReference {
     d.object_ref(&())
 }
 
-/// The deployment's strategy with resolved limits ([`resolve_rolling_update`]); an error
-/// names the field and the value that cannot be used.
-fn strategy_of(d: &MachineDeployment, replicas: i32) -> Result<Strategy, RollingUpdateError> {
-    let strategy = d.spec.strategy.as_ref();
-    if strategy.and_then(|s| s.type_.as_ref()) == Some(&MachineDeploymentStrategyType::Recreate) {
+/// The deployment's strategy with resolved limits
+/// ([`MachineDeployment::resolved_rolling_update`]); an error names the field and the value
+/// that cannot be used.
+fn strategy_of(d: &MachineDeployment) -> Result<Strategy, RollingUpdateError> {
+    if d.is_recreate() {
         return Ok(Strategy::Recreate);
     }
-    let limits = strategy
-        .and_then(|s| s.rolling_update.as_ref())
-        .map(|r| &r.update_configuration);
-    let (max_surge, max_unavailable) = resolve_rolling_update(
-        limits.and_then(|l| l.max_surge.as_ref()),
-        limits.and_then(|l| l.max_unavailable.as_ref()),
-        replicas,
-    )?;
+    let (max_surge, max_unavailable) = d.resolved_rolling_update()?;
     Ok(Strategy::RollingUpdate {
         max_surge,
         max_unavailable,
@@ -156,9 +150,7 @@ fn observe(d: &MachineDeployment, ctx: &Context) -> Observed {
         .state()
         .into_iter()
         .filter(|s| s.namespace() == ns)
-        .filter(|s| {
-            controller_of(s.metadata.owner_references.as_ref()).is_some_and(|o| o.uid == uid)
-        })
+        .filter(|s| controller_of(&s.metadata).is_some_and(|o| o.uid == uid))
         .collect();
     sets.sort_by(|a, b| {
         a.metadata
@@ -179,7 +171,7 @@ fn observe(d: &MachineDeployment, ctx: &Context) -> Observed {
         .into_iter()
         .filter(|m| m.namespace() == ns)
     {
-        if let Some(owner) = controller_of(m.metadata.owner_references.as_ref())
+        if let Some(owner) = controller_of(&m.metadata)
             && let Some(set) = set_uids.get(&owner.uid)
         {
             machines.entry(set.clone()).or_default().push(m);
@@ -321,7 +313,7 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
         .map(|m| MachineView::from_machine(m, None, now))
         .filter_map(|v| v.failure)
         .collect();
-    let strategy = match strategy_of(&d, replicas) {
+    let strategy = match strategy_of(&d) {
         Ok(s) => s,
         Err(invalid) => {
             let input = StatusInput {
@@ -597,14 +589,7 @@ pub fn new_machine_set(
             namespace: d.namespace(),
             labels: Some(set_labels),
             annotations: Some(annotations_map),
-            owner_references: Some(vec![OwnerReference {
-                api_version: mcm_api::API_VERSION.to_owned(),
-                kind: MachineDeployment::KIND.to_owned(),
-                name: d.name_any(),
-                uid: d.metadata.uid.clone().unwrap_or_default(),
-                controller: Some(true),
-                block_owner_deletion: Some(true),
-            }]),
+            owner_references: Some(vec![controller_reference(d)]),
             ..ObjectMeta::default()
         },
         spec: MachineSetSpec {

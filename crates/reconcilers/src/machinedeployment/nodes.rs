@@ -11,7 +11,7 @@ use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, ResourceExt};
 use mcm_api::Machine;
-use mcm_api::constants::{annotations, labels, taints};
+use mcm_api::constants::{annotations, taints};
 use serde_json::{Value, json};
 
 /// The taint put on the Nodes of old sets.
@@ -22,17 +22,6 @@ pub fn prefer_no_schedule_taint() -> Taint {
         effect: "PreferNoSchedule".to_owned(),
         time_added: None,
     }
-}
-
-/// The Node name of a machine (its `node` label).
-pub fn node_name(machine: &Machine) -> Option<&str> {
-    machine
-        .metadata
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(labels::NODE))
-        .map(String::as_str)
-        .filter(|n| !n.is_empty())
 }
 
 /// The patch adding the old-set taint to a node, `None` if it already has it.
@@ -88,7 +77,7 @@ pub async fn apply_markers(
     autoscaler_annotations: bool,
 ) {
     let api: Api<Node> = Api::all(target.clone());
-    let lookup = |m: &Machine| node_name(m).and_then(|n| nodes.get(&ObjectRef::new(n)));
+    let lookup = |m: &Machine| m.node_name().and_then(|n| nodes.get(&ObjectRef::new(n)));
     if rollout {
         for node in old.iter().filter_map(|m| lookup(m)) {
             if let Some(p) = taint_patch(&node) {

@@ -13,6 +13,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
 use mcm_api::constants::{finalizers, labels};
+use mcm_api::owner::{controller_of, controller_reference};
 use mcm_api::{
     ConditionStatus, Machine, MachineSet, MachineSetCondition, MachineSetConditionType,
     MachineSetStatus,
@@ -24,7 +25,7 @@ const FINALIZER: &str = finalizers::MACHINE_CONTROLLER_MANAGER;
 
 use super::decide::{
     Claim, MachineView, ReplicaPlan, SLOW_START_INITIAL_BATCH_SIZE, SetCounts, SetInput, claim,
-    controller_of, count_machines, is_frozen, plan_replicas, slow_start_batches,
+    count_machines, is_frozen, plan_replicas, slow_start_batches,
 };
 use super::selector::selector_matches;
 use crate::events::EventPublisher;
@@ -135,23 +136,11 @@ pub fn set_reference(set: &MachineSet) -> ObjectReference {
     set.object_ref(&())
 }
 
-/// The controller owner reference pointing at `set`.
-pub fn controller_reference(set: &MachineSet) -> OwnerReference {
-    OwnerReference {
-        api_version: mcm_api::API_VERSION.to_owned(),
-        kind: MachineSet::KIND.to_owned(),
-        name: set.name_any(),
-        uid: set.metadata.uid.clone().unwrap_or_default(),
-        controller: Some(true),
-        block_owner_deletion: Some(true),
-    }
-}
-
 /// The sets a machine event concerns: its controlling set, or every set selecting it when
 /// it is an orphan (so that one can adopt it).
 pub fn sets_for_machine(machine: &Machine, sets: &Store<MachineSet>) -> Vec<ObjectRef<MachineSet>> {
     let ns = machine.namespace().unwrap_or_default();
-    if let Some(owner) = controller_of(machine.metadata.owner_references.as_ref()) {
+    if let Some(owner) = controller_of(&machine.metadata) {
         if owner.kind == MachineSet::KIND {
             return vec![ObjectRef::new(&owner.name).within(&ns)];
         }
@@ -205,7 +194,9 @@ pub async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action
         match claim(&uid, deleting, set.spec.selector.as_ref(), &m) {
             Claim::Owned => claimed.push(m),
             Claim::Adopt => {
-                if set_controller(&machines_api, &m, Some(controller_reference(&set))).await? {
+                if set_controller(&machines_api, &m, Some(controller_reference(set.as_ref())))
+                    .await?
+                {
                     claimed.push(m);
                 }
             }
@@ -228,12 +219,7 @@ pub async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action
     }
 
     let now = Timestamp::now();
-    let template_labels = set
-        .spec
-        .template
-        .as_ref()
-        .and_then(|t| t.metadata.as_ref())
-        .and_then(|m| m.labels.as_ref());
+    let template_labels = set.template_labels();
     let views: Vec<MachineView> = claimed
         .iter()
         .map(|m| MachineView::from_machine(m, template_labels, now))
@@ -336,14 +322,7 @@ async fn create_machines(
     created: &mut Vec<String>,
 ) -> Result<(), Error> {
     let name = set.name_any();
-    if set
-        .spec
-        .template
-        .as_ref()
-        .and_then(|t| t.metadata.as_ref())
-        .and_then(|m| m.labels.as_ref())
-        .is_none_or(BTreeMap::is_empty)
-    {
+    if set.template_labels().is_none_or(BTreeMap::is_empty) {
         return Err(Error::TemplateWithoutLabels(name));
     }
     let reference = set_reference(set);

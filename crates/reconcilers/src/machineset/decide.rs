@@ -68,11 +68,7 @@ impl MachineView {
                 name: meta.name.clone(),
                 provider_id: machine.spec.provider_id.clone(),
                 last_operation: Some(op.clone()),
-                owner_ref: meta
-                    .owner_references
-                    .as_ref()
-                    .and_then(|o| o.iter().find(|r| r.controller == Some(true)))
-                    .map(|r| r.name.clone()),
+                owner_ref: mcm_api::owner::controller_of(meta).map(|r| r.name.clone()),
             });
         let preserved = current
             .and_then(|c| c.preserve_expiry_time.as_ref())
@@ -291,9 +287,10 @@ pub enum Claim {
     Ignore,
 }
 
-/// The controller reference of an object, if any.
+/// The controller reference among an object's owner references, if any
+/// ([`mcm_api::owner::controller_ref`]).
 pub fn controller_of(refs: Option<&Vec<OwnerReference>>) -> Option<&OwnerReference> {
-    refs.and_then(|r| r.iter().find(|o| o.controller == Some(true)))
+    refs.and_then(|r| mcm_api::owner::controller_ref(r))
 }
 
 /// Kubernetes' `ClaimObject` for machines: adopt orphans that match, release owned machines
@@ -306,7 +303,7 @@ pub fn claim(
     machine: &Machine,
 ) -> Claim {
     let matches = selector_matches(selector, machine.metadata.labels.as_ref());
-    match controller_of(machine.metadata.owner_references.as_ref()) {
+    match mcm_api::owner::controller_of(&machine.metadata) {
         Some(owner) if owner.uid != set_uid => Claim::Ignore,
         Some(_) if matches => Claim::Owned,
         Some(_) if set_deleting => Claim::Ignore,
