@@ -52,20 +52,11 @@ pub fn rollout_protection(
     })
 }
 
-/// The replacement budget of a deployment: its resolved maxSurge, at least 1.
+/// The replacement budget of a deployment: its resolved maxSurge, at least 1 (1 when the
+/// strategy is unusable).
 pub fn max_replacements(d: &MachineDeployment) -> usize {
-    let replicas = d.spec.replicas();
-    let surge = d
-        .spec
-        .strategy
-        .as_ref()
-        .and_then(|s| s.rolling_update.as_ref())
-        .and_then(|r| r.update_configuration.max_surge.as_ref());
-    let resolved = match surge {
-        Some(s) => mcm_api::intstr::scaled_value(s, replicas, true).unwrap_or(1),
-        None => 1,
-    };
-    usize::try_from(resolved.max(1)).unwrap_or(1)
+    let surge = d.resolved_rolling_update().map_or(1, |(surge, _)| surge);
+    usize::try_from(surge.max(1)).unwrap_or(1)
 }
 
 /// `initial * 2^(failures-1)`, capped at `max`.

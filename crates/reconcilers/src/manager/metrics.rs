@@ -272,20 +272,10 @@ impl Collector for StoreMetrics {
             &info,
         )?;
         let dstatus = |d: &MachineDeployment| d.status.clone().unwrap_or_default();
+        // As written (unset: 0), resolved for the deployment's replicas.
         let limit = |d: &MachineDeployment, surge: bool| -> i64 {
-            let u = d
-                .spec
-                .strategy
-                .as_ref()
-                .and_then(|s| s.rolling_update.as_ref())
-                .map(|r| &r.update_configuration);
-            let v = u.and_then(|u| {
-                if surge {
-                    u.max_surge.as_ref()
-                } else {
-                    u.max_unavailable.as_ref()
-                }
-            });
+            let (max_surge, max_unavailable) = d.rolling_update_limits();
+            let v = if surge { max_surge } else { max_unavailable };
             v.and_then(|v| mcm_api::intstr::scaled_value(v, d.spec.replicas(), surge).ok())
                 .map_or(0, i64::from)
         };

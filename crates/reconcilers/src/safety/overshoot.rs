@@ -25,7 +25,7 @@ use serde_json::json;
 
 use crate::events::EventPublisher;
 use crate::kube_api::{self, ApiErrorExt, ReconcileError, RetryPolicy};
-use crate::machineset::decide::{controller_of, is_frozen};
+use crate::machineset::decide::is_frozen;
 use crate::machineset::selector::labels_contain;
 
 /// The `--safety-up` / `--safety-down` settings.
@@ -161,7 +161,7 @@ fn deployment_of(
     set: &MachineSet,
     deployments: &Store<MachineDeployment>,
 ) -> Option<Arc<MachineDeployment>> {
-    let owner = controller_of(set.metadata.owner_references.as_ref())?;
+    let owner = mcm_api::owner::controller_of(&set.metadata)?;
     if owner.kind != MachineDeployment::KIND {
         return None;
     }
@@ -186,12 +186,7 @@ pub async fn reconcile(
 ) -> Result<Action, SafetyError> {
     let ctx = ctx.as_ref();
     let name = set.name_any();
-    let template_labels = set
-        .spec
-        .template
-        .as_ref()
-        .and_then(|t| t.metadata.as_ref())
-        .and_then(|m| m.labels.as_ref());
+    let template_labels = set.template_labels();
     let count = ctx
         .machines
         .state()
@@ -206,13 +201,11 @@ pub async fn reconcile(
         })
         .count();
     let deployment = deployment_of(&set, &ctx.deployments);
+    // MCM's guard counts an unset (or unusable) maxSurge as 0.
     let limits = deployment.as_ref().map(|d| {
         let surge = d
-            .spec
-            .strategy
-            .as_ref()
-            .and_then(|s| s.rolling_update.as_ref())
-            .and_then(|r| r.update_configuration.max_surge.as_ref())
+            .rolling_update_limits()
+            .0
             .and_then(|v| scaled_value(v, d.spec.replicas(), true).ok())
             .unwrap_or(0);
         (d.spec.replicas(), surge)
