@@ -50,19 +50,6 @@ where
     wanted: bool,
 }
 
-impl<K> std::fmt::Debug for Informer<K>
-where
-    K: Resource + Clone + 'static,
-    K::DynamicType: Eq + std::hash::Hash + Clone,
-{
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Informer")
-            .field("kind", &self.kind)
-            .field("started", &self.writer.is_none())
-            .finish_non_exhaustive()
-    }
-}
-
 impl<K> Informer<K>
 where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
@@ -185,24 +172,67 @@ where
     }
 }
 
-/// The stores of one process: control-cluster kinds of one namespace and target-cluster
-/// Nodes and VolumeAttachments.
-#[derive(Debug)]
-pub struct Informers {
+/// Declares [`Informers`] and its reader twin [`Stores`] from one list of kinds.
+macro_rules! per_kind {
+    ($($(#[$doc:meta])* $field:ident: $kind:ty,)*) => {
+        /// The informers of one process: control-cluster kinds of one namespace and
+        /// target-cluster Nodes and VolumeAttachments.
+        pub struct Informers {
+            $($(#[$doc])* pub $field: Informer<$kind>,)*
+        }
+
+        /// The stores of every kind of [`Informers`]: what the machine controller reads.
+        #[derive(Clone)]
+        pub struct Stores {
+            $($(#[$doc])* pub $field: Store<$kind>,)*
+        }
+
+        impl Informers {
+            /// The stores of every kind (each is then watched).
+            pub fn stores(&mut self) -> Stores {
+                Stores { $($field: self.$field.store(),)* }
+            }
+
+            fn watches(&mut self) -> Vec<BoxFuture<'static, ()>> {
+                [$(self.$field.watch(),)*].into_iter().flatten().collect()
+            }
+
+            fn synced_of_wanted(&self) -> Vec<BoxFuture<'static, ()>> {
+                let mut all = Vec::new();
+                $(self.$field.push_synced(&mut all);)*
+                all
+            }
+        }
+    };
+}
+
+per_kind! {
     /// Machines of the namespace.
-    pub machines: Informer<Machine>,
+    machines: Machine,
     /// MachineSets of the namespace.
-    pub sets: Informer<MachineSet>,
+    sets: MachineSet,
     /// MachineDeployments of the namespace.
-    pub deployments: Informer<MachineDeployment>,
+    deployments: MachineDeployment,
     /// MachineClasses of the namespace.
-    pub classes: Informer<MachineClass>,
+    classes: MachineClass,
     /// The Secrets of the namespace that classes reference (label [`CLASS_CREDENTIALS_LABEL`]).
-    pub secrets: Informer<Secret>,
+    secrets: Secret,
     /// Nodes of the target cluster.
-    pub nodes: Informer<Node>,
+    nodes: Node,
     /// VolumeAttachments of the target cluster.
-    pub volume_attachments: Informer<VolumeAttachment>,
+    volume_attachments: VolumeAttachment,
+}
+
+impl std::fmt::Debug for Informers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Informers").finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for Stores {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Stores").finish_non_exhaustive()
+    }
 }
 
 impl Informers {
@@ -228,16 +258,7 @@ impl Informers {
     /// Starts the watch of every kind some controller asked for (and not started yet); they
     /// run until `cancel` fires. Take all subscriptions first.
     pub fn start(&mut self, cancel: CancellationToken) {
-        let watches = [
-            self.machines.watch(),
-            self.sets.watch(),
-            self.deployments.watch(),
-            self.classes.watch(),
-            self.secrets.watch(),
-            self.nodes.watch(),
-            self.volume_attachments.watch(),
-        ];
-        for watch in watches.into_iter().flatten() {
+        for watch in self.watches() {
             let cancel = cancel.clone();
             tokio::spawn(async move {
                 tokio::select! {
@@ -250,14 +271,7 @@ impl Informers {
 
     /// Resolves once every kind asked for so far (see [`Informer::store`]) has listed once.
     pub fn synced(&self) -> impl std::future::Future<Output = ()> + Send + 'static + use<> {
-        let mut all = Vec::new();
-        self.machines.push_synced(&mut all);
-        self.sets.push_synced(&mut all);
-        self.deployments.push_synced(&mut all);
-        self.classes.push_synced(&mut all);
-        self.secrets.push_synced(&mut all);
-        self.nodes.push_synced(&mut all);
-        self.volume_attachments.push_synced(&mut all);
+        let all = self.synced_of_wanted();
         futures::future::join_all(all).map(|_| ())
     }
 }

@@ -218,6 +218,12 @@ impl ApiCallError {
     }
 }
 
+impl ReconcileError for ApiCallError {
+    fn is_conflict(&self) -> bool {
+        self.source.is_conflict()
+    }
+}
+
 /// What the retry policy needs to know about a reconcile error.
 pub trait ReconcileError: std::error::Error {
     /// Whether the cause is a write conflict (our view of an object was stale): retried
@@ -239,6 +245,13 @@ pub struct RetryPolicy {
     /// After any other failure (unless the error names its own period).
     pub backoff: Duration,
 }
+
+/// The retry periods of controllers without a reason for others: a conflict after 1 s,
+/// anything else after 10 s.
+pub const STANDARD_RETRY: RetryPolicy = RetryPolicy {
+    conflict: Duration::from_secs(1),
+    backoff: Duration::from_secs(10),
+};
 
 /// When and how loudly to retry a failed reconcile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -397,7 +410,10 @@ mod tests {
     fn api_call_errors_keep_their_source() {
         let e: ApiCallError = ApiCallError::on("delete", "Machine", "m")(api_error(500));
         assert_eq!(e.action, "delete");
-        assert!(e.to_string().starts_with("delete Machine m: "));
+        // The message names the call, the source is the cause (printed once by a chain).
+        assert_eq!(e.to_string(), "failed to delete Machine m");
         assert!(std::error::Error::source(&e).is_some());
+        let chain = crate::error_chain(&e);
+        assert!(chain.starts_with("failed to delete Machine m: "), "{chain}");
     }
 }

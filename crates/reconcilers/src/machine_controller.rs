@@ -17,7 +17,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use crate::informers::{Informers, changed_only, notifications};
-use crate::machine::{self, Ctx, Freeze, MachineMetrics, Settings, Stores};
+use crate::machine::{self, Ctx, Freeze, MachineMetrics, Settings};
 use crate::machineclass::{self, ClassCtx};
 use crate::runtime::Runner;
 use crate::safety::orphans::{self, OrphanCtx};
@@ -102,29 +102,15 @@ pub struct MachineSide {
     pub handles: Handles,
 }
 
-/// Runs the machine-controller side on informers of its own until `cancel` fires.
-/// `metrics` come from [`MachineMetrics::register`].
-pub async fn run(
-    control: kube::Client,
-    target: kube::Client,
-    driver: Arc<dyn Driver>,
-    config: MachineControllerConfig,
-    metrics: MachineMetrics,
-    handles: Handles,
-    cancel: CancellationToken,
-) {
-    let mut informers = Informers::new(&control, &target, &config.machine.namespace);
-    let side = MachineSide {
-        control,
-        target,
-        driver,
-        config,
-        metrics,
-        handles,
-    };
-    let work = prepare(&mut informers, side, cancel.clone());
-    informers.start(cancel);
-    work.await
+impl MachineSide {
+    /// Runs the machine-controller side on informers of its own until `cancel` fires.
+    pub async fn run(self, cancel: CancellationToken) {
+        let mut informers =
+            Informers::new(&self.control, &self.target, &self.config.machine.namespace);
+        let work = prepare(&mut informers, self, cancel.clone());
+        informers.start(cancel);
+        work.await
+    }
 }
 
 /// Builds the machine-controller side over the process's `informers` (taking its
@@ -144,14 +130,7 @@ pub fn prepare(
         handles,
     } = side;
     let ns = config.machine.namespace.clone();
-    let stores = Stores {
-        machines: informers.machines.store(),
-        classes: informers.classes.store(),
-        secrets: informers.secrets.store(),
-        nodes: informers.nodes.store(),
-        machine_sets: informers.sets.store(),
-        machine_deployments: informers.deployments.store(),
-    };
+    let stores = informers.stores();
     let machines = stores.machines.clone();
     let classes = stores.classes.clone();
     let mut ctx = Ctx::new(
@@ -159,8 +138,8 @@ pub fn prepare(
         target.clone(),
         driver,
         config.machine.clone(),
-        stores,
-        mcm_drain::Stores::new(informers.volume_attachments.store()),
+        stores.clone(),
+        mcm_drain::Stores::new(stores.volume_attachments.clone()),
         handles.freeze.clone(),
         metrics,
     );

@@ -21,27 +21,11 @@ use serde_json::json;
 
 use crate::events::EventPublisher;
 use crate::informers::CLASS_CREDENTIALS_LABEL;
-use crate::kube_api::{self, ApiErrorExt, ReconcileError, RetryPolicy};
+use crate::kube_api::{self, ApiCallError, STANDARD_RETRY};
 use crate::machine::observe::{SecretRef, class_name, class_secret_refs};
 
-/// Errors of the class controller.
-#[derive(Debug, thiserror::Error)]
-pub enum ClassError {
-    /// A Kubernetes API call failed.
-    #[error("failed to {action}")]
-    Kube {
-        /// What was being done.
-        action: String,
-        /// The cause.
-        #[source]
-        source: kube::Error,
-    },
-}
-
-fn kube_err(action: impl Into<String>) -> impl FnOnce(kube::Error) -> ClassError {
-    let action = action.into();
-    move |source| ClassError::Kube { action, source }
-}
+/// Errors of the class controller: a failed API call on a class or a Secret.
+pub type ClassError = ApiCallError;
 
 /// What the class controller needs.
 pub struct ClassCtx {
@@ -195,7 +179,7 @@ async fn sync_secret(ctx: &ClassCtx, r: &SecretRef, wanted: bool) -> Result<(), 
         None => match api
             .get_opt(&r.name)
             .await
-            .map_err(kube_err(format!("read secret {}", r.name)))?
+            .map_err(ApiCallError::on("read", "Secret", &r.name))?
         {
             Some(s) => Arc::new(s),
             // Missing: the Machines using the class report it.
@@ -204,10 +188,7 @@ async fn sync_secret(ctx: &ClassCtx, r: &SecretRef, wanted: bool) -> Result<(), 
     };
     mark(&api, secret.as_ref(), wanted, true)
         .await
-        .map_err(kube_err(format!(
-            "update the finalizer and label of secret {}",
-            r.name
-        )))
+        .map_err(ApiCallError::on("mark", "Secret", &r.name))
 }
 
 /// The `controller` label of this controller's reconcile metrics.
@@ -233,13 +214,21 @@ pub async fn reconcile(class: Arc<MachineClass>, ctx: Arc<ClassCtx>) -> Result<A
         }
         mark(&api, class.as_ref(), false, false)
             .await
-            .map_err(kube_err("remove the class finalizer"))?;
+            .map_err(ApiCallError::on(
+                "remove the finalizer of",
+                "MachineClass",
+                &name,
+            ))?;
         return Ok(Action::await_change());
     }
 
     mark(&api, class.as_ref(), true, false)
         .await
-        .map_err(kube_err("add the class finalizer"))?;
+        .map_err(ApiCallError::on(
+            "add the finalizer to",
+            "MachineClass",
+            &name,
+        ))?;
     for r in class_secret_refs(&class).into_iter().flatten() {
         sync_secret(&ctx, &r, true).await?;
     }
@@ -281,22 +270,10 @@ pub async fn reconcile(class: Arc<MachineClass>, ctx: Arc<ClassCtx>) -> Result<A
     Ok(Action::await_change())
 }
 
-impl ReconcileError for ClassError {
-    fn is_conflict(&self) -> bool {
-        let ClassError::Kube { source, .. } = self;
-        source.is_conflict()
-    }
-}
-
-const RETRY: RetryPolicy = RetryPolicy {
-    conflict: Duration::from_secs(1),
-    backoff: Duration::from_secs(10),
-};
-
 /// Retry policy of failed class reconciles: a conflict (our view of the class or a secret
 /// was stale) soon and quietly, anything else after 10 s ([`kube_api::error_policy`]).
 pub fn error_policy(class: Arc<MachineClass>, err: &ClassError, _ctx: Arc<ClassCtx>) -> Action {
-    kube_api::error_policy(&RETRY, MachineClass::KIND, &class.name_any(), err)
+    kube_api::error_policy(&STANDARD_RETRY, MachineClass::KIND, &class.name_any(), err)
 }
 
 #[cfg(test)]

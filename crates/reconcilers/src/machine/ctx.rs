@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::ResourceExt;
-use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::reflector::ObjectRef;
 use mcm_api::{Machine, MachineClass, MachineDeployment, MachineSet};
 use mcm_driver::{Code, Driver, DriverError};
 use mcm_permits::PermitGiver;
@@ -14,6 +14,7 @@ use mcm_permits::PermitGiver;
 use super::policy::{backoff_delay, controller_owner, max_replacements, rollout_protection};
 use super::{Freeze, MachineMetrics, Settings, observe};
 use crate::events::EventPublisher;
+pub use crate::informers::Stores;
 
 /// Everything a machine reconcile needs.
 pub struct Ctx {
@@ -169,10 +170,10 @@ impl Ctx {
     ) -> (Option<Arc<MachineSet>>, Option<Arc<MachineDeployment>>) {
         let ns = &self.settings.namespace;
         let set = controller_owner(m.owner_references(), "MachineSet")
-            .and_then(|n| self.machine_sets.get(&ObjectRef::new(n).within(ns)));
+            .and_then(|n| self.sets.get(&ObjectRef::new(n).within(ns)));
         let deployment = set.as_ref().and_then(|s| {
             controller_owner(s.owner_references(), "MachineDeployment")
-                .and_then(|n| self.machine_deployments.get(&ObjectRef::new(n).within(ns)))
+                .and_then(|n| self.deployments.get(&ObjectRef::new(n).within(ns)))
         });
         (set, deployment)
     }
@@ -184,7 +185,7 @@ impl Ctx {
         let (set, deployment) = self.owners(m);
         let (set, deployment) = (set?, deployment?);
         let owned: Vec<Arc<MachineSet>> = self
-            .machine_sets
+            .sets
             .state()
             .into_iter()
             .filter(|s| {
@@ -247,21 +248,4 @@ impl std::ops::Deref for Ctx {
     fn deref(&self) -> &Stores {
         &self.stores
     }
-}
-
-/// The stores a machine reconcile reads.
-#[derive(Clone)]
-pub struct Stores {
-    /// Machines.
-    pub machines: Store<Machine>,
-    /// MachineClasses.
-    pub classes: Store<MachineClass>,
-    /// The Secrets classes reference.
-    pub secrets: Store<Secret>,
-    /// Nodes (target).
-    pub nodes: Store<Node>,
-    /// MachineSets (rollout protection, replacement budget).
-    pub machine_sets: Store<MachineSet>,
-    /// MachineDeployments (rollout protection, replacement budget).
-    pub machine_deployments: Store<MachineDeployment>,
 }

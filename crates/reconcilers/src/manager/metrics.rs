@@ -119,278 +119,266 @@ fn condition_samples<'a, K: kube::Resource>(
         .collect()
 }
 
-impl Collector for StoreMetrics {
-    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let sets = self.sets.state();
-        let per_set = |f: &dyn Fn(&MachineSet) -> i64| -> Vec<(Labels, i64)> {
-            sets.iter()
-                .map(|s| (base_labels(s.as_ref()), f(s)))
-                .collect()
-        };
-        gauge_family(
-            &mut encoder,
-            "mcm_machineset_items_total",
-            "Count of machinesets currently managed by the mcm.",
-            &[(Vec::new(), i64::try_from(sets.len()).unwrap_or(i64::MAX))],
-        )?;
-        let info: Vec<(Labels, i64)> = sets
+/// A gauge with one sample per object.
+type PerObject<K> = (&'static str, &'static str, fn(&K) -> i64);
+
+/// MCM's metric families of one kind.
+struct KindMetrics<K: 'static> {
+    /// `..._items_total`: the number of objects.
+    items: (&'static str, &'static str),
+    /// `..._info`: 1 per object, labelled with its creation time and `info_labels`.
+    info: (&'static str, &'static str),
+    info_labels: fn(&K) -> Labels,
+    gauges: &'static [PerObject<K>],
+    /// `..._status_condition`: 1 per True condition, 0 per other.
+    conditions: (&'static str, &'static str),
+    condition_list: fn(&K) -> Vec<(String, ConditionStatus)>,
+    /// `..._failed_machines`: 1 per failed machine summary.
+    failed: (&'static str, &'static str),
+    failed_list: fn(&K) -> Option<&Vec<MachineSummary>>,
+}
+
+impl<K: kube::Resource> KindMetrics<K> {
+    fn encode(
+        &self,
+        encoder: &mut DescriptorEncoder,
+        objs: &[std::sync::Arc<K>],
+    ) -> Result<(), std::fmt::Error> {
+        let count = i64::try_from(objs.len()).unwrap_or(i64::MAX);
+        gauge_family(encoder, self.items.0, self.items.1, &[(Vec::new(), count)])?;
+        let info: Vec<(Labels, i64)> = objs
             .iter()
-            .map(|s| {
-                let class = s
-                    .spec
-                    .template
-                    .as_ref()
-                    .and_then(|t| t.spec.as_ref())
-                    .and_then(|sp| sp.class.as_ref());
-                let mut l = base_labels(s.as_ref());
-                l.push(("created".into(), created(s.as_ref())));
-                l.push((
-                    "spec_machine_class_api_group".into(),
-                    class.and_then(|c| c.api_group.clone()).unwrap_or_default(),
-                ));
-                l.push((
-                    "spec_machine_class_kind".into(),
-                    class.and_then(|c| c.kind.clone()).unwrap_or_default(),
-                ));
-                l.push((
-                    "spec_machine_class_name".into(),
-                    class.and_then(|c| c.name.clone()).unwrap_or_default(),
-                ));
+            .map(|o| {
+                let mut l = base_labels(o.as_ref());
+                l.push(("created".into(), created(o.as_ref())));
+                l.extend((self.info_labels)(o));
                 (l, 1)
             })
             .collect();
-        gauge_family(
-            &mut encoder,
-            "mcm_machine_set_info",
-            "Information of the Machinesets currently managed by the mcm.",
-            &info,
-        )?;
-        let status = |s: &MachineSet| s.status.clone().unwrap_or_default();
-        gauge_family(
-            &mut encoder,
+        gauge_family(encoder, self.info.0, self.info.1, &info)?;
+        for (name, help, value) in self.gauges {
+            let samples: Vec<(Labels, i64)> = objs
+                .iter()
+                .map(|o| (base_labels(o.as_ref()), value(o)))
+                .collect();
+            gauge_family(encoder, name, help, &samples)?;
+        }
+        let conditions: Vec<(Labels, i64)> = objs
+            .iter()
+            .flat_map(|o| {
+                let list = (self.condition_list)(o);
+                condition_samples(o.as_ref(), list.iter().map(|(t, s)| (t.clone(), s)))
+            })
+            .collect();
+        gauge_family(encoder, self.conditions.0, self.conditions.1, &conditions)?;
+        let failed: Vec<(Labels, i64)> = objs
+            .iter()
+            .flat_map(|o| failed_samples(o.as_ref(), (self.failed_list)(o)))
+            .collect();
+        gauge_family(encoder, self.failed.0, self.failed.1, &failed)
+    }
+}
+
+fn set_status(s: &MachineSet) -> mcm_api::MachineSetStatus {
+    s.status.clone().unwrap_or_default()
+}
+
+fn deployment_status(d: &MachineDeployment) -> mcm_api::MachineDeploymentStatus {
+    d.status.clone().unwrap_or_default()
+}
+
+/// maxSurge or maxUnavailable as written (unset: 0), resolved for the deployment's replicas.
+fn limit(d: &MachineDeployment, surge: bool) -> i64 {
+    let (max_surge, max_unavailable) = d.rolling_update_limits();
+    let v = if surge { max_surge } else { max_unavailable };
+    v.and_then(|v| mcm_api::intstr::scaled_value(v, d.spec.replicas(), surge).ok())
+        .map_or(0, i64::from)
+}
+
+fn label(name: &'static str, value: Option<String>) -> (Cow<'static, str>, String) {
+    (name.into(), value.unwrap_or_default())
+}
+
+const SETS: KindMetrics<MachineSet> = KindMetrics {
+    items: (
+        "mcm_machineset_items_total",
+        "Count of machinesets currently managed by the mcm.",
+    ),
+    info: (
+        "mcm_machine_set_info",
+        "Information of the Machinesets currently managed by the mcm.",
+    ),
+    info_labels: |s| {
+        let class = s.template_class();
+        vec![
+            label(
+                "spec_machine_class_api_group",
+                class.and_then(|c| c.api_group.clone()),
+            ),
+            label(
+                "spec_machine_class_kind",
+                class.and_then(|c| c.kind.clone()),
+            ),
+            label(
+                "spec_machine_class_name",
+                class.and_then(|c| c.name.clone()),
+            ),
+        ]
+    },
+    gauges: &[
+        (
             "mcm_machine_set_info_spec_replicas",
             "Count of the Machinesets' spec replicas.",
-            &per_set(&|s| i64::from(s.spec.replicas())),
-        )?;
-        gauge_family(
-            &mut encoder,
+            |s| i64::from(s.spec.replicas()),
+        ),
+        (
             "mcm_machine_set_info_spec_min_ready_seconds",
             "Information of the Machinesets currently managed by the mcm.",
-            &per_set(&|s| i64::from(s.spec.min_ready_seconds.unwrap_or(0))),
-        )?;
+            |s| i64::from(s.spec.min_ready_seconds.unwrap_or(0)),
+        ),
         // The misspelt name is MCM's.
-        gauge_family(
-            &mut encoder,
+        (
             "mcm_machine_set_status_availabla_replicas",
             "Information of the mcm managed Machinesets' status for available replicas.",
-            &per_set(&|s| i64::from(status(s).available_replicas.unwrap_or(0))),
-        )?;
-        gauge_family(
-            &mut encoder,
+            |s| i64::from(set_status(s).available_replicas.unwrap_or(0)),
+        ),
+        (
             "mcm_machine_set_status_fully_labelled_replicas",
             "Information of the mcm managed Machinesets' status for fully labelled replicas.",
-            &per_set(&|s| i64::from(status(s).fully_labeled_replicas.unwrap_or(0))),
-        )?;
-        gauge_family(
-            &mut encoder,
+            |s| i64::from(set_status(s).fully_labeled_replicas.unwrap_or(0)),
+        ),
+        (
             "mcm_machine_set_status_ready_replicas",
             "Information of the mcm managed Machinesets' status for ready replicas.",
-            &per_set(&|s| i64::from(status(s).ready_replicas.unwrap_or(0))),
-        )?;
-        gauge_family(
-            &mut encoder,
+            |s| i64::from(set_status(s).ready_replicas.unwrap_or(0)),
+        ),
+        (
             "mcm_machine_set_status_replicas",
             "Information of the mcm managed Machinesets' status for replicas.",
-            &per_set(&|s| i64::from(status(s).replicas.unwrap_or(0))),
-        )?;
-        let conditions: Vec<(Labels, i64)> = sets
+            |s| i64::from(set_status(s).replicas.unwrap_or(0)),
+        ),
+    ],
+    conditions: (
+        "mcm_machine_set_status_condition",
+        "Information of the mcm managed Machinesets' status conditions.",
+    ),
+    condition_list: |s| {
+        let all = s
+            .status
             .iter()
-            .flat_map(|s| {
-                let conditions = s
-                    .status
-                    .iter()
-                    .flat_map(|st| st.conditions.iter().flatten());
-                condition_samples(
-                    s.as_ref(),
-                    conditions.map(|c| (c.type_.to_string(), &c.status)),
-                )
-            })
-            .collect();
-        gauge_family(
-            &mut encoder,
-            "mcm_machine_set_status_condition",
-            "Information of the mcm managed Machinesets' status conditions.",
-            &conditions,
-        )?;
-        let failed: Vec<(Labels, i64)> = sets
-            .iter()
-            .flat_map(|s| {
-                failed_samples(
-                    s.as_ref(),
-                    s.status.as_ref().and_then(|st| st.failed_machines.as_ref()),
-                )
-            })
-            .collect();
-        gauge_family(
-            &mut encoder,
-            "mcm_machine_set_failed_machines",
-            "Information of the mcm managed Machinesets' failed machines.",
-            &failed,
-        )?;
+            .flat_map(|st| st.conditions.iter().flatten());
+        all.map(|c| (c.type_.to_string(), c.status.clone()))
+            .collect()
+    },
+    failed: (
+        "mcm_machine_set_failed_machines",
+        "Information of the mcm managed Machinesets' failed machines.",
+    ),
+    failed_list: |s| s.status.as_ref().and_then(|st| st.failed_machines.as_ref()),
+};
 
-        let ds = self.deployments.state();
-        let per_d = |f: &dyn Fn(&MachineDeployment) -> i64| -> Vec<(Labels, i64)> {
-            ds.iter().map(|d| (base_labels(d.as_ref()), f(d))).collect()
-        };
-        gauge_family(
-            &mut encoder,
-            "mcm_machinedeployment_items_total",
-            "Count of machinedeployments currently managed by the mcm.",
-            &[(Vec::new(), i64::try_from(ds.len()).unwrap_or(i64::MAX))],
-        )?;
-        let info: Vec<(Labels, i64)> = ds
-            .iter()
-            .map(|d| {
-                let mut l = base_labels(d.as_ref());
-                l.push(("created".into(), created(d.as_ref())));
-                l.push((
-                    "spec_strategy_type".into(),
-                    d.spec
-                        .strategy
-                        .as_ref()
-                        .and_then(|s| s.type_.as_ref())
-                        .map(|t| t.to_string())
-                        .unwrap_or_default(),
-                ));
-                (l, 1)
-            })
-            .collect();
-        gauge_family(
-            &mut encoder,
-            "mcm_machine_deployment_info",
-            "Information of the Machinedeployments currently managed by the mcm.",
-            &info,
-        )?;
-        let dstatus = |d: &MachineDeployment| d.status.clone().unwrap_or_default();
-        // As written (unset: 0), resolved for the deployment's replicas.
-        let limit = |d: &MachineDeployment, surge: bool| -> i64 {
-            let (max_surge, max_unavailable) = d.rolling_update_limits();
-            let v = if surge { max_surge } else { max_unavailable };
-            v.and_then(|v| mcm_api::intstr::scaled_value(v, d.spec.replicas(), surge).ok())
-                .map_or(0, i64::from)
-        };
-        gauge_family(
-            &mut encoder,
+const DEPLOYMENTS: KindMetrics<MachineDeployment> = KindMetrics {
+    items: (
+        "mcm_machinedeployment_items_total",
+        "Count of machinedeployments currently managed by the mcm.",
+    ),
+    info: (
+        "mcm_machine_deployment_info",
+        "Information of the Machinedeployments currently managed by the mcm.",
+    ),
+    info_labels: |d| {
+        let strategy = d.spec.strategy.as_ref().and_then(|s| s.type_.as_ref());
+        vec![label("spec_strategy_type", strategy.map(|t| t.to_string()))]
+    },
+    gauges: &[
+        (
             "mcm_machine_deployment_info_spec_paused",
             "Information of the Machinedeployments paused status.",
-            &per_d(&|d| i64::from(d.spec.paused.unwrap_or(false))),
-        )?;
-        gauge_family(
-            &mut encoder,
+            |d| i64::from(d.spec.paused.unwrap_or(false)),
+        ),
+        (
             "mcm_machine_deployment_info_spec_replicas",
             "Information of the Machinedeployments spec replicas.",
-            &per_d(&|d| i64::from(d.spec.replicas())),
-        )?;
-        gauge_family(
-            &mut encoder,
+            |d| i64::from(d.spec.replicas()),
+        ),
+        (
             "mcm_machine_deployment_info_spec_min_ready_seconds",
             "Information of the Machinedeployments spec min ready seconds.",
-            &per_d(&|d| i64::from(d.spec.min_ready_seconds.unwrap_or(0))),
-        )?;
-        gauge_family(
-            &mut encoder,
+            |d| i64::from(d.spec.min_ready_seconds.unwrap_or(0)),
+        ),
+        (
             "mcm_machine_deployment_info_spec_rolling_update_max_surge",
             "Information of the Machinedeployments spec rolling update max surge.",
-            &per_d(&|d| limit(d, true)),
-        )?;
-        gauge_family(
-            &mut encoder,
+            |d| limit(d, true),
+        ),
+        (
             "mcm_machine_deployment_info_spec_rolling_update_max_unavailable",
             "Information of the Machinedeployments spec rolling update max unavailable.",
-            &per_d(&|d| limit(d, false)),
-        )?;
-        gauge_family(
-            &mut encoder,
+            |d| limit(d, false),
+        ),
+        (
             "mcm_machine_deployment_info_spec_revision_history_limit",
             "Information of the Machinedeployments spec revision history limit.",
-            &per_d(&|d| i64::from(d.spec.revision_history_limit.unwrap_or(0))),
-        )?;
-        gauge_family(
-            &mut encoder,
+            |d| i64::from(d.spec.revision_history_limit.unwrap_or(0)),
+        ),
+        (
             "mcm_machine_deployment_info_spec_progress_deadline_seconds",
             "Information of the Machinedeployments spec deadline seconds.",
-            &per_d(&|d| i64::from(d.spec.progress_deadline_seconds.unwrap_or(0))),
-        )?;
-        let conditions: Vec<(Labels, i64)> = ds
-            .iter()
-            .flat_map(|d| {
-                let conditions = d
-                    .status
-                    .iter()
-                    .flat_map(|st| st.conditions.iter().flatten());
-                condition_samples(
-                    d.as_ref(),
-                    conditions.map(|c| (c.type_.to_string(), &c.status)),
-                )
-            })
-            .collect();
-        gauge_family(
-            &mut encoder,
-            "mcm_machine_deployment_status_condition",
-            "Information of the mcm managed Machinedeployments' status conditions.",
-            &conditions,
-        )?;
-        gauge_family(
-            &mut encoder,
+            |d| i64::from(d.spec.progress_deadline_seconds.unwrap_or(0)),
+        ),
+        (
             "mcm_machine_deployment_status_available_replicas",
             "Count of the mcm managed Machinedeployments available replicas.",
-            &per_d(&|d| i64::from(dstatus(d).available_replicas.unwrap_or(0))),
-        )?;
-        gauge_family(
-            &mut encoder,
+            |d| i64::from(deployment_status(d).available_replicas.unwrap_or(0)),
+        ),
+        (
             "mcm_machine_deployment_status_unavailable_replicas",
             "Count of the mcm managed Machinedeployments unavailable replicas.",
-            &per_d(&|d| i64::from(dstatus(d).unavailable_replicas.unwrap_or(0))),
-        )?;
-        gauge_family(
-            &mut encoder,
+            |d| i64::from(deployment_status(d).unavailable_replicas.unwrap_or(0)),
+        ),
+        (
             "mcm_machine_deployment_status_ready_replicas",
             "Count of the mcm managed Machinedeployments ready replicas.",
-            &per_d(&|d| i64::from(dstatus(d).ready_replicas.unwrap_or(0))),
-        )?;
-        gauge_family(
-            &mut encoder,
+            |d| i64::from(deployment_status(d).ready_replicas.unwrap_or(0)),
+        ),
+        (
             "mcm_machine_deployment_status_updated_replicas",
             "Count of the mcm managed Machinedeployments updated replicas.",
-            &per_d(&|d| i64::from(dstatus(d).updated_replicas.unwrap_or(0))),
-        )?;
-        gauge_family(
-            &mut encoder,
+            |d| i64::from(deployment_status(d).updated_replicas.unwrap_or(0)),
+        ),
+        (
             "mcm_machine_deployment_status_collision_count",
             "Mcm managed Machinedeployments collision count.",
-            &per_d(&|d| i64::from(dstatus(d).collision_count.unwrap_or(0))),
-        )?;
-        gauge_family(
-            &mut encoder,
+            |d| i64::from(deployment_status(d).collision_count.unwrap_or(0)),
+        ),
+        (
             "mcm_machine_deployment_status_replicas",
             "Count of the mcm managed Machinedeployments replicas.",
-            &per_d(&|d| i64::from(dstatus(d).replicas.unwrap_or(0))),
-        )?;
-        let failed: Vec<(Labels, i64)> = ds
+            |d| i64::from(deployment_status(d).replicas.unwrap_or(0)),
+        ),
+    ],
+    conditions: (
+        "mcm_machine_deployment_status_condition",
+        "Information of the mcm managed Machinedeployments' status conditions.",
+    ),
+    condition_list: |d| {
+        let all = d
+            .status
             .iter()
-            .flat_map(|d| {
-                failed_samples(
-                    d.as_ref(),
-                    d.status.as_ref().and_then(|st| st.failed_machines.as_ref()),
-                )
-            })
-            .collect();
-        gauge_family(
-            &mut encoder,
-            "mcm_machine_deployment_failed_machines",
-            "Information of the mcm managed Machinedeployments' failed machines.",
-            &failed,
-        )?;
-        Ok(())
+            .flat_map(|st| st.conditions.iter().flatten());
+        all.map(|c| (c.type_.to_string(), c.status.clone()))
+            .collect()
+    },
+    failed: (
+        "mcm_machine_deployment_failed_machines",
+        "Information of the mcm managed Machinedeployments' failed machines.",
+    ),
+    failed_list: |d| d.status.as_ref().and_then(|st| st.failed_machines.as_ref()),
+};
+
+impl Collector for StoreMetrics {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        SETS.encode(&mut encoder, &self.sets.state())?;
+        DEPLOYMENTS.encode(&mut encoder, &self.deployments.state())
     }
 }

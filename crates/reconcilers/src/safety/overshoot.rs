@@ -24,7 +24,7 @@ use mcm_api::{Machine, MachineDeployment, MachineSet};
 use serde_json::json;
 
 use crate::events::EventPublisher;
-use crate::kube_api::{self, ApiErrorExt, ReconcileError, RetryPolicy};
+use crate::kube_api::{self, ApiCallError, STANDARD_RETRY};
 use crate::machineset::decide::is_frozen;
 use crate::machineset::selector::labels_contain;
 
@@ -112,49 +112,22 @@ pub struct SafetyContext {
     pub period: Duration,
 }
 
-/// Errors of the overshooting guard.
-#[derive(Debug, thiserror::Error)]
-pub enum SafetyError {
-    /// A call to the API server failed.
-    #[error("failed to {action} {name}")]
-    Kube {
-        /// What was attempted.
-        action: &'static str,
-        /// The object's name.
-        name: String,
-        /// The client error.
-        #[source]
-        source: kube::Error,
-    },
-}
+/// Errors of the overshooting guard: a failed API call on a set or deployment.
+pub type SafetyError = ApiCallError;
 
-fn kube_err(action: &'static str, name: &str) -> impl FnOnce(kube::Error) -> SafetyError {
-    let name = name.to_owned();
-    move |source| SafetyError::Kube {
-        action,
-        name,
-        source,
-    }
+fn kube_err<K: Freezable>(
+    action: &'static str,
+    name: &str,
+) -> impl FnOnce(kube::Error) -> SafetyError {
+    ApiCallError::on(action, K::KIND, name)
 }
 
 /// The `controller` label of the guard's reconcile metrics.
 pub const CONTROLLER: &str = "overshooting";
 
-impl ReconcileError for SafetyError {
-    fn is_conflict(&self) -> bool {
-        let SafetyError::Kube { source, .. } = self;
-        source.is_conflict()
-    }
-}
-
-const RETRY: RetryPolicy = RetryPolicy {
-    conflict: Duration::from_secs(1),
-    backoff: Duration::from_secs(10),
-};
-
 /// Retry policy of a failed check ([`kube_api::error_policy`]).
 pub fn error_policy(set: Arc<MachineSet>, error: &SafetyError, _ctx: Arc<SafetyContext>) -> Action {
-    kube_api::error_policy(&RETRY, MachineSet::KIND, &set.name_any(), error)
+    kube_api::error_policy(&STANDARD_RETRY, MachineSet::KIND, &set.name_any(), error)
 }
 
 fn deployment_of(
@@ -246,7 +219,7 @@ pub async fn reconcile(
                     &Patch::Merge(&patch),
                 )
                 .await
-                .map_err(kube_err("annotate", &set.name_any()))?;
+                .map_err(kube_err::<MachineSet>("annotate", &set.name_any()))?;
             }
         }
     }
@@ -301,6 +274,8 @@ trait Freezable:
     + serde::de::DeserializeOwned
     + std::fmt::Debug
 {
+    /// The kind.
+    const KIND: &'static str;
     /// The field of `status` that holds the conditions.
     const CONDITIONS_FIELD: &'static str;
     /// Whether its conditions carry a `lastUpdateTime`.
@@ -340,6 +315,7 @@ const FROZEN: &str = "Frozen";
 macro_rules! freezable {
     ($kind:ty, $field:literal, $update_time:literal) => {
         impl Freezable for $kind {
+            const KIND: &'static str = <$kind>::KIND;
             const CONDITIONS_FIELD: &'static str = $field;
             const UPDATE_TIME: bool = $update_time;
             fn conditions(&self) -> Vec<serde_json::Value> {
@@ -364,17 +340,17 @@ async fn freeze<K: Freezable>(
     let label = json!({"metadata": {"labels": {labels::FREEZE: labels::TRUE_VALUE}}});
     api.patch(&name, &PatchParams::default(), &Patch::Merge(&label))
         .await
-        .map_err(kube_err("freeze", &name))?;
+        .map_err(kube_err::<K>("freeze", &name))?;
     let mut conditions = obj.conditions_without_frozen();
     conditions.push(K::frozen_condition(reason, message));
     let status = json!({"status": {K::CONDITIONS_FIELD: conditions}});
     api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
         .await
-        .map_err(kube_err("set Frozen condition of", &name))?;
+        .map_err(kube_err::<K>("set Frozen condition of", &name))?;
     ctx.events
         .warning(&obj.object_ref(&()), "Frozen", "Freeze", message.to_owned())
         .await;
-    tracing::warn!(kind = %K::kind(&()), name, reason, "froze");
+    tracing::warn!(kind = K::KIND, name, reason, "froze");
     Ok(())
 }
 
@@ -388,7 +364,7 @@ async fn unfreeze<K: Freezable>(ctx: &SafetyContext, obj: &K) -> Result<(), Safe
     }});
     api.patch(&name, &PatchParams::default(), &Patch::Merge(&meta))
         .await
-        .map_err(kube_err("unfreeze", &name))?;
+        .map_err(kube_err::<K>("unfreeze", &name))?;
     if obj.has_frozen_condition() {
         let conditions = obj.conditions_without_frozen();
         let value = if conditions.is_empty() {
@@ -399,14 +375,14 @@ async fn unfreeze<K: Freezable>(ctx: &SafetyContext, obj: &K) -> Result<(), Safe
         let status = json!({"status": {K::CONDITIONS_FIELD: value}});
         api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
             .await
-            .map_err(kube_err("remove Frozen condition of", &name))?;
+            .map_err(kube_err::<K>("remove Frozen condition of", &name))?;
     }
     ctx.events
         .normal(
             &obj.object_ref(&()),
             "Unfrozen",
             "Unfreeze",
-            format!("{} {name} unfrozen", K::kind(&())),
+            format!("{} {name} unfrozen", K::KIND),
         )
         .await;
     Ok(())
