@@ -179,9 +179,11 @@ pub fn prepare(
                         machines_of_class(&class.name_any(), &for_classes)
                     },
                 ),
-            machine::CONTROLLER,
-            machine::reconcile,
-            machine::error_policy,
+            (
+                machine::CONTROLLER,
+                machine::reconcile,
+                machine::error_policy,
+            ),
             ctx.clone(),
         )
     };
@@ -209,9 +211,11 @@ pub fn prepare(
                 .watches_shared_stream(informers.secrets.changes(), move |s: Arc<Secret>| {
                     machineclass::classes_referencing(&s, &classes_for_secrets)
                 }),
-            machineclass::CONTROLLER,
-            machineclass::reconcile,
-            machineclass::error_policy,
+            (
+                machineclass::CONTROLLER,
+                machineclass::reconcile,
+                machineclass::error_policy,
+            ),
             class_ctx,
         )
     };
@@ -225,9 +229,11 @@ pub fn prepare(
         runner.run(
             Controller::for_shared_stream(informers.classes.subscribe(), classes.clone())
                 .reconcile_all_on(notifications(handles.orphan_trigger.clone())),
-            orphans::CONTROLLER,
-            orphans::reconcile,
-            orphans::error_policy,
+            (
+                orphans::CONTROLLER,
+                orphans::reconcile,
+                orphans::error_policy,
+            ),
             orphan_ctx,
         )
     };

@@ -194,6 +194,26 @@ async fn sync_secret(ctx: &ClassCtx, r: &SecretRef, wanted: bool) -> Result<(), 
 /// The `controller` label of this controller's reconcile metrics.
 pub const CONTROLLER: &str = "machineclass";
 
+/// Gives the class our finalizer, or takes it away.
+async fn mark_class(
+    api: &Api<MachineClass>,
+    class: &MachineClass,
+    wanted: bool,
+) -> Result<(), ClassError> {
+    let action = if wanted {
+        "add the finalizer to"
+    } else {
+        "remove the finalizer of"
+    };
+    mark(api, class, wanted, false)
+        .await
+        .map_err(ApiCallError::on(
+            action,
+            MachineClass::KIND,
+            &class.name_any(),
+        ))
+}
+
 /// Reconciles one class.
 pub async fn reconcile(class: Arc<MachineClass>, ctx: Arc<ClassCtx>) -> Result<Action, ClassError> {
     let api: Api<MachineClass> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
@@ -212,23 +232,11 @@ pub async fn reconcile(class: Arc<MachineClass>, ctx: Arc<ClassCtx>) -> Result<A
                 sync_secret(&ctx, &r, false).await?;
             }
         }
-        mark(&api, class.as_ref(), false, false)
-            .await
-            .map_err(ApiCallError::on(
-                "remove the finalizer of",
-                "MachineClass",
-                &name,
-            ))?;
+        mark_class(&api, &class, false).await?;
         return Ok(Action::await_change());
     }
 
-    mark(&api, class.as_ref(), true, false)
-        .await
-        .map_err(ApiCallError::on(
-            "add the finalizer to",
-            "MachineClass",
-            &name,
-        ))?;
+    mark_class(&api, &class, true).await?;
     for r in class_secret_refs(&class).into_iter().flatten() {
         sync_secret(&ctx, &r, true).await?;
     }

@@ -31,14 +31,13 @@ impl std::fmt::Debug for Runner {
 }
 
 impl Runner {
-    /// The future that runs `controller` with `reconcile` and `error_policy` under the
-    /// metrics label `name`, until the token fires and in-flight reconciles finished.
+    /// The future that runs `controller` with `(name, reconcile, error_policy)` (`name`
+    /// labels the metrics), until the token fires and in-flight reconciles finished.
+    #[allow(clippy::type_complexity)]
     pub fn run<K, C, E, F, Fut>(
         &self,
         controller: Controller<K>,
-        name: &'static str,
-        reconcile: F,
-        error_policy: fn(Arc<K>, &E, Arc<C>) -> Action,
+        (name, reconcile, error_policy): (&'static str, F, fn(Arc<K>, &E, Arc<C>) -> Action),
         ctx: Arc<C>,
     ) -> impl Future<Output = ()> + Send + 'static + use<K, C, E, F, Fut>
     where

@@ -132,13 +132,34 @@ struct KindMetrics<K: 'static> {
     gauges: &'static [PerObject<K>],
     /// `..._status_condition`: 1 per True condition, 0 per other.
     conditions: (&'static str, &'static str),
-    condition_list: fn(&K) -> Vec<(String, ConditionStatus)>,
     /// `..._failed_machines`: 1 per failed machine summary.
     failed: (&'static str, &'static str),
-    failed_list: fn(&K) -> Option<&Vec<MachineSummary>>,
 }
 
-impl<K: kube::Resource> KindMetrics<K> {
+/// The status parts of sets and deployments that MCM's metrics report.
+trait StatusMetrics {
+    /// `(type, status)` of each condition.
+    fn condition_list(&self) -> Vec<(String, ConditionStatus)>;
+    /// The failed machines.
+    fn failed_list(&self) -> Option<&Vec<MachineSummary>>;
+}
+
+macro_rules! status_metrics {
+    ($($kind:ty),*) => {$(
+        impl StatusMetrics for $kind {
+            fn condition_list(&self) -> Vec<(String, ConditionStatus)> {
+                let all = self.status.iter().flat_map(|st| st.conditions.iter().flatten());
+                all.map(|c| (c.type_.to_string(), c.status.clone())).collect()
+            }
+            fn failed_list(&self) -> Option<&Vec<MachineSummary>> {
+                self.status.as_ref().and_then(|st| st.failed_machines.as_ref())
+            }
+        }
+    )*};
+}
+status_metrics!(MachineSet, MachineDeployment);
+
+impl<K: kube::Resource + StatusMetrics> KindMetrics<K> {
     fn encode(
         &self,
         encoder: &mut DescriptorEncoder,
@@ -166,14 +187,14 @@ impl<K: kube::Resource> KindMetrics<K> {
         let conditions: Vec<(Labels, i64)> = objs
             .iter()
             .flat_map(|o| {
-                let list = (self.condition_list)(o);
+                let list = o.condition_list();
                 condition_samples(o.as_ref(), list.iter().map(|(t, s)| (t.clone(), s)))
             })
             .collect();
         gauge_family(encoder, self.conditions.0, self.conditions.1, &conditions)?;
         let failed: Vec<(Labels, i64)> = objs
             .iter()
-            .flat_map(|o| failed_samples(o.as_ref(), (self.failed_list)(o)))
+            .flat_map(|o| failed_samples(o.as_ref(), o.failed_list()))
             .collect();
         gauge_family(encoder, self.failed.0, self.failed.1, &failed)
     }
@@ -262,19 +283,10 @@ const SETS: KindMetrics<MachineSet> = KindMetrics {
         "mcm_machine_set_status_condition",
         "Information of the mcm managed Machinesets' status conditions.",
     ),
-    condition_list: |s| {
-        let all = s
-            .status
-            .iter()
-            .flat_map(|st| st.conditions.iter().flatten());
-        all.map(|c| (c.type_.to_string(), c.status.clone()))
-            .collect()
-    },
     failed: (
         "mcm_machine_set_failed_machines",
         "Information of the mcm managed Machinesets' failed machines.",
     ),
-    failed_list: |s| s.status.as_ref().and_then(|st| st.failed_machines.as_ref()),
 };
 
 const DEPLOYMENTS: KindMetrics<MachineDeployment> = KindMetrics {
@@ -361,19 +373,10 @@ const DEPLOYMENTS: KindMetrics<MachineDeployment> = KindMetrics {
         "mcm_machine_deployment_status_condition",
         "Information of the mcm managed Machinedeployments' status conditions.",
     ),
-    condition_list: |d| {
-        let all = d
-            .status
-            .iter()
-            .flat_map(|st| st.conditions.iter().flatten());
-        all.map(|c| (c.type_.to_string(), c.status.clone()))
-            .collect()
-    },
     failed: (
         "mcm_machine_deployment_failed_machines",
         "Information of the mcm managed Machinedeployments' failed machines.",
     ),
-    failed_list: |d| d.status.as_ref().and_then(|st| st.failed_machines.as_ref()),
 };
 
 impl Collector for StoreMetrics {

@@ -151,9 +151,7 @@ pub fn prepare(
             .watches_shared_stream(informers.machines.changes(), move |m: Arc<Machine>| {
                 ms::sets_for_machine(&m, &sets_for_machines)
             }),
-        ms::CONTROLLER,
-        ms::reconcile,
-        ms::error_policy,
+        (ms::CONTROLLER, ms::reconcile, ms::error_policy),
         ms_ctx,
     );
 
@@ -175,9 +173,7 @@ pub fn prepare(
             .watches_shared_stream(informers.machines.changes(), move |m: Arc<Machine>| {
                 md::deployment_for_machine(&m, &sets_for_md)
             }),
-        md::CONTROLLER,
-        md::reconcile,
-        md::error_policy,
+        (md::CONTROLLER, md::reconcile, md::error_policy),
         md_ctx,
     );
 
@@ -201,9 +197,11 @@ pub fn prepare(
                 overshoot::sets_of_deployment(&d, &sets_for_guard, &deployments_for_guard)
             },
         ),
-        overshoot::CONTROLLER,
-        overshoot::reconcile,
-        overshoot::error_policy,
+        (
+            overshoot::CONTROLLER,
+            overshoot::reconcile,
+            overshoot::error_policy,
+        ),
         safety_ctx,
     );
 

@@ -401,21 +401,19 @@ mod tests {
             overshoot_decision("s", 3, Some((3, 1)), 6, false, false, l),
             Overshoot::Freeze(_)
         ));
-        assert_eq!(
-            overshoot_decision("s", 3, Some((3, 1)), 5, false, false, l),
-            Overshoot::Keep
-        );
-        assert_eq!(
-            overshoot_decision("s", 3, Some((3, 1)), 6, true, true, l),
-            Overshoot::Keep
-        );
-        assert_eq!(
-            overshoot_decision("s", 3, Some((3, 1)), 5, true, true, l),
-            Overshoot::Unfreeze
-        );
-        assert_eq!(
-            overshoot_decision("s", 3, Some((3, 1)), 5, false, true, l),
-            Overshoot::Unfreeze
-        );
+        // (machines, frozen label, frozen condition) -> decision
+        let cases = [
+            (5, false, false, Overshoot::Keep),
+            (6, true, true, Overshoot::Keep),
+            (5, true, true, Overshoot::Unfreeze),
+            (5, false, true, Overshoot::Unfreeze),
+        ];
+        for (machines, label, condition, want) in cases {
+            let got = overshoot_decision("s", 3, Some((3, 1)), machines, label, condition, l);
+            assert_eq!(
+                got, want,
+                "{machines} machines, label {label}, condition {condition}"
+            );
+        }
     }
 }
