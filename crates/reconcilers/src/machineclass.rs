@@ -173,9 +173,10 @@ async fn sync_secret(ctx: &ClassCtx, r: &SecretRef, wanted: bool) -> Result<(), 
     let stored = ctx
         .secrets
         .get(&ObjectRef::new(&r.name).within(&r.namespace));
+    // Not in the store: not labelled yet (a new class, or a finalizer Gardener's MCM put
+    // there): read it once.
     let secret = match stored {
         Some(s) => s,
-        None if !wanted => return Ok(()),
         None => match api
             .get_opt(&r.name)
             .await
