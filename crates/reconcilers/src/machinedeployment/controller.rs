@@ -1,42 +1,30 @@
-//! The MachineDeployment reconciler: observes the deployment, its sets and their machines,
-//! asks [`super::decide::decide`] what to do and applies it.
+//! The MachineDeployment reconciler: observes the deployment, its sets and their machines
+//! ([`super::observe`]), asks [`super::decide`] what to do (pure) and applies it
+//! ([`super::act`], one small action per decision).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Node, ObjectReference};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::Node;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Api, Client, Resource, ResourceExt};
-use mcm_api::constants::{annotations, finalizers, labels};
-use mcm_api::intstr::RollingUpdateError;
-use mcm_api::owner::{controller_of, controller_reference};
-use mcm_api::{
-    Machine, MachineDeployment, MachineDeploymentStatus, MachinePhase, MachineSet, MachineSetSpec,
-    MachineTemplateSpec,
-};
-use serde_json::json;
+use kube::{Client, ResourceExt};
+use mcm_api::constants::annotations;
+use mcm_api::owner::controller_of;
+use mcm_api::{Machine, MachineDeployment, MachinePhase, MachineSet};
 
-/// The finalizer of the manager's controllers.
-const FINALIZER: &str = finalizers::MACHINE_CONTROLLER_MANAGER;
-
-use super::decide::{self, Action as RolloutAction, Rollout, SetState, Snapshot, Strategy};
-use super::hash::{template_hash, templates_equal};
+use super::act;
+use super::decide::{self, Action as RolloutAction, Snapshot, TriggerMachine};
 use super::nodes::apply_markers;
-use super::status::{
-    Counters, StatusInput, compute_status, invalid_strategy_status, is_invalid_strategy, reasons,
-};
+use super::observe::{self, Observed, annotation_i64, is_terminating};
+use super::status::{Counters, compute_status, invalid_strategy_status};
 use crate::events::EventPublisher;
-use crate::kube_api::{
-    self, ApiCallError, ApiErrorExt, Outcome, ReconcileError, RetryPolicy, add_finalizer,
-    merge_patch_status, remove_finalizer,
-};
-use crate::machineset::controller::status_patch;
-use crate::machineset::decide::{MachineView, count_machines, is_frozen};
+use crate::kube_api::{self, ApiCallError, ApiErrorExt, ReconcileError, RetryPolicy};
+
+pub use super::act::new_machine_set;
+pub use super::decide::{TriggerEntry, parse_trigger_deletion};
 
 /// How often a deployment is reconciled without any event (MCM: 10 minutes).
 pub const RESYNC_PERIOD: Duration = Duration::from_secs(600);
@@ -52,12 +40,6 @@ pub enum Error {
     /// A MachineSet with the new set's name exists with another template.
     #[error("hash collision for MachineSet {0}")]
     HashCollision(String),
-}
-
-impl Error {
-    fn kube(action: &'static str, kind: &'static str, name: &str, source: kube::Error) -> Self {
-        ApiCallError::new(action, kind, name, source).into()
-    }
 }
 
 impl ReconcileError for Error {
@@ -105,183 +87,21 @@ pub fn deployment_for_machine(
     deployment_for_set(&set)
 }
 
-fn reference(d: &MachineDeployment) -> ObjectReference {
-    d.object_ref(&())
-}
-
-/// The deployment's strategy with resolved limits
-/// ([`MachineDeployment::resolved_rolling_update`]); an error names the field and the value
-/// that cannot be used.
-fn strategy_of(d: &MachineDeployment) -> Result<Strategy, RollingUpdateError> {
-    if d.is_recreate() {
-        return Ok(Strategy::Recreate);
-    }
-    let (max_surge, max_unavailable) = d.resolved_rolling_update()?;
-    Ok(Strategy::RollingUpdate {
-        max_surge,
-        max_unavailable,
-    })
-}
-
-fn annotation_i64<K: Resource>(obj: &K, key: &str) -> Option<i64> {
-    obj.meta()
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(key))
-        .and_then(|v| v.parse().ok())
-}
-
-fn is_terminating(m: &Machine) -> bool {
-    m.metadata.deletion_timestamp.is_some() || m.phase() == Some(&MachinePhase::Terminating)
-}
-
-/// Observed sets of a deployment with their machines.
-struct Observed {
-    sets: Vec<Arc<MachineSet>>,
-    machines: BTreeMap<String, Vec<Arc<Machine>>>,
-    new_set: Option<Arc<MachineSet>>,
-}
-
-fn observe(d: &MachineDeployment, ctx: &Context) -> Observed {
-    let ns = d.namespace();
-    let uid = d.metadata.uid.clone().unwrap_or_default();
-    let mut sets: Vec<Arc<MachineSet>> = ctx
-        .sets
-        .state()
-        .into_iter()
-        .filter(|s| s.namespace() == ns)
-        .filter(|s| controller_of(&s.metadata).is_some_and(|o| o.uid == uid))
-        .collect();
-    sets.sort_by(|a, b| {
-        a.metadata
-            .creation_timestamp
-            .as_ref()
-            .map(|t| t.0)
-            .cmp(&b.metadata.creation_timestamp.as_ref().map(|t| t.0))
-            .then_with(|| a.name_any().cmp(&b.name_any()))
-    });
-    let mut machines: BTreeMap<String, Vec<Arc<Machine>>> = BTreeMap::new();
-    let set_uids: BTreeMap<String, String> = sets
-        .iter()
-        .map(|s| (s.metadata.uid.clone().unwrap_or_default(), s.name_any()))
-        .collect();
-    for m in ctx
-        .machines
-        .state()
-        .into_iter()
-        .filter(|m| m.namespace() == ns)
-    {
-        if let Some(owner) = controller_of(&m.metadata)
-            && let Some(set) = set_uids.get(&owner.uid)
-        {
-            machines.entry(set.clone()).or_default().push(m);
-        }
-    }
-    let new_set = sets
-        .iter()
-        .find(|s| {
-            s.metadata.deletion_timestamp.is_none()
-                && s.spec
-                    .template
-                    .as_ref()
-                    .is_some_and(|t| templates_equal(t, &d.spec.template))
-        })
-        .cloned();
-    Observed {
-        sets,
-        machines,
-        new_set,
-    }
-}
-
-fn set_state(set: &MachineSet, machines: &[Arc<Machine>], now: Timestamp) -> SetState {
-    let views: Vec<MachineView> = machines
-        .iter()
-        .map(|m| MachineView::from_machine(m, None, now))
-        .collect();
-    let counts = count_machines(&views, set.spec.min_ready_seconds.unwrap_or(0), now);
-    let terminating = machines.iter().filter(|m| is_terminating(m)).count();
-    SetState {
-        name: set.name_any(),
-        replicas: set.spec.replicas(),
-        machines: i32::try_from(machines.len() - terminating).unwrap_or(i32::MAX),
-        terminating: i32::try_from(terminating).unwrap_or(i32::MAX),
-        ready: counts.ready,
-        available: counts.available,
-        created: set.metadata.creation_timestamp.as_ref().map(|t| t.0),
-        desired_annotation: annotation_i64(set, annotations::DESIRED_REPLICAS)
-            .and_then(|v| i32::try_from(v).ok()),
-        max_annotation: annotation_i64(set, annotations::MAX_REPLICAS)
-            .and_then(|v| i32::try_from(v).ok()),
-    }
-}
-
 /// The `controller` label of this controller's reconcile metrics.
 pub const CONTROLLER: &str = "machinedeployment";
 
 /// Reconciles one MachineDeployment.
 pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let ns = d.namespace().unwrap_or_default();
-    let api: Api<MachineDeployment> = Api::namespaced(ctx.client.clone(), &ns);
-    let sets_api: Api<MachineSet> = Api::namespaced(ctx.client.clone(), &ns);
-    let has_finalizer = d.finalizers().iter().any(|f| f == FINALIZER);
-    let observed = observe(&d, &ctx);
-
+    let has_finalizer = d.finalizers().iter().any(|f| f == act::FINALIZER);
+    let observed = observe::observe(&d, &ctx.sets.state(), &ctx.machines.state());
     if d.metadata.deletion_timestamp.is_some() {
-        if !has_finalizer {
-            return Ok(Action::await_change());
-        }
-        if observed.sets.is_empty() {
-            // Gone already is as good as released.
-            let _ = remove_finalizer(&api, &d, FINALIZER)
-                .await
-                .map_err(finalizer_error(&d))?;
-            return Ok(Action::await_change());
-        }
-        for s in observed
-            .sets
-            .iter()
-            .filter(|s| s.metadata.deletion_timestamp.is_none())
-        {
-            match kube_api::delete(&sets_api, &s.name_any(), &DeleteParams::background()).await {
-                Ok(Outcome::Gone) => {}
-                Ok(Outcome::Done) => {
-                    ctx.events
-                        .normal(
-                            &reference(&d),
-                            "DeletingMachineSet",
-                            "Delete",
-                            format!("Deleting MachineSet {}", s.name_any()),
-                        )
-                        .await;
-                }
-                Err(e) => return Err(Error::kube("delete", "MachineSet", &s.name_any(), e)),
-            }
-        }
-        return Ok(Action::requeue(Duration::from_secs(10)));
+        return finish_deletion(&d, &ctx, &observed, has_finalizer).await;
     }
-    if !has_finalizer
-        && add_finalizer(&api, &d, FINALIZER)
-            .await
-            .map_err(finalizer_error(&d))?
-            .is_gone()
-    {
+    if !has_finalizer && act::set_finalizer(&ctx, &d, true).await?.is_gone() {
         return Ok(Action::await_change());
     }
-    if d.spec
-        .selector
-        .as_ref()
-        .is_none_or(|s| s == &LabelSelector::default())
-    {
-        ctx.events
-            .warning(
-                &reference(&d),
-                "SelectingAll",
-                "Sync",
-                "This deployment is selecting all machines. A non-empty selector is required."
-                    .into(),
-            )
-            .await;
+    if observe::selects_all(&d) {
+        act::warn_selecting_all(&ctx, &d).await;
         return Ok(Action::await_change());
     }
     if handle_trigger_deletion(&d, &ctx, &observed).await? {
@@ -289,62 +109,21 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
     }
 
     let now = Timestamp::now();
-    let replicas = d.spec.replicas();
-    let empty = Vec::new();
-    let state_of = |s: &MachineSet| {
-        set_state(
-            s,
-            observed.machines.get(&s.name_any()).unwrap_or(&empty),
-            now,
-        )
-    };
-    let new_name = observed.new_set.as_ref().map(|s| s.name_any());
-    let new_set = observed.new_set.as_deref().map(state_of);
-    let old_sets: Vec<SetState> = observed
-        .sets
-        .iter()
-        .filter(|s| Some(s.name_any()) != new_name)
-        .map(|s| state_of(s))
-        .collect();
-    let failed: Vec<_> = observed
-        .machines
-        .values()
-        .flatten()
-        .map(|m| MachineView::from_machine(m, None, now))
-        .filter_map(|v| v.failure)
-        .collect();
-    let strategy = match strategy_of(&d) {
+    let facts = observe::facts(&observed, now);
+    let strategy = match observe::strategy_of(&d) {
         Ok(s) => s,
         Err(invalid) => {
-            let input = StatusInput {
-                generation: d.metadata.generation,
-                progress_deadline_seconds: d.spec.progress_deadline_seconds,
-                previous: d.status.as_ref(),
-                failed_machines: failed,
-                progressed: false,
-                now,
-            };
-            let status = invalid_strategy_status(
-                replicas,
-                Counters::of(new_set.as_ref(), &old_sets),
-                &input,
-                &invalid.to_string(),
-            );
-            report_invalid_strategy(&d, &ctx, &api, status).await?;
+            let counters = Counters::of(facts.new_set.as_ref(), &facts.old_sets);
+            let input = observe::status_input(&d, facts.failed, false, now);
+            let message = invalid.to_string();
+            let status = invalid_strategy_status(d.spec.replicas(), counters, &input, &message);
+            act::report_invalid_strategy(&ctx, &d, status).await?;
             // Nothing is rolled out or scaled until the strategy changes (an event).
             return Ok(Action::await_change());
         }
     };
-    let snapshot = Snapshot {
-        rollout: Rollout {
-            replicas,
-            strategy,
-            paused: d.spec.paused.unwrap_or(false),
-            frozen: is_frozen(d.metadata.labels.as_ref()),
-        },
-        new_set,
-        old_sets,
-    };
+    let failed = facts.failed.clone();
+    let snapshot = observe::snapshot(&d, strategy, facts);
 
     sync_revision(&d, &ctx, &observed).await?;
     let actions = decide::decide(&snapshot);
@@ -356,110 +135,56 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
             .spec
             .revision_history_limit
             .unwrap_or(DEFAULT_REVISION_HISTORY_LIMIT);
-        for set in decide::sets_to_prune(&snapshot.old_sets, limit) {
-            // A set gone meanwhile is pruned.
-            let _ = kube_api::delete(&sets_api, &set, &DeleteParams::background())
-                .await
-                .map_err(ApiCallError::on::<Error>("prune", "MachineSet", &set))?;
-        }
+        act::prune_sets(&ctx, &d, &decide::sets_to_prune(&snapshot.old_sets, limit)).await?;
     }
 
     // Rollout markers on the target cluster's nodes.
-    let rollout = snapshot.new_set.is_some()
-        && snapshot
-            .old_sets
-            .iter()
-            .any(|o| o.machines > 0 || o.replicas > 0);
-    let old_machines: Vec<&Machine> = observed
-        .sets
-        .iter()
-        .filter(|s| Some(s.name_any()) != new_name)
-        .flat_map(|s| observed.machines.get(&s.name_any()).into_iter().flatten())
-        .map(|m| m.as_ref())
-        .collect();
-    let all_machines: Vec<&Machine> = observed
-        .machines
-        .values()
-        .flatten()
-        .map(|m| m.as_ref())
-        .collect();
     apply_markers(
         &ctx.target,
         &ctx.nodes,
-        &old_machines,
-        &all_machines,
-        rollout,
+        &observed.old_machines(),
+        &observed.all_machines(),
+        decide::is_rolling_out(&snapshot),
         ctx.autoscaler_annotations,
     )
     .await;
 
-    // Status.
-    let (status, recheck) = compute_status(
-        &snapshot,
-        &StatusInput {
-            generation: d.metadata.generation,
-            progress_deadline_seconds: d.spec.progress_deadline_seconds,
-            previous: d.status.as_ref(),
-            failed_machines: failed,
-            progressed: !actions.is_empty(),
-            now,
-        },
-    );
-    update_status(&api, &d, &status).await?;
+    let input = observe::status_input(&d, failed, !actions.is_empty(), now);
+    let (status, recheck) = compute_status(&snapshot, &input);
+    act::update_status(&ctx, &d, &status).await?;
     let min_ready = d.spec.min_ready_seconds.unwrap_or(0);
-    let mut next = recheck.unwrap_or(RESYNC_PERIOD);
-    if min_ready > 0 && !snapshot.is_complete() {
-        next = next.min(Duration::from_secs(u64::try_from(min_ready).unwrap_or(1)));
-    }
-    Ok(Action::requeue(next + Duration::from_millis(500)))
+    let complete = snapshot.is_complete();
+    Ok(Action::requeue(decide::requeue_after(
+        recheck,
+        RESYNC_PERIOD,
+        min_ready,
+        complete,
+    )))
 }
 
-/// Writes `status` unless the deployment already has it.
-async fn update_status(
-    api: &Api<MachineDeployment>,
-    d: &MachineDeployment,
-    status: &MachineDeploymentStatus,
-) -> Result<(), Error> {
-    if d.status.as_ref() == Some(status) {
-        return Ok(());
-    }
-    let patch = status_patch(status, &["conditions", "failedMachines"]);
-    // A deployment gone meanwhile needs no status.
-    let _ = merge_patch_status(api, &d.name_any(), &patch)
-        .await
-        .map_err(ApiCallError::on::<Error>(
-            "update status of",
-            "MachineDeployment",
-            &d.name_any(),
-        ))?;
-    Ok(())
-}
-
-/// Records an unusable strategy: writes `status` (with its `Progressing=False,
-/// InvalidStrategy` condition) and, only when that condition is new or its message changed,
-/// publishes one Warning Event. The condition is stored, so neither later reconciles nor a
-/// restarted controller repeat the Event.
-async fn report_invalid_strategy(
+/// A deployment being deleted: deletes its sets, then (none left) removes the finalizer.
+async fn finish_deletion(
     d: &MachineDeployment,
     ctx: &Context,
-    api: &Api<MachineDeployment>,
-    status: MachineDeploymentStatus,
-) -> Result<(), Error> {
-    let invalid = |s: Option<&MachineDeploymentStatus>| {
-        s.and_then(|s| s.conditions.as_ref())
-            .and_then(|c| c.iter().find(|c| is_invalid_strategy(c)))
-            .and_then(|c| c.message.clone())
-    };
-    let before = invalid(d.status.as_ref());
-    let message = invalid(Some(&status)).unwrap_or_default();
-    tracing::debug!(deployment = %d.name_any(), %message, "invalid strategy");
-    update_status(api, d, &status).await?;
-    if before.as_deref() != Some(message.as_str()) {
-        ctx.events
-            .warning(&reference(d), reasons::INVALID_STRATEGY, "Sync", message)
-            .await;
+    observed: &Observed,
+    has_finalizer: bool,
+) -> Result<Action, Error> {
+    if !has_finalizer {
+        return Ok(Action::await_change());
     }
-    Ok(())
+    if observed.sets.is_empty() {
+        // Gone already is as good as released.
+        let _ = act::set_finalizer(ctx, d, false).await?;
+        return Ok(Action::await_change());
+    }
+    let live: Vec<&MachineSet> = observed
+        .sets
+        .iter()
+        .map(AsRef::as_ref)
+        .filter(|s: &&MachineSet| s.metadata.deletion_timestamp.is_none())
+        .collect();
+    act::delete_sets(ctx, d, &live).await?;
+    Ok(Action::requeue(Duration::from_secs(10)))
 }
 
 /// Retry periods of failed deployment reconciles.
@@ -474,26 +199,6 @@ pub fn error_policy(d: Arc<MachineDeployment>, error: &Error, _ctx: Arc<Context>
     kube_api::error_policy(&RETRY, MachineDeployment::KIND, &d.name_any(), error)
 }
 
-/// The error of a failed finalizer update of `d`.
-fn finalizer_error(d: &MachineDeployment) -> impl FnOnce(kube::Error) -> Error + use<> {
-    ApiCallError::on(
-        "update finalizers of",
-        MachineDeployment::KIND,
-        &d.name_any(),
-    )
-}
-
-fn max_old_revision(observed: &Observed) -> i64 {
-    let new_name = observed.new_set.as_ref().map(|s| s.name_any());
-    observed
-        .sets
-        .iter()
-        .filter(|s| Some(s.name_any()) != new_name)
-        .filter_map(|s| annotation_i64(s.as_ref(), annotations::REVISION))
-        .max()
-        .unwrap_or(0)
-}
-
 /// Keeps the new set's revision above all old revisions and copies it to the deployment.
 async fn sync_revision(
     d: &MachineDeployment,
@@ -503,105 +208,15 @@ async fn sync_revision(
     let Some(new) = &observed.new_set else {
         return Ok(());
     };
-    let ns = d.namespace().unwrap_or_default();
-    let max_old = max_old_revision(observed);
-    let current = annotation_i64(new.as_ref(), annotations::REVISION);
-    let mut revision = current.unwrap_or(0);
-    if revision <= max_old {
-        revision = max_old + 1;
-        let mut history: Vec<String> = new
-            .annotations()
+    let plan = decide::plan_revision(
+        annotation_i64(new.as_ref(), annotations::REVISION),
+        new.annotations()
             .get(annotations::REVISION_HISTORY)
-            .map(|h| h.split(',').map(str::to_owned).collect())
-            .unwrap_or_default();
-        if let Some(c) = current {
-            history.push(c.to_string());
-        }
-        let sets: Api<MachineSet> = Api::namespaced(ctx.client.clone(), &ns);
-        let mut anns = serde_json::Map::new();
-        anns.insert(annotations::REVISION.into(), json!(revision.to_string()));
-        if !history.is_empty() {
-            anns.insert(
-                annotations::REVISION_HISTORY.into(),
-                json!(history.join(",")),
-            );
-        }
-        let patch = json!({"metadata": {"annotations": anns}});
-        sets.patch(
-            &new.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-        .map_err(|e| Error::kube("update revision of", "MachineSet", &new.name_any(), e))?;
-    }
-    if annotation_i64(d, annotations::REVISION) != Some(revision) {
-        let api: Api<MachineDeployment> = Api::namespaced(ctx.client.clone(), &ns);
-        let patch =
-            json!({"metadata": {"annotations": {annotations::REVISION: revision.to_string()}}});
-        api.patch(
-            &d.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-        .map_err(|e| Error::kube("update revision of", "MachineDeployment", &d.name_any(), e))?;
-    }
-    Ok(())
-}
-
-/// The new MachineSet of a deployment: template with the hash label (in labels, template
-/// labels and selector), revision and replica annotations, the deployment as controller.
-pub fn new_machine_set(
-    d: &MachineDeployment,
-    replicas: i32,
-    revision: i64,
-    max_surge: i32,
-) -> MachineSet {
-    let collision = d.status.as_ref().and_then(|s| s.collision_count);
-    let hash = template_hash(&d.spec.template, collision);
-    let mut template: MachineTemplateSpec = d.spec.template.clone();
-    let meta = template.metadata.get_or_insert_with(ObjectMeta::default);
-    meta.labels
-        .get_or_insert_with(BTreeMap::new)
-        .insert(labels::MACHINE_TEMPLATE_HASH.to_owned(), hash.clone());
-    let mut set_labels = meta.labels.clone().unwrap_or_default();
-    set_labels.remove(labels::FREEZE);
-    let mut selector = d.spec.selector.clone().unwrap_or_default();
-    selector
-        .match_labels
-        .get_or_insert_with(BTreeMap::new)
-        .insert(labels::MACHINE_TEMPLATE_HASH.to_owned(), hash.clone());
-    let annotations_map = BTreeMap::from([
-        (annotations::REVISION.to_owned(), revision.to_string()),
-        (
-            annotations::DESIRED_REPLICAS.to_owned(),
-            d.spec.replicas().to_string(),
-        ),
-        (
-            annotations::MAX_REPLICAS.to_owned(),
-            (d.spec.replicas() + max_surge).to_string(),
-        ),
-    ]);
-    MachineSet {
-        metadata: ObjectMeta {
-            name: Some(format!("{}-{}", d.name_any(), hash)),
-            namespace: d.namespace(),
-            labels: Some(set_labels),
-            annotations: Some(annotations_map),
-            owner_references: Some(vec![controller_reference(d)]),
-            ..ObjectMeta::default()
-        },
-        spec: MachineSetSpec {
-            replicas: Some(replicas),
-            selector: Some(selector),
-            min_ready_seconds: d.spec.min_ready_seconds,
-            template: Some(template),
-            auto_preserve_failed_machine_max: d.spec.auto_preserve_failed_machine_max,
-            ..MachineSetSpec::default()
-        },
-        ..MachineSet::default()
-    }
+            .map(String::as_str),
+        observed.max_old_revision(),
+        annotation_i64(d, annotations::REVISION),
+    );
+    act::sync_revision(ctx, d, new, &plan).await
 }
 
 async fn apply_action(
@@ -611,65 +226,11 @@ async fn apply_action(
     snapshot: &Snapshot,
     action: &RolloutAction,
 ) -> Result<(), Error> {
-    let ns = d.namespace().unwrap_or_default();
-    let sets: Api<MachineSet> = Api::namespaced(ctx.client.clone(), &ns);
     let surge = snapshot.rollout.strategy.max_surge();
     match action {
         RolloutAction::CreateNewSet { replicas } => {
-            let set = new_machine_set(d, *replicas, max_old_revision(observed) + 1, surge);
-            let set_name = set.name_any();
-            match sets.create(&PostParams::default(), &set).await {
-                Ok(_) => {
-                    ctx.events
-                        .normal(
-                            &reference(d),
-                            "NewMachineSetCreated",
-                            "Rollout",
-                            format!("Created new MachineSet {set_name} with {replicas} replicas"),
-                        )
-                        .await;
-                    Ok(())
-                }
-                Err(e) if e.is_conflict() => {
-                    let existing = sets
-                        .get(&set_name)
-                        .await
-                        .map_err(|e| Error::kube("get", "MachineSet", &set_name, e))?;
-                    let same = existing
-                        .spec
-                        .template
-                        .as_ref()
-                        .is_some_and(|t| templates_equal(t, &d.spec.template));
-                    if same {
-                        return Ok(());
-                    }
-                    // Hash collision: bump the collision count and try again next time.
-                    let count = d
-                        .status
-                        .as_ref()
-                        .and_then(|s| s.collision_count)
-                        .unwrap_or(0)
-                        + 1;
-                    let api: Api<MachineDeployment> = Api::namespaced(ctx.client.clone(), &ns);
-                    let patch = json!({"status": {"collisionCount": count}});
-                    api.patch_status(
-                        &d.name_any(),
-                        &PatchParams::default(),
-                        &Patch::Merge(&patch),
-                    )
-                    .await
-                    .map_err(|e| {
-                        Error::kube(
-                            "update collision count of",
-                            "MachineDeployment",
-                            &d.name_any(),
-                            e,
-                        )
-                    })?;
-                    Err(Error::HashCollision(set_name))
-                }
-                Err(e) => Err(Error::kube("create", "MachineSet", &set_name, e)),
-            }
+            let revision = observed.max_old_revision() + 1;
+            act::create_new_set(ctx, d, *replicas, revision, surge).await
         }
         RolloutAction::Scale { set, replicas } => {
             let current = snapshot
@@ -677,77 +238,14 @@ async fn apply_action(
                 .iter()
                 .chain(snapshot.old_sets.iter())
                 .find(|s| &s.name == set);
-            let patch = json!({
-                "metadata": {"annotations": {
-                    annotations::DESIRED_REPLICAS: d.spec.replicas().to_string(),
-                    annotations::MAX_REPLICAS: (d.spec.replicas() + surge).to_string(),
-                }},
-                "spec": {"replicas": replicas},
-            });
-            sets.patch(set, &PatchParams::default(), &Patch::Merge(&patch))
-                .await
-                .map_err(|e| Error::kube("scale", "MachineSet", set, e))?;
-            if let Some(cur) = current
-                && cur.replicas != *replicas
-            {
-                let direction = if *replicas > cur.replicas {
-                    "up"
-                } else {
-                    "down"
-                };
-                ctx.events
-                    .normal(
-                        &reference(d),
-                        "ScalingMachineSet",
-                        "Scale",
-                        format!(
-                            "Scaled {direction} MachineSet {set} from {} to {replicas}",
-                            cur.replicas
-                        ),
-                    )
-                    .await;
-            }
-            Ok(())
+            act::scale_set(ctx, d, set, current, *replicas, surge).await
         }
     }
 }
 
-/// One entry of the trigger-deletion annotation.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TriggerEntry {
-    /// Machine name.
-    pub machine: String,
-    /// When the scaler decided to delete it (`name~time`), `None` for a bare name.
-    pub time: Option<String>,
-}
-
-/// Parses `node.machine.sapcloud.io/trigger-deletion-by-mcm`: comma-separated machine names,
-/// each optionally followed by `~<RFC 3339 time>` (the cluster-autoscaler's current format,
-/// written together with the reduced replicas). Blank entries are dropped.
-pub fn parse_trigger_deletion(value: &str) -> Vec<TriggerEntry> {
-    value
-        .split(',')
-        .map(str::trim)
-        .filter(|e| !e.is_empty())
-        .map(|e| match e.split_once('~') {
-            Some((name, time)) => TriggerEntry {
-                machine: name.trim().to_owned(),
-                time: Some(time.trim().to_owned()),
-            },
-            None => TriggerEntry {
-                machine: e.to_owned(),
-                time: None,
-            },
-        })
-        .collect()
-}
-
-/// Handles the trigger-deletion annotation. Named machines of this deployment get priority
-/// 1 and a marked-for-deletion time, so the next scale-down removes them first. Bare names
-/// (legacy format) also reduce `spec.replicas` by one each and are removed from the
-/// annotation in the same update; `name~time` entries (the scaler already reduced the
-/// replicas) stay until their machine is terminating or gone. Returns whether the
-/// deployment was updated.
+/// Handles the trigger-deletion annotation ([`decide::plan_trigger_deletion`]): marks the
+/// named machines of this deployment for deletion and updates the annotation and replicas.
+/// Returns whether the deployment was updated.
 async fn handle_trigger_deletion(
     d: &MachineDeployment,
     ctx: &Context,
@@ -756,100 +254,30 @@ async fn handle_trigger_deletion(
     let Some(value) = d.annotations().get(annotations::TRIGGER_DELETION_BY_MCM) else {
         return Ok(false);
     };
-    let ns = d.namespace().unwrap_or_default();
-    let machines_api: Api<Machine> = Api::namespaced(ctx.client.clone(), &ns);
-    let ours: BTreeMap<String, &Arc<Machine>> = observed
-        .machines
-        .values()
-        .flatten()
-        .map(|m| (m.name_any(), m))
+    let machines: BTreeMap<String, TriggerMachine> = observed
+        .machines_by_name()
+        .into_iter()
+        .map(|(name, m)| (name, trigger_machine(m)))
         .collect();
-    let mut keep = Vec::new();
-    let mut scale_down = 0;
-    for entry in parse_trigger_deletion(value) {
-        let Some(m) = ours.get(&entry.machine) else {
-            continue;
-        };
-        if is_terminating(m) || m.phase() == Some(&MachinePhase::Failed) {
-            continue;
-        }
-        let anns = m.annotations();
-        let marked = anns.get(annotations::MACHINE_PRIORITY).map(String::as_str) == Some("1")
-            && anns.contains_key(annotations::MARKED_FOR_DELETION_TIME);
-        if !marked {
-            let time = entry
-                .time
-                .clone()
-                .unwrap_or_else(|| Timestamp::now().to_string());
-            let patch = json!({"metadata": {"annotations": {
-                annotations::MACHINE_PRIORITY: "1",
-                annotations::MARKED_FOR_DELETION_TIME: time,
-            }}});
-            machines_api
-                .patch(
-                    &entry.machine,
-                    &PatchParams::default(),
-                    &Patch::Merge(&patch),
-                )
-                .await
-                .map_err(|e| Error::kube("mark for deletion", "Machine", &entry.machine, e))?;
-            ctx.events
-                .normal(
-                    &reference(d),
-                    "MachineMarkedForDeletion",
-                    "TriggerDeletion",
-                    format!(
-                        "Machine {} marked with priority 1 for deletion",
-                        entry.machine
-                    ),
-                )
-                .await;
-        }
-        match &entry.time {
-            Some(t) => keep.push(format!("{}~{t}", entry.machine)),
-            None => scale_down += 1,
-        }
+    let plan = decide::plan_trigger_deletion(value, &machines, &Timestamp::now().to_string());
+    for (machine, time) in &plan.mark {
+        act::mark_for_deletion(ctx, d, machine, time).await?;
     }
-    let new_value = keep.join(",");
-    if new_value == *value && scale_down == 0 {
+    if !plan.update_deployment {
         return Ok(false);
     }
-    let api: Api<MachineDeployment> = Api::namespaced(ctx.client.clone(), &ns);
-    let annotation = if new_value.is_empty() {
-        serde_json::Value::Null
-    } else {
-        json!(new_value)
-    };
-    let mut patch = json!({"metadata": {
-        "resourceVersion": d.resource_version(),
-        "annotations": {annotations::TRIGGER_DELETION_BY_MCM: annotation},
-    }});
-    if scale_down > 0 {
-        patch["spec"] = json!({"replicas": (d.spec.replicas() - scale_down).max(0)});
-        ctx.events
-            .normal(
-                &reference(d),
-                "ScaledDownForTriggeredDeletion",
-                "Scale",
-                format!("Scaled down by {scale_down} for machines triggered for deletion"),
-            )
-            .await;
-    }
-    api.patch(
-        &d.name_any(),
-        &PatchParams::default(),
-        &Patch::Merge(&patch),
-    )
-    .await
-    .map_err(|e| {
-        Error::kube(
-            "update trigger-deletion of",
-            "MachineDeployment",
-            &d.name_any(),
-            e,
-        )
-    })?;
+    act::update_trigger_deletion(ctx, d, &plan).await?;
     Ok(true)
+}
+
+/// A machine as the trigger-deletion plan sees it.
+fn trigger_machine(m: &Machine) -> TriggerMachine {
+    let anns = m.annotations();
+    TriggerMachine {
+        gone_or_failed: is_terminating(m) || m.phase() == Some(&MachinePhase::Failed),
+        marked: anns.get(annotations::MACHINE_PRIORITY).map(String::as_str) == Some("1")
+            && anns.contains_key(annotations::MARKED_FOR_DELETION_TIME),
+    }
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use jiff::Timestamp;
 
@@ -508,6 +509,153 @@ pub fn apply(s: &mut Snapshot, actions: &[Action], new_name: &str, now: Option<T
     }
 }
 
+/// Whether the rollout markers belong on the nodes: a new set exists while an old set still
+/// has machines or replicas.
+pub fn is_rolling_out(s: &Snapshot) -> bool {
+    s.new_set.is_some() && s.old_sets.iter().any(|o| o.machines > 0 || o.replicas > 0)
+}
+
+/// When to reconcile again after a successful pass: at the status's recheck time (else
+/// `resync`), while incomplete no later than `minReadySeconds`, plus a margin of 500 ms.
+pub fn requeue_after(
+    recheck: Option<Duration>,
+    resync: Duration,
+    min_ready_seconds: i32,
+    complete: bool,
+) -> Duration {
+    let mut next = recheck.unwrap_or(resync);
+    if min_ready_seconds > 0 && !complete {
+        next = next.min(Duration::from_secs(
+            u64::try_from(min_ready_seconds).unwrap_or(1),
+        ));
+    }
+    next + Duration::from_millis(500)
+}
+
+/// The revision bookkeeping of a deployment's new set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RevisionPlan {
+    /// The revision of the new set (and of the deployment).
+    pub revision: i64,
+    /// The new set's revision history (comma separated) when its revision must be raised
+    /// above the old sets' (`None`: the set's revision is fine).
+    pub bump: Option<Option<String>>,
+    /// Whether the deployment's revision annotation must be set to `revision`.
+    pub update_deployment: bool,
+}
+
+/// Keeps the new set's revision above all old revisions (the replaced revision joins its
+/// history) and the deployment's revision equal to the new set's.
+pub fn plan_revision(
+    current: Option<i64>,
+    history: Option<&str>,
+    max_old: i64,
+    deployment_revision: Option<i64>,
+) -> RevisionPlan {
+    let mut revision = current.unwrap_or(0);
+    let mut bump = None;
+    if revision <= max_old {
+        revision = max_old + 1;
+        let mut entries: Vec<String> = history
+            .map(|h| h.split(',').map(str::to_owned).collect())
+            .unwrap_or_default();
+        entries.extend(current.map(|c| c.to_string()));
+        bump = Some((!entries.is_empty()).then(|| entries.join(",")));
+    }
+    RevisionPlan {
+        revision,
+        bump,
+        update_deployment: deployment_revision != Some(revision),
+    }
+}
+
+/// One entry of the trigger-deletion annotation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TriggerEntry {
+    /// Machine name.
+    pub machine: String,
+    /// When the scaler decided to delete it (`name~time`), `None` for a bare name.
+    pub time: Option<String>,
+}
+
+/// Parses `node.machine.sapcloud.io/trigger-deletion-by-mcm`: comma-separated machine names,
+/// each optionally followed by `~<RFC 3339 time>` (the cluster-autoscaler's current format,
+/// written together with the reduced replicas). Blank entries are dropped.
+pub fn parse_trigger_deletion(value: &str) -> Vec<TriggerEntry> {
+    value
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(|e| match e.split_once('~') {
+            Some((name, time)) => TriggerEntry {
+                machine: name.trim().to_owned(),
+                time: Some(time.trim().to_owned()),
+            },
+            None => TriggerEntry {
+                machine: e.to_owned(),
+                time: None,
+            },
+        })
+        .collect()
+}
+
+/// What the trigger-deletion annotation asks for.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TriggerPlan {
+    /// Machines to mark with priority 1 and this marked-for-deletion time.
+    pub mark: Vec<(String, String)>,
+    /// The new value of the annotation (`None`: remove it).
+    pub annotation: Option<String>,
+    /// Replicas to take off the deployment (one per bare name).
+    pub scale_down: i32,
+    /// Whether the deployment must be updated (annotation or replicas change).
+    pub update_deployment: bool,
+}
+
+/// The plan for the trigger-deletion annotation `value`, given the deployment's machines by
+/// name (`marked`: already carries priority 1 and a marked-for-deletion time). Named
+/// machines that are not the deployment's, terminating or failed are dropped. Bare names
+/// (legacy format) reduce the replicas by one each and leave the annotation; `name~time`
+/// entries (the scaler already reduced the replicas) stay until their machine is
+/// terminating or gone. A machine not yet marked is marked with the entry's time or `now`.
+pub fn plan_trigger_deletion(
+    value: &str,
+    machines: &BTreeMap<String, TriggerMachine>,
+    now: &str,
+) -> TriggerPlan {
+    let mut plan = TriggerPlan::default();
+    let mut keep = Vec::new();
+    for entry in parse_trigger_deletion(value) {
+        let Some(m) = machines.get(&entry.machine) else {
+            continue;
+        };
+        if m.gone_or_failed {
+            continue;
+        }
+        if !m.marked {
+            let time = entry.time.clone().unwrap_or_else(|| now.to_owned());
+            plan.mark.push((entry.machine.clone(), time));
+        }
+        match &entry.time {
+            Some(t) => keep.push(format!("{}~{t}", entry.machine)),
+            None => plan.scale_down += 1,
+        }
+    }
+    let new_value = keep.join(",");
+    plan.update_deployment = new_value != value || plan.scale_down > 0;
+    plan.annotation = (!new_value.is_empty()).then_some(new_value);
+    plan
+}
+
+/// A machine named in the trigger-deletion annotation, as the plan sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TriggerMachine {
+    /// Terminating, being deleted or Failed: its entry is dropped.
+    pub gone_or_failed: bool,
+    /// Already marked for deletion with priority 1.
+    pub marked: bool,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -640,5 +788,75 @@ mod tests {
             vec!["a".to_owned(), "b".to_owned()]
         );
         assert!(sets_to_prune(&olds, 5).is_empty());
+    }
+
+    #[test]
+    fn revisions_stay_above_old_sets() {
+        // Fine as it is: only the deployment follows.
+        assert_eq!(
+            plan_revision(Some(3), None, 2, None),
+            RevisionPlan {
+                revision: 3,
+                bump: None,
+                update_deployment: true
+            }
+        );
+        assert!(!plan_revision(Some(3), None, 2, Some(3)).update_deployment);
+        // Raised above the old sets; the replaced revision joins the history.
+        assert_eq!(
+            plan_revision(Some(1), Some("0"), 2, Some(1)),
+            RevisionPlan {
+                revision: 3,
+                bump: Some(Some("0,1".into())),
+                update_deployment: true
+            }
+        );
+        assert_eq!(plan_revision(None, None, 0, None).bump, Some(None));
+    }
+
+    #[test]
+    fn trigger_deletion_marks_and_scales_down() {
+        let machine = |gone_or_failed, marked| TriggerMachine {
+            gone_or_failed,
+            marked,
+        };
+        let machines = BTreeMap::from([
+            ("a".to_owned(), machine(false, false)),
+            ("b".to_owned(), machine(false, true)),
+            ("c".to_owned(), machine(true, false)),
+        ]);
+        let plan = plan_trigger_deletion("a,b~t1,c~t2,x", &machines, "now");
+        assert_eq!(
+            plan,
+            TriggerPlan {
+                mark: vec![("a".into(), "now".into())],
+                annotation: Some("b~t1".into()),
+                scale_down: 1,
+                update_deployment: true,
+            }
+        );
+        let settled = plan_trigger_deletion("b~t1", &machines, "now");
+        assert!(!settled.update_deployment && settled.mark.is_empty());
+        assert_eq!(
+            plan_trigger_deletion("c~t2", &machines, "now").annotation,
+            None
+        );
+    }
+
+    #[test]
+    fn requeues_by_min_ready_while_incomplete() {
+        let resync = Duration::from_secs(600);
+        let margin = Duration::from_millis(500);
+        assert_eq!(requeue_after(None, resync, 0, false), resync + margin);
+        assert_eq!(
+            requeue_after(None, resync, 30, false),
+            Duration::from_secs(30) + margin
+        );
+        assert_eq!(requeue_after(None, resync, 30, true), resync + margin);
+        let soon = Some(Duration::from_secs(5));
+        assert_eq!(
+            requeue_after(soon, resync, 30, false),
+            Duration::from_secs(5) + margin
+        );
     }
 }

@@ -1,11 +1,15 @@
 //! The MachineDeployment controller: Kubernetes Deployment semantics over MachineSets.
 //!
-//! [`decide`] holds the rollout arithmetic (pure), [`status`] the status and conditions,
-//! [`hash`] the template hash, [`nodes`] the node taints/annotations applied during a
-//! rollout, and [`controller`] the reconciler that applies the decisions.
+//! Each reconcile ([`controller`]) observes ([`observe`]: the deployment's sets and their
+//! machines as facts), decides ([`decide`], pure: the rollout arithmetic, revisions and the
+//! trigger-deletion annotation) and acts ([`act`], one small async function per action).
+//! [`status`] computes the status and conditions, [`hash`] the template hash and [`nodes`]
+//! the node taints/annotations applied during a rollout.
 
+pub mod act;
 pub mod controller;
 pub mod decide;
 pub mod hash;
 pub mod nodes;
+pub mod observe;
 pub mod status;

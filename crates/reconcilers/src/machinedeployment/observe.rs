@@ -1,0 +1,244 @@
+//! Turning a MachineDeployment, its MachineSets and their Machines into the facts the
+//! decisions are made from. Pure: the store contents come in as slices.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::{Resource, ResourceExt};
+use mcm_api::constants::annotations;
+use mcm_api::intstr::RollingUpdateError;
+use mcm_api::owner::controller_of;
+use mcm_api::{Machine, MachineDeployment, MachinePhase, MachineSet, MachineSummary};
+
+use super::decide::{Rollout, SetState, Snapshot, Strategy};
+use super::hash::templates_equal;
+use super::status::StatusInput;
+use crate::machineset::decide::{MachineView, count_machines, is_frozen};
+
+/// The sets a deployment controls, with their machines.
+#[derive(Debug, Clone, Default)]
+pub struct Observed {
+    /// The deployment's sets, oldest first (then by name).
+    pub sets: Vec<Arc<MachineSet>>,
+    /// The machines of each set (by set name).
+    pub machines: BTreeMap<String, Vec<Arc<Machine>>>,
+    /// The set whose template equals the deployment's and that is not being deleted.
+    pub new_set: Option<Arc<MachineSet>>,
+}
+
+/// The deployment's sets (controlled by its uid, in its namespace) and their machines, from
+/// the contents of the set and machine stores.
+pub fn observe(
+    d: &MachineDeployment,
+    sets: &[Arc<MachineSet>],
+    machines: &[Arc<Machine>],
+) -> Observed {
+    let ns = d.namespace();
+    let uid = d.metadata.uid.clone().unwrap_or_default();
+    let mut sets: Vec<Arc<MachineSet>> = sets
+        .iter()
+        .filter(|s| s.namespace() == ns)
+        .filter(|s| controller_of(&s.metadata).is_some_and(|o| o.uid == uid))
+        .cloned()
+        .collect();
+    sets.sort_by(|a, b| {
+        a.metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| t.0)
+            .cmp(&b.metadata.creation_timestamp.as_ref().map(|t| t.0))
+            .then_with(|| a.name_any().cmp(&b.name_any()))
+    });
+    let set_uids: BTreeMap<String, String> = sets
+        .iter()
+        .map(|s| (s.metadata.uid.clone().unwrap_or_default(), s.name_any()))
+        .collect();
+    let mut by_set: BTreeMap<String, Vec<Arc<Machine>>> = BTreeMap::new();
+    for m in machines.iter().filter(|m| m.namespace() == ns) {
+        if let Some(set) = controller_of(&m.metadata).and_then(|o| set_uids.get(&o.uid)) {
+            by_set.entry(set.clone()).or_default().push(m.clone());
+        }
+    }
+    let new_set = sets
+        .iter()
+        .find(|s| {
+            s.metadata.deletion_timestamp.is_none()
+                && s.spec
+                    .template
+                    .as_ref()
+                    .is_some_and(|t| templates_equal(t, &d.spec.template))
+        })
+        .cloned();
+    Observed {
+        sets,
+        machines: by_set,
+        new_set,
+    }
+}
+
+impl Observed {
+    /// The machines of `set`.
+    pub fn machines_of(&self, set: &MachineSet) -> &[Arc<Machine>] {
+        self.machines
+            .get(&set.name_any())
+            .map_or(&[], Vec::as_slice)
+    }
+
+    /// The sets other than the new one.
+    pub fn old_sets(&self) -> impl Iterator<Item = &Arc<MachineSet>> {
+        let new_name = self.new_set.as_ref().map(|s| s.name_any());
+        self.sets
+            .iter()
+            .filter(move |s| Some(s.name_any()) != new_name)
+    }
+
+    /// The machines of all sets.
+    pub fn all_machines(&self) -> Vec<&Machine> {
+        self.machines
+            .values()
+            .flatten()
+            .map(AsRef::as_ref)
+            .collect()
+    }
+
+    /// The machines of the old sets.
+    pub fn old_machines(&self) -> Vec<&Machine> {
+        self.old_sets()
+            .flat_map(|s| self.machines_of(s))
+            .map(AsRef::as_ref)
+            .collect()
+    }
+
+    /// The highest revision among the old sets (0 without any).
+    pub fn max_old_revision(&self) -> i64 {
+        self.old_sets()
+            .filter_map(|s| annotation_i64(s.as_ref(), annotations::REVISION))
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The machines of all sets by name.
+    pub fn machines_by_name(&self) -> BTreeMap<String, &Machine> {
+        self.all_machines()
+            .into_iter()
+            .map(|m| (m.name_any(), m))
+            .collect()
+    }
+}
+
+/// The facts of a deployment besides its strategy: the sets as the decision sees them and
+/// the failed machines.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Facts {
+    /// The new set, if it exists.
+    pub new_set: Option<SetState>,
+    /// The other sets.
+    pub old_sets: Vec<SetState>,
+    /// Summaries of the machines whose last operation failed.
+    pub failed: Vec<MachineSummary>,
+}
+
+/// The facts of the observed sets at `now`.
+pub fn facts(observed: &Observed, now: Timestamp) -> Facts {
+    let state_of = |s: &MachineSet| set_state(s, observed.machines_of(s), now);
+    Facts {
+        new_set: observed.new_set.as_deref().map(state_of),
+        old_sets: observed.old_sets().map(|s| state_of(s)).collect(),
+        failed: observed
+            .all_machines()
+            .into_iter()
+            .filter_map(|m| MachineView::from_machine(m, None, now).failure)
+            .collect(),
+    }
+}
+
+/// One set as the decision sees it: counts from its machines, its replica annotations.
+pub fn set_state(set: &MachineSet, machines: &[Arc<Machine>], now: Timestamp) -> SetState {
+    let views: Vec<MachineView> = machines
+        .iter()
+        .map(|m| MachineView::from_machine(m, None, now))
+        .collect();
+    let counts = count_machines(&views, set.spec.min_ready_seconds.unwrap_or(0), now);
+    let terminating = machines.iter().filter(|m| is_terminating(m)).count();
+    let annotation_i32 = |key: &str| annotation_i64(set, key).and_then(|v| i32::try_from(v).ok());
+    SetState {
+        name: set.name_any(),
+        replicas: set.spec.replicas(),
+        machines: i32::try_from(machines.len() - terminating).unwrap_or(i32::MAX),
+        terminating: i32::try_from(terminating).unwrap_or(i32::MAX),
+        ready: counts.ready,
+        available: counts.available,
+        created: set.metadata.creation_timestamp.as_ref().map(|t| t.0),
+        desired_annotation: annotation_i32(annotations::DESIRED_REPLICAS),
+        max_annotation: annotation_i32(annotations::MAX_REPLICAS),
+    }
+}
+
+/// The deployment's strategy with resolved limits
+/// ([`MachineDeployment::resolved_rolling_update`]); an error names the field and the value
+/// that cannot be used.
+pub fn strategy_of(d: &MachineDeployment) -> Result<Strategy, RollingUpdateError> {
+    if d.is_recreate() {
+        return Ok(Strategy::Recreate);
+    }
+    let (max_surge, max_unavailable) = d.resolved_rolling_update()?;
+    Ok(Strategy::RollingUpdate {
+        max_surge,
+        max_unavailable,
+    })
+}
+
+/// The snapshot the rollout is decided from.
+pub fn snapshot(d: &MachineDeployment, strategy: Strategy, facts: Facts) -> Snapshot {
+    Snapshot {
+        rollout: Rollout {
+            replicas: d.spec.replicas(),
+            strategy,
+            paused: d.spec.paused.unwrap_or(false),
+            frozen: is_frozen(d.metadata.labels.as_ref()),
+        },
+        new_set: facts.new_set,
+        old_sets: facts.old_sets,
+    }
+}
+
+/// The inputs of the status computation besides the snapshot.
+pub fn status_input(
+    d: &MachineDeployment,
+    failed: Vec<MachineSummary>,
+    progressed: bool,
+    now: Timestamp,
+) -> StatusInput<'_> {
+    StatusInput {
+        generation: d.metadata.generation,
+        progress_deadline_seconds: d.spec.progress_deadline_seconds,
+        previous: d.status.as_ref(),
+        failed_machines: failed,
+        progressed,
+        now,
+    }
+}
+
+/// Whether the deployment's selector is missing or empty (it would select every machine).
+pub fn selects_all(d: &MachineDeployment) -> bool {
+    d.spec
+        .selector
+        .as_ref()
+        .is_none_or(|s| s == &LabelSelector::default())
+}
+
+/// An integer annotation of an object.
+pub fn annotation_i64<K: Resource>(obj: &K, key: &str) -> Option<i64> {
+    obj.meta()
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(key))
+        .and_then(|v| v.parse().ok())
+}
+
+/// Whether a machine is going away (deleted or Terminating).
+pub fn is_terminating(m: &Machine) -> bool {
+    m.metadata.deletion_timestamp.is_some() || m.phase() == Some(&MachinePhase::Terminating)
+}
