@@ -1,9 +1,9 @@
 //! Kubernetes API helpers shared by the controllers: classifying API errors
 //! ([`ApiErrorExt`]), writes that report a vanished object as [`Outcome::Gone`] instead of
-//! failing or silently succeeding ([`merge_patch`], [`merge_patch_status`], [`delete`]),
+//! failing or silently succeeding ([`merge_patch`] of an object or its status, [`delete`]),
 //! idempotent finalizer updates guarded by the resourceVersion ([`add_finalizer`],
 //! [`remove_finalizer`]), an error type for a failed call on a named object
-//! ([`ApiCallError`]) and one retry policy for failed reconciles ([`error_policy`]).
+//! ([`ApiCallError`], [`ApiResultExt::context`]) and one retry policy for failed reconciles ([`error_policy`]).
 
 use std::fmt::Debug;
 use std::time::Duration;
@@ -58,7 +58,7 @@ impl Outcome {
 }
 
 /// Turns a NotFound error into [`Outcome::Gone`] and any success into [`Outcome::Done`].
-pub fn gone_if_not_found<T>(result: Result<T, kube::Error>) -> Result<Outcome, kube::Error> {
+pub fn gone_if_not_found<T>(result: Result<T, kube::Error>) -> ApiResult {
     match result {
         Ok(_) => Ok(Outcome::Done),
         Err(e) if e.is_not_found() => Ok(Outcome::Gone),
@@ -66,43 +66,53 @@ pub fn gone_if_not_found<T>(result: Result<T, kube::Error>) -> Result<Outcome, k
     }
 }
 
-/// Applies a JSON merge patch to the object `name`.
-pub async fn merge_patch<K>(api: &Api<K>, name: &str, patch: &Value) -> Result<Outcome, kube::Error>
-where
-    K: Clone + DeserializeOwned + Debug,
-{
-    gone_if_not_found(
-        api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
-            .await,
-    )
+/// The bounds [`Api`] puts on the objects it reads and writes.
+pub trait ApiObject: Clone + DeserializeOwned + Debug {}
+
+impl<K: Clone + DeserializeOwned + Debug> ApiObject for K {}
+
+/// The part of an object a merge patch writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    /// Metadata and spec (the object itself).
+    Object,
+    /// The `status` subresource.
+    Status,
 }
 
-/// Applies a JSON merge patch to the `status` subresource of the object `name`.
-pub async fn merge_patch_status<K>(
+/// Applies a JSON merge patch to the object `name` (its metadata/spec or its status);
+/// [`Outcome::Gone`] when the object does not exist.
+pub async fn merge_patch<K: ApiObject>(
     api: &Api<K>,
+    part: Part,
     name: &str,
     patch: &Value,
-) -> Result<Outcome, kube::Error>
-where
-    K: Clone + DeserializeOwned + Debug,
-{
-    gone_if_not_found(
-        api.patch_status(name, &PatchParams::default(), &Patch::Merge(patch))
-            .await,
-    )
+) -> ApiResult {
+    gone_if_not_found(patch_existing(api, part, name, patch).await)
+}
+
+/// Applies a JSON merge patch to the object `name`, which must exist (NotFound is an error).
+pub async fn patch_existing<K: ApiObject>(
+    api: &Api<K>,
+    part: Part,
+    name: &str,
+    patch: &Value,
+) -> Result<K, kube::Error> {
+    let params = PatchParams::default();
+    let patch = Patch::Merge(patch);
+    match part {
+        Part::Object => api.patch(name, &params, &patch).await,
+        Part::Status => api.patch_status(name, &params, &patch).await,
+    }
 }
 
 /// Deletes the object `name`; [`Outcome::Gone`] when it did not exist.
-pub async fn delete<K>(
-    api: &Api<K>,
-    name: &str,
-    params: &DeleteParams,
-) -> Result<Outcome, kube::Error>
-where
-    K: Clone + DeserializeOwned + Debug,
-{
+pub async fn delete<K: ApiObject>(api: &Api<K>, name: &str, params: &DeleteParams) -> ApiResult {
     gone_if_not_found(api.delete(name, params).await)
 }
+
+/// The result of a write that reports a vanished object as [`Outcome::Gone`].
+pub type ApiResult = Result<Outcome, kube::Error>;
 
 /// The finalizer list of `current` with `finalizer` present or absent, or `None` when it
 /// already is so. Other finalizers keep their order; an added one goes last.
@@ -134,43 +144,28 @@ pub fn finalizer_patch<K: Resource>(obj: &K, finalizer: &str, present: bool) -> 
 
 /// Makes `finalizer` present or absent on `obj`. Idempotent: no request when the list is
 /// already right ([`Outcome::Done`]); [`Outcome::Gone`] when the object no longer exists.
-pub async fn set_finalizer<K>(
-    api: &Api<K>,
-    obj: &K,
-    finalizer: &str,
-    present: bool,
-) -> Result<Outcome, kube::Error>
+pub async fn set_finalizer<K>(api: &Api<K>, obj: &K, finalizer: &str, present: bool) -> ApiResult
 where
-    K: Resource + Clone + DeserializeOwned + Debug,
+    K: Resource + ApiObject,
 {
     match finalizer_patch(obj, finalizer, present) {
-        Some(patch) => merge_patch(api, &obj.name_any(), &patch).await,
+        Some(patch) => merge_patch(api, Part::Object, &obj.name_any(), &patch).await,
         None => Ok(Outcome::Done),
     }
 }
 
-/// Adds `finalizer` to `obj` (see [`set_finalizer`]).
-pub async fn add_finalizer<K>(
-    api: &Api<K>,
-    obj: &K,
-    finalizer: &str,
-) -> Result<Outcome, kube::Error>
-where
-    K: Resource + Clone + DeserializeOwned + Debug,
-{
-    set_finalizer(api, obj, finalizer, true).await
+/// Adds the finalizer `f` to `obj` ([`set_finalizer`]).
+pub async fn add_finalizer<K: Resource + ApiObject>(api: &Api<K>, obj: &K, f: &str) -> ApiResult {
+    set_finalizer(api, obj, f, true).await
 }
 
-/// Removes `finalizer` from `obj` (see [`set_finalizer`]).
-pub async fn remove_finalizer<K>(
+/// Removes the finalizer `f` from `obj` ([`set_finalizer`]).
+pub async fn remove_finalizer<K: Resource + ApiObject>(
     api: &Api<K>,
     obj: &K,
-    finalizer: &str,
-) -> Result<Outcome, kube::Error>
-where
-    K: Resource + Clone + DeserializeOwned + Debug,
-{
-    set_finalizer(api, obj, finalizer, false).await
+    f: &str,
+) -> ApiResult {
+    set_finalizer(api, obj, f, false).await
 }
 
 /// A failed API call on one named object: what was attempted, on what, and the cause.
@@ -198,23 +193,29 @@ impl ApiCallError {
             source,
         }
     }
+}
 
-    /// A `map_err` adapter: `result.map_err(ApiCallError::on(action, kind, name))`.
-    pub fn on<E: From<ApiCallError>>(
+/// Names the object of a failed API call: `api.get(name).await.context("get", "Machine",
+/// name)?` turns the client error into an [`ApiCallError`] (and, with `?`, into the
+/// caller's error type).
+pub trait ApiResultExt<T> {
+    /// The result with the error of `action` on the `kind` object `name`.
+    fn context(
+        self,
         action: &'static str,
         kind: &'static str,
         name: &str,
-    ) -> impl FnOnce(kube::Error) -> E + use<E> {
-        let name = name.to_owned();
-        move |source| {
-            ApiCallError {
-                action,
-                kind,
-                name,
-                source,
-            }
-            .into()
-        }
+    ) -> Result<T, ApiCallError>;
+}
+
+impl<T> ApiResultExt<T> for Result<T, kube::Error> {
+    fn context(
+        self,
+        action: &'static str,
+        kind: &'static str,
+        name: &str,
+    ) -> Result<T, ApiCallError> {
+        self.map_err(|source| ApiCallError::new(action, kind, name, source))
     }
 }
 
@@ -252,6 +253,15 @@ pub const STANDARD_RETRY: RetryPolicy = RetryPolicy {
     conflict: Duration::from_secs(1),
     backoff: Duration::from_secs(10),
 };
+
+impl RetryPolicy {
+    /// The policy of the manager's controllers (MachineSet, MachineDeployment): 200 ms after
+    /// a conflict, 5 s after other failures.
+    pub const MANAGER: RetryPolicy = RetryPolicy {
+        conflict: Duration::from_millis(200),
+        backoff: Duration::from_secs(5),
+    };
+}
 
 /// When and how loudly to retry a failed reconcile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -408,7 +418,9 @@ mod tests {
 
     #[test]
     fn api_call_errors_keep_their_source() {
-        let e: ApiCallError = ApiCallError::on("delete", "Machine", "m")(api_error(500));
+        let e = Err::<(), _>(api_error(500))
+            .context("delete", "Machine", "m")
+            .expect_err("failed");
         assert_eq!(e.action, "delete");
         // The message names the call, the source is the cause (printed once by a chain).
         assert_eq!(e.to_string(), "failed to delete Machine m");

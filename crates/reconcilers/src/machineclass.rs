@@ -21,7 +21,7 @@ use serde_json::json;
 
 use crate::events::EventPublisher;
 use crate::informers::CLASS_CREDENTIALS_LABEL;
-use crate::kube_api::{self, ApiCallError, STANDARD_RETRY};
+use crate::kube_api::{self, ApiCallError, ApiResultExt, STANDARD_RETRY};
 use crate::machine::observe::{SecretRef, class_name, class_secret_refs};
 
 /// Errors of the class controller: a failed API call on a class or a Secret.
@@ -159,7 +159,7 @@ where
 {
     match marking_patch(obj, wanted, label) {
         // Gone: nothing is left to mark.
-        Some(patch) => kube_api::merge_patch(api, &obj.name_any(), &patch)
+        Some(patch) => kube_api::merge_patch(api, kube_api::Part::Object, &obj.name_any(), &patch)
             .await
             .map(|_gone_or_done| ()),
         None => Ok(()),
@@ -180,7 +180,7 @@ async fn sync_secret(ctx: &ClassCtx, r: &SecretRef, wanted: bool) -> Result<(), 
         None => match api
             .get_opt(&r.name)
             .await
-            .map_err(ApiCallError::on("read", "Secret", &r.name))?
+            .context("read", "Secret", &r.name)?
         {
             Some(s) => Arc::new(s),
             // Missing: the Machines using the class report it.
@@ -189,7 +189,7 @@ async fn sync_secret(ctx: &ClassCtx, r: &SecretRef, wanted: bool) -> Result<(), 
     };
     mark(&api, secret.as_ref(), wanted, true)
         .await
-        .map_err(ApiCallError::on("mark", "Secret", &r.name))
+        .context("mark", "Secret", &r.name)
 }
 
 /// The `controller` label of this controller's reconcile metrics.
@@ -208,11 +208,7 @@ async fn mark_class(
     };
     mark(api, class, wanted, false)
         .await
-        .map_err(ApiCallError::on(
-            action,
-            MachineClass::KIND,
-            &class.name_any(),
-        ))
+        .context(action, MachineClass::KIND, &class.name_any())
 }
 
 /// Reconciles one class.

@@ -16,14 +16,14 @@ use mcm_api::constants::{finalizers, labels, node_conditions};
 use mcm_api::{Machine, MachineClass, MachineOperationType, MachinePhase};
 use mcm_driver::{
     Code, CreateMachineRequest, DeleteMachineRequest, DriverError, GetMachineStatusRequest,
-    InitializeMachineRequest, RequestId, SecretData, USER_DATA_KEY,
+    GetMachineStatusResponse, InitializeMachineRequest, RequestId, SecretData, USER_DATA_KEY,
 };
 use serde_json::json;
 
 use super::decide::{ClassProblem, MachineConfig};
 use super::status::{self, Operation};
 use super::{Ctx, Error, token};
-use crate::kube_api::{self, ApiErrorExt};
+use crate::kube_api::{self, ApiErrorExt, Part};
 
 const RECHECK: Duration = Duration::from_secs(30);
 
@@ -58,21 +58,68 @@ async fn record(
     patch_status(ctx, m, status::status_patch(m, phase, op, Timestamp::now())).await
 }
 
+/// The Event that announces a recorded operation: its type, reason and action.
+#[derive(Debug, Clone, Copy)]
+struct Notice {
+    event: EventType,
+    reason: &'static str,
+    action: &'static str,
+}
+
+impl Notice {
+    const fn normal(reason: &'static str, action: &'static str) -> Self {
+        Notice {
+            event: EventType::Normal,
+            reason,
+            action,
+        }
+    }
+
+    const fn warning(reason: &'static str, action: &'static str) -> Self {
+        Notice {
+            event: EventType::Warning,
+            reason,
+            action,
+        }
+    }
+}
+
 /// Records `op` (and `phase`) on the Machine and publishes the same text as an Event.
 async fn announce(
     ctx: &Ctx,
     m: &Machine,
     phase: Option<&MachinePhase>,
     op: Operation,
-    event: EventType,
-    reason: &str,
-    action: &str,
+    notice: Notice,
 ) -> Result<(), Error> {
     record(ctx, m, phase, &op).await?;
+    let Notice {
+        event,
+        reason,
+        action,
+    } = notice;
+    let reference = m.object_ref(&());
     ctx.events
-        .publish(&m.object_ref(&()), event, reason, action, op.description)
+        .publish(&reference, event, reason, action, op.description)
         .await;
     Ok(())
+}
+
+/// Records a step of the deletion (the phase stays) as `description`.
+async fn record_deletion_step(ctx: &Ctx, m: &Machine, description: String) -> Result<(), Error> {
+    let op = Operation::processing(MachineOperationType::Delete, description);
+    record(ctx, m, None, &op).await
+}
+
+/// Records a step of the deletion (the phase stays) and announces it with `notice`.
+async fn announce_deletion_step(
+    ctx: &Ctx,
+    m: &Machine,
+    description: String,
+    notice: Notice,
+) -> Result<(), Error> {
+    let op = Operation::processing(MachineOperationType::Delete, description);
+    announce(ctx, m, None, op, notice).await
 }
 
 /// Adds our finalizer, guarded by the resource version. A Machine gone meanwhile needs
@@ -242,15 +289,7 @@ async fn try_create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Ac
     }
     let request_id = RequestId::generate();
     tracing::info!(machine = %machine_name, %request_id, "looking for the machine's VM");
-    let found = ctx
-        .driver
-        .get_machine_status(GetMachineStatusRequest {
-            machine: m.clone(),
-            machine_class: class.clone(),
-            secret: secret.clone(),
-            request_id: request_id.clone(),
-        })
-        .await;
+    let found = vm_status(ctx, m, &class, &secret, &request_id).await;
     let (provider_id, node_name, adopted) = match found {
         Ok(s) => (s.provider_id, s.node_name, true),
         Err(e) if matches!(e.code, Code::NotFound | Code::Unimplemented) => {
@@ -287,14 +326,7 @@ async fn try_create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Ac
         }
         Err(e) if e.code == Code::Uninitialized => {
             initialize(ctx, m, &class, &secret, &request_id).await?;
-            let s = ctx
-                .driver
-                .get_machine_status(GetMachineStatusRequest {
-                    machine: m.clone(),
-                    machine_class: class.clone(),
-                    secret: secret.clone(),
-                    request_id: request_id.clone(),
-                })
+            let s = vm_status(ctx, m, &class, &secret, &request_id)
                 .await
                 .map_err(|source| Error::driver("get_machine_status", source))?;
             (s.provider_id, s.node_name, true)
@@ -332,6 +364,23 @@ async fn try_create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Ac
     Ok(Action::requeue(cfg.creation_timeout.min(RECHECK)))
 }
 
+/// Asks the driver for the machine's VM.
+async fn vm_status(
+    ctx: &Ctx,
+    m: &Machine,
+    class: &MachineClass,
+    secret: &SecretData,
+    request_id: &RequestId,
+) -> Result<GetMachineStatusResponse, DriverError> {
+    let request = GetMachineStatusRequest {
+        machine: m.clone(),
+        machine_class: class.clone(),
+        secret: secret.clone(),
+        request_id: request_id.clone(),
+    };
+    ctx.driver.get_machine_status(request).await
+}
+
 async fn initialize(
     ctx: &Ctx,
     m: &Machine,
@@ -364,20 +413,13 @@ async fn creation_failed(
 ) -> Result<Action, Error> {
     let description = format!("{op} failed: {}", err.full_message());
     tracing::warn!(machine = %name(m), error = %description, "VM creation failed");
-    announce(
-        ctx,
-        m,
-        Some(&MachinePhase::CrashLoopBackOff),
-        Operation::failed(
-            MachineOperationType::Create,
-            description,
-            Some(err.code.as_str().to_string()),
-        ),
-        EventType::Warning,
-        "CreationFailed",
-        "Create",
-    )
-    .await?;
+    let op = Operation::failed(
+        MachineOperationType::Create,
+        description,
+        Some(err.code.as_str().to_string()),
+    );
+    let notice = Notice::warning("CreationFailed", "Create");
+    announce(ctx, m, Some(&MachinePhase::CrashLoopBackOff), op, notice).await?;
     Ok(Action::requeue(ctx.backoff(m, Some(&err))))
 }
 
@@ -417,16 +459,9 @@ pub async fn mark_running(ctx: &Ctx, m: &Machine, node: Option<&Node>) -> Result
     }
     // The token goes before Running is recorded, so a crash in between cannot skip it.
     delete_bootstrap_token(ctx, m).await?;
-    announce(
-        ctx,
-        m,
-        Some(&MachinePhase::Running),
-        Operation::successful(kind, description),
-        EventType::Normal,
-        "Running",
-        "HealthCheck",
-    )
-    .await?;
+    let op = Operation::successful(kind, description);
+    let notice = Notice::normal("Running", "HealthCheck");
+    announce(ctx, m, Some(&MachinePhase::Running), op, notice).await?;
     Ok(Action::requeue(ctx.settings.resync))
 }
 
@@ -468,16 +503,9 @@ pub async fn mark_unknown(
         "Machine {} is unhealthy - changing phase to Unknown: {reason}",
         name(m)
     );
-    announce(
-        ctx,
-        m,
-        Some(&MachinePhase::Unknown),
-        Operation::processing(MachineOperationType::HealthCheck, description),
-        EventType::Warning,
-        "Unhealthy",
-        "HealthCheck",
-    )
-    .await?;
+    let op = Operation::processing(MachineOperationType::HealthCheck, description);
+    let notice = Notice::warning("Unhealthy", "HealthCheck");
+    announce(ctx, m, Some(&MachinePhase::Unknown), op, notice).await?;
     Ok(Action::requeue(RECHECK))
 }
 
@@ -491,16 +519,9 @@ pub async fn throttle_replacement(
 ) -> Result<Action, Error> {
     let description = format!("replacement throttled: {throttled}; {reason}");
     if last_description(m) != Some(description.as_str()) {
-        announce(
-            ctx,
-            m,
-            None,
-            Operation::processing(MachineOperationType::HealthCheck, description),
-            EventType::Warning,
-            "ReplacementThrottled",
-            "HealthCheck",
-        )
-        .await?;
+        let op = Operation::processing(MachineOperationType::HealthCheck, description);
+        let notice = Notice::warning("ReplacementThrottled", "HealthCheck");
+        announce(ctx, m, None, op, notice).await?;
     }
     Ok(Action::requeue(RECHECK))
 }
@@ -529,16 +550,9 @@ pub async fn mark_failed(ctx: &Ctx, m: &Machine, reason: &str) -> Result<Action,
         _ => MachineOperationType::Create,
     };
     let description = format!("Machine {} failed: {reason}", name(m));
-    announce(
-        ctx,
-        m,
-        Some(&MachinePhase::Failed),
-        Operation::failed(kind, description, None),
-        EventType::Warning,
-        "Failed",
-        "HealthCheck",
-    )
-    .await?;
+    let op = Operation::failed(kind, description, None);
+    let notice = Notice::warning("Failed", "HealthCheck");
+    announce(ctx, m, Some(&MachinePhase::Failed), op, notice).await?;
     ctx.metrics.failed();
     Ok(Action::await_change())
 }
@@ -570,16 +584,9 @@ pub async fn mark_terminating(
         (None, false) => "no VM was ever requested; nothing to delete".to_string(),
     };
     let description = format!("Deleting machine {}: {next}", name(m));
-    announce(
-        ctx,
-        m,
-        Some(&MachinePhase::Terminating),
-        Operation::processing(MachineOperationType::Delete, description),
-        EventType::Normal,
-        "Terminating",
-        "Delete",
-    )
-    .await?;
+    let op = Operation::processing(MachineOperationType::Delete, description);
+    let notice = Notice::normal("Terminating", "Delete");
+    announce(ctx, m, Some(&MachinePhase::Terminating), op, notice).await?;
     Ok(Action::await_change())
 }
 
@@ -641,14 +648,11 @@ pub async fn start_drain(ctx: &Ctx, m: &Machine, node: &Node) -> Result<Action, 
     set_progress(ctx, m, progress::DRAIN_STARTED).await?;
     let description =
         format!("Drain of node {node_name} started: node cordoned, evicting its pods");
-    announce(
+    announce_deletion_step(
         ctx,
         m,
-        None,
-        Operation::processing(MachineOperationType::Delete, description.clone()),
-        EventType::Normal,
-        "DrainStarted",
-        "Drain",
+        description.clone(),
+        Notice::normal("DrainStarted", "Drain"),
     )
     .await?;
     node_event(
@@ -668,15 +672,7 @@ pub async fn vm_is_gone(ctx: &Ctx, m: &Machine) -> bool {
     let Ok((class, secret)) = class_and_secret(ctx, m).await else {
         return false;
     };
-    let status = ctx
-        .driver
-        .get_machine_status(GetMachineStatusRequest {
-            machine: m.clone(),
-            machine_class: class,
-            secret,
-            request_id: RequestId::generate(),
-        })
-        .await;
+    let status = vm_status(ctx, m, &class, &secret, &RequestId::generate()).await;
     matches!(status, Err(e) if e.code == Code::NotFound)
 }
 
@@ -749,14 +745,11 @@ pub async fn drain_pass(
     match report.state() {
         mcm_drain::PassState::Done | mcm_drain::PassState::NodeGone => {
             set_progress(ctx, m, progress::DRAINED).await?;
-            announce(
+            announce_deletion_step(
                 ctx,
                 m,
-                None,
-                Operation::processing(MachineOperationType::Delete, description.clone()),
-                EventType::Normal,
-                "Drained",
-                "Drain",
+                description.clone(),
+                Notice::normal("Drained", "Drain"),
             )
             .await?;
             if report.state() == mcm_drain::PassState::Done {
@@ -768,13 +761,7 @@ pub async fn drain_pass(
             if plan.pods_gone_for.is_none() {
                 set_progress(ctx, m, progress::PODS_DRAINED).await?;
             }
-            record(
-                ctx,
-                m,
-                None,
-                &Operation::processing(MachineOperationType::Delete, description),
-            )
-            .await?;
+            record_deletion_step(ctx, m, description).await?;
             Ok(Action::requeue(
                 ctx.settings.eviction_retry_interval.min(DRAIN_WAIT_RECHECK),
             ))
@@ -783,17 +770,8 @@ pub async fn drain_pass(
             let blocked = !report.blocked.is_empty() || !report.misconfigured.is_empty();
             let changed = last_description(m) != Some(description.as_str());
             if blocked && changed {
-                let op = Operation::processing(MachineOperationType::Delete, description.clone());
-                announce(
-                    ctx,
-                    m,
-                    None,
-                    op,
-                    EventType::Warning,
-                    "DrainBlockedByPDB",
-                    "Drain",
-                )
-                .await?;
+                let notice = Notice::warning("DrainBlockedByPDB", "Drain");
+                announce_deletion_step(ctx, m, description, notice).await?;
                 node_event(
                     ctx,
                     node_name,
@@ -803,13 +781,7 @@ pub async fn drain_pass(
                 )
                 .await;
             } else {
-                record(
-                    ctx,
-                    m,
-                    None,
-                    &Operation::processing(MachineOperationType::Delete, description),
-                )
-                .await?;
+                record_deletion_step(ctx, m, description).await?;
             }
             let recheck = if blocked {
                 ctx.settings.eviction_retry_interval
@@ -884,14 +856,11 @@ pub async fn delete_vm(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
     set_progress(ctx, m, progress::VM_DELETED).await?;
     let what = vm_description(m);
     let description = format!("Deleted {what}");
-    announce(
+    announce_deletion_step(
         ctx,
         m,
-        None,
-        Operation::processing(MachineOperationType::Delete, description.clone()),
-        EventType::Normal,
-        "VMDeleted",
-        "Delete",
+        description.clone(),
+        Notice::normal("VMDeleted", "Delete"),
     )
     .await?;
     if let Some(node) = m.node_name() {
@@ -997,7 +966,7 @@ async fn set_node_terminating(ctx: &Ctx, node: &Node, m: &Machine) -> Result<(),
     }));
     let nodes: Api<Node> = Api::all(ctx.target.clone());
     let patch = json!({ "status": { "conditions": conditions } });
-    let outcome = kube_api::merge_patch_status(&nodes, &node.name_any(), &patch)
+    let outcome = kube_api::merge_patch(&nodes, Part::Status, &node.name_any(), &patch)
         .await
         .map_err(|e| Error::kube("set the node's Terminating condition", e))?;
     if outcome.is_gone() {

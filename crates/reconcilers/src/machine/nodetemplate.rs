@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::{Ctx, Error};
-use crate::kube_api::{self, ApiErrorExt};
+use crate::kube_api::{self, ApiErrorExt, Part};
 
 /// What the template asks for (and what the annotation records as applied).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -175,7 +175,7 @@ pub async fn sync(ctx: &Ctx, machine: &Machine, node: &Node) -> Result<(), Error
     };
     let nodes: Api<Node> = Api::all(ctx.target.clone());
     // A vanished node (Gone) and a conflict are retried by the next reconcile.
-    match kube_api::merge_patch(&nodes, &node.name_any(), &patch).await {
+    match kube_api::merge_patch(&nodes, Part::Object, &node.name_any(), &patch).await {
         Ok(_) => Ok(()),
         Err(e) if e.is_conflict() => Ok(()),
         Err(e) => Err(Error::kube("apply the node template", e)),

@@ -1,17 +1,16 @@
-//! The async half of the MachineDeployment controller: one small action per decision. Every
-//! action is idempotent: it may run again after a crash at any point.
+//! The async half of the MachineDeployment controller: one small action per decision, on
+//! an [`Actor`] for one deployment. Every action is idempotent: it may run again after a
+//! crash at any point.
 
 use std::collections::BTreeMap;
-use std::fmt::Debug;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Resource, ResourceExt};
 use mcm_api::constants::{annotations, finalizers, labels};
 use mcm_api::owner::controller_reference;
 use mcm_api::{Machine, MachineDeployment, MachineDeploymentStatus, MachineSet, MachineSetSpec};
-use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use super::controller::{Context, Error};
@@ -19,186 +18,293 @@ use super::decide::{RevisionPlan, SetState, TriggerPlan};
 use super::hash::{template_hash, templates_equal};
 use super::status::{is_invalid_strategy, reasons};
 use crate::kube_api::{
-    self, ApiCallError, ApiErrorExt, Outcome, add_finalizer, merge_patch_status, remove_finalizer,
+    self, ApiCallError, ApiErrorExt, ApiResultExt, Outcome, Part, merge_patch, patch_existing,
 };
 use crate::machineset::controller::status_patch;
 
 /// The finalizer of the manager's controllers.
 pub const FINALIZER: &str = finalizers::MACHINE_CONTROLLER_MANAGER;
 
-fn deployments(ctx: &Context, d: &MachineDeployment) -> Api<MachineDeployment> {
-    Api::namespaced(ctx.client.clone(), &d.namespace().unwrap_or_default())
+/// The actions on one deployment: its API handles (the deployment's namespace), its name
+/// and its Event reference.
+pub struct Actor<'a> {
+    ctx: &'a Context,
+    d: &'a MachineDeployment,
+    name: String,
+    deployments: Api<MachineDeployment>,
+    sets: Api<MachineSet>,
+    machines: Api<Machine>,
+    reference: ObjectReference,
 }
 
-fn sets(ctx: &Context, d: &MachineDeployment) -> Api<MachineSet> {
-    Api::namespaced(ctx.client.clone(), &d.namespace().unwrap_or_default())
-}
-
-fn reference(d: &MachineDeployment) -> ObjectReference {
-    d.object_ref(&())
-}
-
-async fn normal_event(
-    ctx: &Context,
-    d: &MachineDeployment,
-    reason: &str,
-    action: &str,
-    note: String,
-) {
-    ctx.events.normal(&reference(d), reason, action, note).await;
-}
-
-/// Applies a merge patch to the `kind` object `name`; `action` names the write in the error.
-/// The object must exist (NotFound is an error, retried by the next reconcile).
-async fn patch<K>(
-    api: &Api<K>,
-    (action, kind): (&'static str, &'static str),
-    name: &str,
-    patch: &Value,
-) -> Result<(), Error>
-where
-    K: Clone + DeserializeOwned + Debug,
-{
-    api.patch(name, &PatchParams::default(), &Patch::Merge(patch))
-        .await
-        .map(drop)
-        .map_err(ApiCallError::on(action, kind, name))
-}
-
-/// Adds (`present`) or removes the finalizer of the deployment; [`Outcome::Gone`] when the
-/// deployment no longer exists.
-pub async fn set_finalizer(
-    ctx: &Context,
-    d: &MachineDeployment,
-    present: bool,
-) -> Result<Outcome, Error> {
-    let api = deployments(ctx, d);
-    let result = if present {
-        add_finalizer(&api, d, FINALIZER).await
-    } else {
-        remove_finalizer(&api, d, FINALIZER).await
-    };
-    result.map_err(ApiCallError::on(
-        "update finalizers of",
-        MachineDeployment::KIND,
-        &d.name_any(),
-    ))
-}
-
-/// Deletes the deployment's sets that are not being deleted yet (the deployment is being
-/// deleted), with an Event per deleted set.
-pub async fn delete_sets(
-    ctx: &Context,
-    d: &MachineDeployment,
-    sets: &[&MachineSet],
-) -> Result<(), Error> {
-    let api = self::sets(ctx, d);
-    for s in sets {
-        let name = s.name_any();
-        let outcome = kube_api::delete(&api, &name, &DeleteParams::background())
-            .await
-            .map_err(ApiCallError::on::<Error>("delete", MachineSet::KIND, &name))?;
-        if outcome == Outcome::Done {
-            let note = format!("Deleting MachineSet {name}");
-            normal_event(ctx, d, "DeletingMachineSet", "Delete", note).await;
+impl<'a> Actor<'a> {
+    /// The actions on `d`.
+    pub fn new(ctx: &'a Context, d: &'a MachineDeployment) -> Self {
+        let ns = d.namespace().unwrap_or_default();
+        Actor {
+            ctx,
+            d,
+            name: d.name_any(),
+            deployments: Api::namespaced(ctx.client.clone(), &ns),
+            sets: Api::namespaced(ctx.client.clone(), &ns),
+            machines: Api::namespaced(ctx.client.clone(), &ns),
+            reference: d.object_ref(&()),
         }
     }
-    Ok(())
-}
 
-/// Deletes old sets beyond the revision history limit (a set gone meanwhile is pruned).
-pub async fn prune_sets(
-    ctx: &Context,
-    d: &MachineDeployment,
-    names: &[String],
-) -> Result<(), Error> {
-    let api = sets(ctx, d);
-    for name in names {
-        let _ = kube_api::delete(&api, name, &DeleteParams::background())
+    async fn normal_event(&self, reason: &str, action: &str, note: String) {
+        let events = &self.ctx.events;
+        events.normal(&self.reference, reason, action, note).await;
+    }
+
+    /// Applies a merge patch to the deployment (`part`), which must exist.
+    async fn patch_deployment(
+        &self,
+        part: Part,
+        action: &'static str,
+        p: &Value,
+    ) -> Result<(), Error> {
+        patch_existing(&self.deployments, part, &self.name, p)
             .await
-            .map_err(ApiCallError::on::<Error>("prune", MachineSet::KIND, name))?;
+            .context(action, MachineDeployment::KIND, &self.name)?;
+        Ok(())
     }
-    Ok(())
-}
 
-/// Warns that the deployment selects every machine (nothing else is done until it changes).
-pub async fn warn_selecting_all(ctx: &Context, d: &MachineDeployment) {
-    let note = "This deployment is selecting all machines. A non-empty selector is required.";
-    ctx.events
-        .warning(&reference(d), "SelectingAll", "Sync", note.into())
-        .await;
-}
-
-/// Marks the machine `name` with priority 1 and a marked-for-deletion time, so the next
-/// scale-down removes it first.
-pub async fn mark_for_deletion(
-    ctx: &Context,
-    d: &MachineDeployment,
-    name: &str,
-    time: &str,
-) -> Result<(), Error> {
-    let api: Api<Machine> = Api::namespaced(ctx.client.clone(), &d.namespace().unwrap_or_default());
-    let marks = json!({"metadata": {"annotations": {
-        annotations::MACHINE_PRIORITY: "1",
-        annotations::MARKED_FOR_DELETION_TIME: time,
-    }}});
-    patch(&api, ("mark for deletion", Machine::KIND), name, &marks).await?;
-    let note = format!("Machine {name} marked with priority 1 for deletion");
-    normal_event(ctx, d, "MachineMarkedForDeletion", "TriggerDeletion", note).await;
-    Ok(())
-}
-
-/// Writes the trigger-deletion annotation of `plan` and reduces the replicas by its
-/// scale-down, guarded by the deployment's resourceVersion.
-pub async fn update_trigger_deletion(
-    ctx: &Context,
-    d: &MachineDeployment,
-    plan: &TriggerPlan,
-) -> Result<(), Error> {
-    let mut update = json!({"metadata": {
-        "resourceVersion": d.resource_version(),
-        "annotations": {annotations::TRIGGER_DELETION_BY_MCM: plan.annotation},
-    }});
-    if plan.scale_down > 0 {
-        update["spec"] = json!({"replicas": (d.spec.replicas() - plan.scale_down).max(0)});
-        let note = format!(
-            "Scaled down by {} for machines triggered for deletion",
-            plan.scale_down
-        );
-        normal_event(ctx, d, "ScaledDownForTriggeredDeletion", "Scale", note).await;
+    /// Applies a merge patch to the set `name`, which must exist.
+    async fn patch_set(&self, action: &'static str, name: &str, p: &Value) -> Result<(), Error> {
+        patch_existing(&self.sets, Part::Object, name, p)
+            .await
+            .context(action, MachineSet::KIND, name)?;
+        Ok(())
     }
-    let what = ("update trigger-deletion of", MachineDeployment::KIND);
-    patch(&deployments(ctx, d), what, &d.name_any(), &update).await
-}
 
-/// Records the revision of `plan` on the new set (raising it above the old sets', with the
-/// replaced revision in its history) and on the deployment.
-pub async fn sync_revision(
-    ctx: &Context,
-    d: &MachineDeployment,
-    new_set: &MachineSet,
-    plan: &RevisionPlan,
-) -> Result<(), Error> {
-    if let Some(history) = &plan.bump {
-        let mut anns = serde_json::Map::new();
-        anns.insert(
-            annotations::REVISION.into(),
-            json!(plan.revision.to_string()),
-        );
-        if let Some(history) = history {
-            anns.insert(annotations::REVISION_HISTORY.into(), json!(history));
+    /// Deletes the set `name`; `action` names the deletion in the error.
+    async fn delete_set(&self, action: &'static str, name: &str) -> Result<Outcome, Error> {
+        let background = DeleteParams::background();
+        let outcome = kube_api::delete(&self.sets, name, &background)
+            .await
+            .context(action, MachineSet::KIND, name)?;
+        Ok(outcome)
+    }
+
+    /// Adds (`present`) or removes the finalizer of the deployment; [`Outcome::Gone`] when the
+    /// deployment no longer exists.
+    pub async fn set_finalizer(&self, present: bool) -> Result<Outcome, Error> {
+        let outcome = kube_api::set_finalizer(&self.deployments, self.d, FINALIZER, present)
+            .await
+            .context("update finalizers of", MachineDeployment::KIND, &self.name)?;
+        Ok(outcome)
+    }
+
+    /// Deletes the deployment's sets that are not being deleted yet (the deployment is being
+    /// deleted), with an Event per deleted set.
+    pub async fn delete_sets(&self, sets: &[&MachineSet]) -> Result<(), Error> {
+        for s in sets {
+            let name = s.name_any();
+            if self.delete_set("delete", &name).await? == Outcome::Done {
+                let note = format!("Deleting MachineSet {name}");
+                self.normal_event("DeletingMachineSet", "Delete", note)
+                    .await;
+            }
         }
-        let update = json!({"metadata": {"annotations": anns}});
-        let what = ("update revision of", MachineSet::KIND);
-        patch(&sets(ctx, d), what, &new_set.name_any(), &update).await?;
+        Ok(())
     }
-    if plan.update_deployment {
+
+    /// Deletes old sets beyond the revision history limit (a set gone meanwhile is pruned).
+    pub async fn prune_sets(&self, names: &[String]) -> Result<(), Error> {
+        for name in names {
+            let _ = self.delete_set("prune", name).await?;
+        }
+        Ok(())
+    }
+
+    /// Warns that the deployment selects every machine (nothing else is done until it
+    /// changes).
+    pub async fn warn_selecting_all(&self) {
+        let note = "This deployment is selecting all machines. A non-empty selector is required.";
+        let events = &self.ctx.events;
+        events
+            .warning(&self.reference, "SelectingAll", "Sync", note.into())
+            .await;
+    }
+
+    /// Marks the machine `name` with priority 1 and a marked-for-deletion time, so the next
+    /// scale-down removes it first.
+    pub async fn mark_for_deletion(&self, name: &str, time: &str) -> Result<(), Error> {
+        let marks = json!({"metadata": {"annotations": {
+            annotations::MACHINE_PRIORITY: "1",
+            annotations::MARKED_FOR_DELETION_TIME: time,
+        }}});
+        patch_existing(&self.machines, Part::Object, name, &marks)
+            .await
+            .context("mark for deletion", Machine::KIND, name)?;
+        let note = format!("Machine {name} marked with priority 1 for deletion");
+        self.normal_event("MachineMarkedForDeletion", "TriggerDeletion", note)
+            .await;
+        Ok(())
+    }
+
+    /// Writes the trigger-deletion annotation of `plan` and reduces the replicas by its
+    /// scale-down, guarded by the deployment's resourceVersion.
+    pub async fn update_trigger_deletion(&self, plan: &TriggerPlan) -> Result<(), Error> {
+        let mut update = json!({"metadata": {
+            "resourceVersion": self.d.resource_version(),
+            "annotations": {annotations::TRIGGER_DELETION_BY_MCM: plan.annotation},
+        }});
+        if plan.scale_down > 0 {
+            let replicas = (self.d.spec.replicas() - plan.scale_down).max(0);
+            update["spec"] = json!({ "replicas": replicas });
+            let note = format!(
+                "Scaled down by {} for machines triggered for deletion",
+                plan.scale_down
+            );
+            self.normal_event("ScaledDownForTriggeredDeletion", "Scale", note)
+                .await;
+        }
+        self.patch_deployment(Part::Object, "update trigger-deletion of", &update)
+            .await
+    }
+
+    /// Records the revision of `plan` on the new set (raising it above the old sets', with
+    /// the replaced revision in its history) and on the deployment.
+    pub async fn sync_revision(
+        &self,
+        new_set: &MachineSet,
+        plan: &RevisionPlan,
+    ) -> Result<(), Error> {
         let revision = plan.revision.to_string();
-        let update = json!({"metadata": {"annotations": {annotations::REVISION: revision}}});
-        let what = ("update revision of", MachineDeployment::KIND);
-        patch(&deployments(ctx, d), what, &d.name_any(), &update).await?;
+        if let Some(history) = &plan.bump {
+            let mut anns = serde_json::Map::new();
+            anns.insert(annotations::REVISION.into(), json!(revision));
+            if let Some(history) = history {
+                anns.insert(annotations::REVISION_HISTORY.into(), json!(history));
+            }
+            let update = json!({"metadata": {"annotations": anns}});
+            self.patch_set("update revision of", &new_set.name_any(), &update)
+                .await?;
+        }
+        if plan.update_deployment {
+            let update = json!({"metadata": {"annotations": {annotations::REVISION: revision}}});
+            self.patch_deployment(Part::Object, "update revision of", &update)
+                .await?;
+        }
+        Ok(())
     }
-    Ok(())
+
+    /// Creates the new set. A set of that name with the same template counts as created; one
+    /// with another template is a hash collision: the deployment's collision count goes up
+    /// and the error makes the next reconcile try the next name.
+    pub async fn create_new_set(
+        &self,
+        replicas: i32,
+        revision: i64,
+        max_surge: i32,
+    ) -> Result<(), Error> {
+        let set = new_machine_set(self.d, replicas, revision, max_surge);
+        let name = set.name_any();
+        match self.sets.create(&PostParams::default(), &set).await {
+            Ok(_) => {
+                let note = format!("Created new MachineSet {name} with {replicas} replicas");
+                self.normal_event("NewMachineSetCreated", "Rollout", note)
+                    .await;
+                Ok(())
+            }
+            Err(e) if e.is_conflict() => {
+                let existing =
+                    self.sets
+                        .get(&name)
+                        .await
+                        .context("get", MachineSet::KIND, &name)?;
+                let same = existing
+                    .spec
+                    .template
+                    .as_ref()
+                    .is_some_and(|t| templates_equal(t, &self.d.spec.template));
+                if same {
+                    return Ok(());
+                }
+                self.bump_collision_count().await?;
+                Err(Error::HashCollision(name))
+            }
+            Err(e) => Err(ApiCallError::new("create", MachineSet::KIND, &name, e).into()),
+        }
+    }
+
+    /// Raises the deployment's `status.collisionCount` by one.
+    async fn bump_collision_count(&self) -> Result<(), Error> {
+        let status = self.d.status.as_ref();
+        let count = status.and_then(|s| s.collision_count).unwrap_or(0) + 1;
+        let update = json!({"status": {"collisionCount": count}});
+        self.patch_deployment(Part::Status, "update collision count of", &update)
+            .await
+    }
+
+    /// Scales the set `name` (now as `current`) to `replicas` and refreshes its replica
+    /// annotations; an Event when the replicas change.
+    pub async fn scale_set(
+        &self,
+        name: &str,
+        current: Option<&SetState>,
+        replicas: i32,
+        max_surge: i32,
+    ) -> Result<(), Error> {
+        let update = json!({
+            "metadata": {"annotations": replica_annotations(self.d, max_surge)},
+            "spec": {"replicas": replicas},
+        });
+        self.patch_set("scale", name, &update).await?;
+        if let Some(cur) = current.filter(|c| c.replicas != replicas) {
+            let direction = if replicas > cur.replicas {
+                "up"
+            } else {
+                "down"
+            };
+            let from = cur.replicas;
+            let note = format!("Scaled {direction} MachineSet {name} from {from} to {replicas}");
+            self.normal_event("ScalingMachineSet", "Scale", note).await;
+        }
+        Ok(())
+    }
+
+    /// Writes `status` unless the deployment already has it (a deployment gone meanwhile
+    /// needs no status).
+    pub async fn update_status(&self, status: &MachineDeploymentStatus) -> Result<(), Error> {
+        if self.d.status.as_ref() == Some(status) {
+            return Ok(());
+        }
+        let patch = status_patch(status, &["conditions", "failedMachines"]);
+        let _ = merge_patch(&self.deployments, Part::Status, &self.name, &patch)
+            .await
+            .context("update status of", MachineDeployment::KIND, &self.name)?;
+        Ok(())
+    }
+
+    /// Records an unusable strategy: writes `status` (with its `Progressing=False,
+    /// InvalidStrategy` condition) and, only when that condition is new or its message
+    /// changed, publishes one Warning Event. The condition is stored, so neither later
+    /// reconciles nor a restarted controller repeat the Event.
+    pub async fn report_invalid_strategy(
+        &self,
+        status: MachineDeploymentStatus,
+    ) -> Result<(), Error> {
+        let invalid = |s: Option<&MachineDeploymentStatus>| {
+            s.and_then(|s| s.conditions.as_ref())
+                .and_then(|c| c.iter().find(|c| is_invalid_strategy(c)))
+                .and_then(|c| c.message.clone())
+        };
+        let before = invalid(self.d.status.as_ref());
+        let message = invalid(Some(&status)).unwrap_or_default();
+        tracing::debug!(deployment = %self.name, %message, "invalid strategy");
+        self.update_status(&status).await?;
+        if before.as_deref() != Some(message.as_str()) {
+            let reason = reasons::INVALID_STRATEGY;
+            let events = &self.ctx.events;
+            events
+                .warning(&self.reference, reason, "Sync", message)
+                .await;
+        }
+        Ok(())
+    }
 }
 
 /// The annotations a set of the deployment carries about the deployment's size: desired
@@ -259,145 +365,4 @@ pub fn new_machine_set(
         },
         ..MachineSet::default()
     }
-}
-
-/// Creates the new set. A set of that name with the same template counts as created; one
-/// with another template is a hash collision: the deployment's collision count goes up and
-/// the error makes the next reconcile try the next name.
-pub async fn create_new_set(
-    ctx: &Context,
-    d: &MachineDeployment,
-    replicas: i32,
-    revision: i64,
-    max_surge: i32,
-) -> Result<(), Error> {
-    let set = new_machine_set(d, replicas, revision, max_surge);
-    let name = set.name_any();
-    let api = sets(ctx, d);
-    match api.create(&PostParams::default(), &set).await {
-        Ok(_) => {
-            let note = format!("Created new MachineSet {name} with {replicas} replicas");
-            normal_event(ctx, d, "NewMachineSetCreated", "Rollout", note).await;
-            Ok(())
-        }
-        Err(e) if e.is_conflict() => {
-            let existing = api.get(&name).await.map_err(ApiCallError::on::<Error>(
-                "get",
-                MachineSet::KIND,
-                &name,
-            ))?;
-            let same = existing
-                .spec
-                .template
-                .as_ref()
-                .is_some_and(|t| templates_equal(t, &d.spec.template));
-            if same {
-                return Ok(());
-            }
-            bump_collision_count(ctx, d).await?;
-            Err(Error::HashCollision(name))
-        }
-        Err(e) => Err(ApiCallError::on::<Error>("create", MachineSet::KIND, &name)(e)),
-    }
-}
-
-/// Raises the deployment's `status.collisionCount` by one.
-async fn bump_collision_count(ctx: &Context, d: &MachineDeployment) -> Result<(), Error> {
-    let count = d
-        .status
-        .as_ref()
-        .and_then(|s| s.collision_count)
-        .unwrap_or(0)
-        + 1;
-    let update = json!({"status": {"collisionCount": count}});
-    deployments(ctx, d)
-        .patch_status(
-            &d.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(&update),
-        )
-        .await
-        .map(drop)
-        .map_err(ApiCallError::on(
-            "update collision count of",
-            MachineDeployment::KIND,
-            &d.name_any(),
-        ))
-}
-
-/// Scales the set `current` to `replicas` and refreshes its replica annotations; an Event
-/// when the replicas change.
-pub async fn scale_set(
-    ctx: &Context,
-    d: &MachineDeployment,
-    name: &str,
-    current: Option<&SetState>,
-    replicas: i32,
-    max_surge: i32,
-) -> Result<(), Error> {
-    let update = json!({
-        "metadata": {"annotations": replica_annotations(d, max_surge)},
-        "spec": {"replicas": replicas},
-    });
-    patch(&sets(ctx, d), ("scale", MachineSet::KIND), name, &update).await?;
-    if let Some(cur) = current.filter(|c| c.replicas != replicas) {
-        let direction = if replicas > cur.replicas {
-            "up"
-        } else {
-            "down"
-        };
-        let note = format!(
-            "Scaled {direction} MachineSet {name} from {} to {replicas}",
-            cur.replicas
-        );
-        normal_event(ctx, d, "ScalingMachineSet", "Scale", note).await;
-    }
-    Ok(())
-}
-
-/// Writes `status` unless the deployment already has it (a deployment gone meanwhile needs
-/// no status).
-pub async fn update_status(
-    ctx: &Context,
-    d: &MachineDeployment,
-    status: &MachineDeploymentStatus,
-) -> Result<(), Error> {
-    if d.status.as_ref() == Some(status) {
-        return Ok(());
-    }
-    let patch = status_patch(status, &["conditions", "failedMachines"]);
-    let _ = merge_patch_status(&deployments(ctx, d), &d.name_any(), &patch)
-        .await
-        .map_err(ApiCallError::on::<Error>(
-            "update status of",
-            MachineDeployment::KIND,
-            &d.name_any(),
-        ))?;
-    Ok(())
-}
-
-/// Records an unusable strategy: writes `status` (with its `Progressing=False,
-/// InvalidStrategy` condition) and, only when that condition is new or its message changed,
-/// publishes one Warning Event. The condition is stored, so neither later reconciles nor a
-/// restarted controller repeat the Event.
-pub async fn report_invalid_strategy(
-    ctx: &Context,
-    d: &MachineDeployment,
-    status: MachineDeploymentStatus,
-) -> Result<(), Error> {
-    let invalid = |s: Option<&MachineDeploymentStatus>| {
-        s.and_then(|s| s.conditions.as_ref())
-            .and_then(|c| c.iter().find(|c| is_invalid_strategy(c)))
-            .and_then(|c| c.message.clone())
-    };
-    let before = invalid(d.status.as_ref());
-    let message = invalid(Some(&status)).unwrap_or_default();
-    tracing::debug!(deployment = %d.name_any(), %message, "invalid strategy");
-    update_status(ctx, d, &status).await?;
-    if before.as_deref() != Some(message.as_str()) {
-        ctx.events
-            .warning(&reference(d), reasons::INVALID_STRATEGY, "Sync", message)
-            .await;
-    }
-    Ok(())
 }

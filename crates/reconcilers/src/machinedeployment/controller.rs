@@ -15,7 +15,7 @@ use mcm_api::constants::annotations;
 use mcm_api::owner::controller_of;
 use mcm_api::{Machine, MachineDeployment, MachinePhase, MachineSet};
 
-use super::act;
+use super::act::{self, Actor};
 use super::decide::{self, Action as RolloutAction, Snapshot, TriggerMachine};
 use super::nodes::apply_markers;
 use super::observe::{self, Observed, annotation_i64, is_terminating};
@@ -92,19 +92,20 @@ pub const CONTROLLER: &str = "machinedeployment";
 
 /// Reconciles one MachineDeployment.
 pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let act = Actor::new(&ctx, &d);
     let has_finalizer = d.finalizers().iter().any(|f| f == act::FINALIZER);
     let observed = observe::observe(&d, &ctx.sets.state(), &ctx.machines.state());
     if d.metadata.deletion_timestamp.is_some() {
-        return finish_deletion(&d, &ctx, &observed, has_finalizer).await;
+        return finish_deletion(&act, &observed, has_finalizer).await;
     }
-    if !has_finalizer && act::set_finalizer(&ctx, &d, true).await?.is_gone() {
+    if !has_finalizer && act.set_finalizer(true).await?.is_gone() {
         return Ok(Action::await_change());
     }
     if observe::selects_all(&d) {
-        act::warn_selecting_all(&ctx, &d).await;
+        act.warn_selecting_all().await;
         return Ok(Action::await_change());
     }
-    if handle_trigger_deletion(&d, &ctx, &observed).await? {
+    if handle_trigger_deletion(&d, &act, &observed).await? {
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
 
@@ -117,7 +118,7 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
             let input = observe::status_input(&d, facts.failed, false, now);
             let message = invalid.to_string();
             let status = invalid_strategy_status(d.spec.replicas(), counters, &input, &message);
-            act::report_invalid_strategy(&ctx, &d, status).await?;
+            act.report_invalid_strategy(status).await?;
             // Nothing is rolled out or scaled until the strategy changes (an event).
             return Ok(Action::await_change());
         }
@@ -125,17 +126,18 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
     let failed = facts.failed.clone();
     let snapshot = observe::snapshot(&d, strategy, facts);
 
-    sync_revision(&d, &ctx, &observed).await?;
+    sync_revision(&d, &act, &observed).await?;
     let actions = decide::decide(&snapshot);
     for action in &actions {
-        apply_action(&d, &ctx, &observed, &snapshot, action).await?;
+        apply_action(&act, &observed, &snapshot, action).await?;
     }
     if actions.is_empty() && !snapshot.rollout.paused && snapshot.is_complete() {
         let limit = d
             .spec
             .revision_history_limit
             .unwrap_or(DEFAULT_REVISION_HISTORY_LIMIT);
-        act::prune_sets(&ctx, &d, &decide::sets_to_prune(&snapshot.old_sets, limit)).await?;
+        act.prune_sets(&decide::sets_to_prune(&snapshot.old_sets, limit))
+            .await?;
     }
 
     // Rollout markers on the target cluster's nodes.
@@ -151,7 +153,7 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
 
     let input = observe::status_input(&d, failed, !actions.is_empty(), now);
     let (status, recheck) = compute_status(&snapshot, &input);
-    act::update_status(&ctx, &d, &status).await?;
+    act.update_status(&status).await?;
     let min_ready = d.spec.min_ready_seconds.unwrap_or(0);
     let complete = snapshot.is_complete();
     Ok(Action::requeue(decide::requeue_after(
@@ -164,8 +166,7 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
 
 /// A deployment being deleted: deletes its sets, then (none left) removes the finalizer.
 async fn finish_deletion(
-    d: &MachineDeployment,
-    ctx: &Context,
+    act: &Actor<'_>,
     observed: &Observed,
     has_finalizer: bool,
 ) -> Result<Action, Error> {
@@ -174,7 +175,7 @@ async fn finish_deletion(
     }
     if observed.sets.is_empty() {
         // Gone already is as good as released.
-        let _ = act::set_finalizer(ctx, d, false).await?;
+        let _ = act.set_finalizer(false).await?;
         return Ok(Action::await_change());
     }
     let live: Vec<&MachineSet> = observed
@@ -183,26 +184,25 @@ async fn finish_deletion(
         .map(AsRef::as_ref)
         .filter(|s: &&MachineSet| s.metadata.deletion_timestamp.is_none())
         .collect();
-    act::delete_sets(ctx, d, &live).await?;
+    act.delete_sets(&live).await?;
     Ok(Action::requeue(Duration::from_secs(10)))
 }
-
-/// Retry periods of failed deployment reconciles.
-const RETRY: RetryPolicy = RetryPolicy {
-    conflict: Duration::from_millis(200),
-    backoff: Duration::from_secs(5),
-};
 
 /// What to do after a failed reconcile: conflicts are retried quickly, the rest after a
 /// few seconds ([`kube_api::error_policy`]).
 pub fn error_policy(d: Arc<MachineDeployment>, error: &Error, _ctx: Arc<Context>) -> Action {
-    kube_api::error_policy(&RETRY, MachineDeployment::KIND, &d.name_any(), error)
+    kube_api::error_policy(
+        &RetryPolicy::MANAGER,
+        MachineDeployment::KIND,
+        &d.name_any(),
+        error,
+    )
 }
 
 /// Keeps the new set's revision above all old revisions and copies it to the deployment.
 async fn sync_revision(
     d: &MachineDeployment,
-    ctx: &Context,
+    act: &Actor<'_>,
     observed: &Observed,
 ) -> Result<(), Error> {
     let Some(new) = &observed.new_set else {
@@ -216,12 +216,11 @@ async fn sync_revision(
         observed.max_old_revision(),
         annotation_i64(d, annotations::REVISION),
     );
-    act::sync_revision(ctx, d, new, &plan).await
+    act.sync_revision(new, &plan).await
 }
 
 async fn apply_action(
-    d: &MachineDeployment,
-    ctx: &Context,
+    act: &Actor<'_>,
     observed: &Observed,
     snapshot: &Snapshot,
     action: &RolloutAction,
@@ -230,7 +229,7 @@ async fn apply_action(
     match action {
         RolloutAction::CreateNewSet { replicas } => {
             let revision = observed.max_old_revision() + 1;
-            act::create_new_set(ctx, d, *replicas, revision, surge).await
+            act.create_new_set(*replicas, revision, surge).await
         }
         RolloutAction::Scale { set, replicas } => {
             let current = snapshot
@@ -238,7 +237,7 @@ async fn apply_action(
                 .iter()
                 .chain(snapshot.old_sets.iter())
                 .find(|s| &s.name == set);
-            act::scale_set(ctx, d, set, current, *replicas, surge).await
+            act.scale_set(set, current, *replicas, surge).await
         }
     }
 }
@@ -248,7 +247,7 @@ async fn apply_action(
 /// Returns whether the deployment was updated.
 async fn handle_trigger_deletion(
     d: &MachineDeployment,
-    ctx: &Context,
+    act: &Actor<'_>,
     observed: &Observed,
 ) -> Result<bool, Error> {
     let Some(value) = d.annotations().get(annotations::TRIGGER_DELETION_BY_MCM) else {
@@ -261,12 +260,12 @@ async fn handle_trigger_deletion(
         .collect();
     let plan = decide::plan_trigger_deletion(value, &machines, &Timestamp::now().to_string());
     for (machine, time) in &plan.mark {
-        act::mark_for_deletion(ctx, d, machine, time).await?;
+        act.mark_for_deletion(machine, time).await?;
     }
     if !plan.update_deployment {
         return Ok(false);
     }
-    act::update_trigger_deletion(ctx, d, &plan).await?;
+    act.update_trigger_deletion(&plan).await?;
     Ok(true)
 }
 

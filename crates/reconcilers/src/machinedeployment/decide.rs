@@ -139,6 +139,16 @@ pub enum Action {
     },
 }
 
+impl Action {
+    /// Scale the set `set` to `replicas`.
+    pub fn scale(set: &str, replicas: i32) -> Self {
+        Action::Scale {
+            set: set.to_owned(),
+            replicas,
+        }
+    }
+}
+
 fn sum(sets: &[&SetState], f: impl Fn(&SetState) -> i32) -> i32 {
     sets.iter().map(|s| f(s)).sum()
 }
@@ -341,19 +351,20 @@ fn rolling(s: &Snapshot) -> Vec<Action> {
         .collect()
 }
 
+/// Scales every old set that still has replicas to 0.
+fn scale_down_old_sets(s: &Snapshot) -> Vec<Action> {
+    s.old_sets
+        .iter()
+        .filter(|o| o.replicas > 0)
+        .map(|o| Action::scale(&o.name, 0))
+        .collect()
+}
+
 fn recreate(s: &Snapshot) -> Vec<Action> {
     let Some(new) = &s.new_set else {
         return Vec::new();
     };
-    let active: Vec<Action> = s
-        .old_sets
-        .iter()
-        .filter(|o| o.replicas > 0)
-        .map(|o| Action::Scale {
-            set: o.name.clone(),
-            replicas: 0,
-        })
-        .collect();
+    let active = scale_down_old_sets(s);
     if !active.is_empty() {
         return active;
     }
@@ -364,10 +375,7 @@ fn recreate(s: &Snapshot) -> Vec<Action> {
         return Vec::new();
     }
     if new.replicas != s.rollout.replicas {
-        return vec![Action::Scale {
-            set: new.name.clone(),
-            replicas: s.rollout.replicas,
-        }];
+        return vec![Action::scale(&new.name, s.rollout.replicas)];
     }
     Vec::new()
 }
@@ -389,27 +397,14 @@ pub fn proportional_scale(s: &Snapshot) -> Vec<Action> {
             .or(s.new_set.as_ref())
             .or_else(|| s.old_sets.iter().max_by(|a, b| by_age(a, b)));
         return target
-            .map(|t| {
-                vec![Action::Scale {
-                    set: t.name.clone(),
-                    replicas: d,
-                }]
-            })
+            .map(|t| vec![Action::scale(&t.name, d)])
             .unwrap_or_default();
     }
     if let Some(new) = &s.new_set
         && new.replicas == d
         && new.effective_available() >= d
     {
-        return s
-            .old_sets
-            .iter()
-            .filter(|o| o.replicas > 0)
-            .map(|o| Action::Scale {
-                set: o.name.clone(),
-                replicas: 0,
-            })
-            .collect();
+        return scale_down_old_sets(s);
     }
     let surge = s.rollout.strategy.max_surge();
     let allowed = d + surge;
@@ -705,13 +700,7 @@ mod tests {
         // New machine not available yet: nothing to do.
         assert_eq!(decide(&s), vec![]);
         s.new_set = Some(set("new", 1, 1, 2));
-        assert_eq!(
-            decide(&s),
-            vec![Action::Scale {
-                set: "old".into(),
-                replicas: 3
-            }]
-        );
+        assert_eq!(decide(&s), vec![Action::scale("old", 3)]);
     }
 
     #[test]
@@ -720,23 +709,11 @@ mod tests {
         s.rollout.strategy = Strategy::Recreate;
         s.old_sets.push(set("old", 3, 3, 1));
         s.new_set = Some(set("new", 0, 0, 2));
-        assert_eq!(
-            decide(&s),
-            vec![Action::Scale {
-                set: "old".into(),
-                replicas: 0
-            }]
-        );
+        assert_eq!(decide(&s), vec![Action::scale("old", 0)]);
         s.old_sets[0].replicas = 0;
         assert_eq!(decide(&s), vec![]);
         s.old_sets[0].machines = 0;
-        assert_eq!(
-            decide(&s),
-            vec![Action::Scale {
-                set: "new".into(),
-                replicas: 3
-            }]
-        );
+        assert_eq!(decide(&s), vec![Action::scale("new", 3)]);
     }
 
     #[test]
@@ -760,10 +737,7 @@ mod tests {
             })
             .sum();
         assert_eq!(total, 23);
-        assert!(actions.contains(&Action::Scale {
-            set: "old".into(),
-            replicas: 14
-        }));
+        assert!(actions.contains(&Action::scale("old", 14)));
     }
 
     #[test]

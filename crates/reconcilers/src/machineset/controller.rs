@@ -30,8 +30,8 @@ use super::decide::{
 use super::selector::selector_matches;
 use crate::events::EventPublisher;
 use crate::kube_api::{
-    self, ApiCallError, ApiErrorExt, Outcome, ReconcileError, RetryPolicy, add_finalizer,
-    merge_patch, merge_patch_status, remove_finalizer,
+    self, ApiCallError, ApiErrorExt, ApiResultExt, Outcome, Part, ReconcileError, RetryPolicy,
+    merge_patch,
 };
 
 /// How often a set is reconciled without any event (MCM: 10 minutes).
@@ -49,12 +49,6 @@ pub enum Error {
     /// selected.
     #[error("MachineSet {0} has a template without labels")]
     TemplateWithoutLabels(String),
-}
-
-impl Error {
-    fn kube(action: &'static str, kind: &'static str, name: &str, source: kube::Error) -> Self {
-        ApiCallError::new(action, kind, name, source).into()
-    }
 }
 
 impl ReconcileError for Error {
@@ -168,13 +162,7 @@ pub async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action
     if deleting && !has_finalizer {
         return Ok(Action::await_change());
     }
-    if !deleting
-        && !has_finalizer
-        && add_finalizer(&sets, &set, FINALIZER)
-            .await
-            .map_err(finalizer_error(&set))?
-            .is_gone()
-    {
+    if !deleting && !has_finalizer && set_finalizer(&sets, &set, true).await?.is_gone() {
         return Ok(Action::await_change());
     }
     let key = format!("{ns}/{name}");
@@ -212,9 +200,7 @@ pub async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action
 
     if deleting && claimed.is_empty() {
         // Gone already is as good as released.
-        let _ = remove_finalizer(&sets, &set, FINALIZER)
-            .await
-            .map_err(finalizer_error(&set))?;
+        let _ = set_finalizer(&sets, &set, false).await?;
         return Ok(Action::await_change());
     }
 
@@ -248,16 +234,15 @@ pub async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action
     })
 }
 
-/// Retry periods of failed set reconciles.
-const RETRY: RetryPolicy = RetryPolicy {
-    conflict: Duration::from_millis(200),
-    backoff: Duration::from_secs(5),
-};
-
 /// What to do after a failed reconcile: conflicts are retried quickly, the rest after a
 /// few seconds ([`kube_api::error_policy`]).
 pub fn error_policy(set: Arc<MachineSet>, error: &Error, _ctx: Arc<Context>) -> Action {
-    kube_api::error_policy(&RETRY, MachineSet::KIND, &set.name_any(), error)
+    kube_api::error_policy(
+        &RetryPolicy::MANAGER,
+        MachineSet::KIND,
+        &set.name_any(),
+        error,
+    )
 }
 
 async fn manage_replicas(
@@ -362,7 +347,7 @@ async fn create_machines(
         }
         if let Some(e) = first_error {
             // Slow start: skip the remaining batches; the next reconcile retries.
-            return Err(Error::kube("create", "Machine", &name, e));
+            return Err(ApiCallError::new("create", "Machine", &name, e).into());
         }
     }
     Ok(())
@@ -417,16 +402,24 @@ async fn delete_machines(
                         format!("Error deleting {n}: {e}"),
                     )
                     .await;
-                first_error.get_or_insert(Error::kube("delete", "Machine", n, e));
+                first_error.get_or_insert(ApiCallError::new("delete", "Machine", n, e).into());
             }
         }
     }
     first_error.map_or(Ok(()), Err)
 }
 
-/// The error of a failed finalizer update of `set`.
-fn finalizer_error(set: &MachineSet) -> impl FnOnce(kube::Error) -> Error + use<> {
-    ApiCallError::on("update finalizers of", MachineSet::KIND, &set.name_any())
+/// Adds (`present`) or removes the finalizer of `set`; [`Outcome::Gone`] when the set no
+/// longer exists.
+async fn set_finalizer(
+    api: &Api<MachineSet>,
+    set: &MachineSet,
+    present: bool,
+) -> Result<Outcome, Error> {
+    let outcome = kube_api::set_finalizer(api, set, FINALIZER, present)
+        .await
+        .context("update finalizers of", MachineSet::KIND, &set.name_any())?;
+    Ok(outcome)
 }
 
 /// Sets (adopt) or removes (release) the controller reference of a machine. Returns false
@@ -449,13 +442,10 @@ async fn set_controller(
         "ownerReferences": refs,
         "uid": machine.metadata.uid,
     }});
-    let outcome = merge_patch(api, &machine.name_any(), &patch)
+    let name = machine.name_any();
+    let outcome = merge_patch(api, Part::Object, &name, &patch)
         .await
-        .map_err(ApiCallError::on::<Error>(
-            "update owner of",
-            "Machine",
-            &machine.name_any(),
-        ))?;
+        .context("update owner of", "Machine", &name)?;
     Ok(!outcome.is_gone())
 }
 
@@ -502,10 +492,10 @@ async fn sync_machine_specs(
     {
         if let Some(patch) = machine_spec_patch(set, m) {
             // A machine gone meanwhile needs no sync.
-            let _ =
-                merge_patch(api, &m.name_any(), &patch).await.map_err(
-                    ApiCallError::on::<Error>("sync spec of", "Machine", &m.name_any()),
-                )?;
+            let name = m.name_any();
+            let _ = merge_patch(api, Part::Object, &name, &patch)
+                .await
+                .context("sync spec of", "Machine", &name)?;
         }
     }
     Ok(())
@@ -589,12 +579,9 @@ async fn update_status(
     }
     let patch = status_patch(&status, &["machineSetCondition", "failedMachines"]);
     // A set gone meanwhile needs no status.
-    let _ = merge_patch_status(api, &set.name_any(), &patch)
+    let name = set.name_any();
+    let _ = merge_patch(api, Part::Status, &name, &patch)
         .await
-        .map_err(ApiCallError::on::<Error>(
-            "update status of",
-            "MachineSet",
-            &set.name_any(),
-        ))?;
+        .context("update status of", "MachineSet", &name)?;
     Ok(())
 }

@@ -119,7 +119,8 @@ fn kube_err<K: Freezable>(
     action: &'static str,
     name: &str,
 ) -> impl FnOnce(kube::Error) -> SafetyError {
-    ApiCallError::on(action, K::KIND, name)
+    let name = name.to_owned();
+    move |source| ApiCallError::new(action, K::KIND, &name, source)
 }
 
 /// The `controller` label of the guard's reconcile metrics.
