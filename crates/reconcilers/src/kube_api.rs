@@ -225,6 +225,24 @@ impl ReconcileError for ApiCallError {
     }
 }
 
+/// The error of a reconcile: a failed API call, or a problem particular to the controller
+/// (`P`). Both keep their source.
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileFailure<P: std::error::Error + 'static> {
+    /// A call to the API server failed.
+    #[error(transparent)]
+    Kube(#[from] ApiCallError),
+    /// A problem particular to the controller.
+    #[error(transparent)]
+    Problem(P),
+}
+
+impl<P: std::error::Error + 'static> ReconcileError for ReconcileFailure<P> {
+    fn is_conflict(&self) -> bool {
+        matches!(self, ReconcileFailure::Kube(e) if e.source.is_conflict())
+    }
+}
+
 /// What the retry policy needs to know about a reconcile error.
 pub trait ReconcileError: std::error::Error {
     /// Whether the cause is a write conflict (our view of an object was stale): retried

@@ -13,7 +13,7 @@ use mcm_api::owner::controller_reference;
 use mcm_api::{Machine, MachineDeployment, MachineDeploymentStatus, MachineSet, MachineSetSpec};
 use serde_json::{Value, json};
 
-use super::controller::{Context, Error};
+use super::controller::{Context, DeploymentProblem, Error};
 use super::decide::{RevisionPlan, SetState, TriggerPlan};
 use super::hash::{template_hash, templates_equal};
 use super::status::{is_invalid_strategy, reasons};
@@ -224,7 +224,7 @@ impl<'a> Actor<'a> {
                     return Ok(());
                 }
                 self.bump_collision_count().await?;
-                Err(Error::HashCollision(name))
+                Err(Error::Problem(DeploymentProblem::HashCollision(name)))
             }
             Err(e) => Err(ApiCallError::new("create", MachineSet::KIND, &name, e).into()),
         }

@@ -21,7 +21,7 @@ use super::nodes::apply_markers;
 use super::observe::{self, Observed, annotation_i64, is_terminating};
 use super::status::{Counters, compute_status, invalid_strategy_status};
 use crate::events::EventPublisher;
-use crate::kube_api::{self, ApiCallError, ApiErrorExt, ReconcileError, RetryPolicy};
+use crate::kube_api::{self, ReconcileFailure, RetryPolicy};
 
 pub use super::act::new_machine_set;
 pub use super::decide::{TriggerEntry, parse_trigger_deletion};
@@ -31,22 +31,16 @@ pub const RESYNC_PERIOD: Duration = Duration::from_secs(600);
 /// Old sets kept when `revisionHistoryLimit` is unset (the apps/v1 Deployment default).
 pub const DEFAULT_REVISION_HISTORY_LIMIT: i32 = 10;
 
-/// Errors of the MachineDeployment reconciler. Each keeps the underlying error.
+/// Problems of a MachineDeployment that are no API failures.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// A call to the API server failed.
-    #[error(transparent)]
-    Kube(#[from] ApiCallError),
+pub enum DeploymentProblem {
     /// A MachineSet with the new set's name exists with another template.
     #[error("hash collision for MachineSet {0}")]
     HashCollision(String),
 }
 
-impl ReconcileError for Error {
-    fn is_conflict(&self) -> bool {
-        matches!(self, Error::Kube(e) if e.source.is_conflict())
-    }
-}
+/// Errors of the MachineDeployment reconciler. Each keeps the underlying error.
+pub type Error = ReconcileFailure<DeploymentProblem>;
 
 /// Shared state of the MachineDeployment reconciler.
 pub struct Context {

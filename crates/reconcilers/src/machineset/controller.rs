@@ -30,8 +30,7 @@ use super::decide::{
 use super::selector::selector_matches;
 use crate::events::EventPublisher;
 use crate::kube_api::{
-    self, ApiCallError, ApiErrorExt, ApiResultExt, Outcome, Part, ReconcileError, RetryPolicy,
-    merge_patch,
+    self, ApiCallError, ApiResultExt, Outcome, Part, ReconcileFailure, RetryPolicy, merge_patch,
 };
 
 /// How often a set is reconciled without any event (MCM: 10 minutes).
@@ -39,23 +38,17 @@ pub const RESYNC_PERIOD: Duration = Duration::from_secs(600);
 /// How long creations/deletions are awaited in the machine store before acting again.
 pub const EXPECTATIONS_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Errors of the MachineSet reconciler. Each keeps the underlying error.
+/// Problems of a MachineSet that are no API failures.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// A call to the API server failed.
-    #[error(transparent)]
-    Kube(#[from] ApiCallError),
+pub enum SetProblem {
     /// The template of the set has no labels: machines created from it could never be
     /// selected.
     #[error("MachineSet {0} has a template without labels")]
     TemplateWithoutLabels(String),
 }
 
-impl ReconcileError for Error {
-    fn is_conflict(&self) -> bool {
-        matches!(self, Error::Kube(e) if e.source.is_conflict())
-    }
-}
+/// Errors of the MachineSet reconciler. Each keeps the underlying error.
+pub type Error = ReconcileFailure<SetProblem>;
 
 /// Creations and deletions a set is waiting to see in the machine store (Kubernetes'
 /// controller expectations): until they are observed, the set does not act again, so a
@@ -308,7 +301,7 @@ async fn create_machines(
 ) -> Result<(), Error> {
     let name = set.name_any();
     if set.template_labels().is_none_or(BTreeMap::is_empty) {
-        return Err(Error::TemplateWithoutLabels(name));
+        return Err(Error::Problem(SetProblem::TemplateWithoutLabels(name)));
     }
     let reference = set_reference(set);
     let template = machine_from_template(set);
