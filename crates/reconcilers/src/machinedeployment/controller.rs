@@ -2,7 +2,6 @@
 //! ([`super::observe`]), asks [`super::decide`] what to do (pure) and applies it
 //! ([`super::act`], one small action per decision).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,12 +12,12 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
 use mcm_api::constants::annotations;
 use mcm_api::owner::controller_of;
-use mcm_api::{Machine, MachineDeployment, MachinePhase, MachineSet};
+use mcm_api::{Machine, MachineDeployment, MachineSet};
 
 use super::act::{self, Actor};
-use super::decide::{self, Action as RolloutAction, Snapshot, TriggerMachine};
+use super::decide::{self, Action as RolloutAction, Snapshot};
 use super::nodes::apply_markers;
-use super::observe::{self, Observed, annotation_i64, is_terminating};
+use super::observe::{self, Observed, annotation_i64};
 use super::status::{Counters, compute_status, invalid_strategy_status};
 use crate::events::EventPublisher;
 use crate::kube_api::{self, ReconcileFailure, RetryPolicy};
@@ -175,8 +174,8 @@ async fn finish_deletion(
     let live: Vec<&MachineSet> = observed
         .sets
         .iter()
+        .filter(|s| s.metadata.deletion_timestamp.is_none())
         .map(AsRef::as_ref)
-        .filter(|s: &&MachineSet| s.metadata.deletion_timestamp.is_none())
         .collect();
     act.delete_sets(&live).await?;
     Ok(Action::requeue(Duration::from_secs(10)))
@@ -247,11 +246,7 @@ async fn handle_trigger_deletion(
     let Some(value) = d.annotations().get(annotations::TRIGGER_DELETION_BY_MCM) else {
         return Ok(false);
     };
-    let machines: BTreeMap<String, TriggerMachine> = observed
-        .machines_by_name()
-        .into_iter()
-        .map(|(name, m)| (name, trigger_machine(m)))
-        .collect();
+    let machines = observed.trigger_machines();
     let plan = decide::plan_trigger_deletion(value, &machines, &Timestamp::now().to_string());
     for (machine, time) in &plan.mark {
         act.mark_for_deletion(machine, time).await?;
@@ -261,36 +256,4 @@ async fn handle_trigger_deletion(
     }
     act.update_trigger_deletion(&plan).await?;
     Ok(true)
-}
-
-/// A machine as the trigger-deletion plan sees it.
-fn trigger_machine(m: &Machine) -> TriggerMachine {
-    let anns = m.annotations();
-    TriggerMachine {
-        gone_or_failed: is_terminating(m) || m.phase() == Some(&MachinePhase::Failed),
-        marked: anns.get(annotations::MACHINE_PRIORITY).map(String::as_str) == Some("1")
-            && anns.contains_key(annotations::MARKED_FOR_DELETION_TIME),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn parses_trigger_deletion() {
-        assert_eq!(
-            parse_trigger_deletion(" a, b~2024-01-01T00:00:00Z ,,"),
-            vec![
-                TriggerEntry {
-                    machine: "a".into(),
-                    time: None
-                },
-                TriggerEntry {
-                    machine: "b".into(),
-                    time: Some("2024-01-01T00:00:00Z".into())
-                },
-            ]
-        );
-    }
 }

@@ -833,4 +833,21 @@ mod tests {
             Duration::from_secs(5) + margin
         );
     }
+
+    #[test]
+    fn parses_trigger_deletion() {
+        assert_eq!(
+            parse_trigger_deletion(" a, b~2024-01-01T00:00:00Z ,,"),
+            vec![
+                TriggerEntry {
+                    machine: "a".into(),
+                    time: None
+                },
+                TriggerEntry {
+                    machine: "b".into(),
+                    time: Some("2024-01-01T00:00:00Z".into())
+                },
+            ]
+        );
+    }
 }

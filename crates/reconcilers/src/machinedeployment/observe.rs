@@ -12,7 +12,7 @@ use mcm_api::intstr::RollingUpdateError;
 use mcm_api::owner::controller_of;
 use mcm_api::{Machine, MachineDeployment, MachinePhase, MachineSet, MachineSummary};
 
-use super::decide::{Rollout, SetState, Snapshot, Strategy};
+use super::decide::{Rollout, SetState, Snapshot, Strategy, TriggerMachine};
 use super::hash::templates_equal;
 use super::status::StatusInput;
 use crate::machineset::decide::{MachineView, count_machines, is_frozen};
@@ -119,11 +119,11 @@ impl Observed {
             .unwrap_or(0)
     }
 
-    /// The machines of all sets by name.
-    pub fn machines_by_name(&self) -> BTreeMap<String, &Machine> {
+    /// The machines of all sets by name, as the trigger-deletion plan sees them.
+    pub fn trigger_machines(&self) -> BTreeMap<String, TriggerMachine> {
         self.all_machines()
             .into_iter()
-            .map(|m| (m.name_any(), m))
+            .map(|m| (m.name_any(), trigger_machine(m)))
             .collect()
     }
 }
@@ -236,6 +236,16 @@ pub fn annotation_i64<K: Resource>(obj: &K, key: &str) -> Option<i64> {
         .as_ref()
         .and_then(|a| a.get(key))
         .and_then(|v| v.parse().ok())
+}
+
+/// A machine as the trigger-deletion plan sees it.
+pub fn trigger_machine(m: &Machine) -> TriggerMachine {
+    let anns = m.annotations();
+    TriggerMachine {
+        gone_or_failed: is_terminating(m) || m.phase() == Some(&MachinePhase::Failed),
+        marked: anns.get(annotations::MACHINE_PRIORITY).map(String::as_str) == Some("1")
+            && anns.contains_key(annotations::MARKED_FOR_DELETION_TIME),
+    }
 }
 
 /// Whether a machine is going away (deleted or Terminating).
