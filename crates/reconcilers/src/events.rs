@@ -3,6 +3,17 @@
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
+/// `normal(reference, reason, action, note)` and `warning(...)`: [`EventPublisher::publish`]
+/// with the type fixed.
+macro_rules! typed_events {
+    ($($(#[$doc:meta])* $name:ident => $type_:ident,)*) => {$(
+        $(#[$doc])*
+        pub async fn $name(&self, reference: &ObjectReference, reason: &str, action: &str, note: String) {
+            self.publish(reference, EventType::$type_, reason, action, note).await
+        }
+    )*};
+}
+
 /// Publishes Events as one reporting controller. Failures to publish are logged, never
 /// propagated: an Event is information, not a step of the lifecycle.
 #[derive(Clone)]
@@ -30,28 +41,11 @@ impl EventPublisher {
         }
     }
 
-    /// A `Normal` event.
-    pub async fn normal(
-        &self,
-        reference: &ObjectReference,
-        reason: &str,
-        action: &str,
-        note: String,
-    ) {
-        self.publish(reference, EventType::Normal, reason, action, note)
-            .await
-    }
-
-    /// A `Warning` event.
-    pub async fn warning(
-        &self,
-        reference: &ObjectReference,
-        reason: &str,
-        action: &str,
-        note: String,
-    ) {
-        self.publish(reference, EventType::Warning, reason, action, note)
-            .await
+    typed_events! {
+        /// A `Normal` event.
+        normal => Normal,
+        /// A `Warning` event.
+        warning => Warning,
     }
 
     /// An event of the given type.

@@ -288,7 +288,7 @@ async fn try_create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Ac
         secret.0.insert(USER_DATA_KEY.into(), rendered.into_bytes());
     }
     let request_id = RequestId::generate();
-    tracing::info!(machine = %machine_name, %request_id, "looking for the machine's VM");
+    tracing::info!(%request_id, "looking for the machine's VM");
     let found = vm_status(ctx, m, &class, &secret, &request_id).await;
     let (provider_id, node_name, adopted) = match found {
         Ok(s) => (s.provider_id, s.node_name, true),
@@ -299,7 +299,7 @@ async fn try_create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Ac
             if first_request {
                 set_progress(ctx, m, progress::VM_REQUESTED).await?;
             }
-            tracing::info!(machine = %machine_name, %request_id, "creating the VM");
+            tracing::info!(%request_id, "creating the VM");
             let created = match ctx
                 .driver
                 .create_machine(CreateMachineRequest {
@@ -412,7 +412,7 @@ async fn creation_failed(
     err: DriverError,
 ) -> Result<Action, Error> {
     let description = format!("{op} failed: {}", err.full_message());
-    tracing::warn!(machine = %name(m), error = %description, "VM creation failed");
+    tracing::warn!(error = %description, "VM creation failed");
     let op = Operation::failed(
         MachineOperationType::Create,
         description,
@@ -536,7 +536,7 @@ pub async fn mark_failed(ctx: &Ctx, m: &Machine, reason: &str) -> Result<Action,
     let _permit = match ctx.replacement_permit(m) {
         Ok(permit) => permit,
         Err(busy) => {
-            tracing::debug!(machine = %name(m), %busy, "replacement permit busy");
+            tracing::debug!(%busy, "replacement permit busy");
             return Ok(Action::requeue(PERMIT_BUSY_RECHECK));
         }
     };
@@ -851,7 +851,7 @@ pub async fn delete_vm(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
         }
         Err(source) => return Err(Error::driver("delete_machine", source)),
     }
-    tracing::info!(machine = %name(m), %request_id, "VM deleted");
+    tracing::info!(%request_id, "VM deleted");
     ctx.reset_backoff(m);
     set_progress(ctx, m, progress::VM_DELETED).await?;
     let what = vm_description(m);

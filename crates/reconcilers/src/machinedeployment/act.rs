@@ -294,7 +294,7 @@ impl<'a> Actor<'a> {
         };
         let before = invalid(self.d.status.as_ref());
         let message = invalid(Some(&status)).unwrap_or_default();
-        tracing::debug!(deployment = %self.name, %message, "invalid strategy");
+        tracing::debug!(%message, "invalid strategy");
         self.update_status(&status).await?;
         if before.as_deref() != Some(message.as_str()) {
             let reason = reasons::INVALID_STRATEGY;

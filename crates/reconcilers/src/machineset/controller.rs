@@ -247,7 +247,7 @@ async fn manage_replicas(
 ) -> Result<(), Error> {
     let reference = set_reference(set);
     if let Some(reason) = plan.scale_up_blocked {
-        tracing::debug!(set = %set.name_any(), reason, "not creating machines");
+        tracing::debug!(reason, "not creating machines");
     }
     let mut created = Vec::new();
     let mut result = Ok(());
