@@ -282,7 +282,8 @@ impl<'a> Actor<'a> {
     /// Records an unusable strategy: writes `status` (with its `Progressing=False,
     /// InvalidStrategy` condition) and, only when that condition is new or its message
     /// changed, publishes one Warning Event. The condition is stored, so neither later
-    /// reconciles nor a restarted controller repeat the Event.
+    /// reconciles nor a restarted controller repeat the Event; a reconcile that still reads
+    /// the deployment from before this process's status write does not either.
     pub async fn report_invalid_strategy(
         &self,
         status: MachineDeploymentStatus,
@@ -296,7 +297,12 @@ impl<'a> Actor<'a> {
         let message = invalid(Some(&status)).unwrap_or_default();
         tracing::debug!(%message, "invalid strategy");
         self.update_status(&status).await?;
-        if before.as_deref() != Some(message.as_str()) {
+        let uid = self.d.metadata.uid.clone().unwrap_or_default();
+        let first = {
+            let mut announced = self.ctx.announced.lock().unwrap_or_else(|e| e.into_inner());
+            announced.insert(uid, message.clone()).as_deref() != Some(message.as_str())
+        };
+        if first && before.as_deref() != Some(message.as_str()) {
             let reason = reasons::INVALID_STRATEGY;
             let events = &self.ctx.events;
             events

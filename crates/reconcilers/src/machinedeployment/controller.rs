@@ -57,6 +57,10 @@ pub struct Context {
     pub events: EventPublisher,
     /// Annotate nodes against cluster-autoscaler scale-down during rollouts.
     pub autoscaler_annotations: bool,
+    /// The invalid-strategy message announced per deployment (uid) by this process: a
+    /// reconcile that reads the deployment before its own status write reached the store
+    /// does not announce it again.
+    pub announced: std::sync::Mutex<std::collections::HashMap<String, String>>,
 }
 
 /// The deployment owning a set, for watches.
@@ -116,6 +120,11 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
             return Ok(Action::await_change());
         }
     };
+    // A usable strategy: a later invalid one is announced again.
+    if let Some(uid) = d.metadata.uid.as_deref() {
+        let mut announced = ctx.announced.lock().unwrap_or_else(|e| e.into_inner());
+        announced.remove(uid);
+    }
     let failed = facts.failed.clone();
     let snapshot = observe::snapshot(&d, strategy, facts);
 

@@ -163,6 +163,7 @@ pub fn prepare(
         nodes,
         events: events.clone(),
         autoscaler_annotations: config.autoscaler_annotations,
+        announced: Default::default(),
     });
     let sets_for_md = sets.clone();
     let md_controller = runner.run(
