@@ -71,7 +71,7 @@ impl ServedProcess {
     ) -> f64 {
         eventually(timeout, &format!("metric {name}"), || async {
             let v = self.metric(name).await;
-            if pred(v) { Ok(v) } else { Err(v) }
+            if pred(v) { Ok(Some(v)) } else { Err(v) }
         })
         .await
     }

@@ -39,6 +39,14 @@ impl Outcome for bool {
     }
 }
 
+/// Always satisfied: for a check that says "not yet" with `Err` (`anyhow::ensure!`).
+impl Outcome for () {
+    type Value = ();
+    fn judge(self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
 impl<T> Outcome for Option<T> {
     type Value = T;
     fn judge(self) -> Result<T, String> {
@@ -46,12 +54,13 @@ impl<T> Outcome for Option<T> {
     }
 }
 
-/// `Err` is an observation (e.g. a failed `anyhow::ensure!` or a transient API error): the
-/// check is polled again until the time is up.
-impl<T, E: Debug> Outcome for Result<T, E> {
-    type Value = T;
-    fn judge(self) -> Result<T, String> {
-        self.map_err(|e| format!("{e:?}"))
+/// A fallible check: `Ok(outcome)` is judged as `outcome`; `Err` (a transient API error, a
+/// failed `anyhow::ensure!`, or any observation) means "not yet", and is reported if the
+/// time runs out.
+impl<O: Outcome, E: Debug> Outcome for Result<O, E> {
+    type Value = O::Value;
+    fn judge(self) -> Result<O::Value, String> {
+        self.map_err(|e| format!("{e:?}"))?.judge()
     }
 }
 
