@@ -16,6 +16,7 @@ use mcm_drain::{
 };
 use mcm_driver::FakeDriver;
 use mcm_testenv::Components;
+use mcm_testenv::kit::try_eventually;
 use serde_json::json;
 use support::*;
 
@@ -142,11 +143,11 @@ async fn a_budget_that_never_allows_an_eviction_is_named_until_the_retries_run_o
     }))?;
     let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns);
     pdbs.create(&PostParams::default(), &pdb).await?;
-    eventually(Duration::from_secs(60), "PDB status", || {
+    try_eventually(Duration::from_secs(60), "PDB status", || {
         let pdbs = pdbs.clone();
         async move {
             let p = pdbs.get("db-pdb").await?;
-            Ok(p.status.as_ref().is_some_and(|s| {
+            anyhow::Ok(p.status.as_ref().is_some_and(|s| {
                 s.observed_generation == p.metadata.generation && s.current_healthy == Some(1)
             }))
         }
@@ -252,18 +253,8 @@ async fn volumes_are_waited_for_within_the_detach_timeout() -> anyhow::Result<()
     let (claim, pv) = create_volume(&client, &ns, "data").await?;
     create_pod(&client, &ns, "db", &node, &[], Some(&claim)).await?;
     wait_ready(&client, &ns, 1).await?;
-    let nodes: Api<Node> = Api::all(client.clone());
+    await_attached(&client, &node, &pv).await?;
     let attached = attached_name(&handle_of(&pv));
-    eventually(Duration::from_secs(10), "volume attached", || {
-        let (nodes, node, attached) = (nodes.clone(), node.clone(), attached.clone());
-        async move {
-            let n = nodes.get(&node).await?;
-            Ok(n.status
-                .and_then(|s| s.volumes_attached)
-                .is_some_and(|v| v.iter().any(|a| a.name == attached)))
-        }
-    })
-    .await?;
     let stores = reflector.stores();
 
     // The pod goes; its volume stays attached (this kubelet never detaches on its own).

@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::{WatchStreamExt, watcher};
+use mcm_testenv::kit::try_eventually;
 use serde_json::json;
 use tokio::task::JoinHandle;
 
@@ -526,36 +527,38 @@ pub async fn create_pod(
         .with_context(|| format!("create pod {name}"))
 }
 
-/// Polls `check` every 200ms until it returns true, for at most `timeout`.
-pub async fn eventually<F, Fut>(timeout: Duration, what: &str, mut check: F) -> anyhow::Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<bool>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if check().await? {
-            return Ok(());
-        }
-        if tokio::time::Instant::now() >= deadline {
-            anyhow::bail!("timed out waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 /// Waits until every pod of the namespace matching `labels` is Running and Ready.
 pub async fn wait_ready(client: &kube::Client, ns: &str, count: usize) -> anyhow::Result<()> {
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
-    eventually(Duration::from_secs(60), "pods ready", || {
+    try_eventually(Duration::from_secs(60), "pods ready", || {
         let api = api.clone();
         async move {
             let pods = api.list(&Default::default()).await?;
             let ready = pods.items.iter().filter(|p| is_ready(p)).count();
-            Ok(ready >= count)
+            anyhow::Ok(ready >= count)
         }
     })
-    .await
+    .await?;
+    Ok(())
+}
+
+/// Waits until `node.status.volumesAttached` lists the test volume of `pv`.
+pub async fn await_attached(client: &kube::Client, node: &str, pv: &str) -> anyhow::Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let attached = attached_name(&handle_of(pv));
+    try_eventually(Duration::from_secs(10), "volume attached", || {
+        let (nodes, attached) = (nodes.clone(), attached.clone());
+        async move {
+            let n = nodes.get(node).await?;
+            anyhow::Ok(
+                n.status
+                    .and_then(|s| s.volumes_attached)
+                    .is_some_and(|v| v.iter().any(|a| a.name == attached)),
+            )
+        }
+    })
+    .await?;
+    Ok(())
 }
 
 /// Whether a pod has condition Ready=True.

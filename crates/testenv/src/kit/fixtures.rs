@@ -427,6 +427,11 @@ pub async fn create_class_with_secret(
     create(&Api::<MachineClass>::namespaced(client.clone(), ns), class).await
 }
 
+/// The text of the control plane's admin kubeconfig (for a Secret or a process).
+pub fn kubeconfig_text(env: &crate::ControlPlane) -> String {
+    std::fs::read_to_string(env.kubeconfig_path()).expect("the admin kubeconfig is readable")
+}
+
 /// The status of a Node's Ready condition, if it has one.
 pub fn ready_status(node: &Node) -> Option<String> {
     node.status

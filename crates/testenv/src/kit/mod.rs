@@ -36,8 +36,8 @@ pub mod wait;
 pub use events::{events_for, node_events_for};
 pub use fixtures::{
     MachineBuilder, MachineClassBuilder, MachineDeploymentBuilder, MachineSetBuilder, class_ref,
-    controller_ref, create, create_class_with_secret, create_ready_node, is_ready, ready_status,
-    secret, template,
+    controller_ref, create, create_class_with_secret, create_ready_node, is_ready, kubeconfig_text,
+    ready_status, secret, template,
 };
 pub use metrics::{metric, metric_with, sample, scrape};
 pub use process::{ServedProcess, free_port, http_get, http_status, process_alive, sigkill};

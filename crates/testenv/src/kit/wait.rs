@@ -8,7 +8,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use kube::Api;
 use kube::api::ListParams;
-use kube::runtime::wait::await_condition;
+use kube::runtime::wait::{Condition, await_condition};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use serde::de::DeserializeOwned;
 
@@ -123,15 +123,16 @@ where
     }
 }
 
-/// Waits on a watch until the object `name` of `api` satisfies `cond` (`None`: it does not
-/// exist); returns it as it is then. Panics naming `what` after `timeout`, or when the watch
+/// Waits on a watch until the object `name` of `api` satisfies `cond` (a closure over
+/// `Option<&K>`, `None` meaning absent, or one of `kube::runtime::wait::conditions`); returns
+/// it as it is then. Panics naming `what` after `timeout`, or when the watch
 /// fails.
 pub async fn await_object<K>(
     api: Api<K>,
     name: &str,
     timeout: Duration,
     what: &str,
-    cond: impl Fn(Option<&K>) -> bool,
+    cond: impl Condition<K>,
 ) -> Option<K>
 where
     K: kube::Resource + Clone + Debug + DeserializeOwned + Send + 'static,
