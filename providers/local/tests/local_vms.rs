@@ -12,9 +12,10 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, DeleteParams, EvictParams, ListParams, PostParams};
-use kube::runtime::wait::{await_condition, conditions};
+use kube::runtime::wait::conditions;
 use mcm_driver::{Code, Driver, GetVolumeIdsRequest, RequestId, ResourceState};
 use mcm_provider_local::{LocalDriver, LocalDriverConfig, parse_provider_spec};
+use mcm_testenv::kit::{await_object, is_ready, kubeconfig_text, ready_status};
 use mcm_testenv::{Components, shared};
 use serde_json::json;
 
@@ -75,13 +76,14 @@ async fn a_vm_registers_a_ready_node_from_its_spec() {
 
     // The Lease is held by the node and owned by it.
     let lease_api: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
-    let lease = within(
+    let lease = await_object(
+        lease_api,
+        &name,
         WAIT,
         "the Node Lease",
-        await_condition(lease_api, &name, conditions::is_created()),
+        conditions::is_created(),
     )
     .await
-    .expect("lease watch")
     .expect("lease");
     let lease_spec = lease.spec.expect("lease spec");
     assert_eq!(lease_spec.holder_identity.as_deref(), Some(name.as_str()));
@@ -225,17 +227,14 @@ async fn deployment_pods_run_on_the_vm_and_evictions_complete() {
         .create(&PostParams::default(), &deployment)
         .await
         .expect("create deployment");
-    within(
+    await_object(
+        deployments.clone(),
+        "web",
         WAIT,
         "the Deployment to be available",
-        await_condition(
-            deployments.clone(),
-            "web",
-            conditions::is_deployment_completed(),
-        ),
+        conditions::is_deployment_completed(),
     )
-    .await
-    .expect("deployment watch");
+    .await;
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let list = pods
@@ -264,13 +263,14 @@ async fn deployment_pods_run_on_the_vm_and_evictions_complete() {
     pods.evict(&victim_name, &EvictParams::default())
         .await
         .expect("evict");
-    within(
+    await_object(
+        pods.clone(),
+        &victim_name,
         WAIT,
         "the evicted Pod to disappear",
-        await_condition(pods.clone(), &victim_name, conditions::is_deleted(&uid)),
+        conditions::is_deleted(&uid),
     )
-    .await
-    .expect("pod watch");
+    .await;
 
     deployments
         .delete("web", &DeleteParams::default())
@@ -401,17 +401,14 @@ async fn volumes_of_pvc_pods_are_reported_attached_until_the_pod_goes() {
     pods.delete("db", &DeleteParams::default())
         .await
         .expect("delete pod");
-    within(
+    await_object(
+        pods.clone(),
+        "db",
         WAIT,
         "the Pod to go",
-        await_condition(
-            pods.clone(),
-            "db",
-            conditions::is_deleted(created.metadata.uid.as_deref().unwrap_or_default()),
-        ),
+        conditions::is_deleted(created.metadata.uid.as_deref().unwrap_or_default()),
     )
-    .await
-    .expect("pod watch");
+    .await;
     await_node(&client, &name, "volumesAttached to be empty", |n| {
         n.is_some_and(|n| attached(n) == (vec![], vec![]))
     })
@@ -557,7 +554,7 @@ async fn bootstrap_tokens_gate_the_boot() {
     let env = shared(Components::ALL).await.expect("control plane");
     let client = env.client().await.expect("client");
     let ns = env.namespace("boot").await.expect("namespace");
-    let kubeconfig = kubeconfig_of(&env);
+    let kubeconfig = kubeconfig_text(&env);
     let nodes: Api<Node> = Api::all(client.clone());
 
     let (id, secret) = new_token();

@@ -10,6 +10,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
 use mcm_driver::ResourceState;
 use mcm_provider_local::state::read_proc_stat;
+use mcm_testenv::kit::is_ready;
 use mcm_testenv::{Components, shared};
 use serde_json::json;
 
