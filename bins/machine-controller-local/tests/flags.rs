@@ -7,6 +7,7 @@ use std::process::Output;
 use std::time::Duration;
 
 use common::*;
+use mcm_testenv::kit::{free_port, within};
 
 const GARDENER_FLAGS: &[&str] = &[
     "port",

@@ -4,10 +4,12 @@
 
 mod common;
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::*;
 use mcm_api::MachinePhase;
+use mcm_testenv::kit::free_port;
 use serde_json::json;
 
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(8);
@@ -24,7 +26,11 @@ async fn an_unreachable_target_freezes_the_controller_and_no_machine_fails_meanw
         .parse()
         .unwrap();
     let proxy = Proxy::start(upstream).await;
-    let target = h.kubeconfig_via(&format!("https://127.0.0.1:{}", proxy.port), "target.kc");
+    let target = kubeconfig_via(
+        &h,
+        &format!("https://127.0.0.1:{}", proxy.port),
+        "target.kc",
+    );
     let mc = h.spawn_controller(
         "mc",
         &[
@@ -115,4 +121,80 @@ async fn an_unreachable_target_freezes_the_controller_and_no_machine_fails_meanw
     h.await_gone("f1", WAIT).await;
     assert!(h.vm_records().is_empty());
     drop(proxy);
+}
+
+/// A kubeconfig like the admin one whose server is `server` (the proxy), written to the
+/// harness's log directory; returns its path.
+fn kubeconfig_via(h: &Harness, server: &str, file: &str) -> PathBuf {
+    let text = h.kubeconfig().replace(h.env.server_url(), server);
+    assert!(text.contains(server), "the kubeconfig names the server");
+    let path = h.logs.path().join(file);
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// A TCP proxy on 127.0.0.1 in front of an upstream address that a test can cut (close all
+/// connections and refuse new ones) and restore.
+pub struct Proxy {
+    pub port: u16,
+    upstream: std::net::SocketAddr,
+    running: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl Proxy {
+    /// Starts proxying `upstream` on a free port.
+    pub async fn start(upstream: std::net::SocketAddr) -> Proxy {
+        let p = Proxy {
+            port: free_port(),
+            upstream,
+            running: Default::default(),
+        };
+        p.restore();
+        p
+    }
+
+    /// Accepts connections (again).
+    pub fn restore(&self) {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_reuseaddr(true).unwrap();
+        socket
+            .bind(std::net::SocketAddr::from(([127, 0, 0, 1], self.port)))
+            .expect("the proxy port can be bound again");
+        let listener = socket.listen(128).unwrap();
+        let upstream = self.upstream;
+        let task = tokio::spawn(async move {
+            // Aborting this task drops the JoinSet, which aborts (and closes) every
+            // connection.
+            let mut conns = tokio::task::JoinSet::new();
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    continue;
+                };
+                conns.spawn(async move {
+                    if let Ok(mut out) = tokio::net::TcpStream::connect(upstream).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
+                    }
+                });
+                while conns.try_join_next().is_some() {}
+            }
+        });
+        *self.running.lock().unwrap() = Some(task);
+    }
+
+    /// Closes every connection and the listener (new connections are refused).
+    pub async fn cut(&self) {
+        let task = self.running.lock().unwrap().take();
+        if let Some(task) = task {
+            task.abort();
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        if let Some(t) = self.running.lock().unwrap().take() {
+            t.abort();
+        }
+    }
 }

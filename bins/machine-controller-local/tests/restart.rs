@@ -8,10 +8,10 @@ use std::time::Duration;
 use common::*;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, PostParams};
-use kube::runtime::wait::await_condition;
 use mcm_api::constants::annotations::progress;
 use mcm_api::constants::node_conditions;
 use mcm_api::{Machine, MachinePhase};
+use mcm_testenv::kit::{await_object, process_alive, sigkill, within};
 use serde_json::json;
 
 fn node_terminating(n: &Node) -> bool {
@@ -60,17 +60,18 @@ async fn a_deletion_interrupted_at_every_step_finishes_without_leaks() {
     }))
     .unwrap();
     pods.create(&PostParams::default(), &pod).await.unwrap();
-    within(
+    await_object(
+        pods.clone(),
+        "slow",
         WAIT,
         "the pod to run",
-        await_condition(pods.clone(), "slow", |p: Option<&Pod>| {
+        |p: Option<&Pod>| {
             p.and_then(|p| p.status.as_ref())
                 .and_then(|s| s.phase.as_deref())
                 == Some("Running")
-        }),
+        },
     )
-    .await
-    .unwrap();
+    .await;
 
     h.delete_machine("victim").await;
 
@@ -92,15 +93,14 @@ async fn a_deletion_interrupted_at_every_step_finishes_without_leaks() {
     ];
     for (i, (key, what)) in kills.iter().enumerate() {
         let wanted = key.to_string();
-        within(
+        await_object(
+            h.machines(),
+            "victim",
             WAIT,
             &format!("the machine to record: {what}"),
-            await_condition(h.machines(), "victim", move |m: Option<&Machine>| {
-                has_progress(m, &wanted)
-            }),
+            move |m: Option<&Machine>| has_progress(m, &wanted),
         )
-        .await
-        .unwrap();
+        .await;
         mc.kill().await;
         let m = h.machines().get_opt("victim").await.unwrap();
         let node = h.nodes().get_opt("victim").await.unwrap();
@@ -229,13 +229,14 @@ async fn a_controller_killed_right_after_creating_a_vm_adopts_it_after_restart()
 
     h.delete_machine("adoptee").await;
     h.await_gone("adoptee", WAIT).await;
-    within(
+    await_object(
+        h.nodes(),
+        "adoptee",
         WAIT,
         "the node to be deleted",
-        await_condition(h.nodes(), "adoptee", |n: Option<&Node>| n.is_none()),
+        |n: Option<&Node>| n.is_none(),
     )
-    .await
-    .unwrap();
+    .await;
     let leftover = h.vm_pids("adoptee");
     h.kill_vm_processes(&["adoptee"]);
     assert!(leftover.is_empty(), "VM processes left: {leftover:?}");

@@ -11,7 +11,7 @@ use kube::{Resource, ResourceExt};
 use mcm_api::{
     ClassSpec, Machine, MachineClass, MachineDeployment, MachineDeploymentSpec,
     MachineDeploymentStrategy, MachineDeploymentStrategyType, MachineSet, MachineSetSpec,
-    MachineSpec, MachineTemplateSpec, RollingUpdateMachineDeployment,
+    MachineSpec, MachineTemplateSpec, NodeTemplateSpec, RollingUpdateMachineDeployment,
 };
 use serde_json::json;
 
@@ -141,6 +141,12 @@ impl MachineBuilder {
     /// `spec.providerID`.
     pub fn provider_id(mut self, id: &str) -> Self {
         self.spec.provider_id = Some(id.into());
+        self
+    }
+
+    /// `spec.nodeTemplate`: what the machine controller applies to the Node.
+    pub fn node_template(mut self, template: NodeTemplateSpec) -> Self {
+        self.spec.node_template = Some(template);
         self
     }
 
