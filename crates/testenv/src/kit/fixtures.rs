@@ -15,6 +15,34 @@ use mcm_api::{
 };
 use serde_json::json;
 
+/// A test's corner of the shared control plane: the control plane, a client of its own and
+/// a fresh namespace.
+#[derive(Clone)]
+pub struct TestNamespace {
+    /// The control plane shared by the tests of this process.
+    pub env: std::sync::Arc<crate::ControlPlane>,
+    /// An admin client (for this test's runtime).
+    pub client: kube::Client,
+    /// The namespace, `<prefix>-<random>`.
+    pub ns: String,
+}
+
+impl TestNamespace {
+    /// Starts (or reuses) the shared control plane with `components`, and creates a
+    /// namespace named after `prefix`; panics when either fails.
+    pub async fn new(components: crate::Components, prefix: &str) -> TestNamespace {
+        let env = crate::shared(components)
+            .await
+            .unwrap_or_else(|e| panic!("the test control plane: {e}"));
+        let client = env.client().await.expect("a client of the control plane");
+        let ns = env
+            .namespace(prefix)
+            .await
+            .unwrap_or_else(|e| panic!("a namespace for {prefix}: {e}"));
+        TestNamespace { env, client, ns }
+    }
+}
+
 fn labels_of(pairs: &[(String, String)]) -> BTreeMap<String, String> {
     pairs.iter().cloned().collect()
 }
@@ -522,25 +550,25 @@ mod tests {
 
     #[test]
     fn a_set_builder_defaults_to_name_labels_and_takes_owner_and_labels() {
-        let md = MachineDeploymentBuilder::new("md").build();
-        let mut md = md;
-        md.metadata.uid = Some("uid-1".into());
-        let ms = MachineSetBuilder::new("ms")
-            .replicas(2)
-            .class("local")
-            .label("app", "w")
-            .match_label("app", "w")
-            .owner(&md)
+        let mut owner = MachineDeploymentBuilder::new("db").build();
+        owner.metadata.uid = Some("uid-1".into());
+        let ms = MachineSetBuilder::new("db-1")
+            .owner(&owner)
+            .match_label("tier", "db")
+            .match_label("zone", "a")
+            .label("tier", "db")
+            .class("c2")
+            .replicas(5)
             .build();
         let literal: MachineSet = serde_json::from_value(json!({
-            "metadata": { "name": "ms", "labels": { "app": "w" },
+            "metadata": { "name": "db-1", "labels": { "tier": "db" },
                 "ownerReferences": [{ "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "MachineDeployment",
-                    "name": "md", "uid": "uid-1", "controller": true }] },
+                    "name": "db", "uid": "uid-1", "controller": true }] },
             "spec": {
-                "replicas": 2,
-                "selector": { "matchLabels": { "app": "w" } },
-                "template": { "metadata": { "labels": { "app": "w" } },
-                              "spec": { "class": { "kind": "MachineClass", "name": "local" } } }
+                "replicas": 5,
+                "selector": { "matchLabels": { "tier": "db", "zone": "a" } },
+                "template": { "metadata": { "labels": { "tier": "db", "zone": "a" } },
+                              "spec": { "class": { "kind": "MachineClass", "name": "c2" } } }
             }
         }))
         .unwrap();

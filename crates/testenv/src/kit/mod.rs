@@ -3,11 +3,12 @@
 //! - [`wait`]: [`within`] (a future or a panic naming it), [`eventually`] (a polled check
 //!   with a bounded timeout, failing with what was awaited and the last observation), and
 //!   the watch-based [`await_object`] and [`await_list`];
-//! - [`fixtures`]: typed builders of Machines, MachineSets, MachineDeployments and
+//! - [`fixtures`]: a fresh namespace on the shared control plane ([`TestNamespace`]), typed
+//!   builders of Machines, MachineSets, MachineDeployments and
 //!   MachineClasses, a Secret, a Ready Node; namespaces come from
 //!   [`ControlPlane::namespace`](crate::ControlPlane::namespace);
 //! - [`process`]: a free loopback port, a child process killed on drop serving HTTP
-//!   ([`ServedProcess`]), `/proc` checks;
+//!   ([`ServedProcess`]), `/proc` checks, a TCP [`Proxy`] to cut a connection;
 //! - [`metrics`]: samples of a `/metrics` text by name and labels;
 //! - [`events`]: the Events recorded about an object or a Node.
 //!
@@ -31,14 +32,20 @@ pub mod events;
 pub mod fixtures;
 pub mod metrics;
 pub mod process;
+pub mod proxy;
 pub mod wait;
 
 pub use events::{events_for, node_events_for};
 pub use fixtures::{
-    MachineBuilder, MachineClassBuilder, MachineDeploymentBuilder, MachineSetBuilder, class_ref,
-    controller_ref, create, create_class_with_secret, create_ready_node, is_ready, kubeconfig_text,
-    ready_status, secret, template,
+    MachineBuilder, MachineClassBuilder, MachineDeploymentBuilder, MachineSetBuilder,
+    TestNamespace, class_ref, controller_ref, create, create_class_with_secret, create_ready_node,
+    is_ready, kubeconfig_text, ready_status, secret, template,
 };
 pub use metrics::{metric, metric_with, sample, scrape};
-pub use process::{ServedProcess, free_port, http_get, http_status, process_alive, sigkill};
-pub use wait::{Outcome, Timeout, await_list, await_object, eventually, try_eventually, within};
+pub use process::{
+    ServedProcess, binary_beside, free_port, http_get, http_status, process_alive, sigkill,
+};
+pub use proxy::Proxy;
+pub use wait::{
+    Outcome, Timeout, await_gone, await_list, await_object, eventually, try_eventually, within,
+};

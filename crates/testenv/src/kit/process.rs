@@ -1,7 +1,7 @@
 //! Processes of a test: a free loopback port, a child process killed on drop that serves
 //! HTTP on 127.0.0.1 (`/metrics`, `/healthz`, ...), plain HTTP GETs, and `/proc` checks.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -11,6 +11,21 @@ use super::wait::eventually;
 /// A free TCP port on 127.0.0.1 (free when asked; bind it soon).
 pub fn free_port() -> u16 {
     crate::free_port().expect("a free port on 127.0.0.1")
+}
+
+/// The binary `name` of workspace package `package` beside `exe` (a binary under test, e.g.
+/// `env!("CARGO_BIN_EXE_...")`), built with `cargo build -p <package> --bin <name>` when it
+/// is missing.
+pub fn binary_beside(exe: &str, name: &str, package: &str) -> PathBuf {
+    let path = Path::new(exe).with_file_name(name);
+    if !path.is_file() {
+        let status = std::process::Command::new(std::env::var("CARGO").unwrap_or("cargo".into()))
+            .args(["build", "-p", package, "--bin", name])
+            .status()
+            .expect("cargo runs");
+        assert!(status.success(), "building {name} failed");
+    }
+    path
 }
 
 /// A child process with an HTTP port on 127.0.0.1, SIGKILLed when dropped.

@@ -142,6 +142,16 @@ where
         .unwrap_or_else(|e| panic!("the watch for {what} failed: {e}"))
 }
 
+/// Waits on a watch until the object `name` of `api` is gone; panics naming it (kind and
+/// name) after `timeout`.
+pub async fn await_gone<K>(api: Api<K>, name: &str, timeout: Duration)
+where
+    K: kube::Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + 'static,
+{
+    let what = format!("{} {name} to be deleted", K::kind(&()));
+    await_object(api, name, timeout, &what, |o: Option<&K>| o.is_none()).await;
+}
+
 /// Waits on a watch (a reflector over all objects of `api`) until the objects satisfy
 /// `pred`, and returns them; panics naming `what` and listing the objects as they are then
 /// when `timeout` passes first.
