@@ -9,20 +9,20 @@ use std::time::Duration;
 use common_manager::*;
 use kube::api::PostParams;
 use mcm_reconcilers::manager::{ManagerConfig, run_manager};
-use mcm_testenv::kit::{MachineDeploymentBuilder, eventually, within};
+use mcm_testenv::kit::{MachineDeploymentBuilder, TestNamespace, eventually, within};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::Registry;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ready_after_sync_metrics_and_shutdown() {
-    let cp = mcm_testenv::shared(mcm_testenv::Components {
-        controller_manager: true,
-        scheduler: false,
-    })
-    .await
-    .expect("control plane");
-    let client = cp.client().await.expect("client");
-    let ns = cp.namespace("manager").await.expect("namespace");
+    let TestNamespace { client, ns, .. } = TestNamespace::new(
+        mcm_testenv::Components {
+            controller_manager: true,
+            scheduler: false,
+        },
+        "manager",
+    )
+    .await;
     let ready = Arc::new(AtomicBool::new(false));
     let config = ManagerConfig {
         namespace: ns.clone(),

@@ -17,7 +17,7 @@ use serde_json::json;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use mcm_testenv::kit::await_list;
+use mcm_testenv::kit::{TestNamespace, await_list};
 
 /// Longest a single wait in these tests may take.
 pub const WAIT: Duration = Duration::from_secs(60);
@@ -33,14 +33,14 @@ pub struct Harness {
 
 impl Harness {
     pub async fn start(prefix: &str) -> Harness {
-        let cp = mcm_testenv::shared(mcm_testenv::Components {
-            controller_manager: true,
-            scheduler: false,
-        })
-        .await
-        .expect("control plane");
-        let client = cp.client().await.expect("client");
-        let ns = cp.namespace(prefix).await.expect("namespace");
+        let TestNamespace { client, ns, .. } = TestNamespace::new(
+            mcm_testenv::Components {
+                controller_manager: true,
+                scheduler: false,
+            },
+            prefix,
+        )
+        .await;
         let (tx, rx) = oneshot::channel::<()>();
         let config = ManagerConfig {
             namespace: ns.clone(),
