@@ -15,17 +15,9 @@ use mcm_drain::{
     start_volume_attachment_reflector, uncordon,
 };
 use mcm_driver::FakeDriver;
-use mcm_testenv::Components;
 use mcm_testenv::kit::try_eventually;
 use serde_json::json;
 use support::*;
-
-async fn setup(prefix: &str) -> anyhow::Result<(kube::Client, String)> {
-    let cp = mcm_testenv::shared(Components::ALL).await?;
-    let client = cp.client().await?;
-    let ns = cp.namespace(prefix).await?;
-    Ok((client, ns))
-}
 
 fn options(timeout: Duration) -> Options {
     let mut o = Options::new(Arc::new(FakeDriver::new()));

@@ -15,15 +15,13 @@ use kube::api::{Api, DeleteParams, EvictParams, ListParams, PostParams};
 use kube::runtime::wait::conditions;
 use mcm_driver::{Code, Driver, GetVolumeIdsRequest, RequestId, ResourceState};
 use mcm_provider_local::{LocalDriver, LocalDriverConfig, parse_provider_spec};
-use mcm_testenv::kit::{await_object, is_ready, kubeconfig_text, ready_status};
-use mcm_testenv::{Components, shared};
+use mcm_testenv::Components;
+use mcm_testenv::kit::{TestNamespace, await_object, is_ready, kubeconfig_text, ready_status};
 use serde_json::json;
 
 #[tokio::test]
 async fn a_vm_registers_a_ready_node_from_its_spec() {
-    let env = shared(Components::ALL).await.expect("control plane");
-    let client = env.client().await.expect("client");
-    let ns = env.namespace("reg").await.expect("namespace");
+    let TestNamespace { env, client, ns } = TestNamespace::new(Components::ALL, "reg").await;
     let cloud = Cloud::on(
         &env,
         json!({
@@ -127,9 +125,7 @@ fn heartbeat(node: &Node) -> Option<jiff::Timestamp> {
 
 #[tokio::test]
 async fn create_is_idempotent_survives_restarts_and_delete_cleans_up() {
-    let env = shared(Components::ALL).await.expect("control plane");
-    let client = env.client().await.expect("client");
-    let ns = env.namespace("life").await.expect("namespace");
+    let TestNamespace { env, client, ns } = TestNamespace::new(Components::ALL, "life").await;
     let cloud = Cloud::on(&env, json!({}));
     let name = format!("{ns}-vm");
 
@@ -193,9 +189,7 @@ async fn create_is_idempotent_survives_restarts_and_delete_cleans_up() {
 
 #[tokio::test]
 async fn deployment_pods_run_on_the_vm_and_evictions_complete() {
-    let env = shared(Components::ALL).await.expect("control plane");
-    let client = env.client().await.expect("client");
-    let ns = env.namespace("pods").await.expect("namespace");
+    let TestNamespace { env, client, ns } = TestNamespace::new(Components::ALL, "pods").await;
     let cloud = Cloud::on(
         &env,
         json!({"taints": [{"key": "dedicated", "value": "pods-test", "effect": "NoSchedule"}]}),
@@ -282,9 +276,7 @@ async fn deployment_pods_run_on_the_vm_and_evictions_complete() {
 
 #[tokio::test]
 async fn volumes_of_pvc_pods_are_reported_attached_until_the_pod_goes() {
-    let env = shared(Components::ALL).await.expect("control plane");
-    let client = env.client().await.expect("client");
-    let ns = env.namespace("vols").await.expect("namespace");
+    let TestNamespace { env, client, ns } = TestNamespace::new(Components::ALL, "vols").await;
     let cloud = Cloud::on(&env, json!({}));
     let name = format!("{ns}-vm");
     cloud.create(&name).await.expect("create");
@@ -423,9 +415,7 @@ async fn volumes_of_pvc_pods_are_reported_attached_until_the_pod_goes() {
 
 #[tokio::test]
 async fn a_killed_vm_makes_its_node_not_ready_and_reports_stopped() {
-    let env = shared(Components::ALL).await.expect("control plane");
-    let client = env.client().await.expect("client");
-    let ns = env.namespace("kill").await.expect("namespace");
+    let TestNamespace { env, client, ns } = TestNamespace::new(Components::ALL, "kill").await;
     let cloud = Cloud::on(&env, json!({}));
     let name = format!("{ns}-vm");
     let created = cloud.create(&name).await.expect("create");
@@ -551,9 +541,7 @@ async fn create_token_secret(client: &kube::Client, id: &str, secret: &str, expi
 
 #[tokio::test]
 async fn bootstrap_tokens_gate_the_boot() {
-    let env = shared(Components::ALL).await.expect("control plane");
-    let client = env.client().await.expect("client");
-    let ns = env.namespace("boot").await.expect("namespace");
+    let TestNamespace { env, client, ns } = TestNamespace::new(Components::ALL, "boot").await;
     let kubeconfig = kubeconfig_text(&env);
     let nodes: Api<Node> = Api::all(client.clone());
 
@@ -622,9 +610,7 @@ async fn bootstrap_tokens_gate_the_boot() {
 
 #[tokio::test]
 async fn fail_to_boot_and_crash_after_behave_as_documented() {
-    let env = shared(Components::ALL).await.expect("control plane");
-    let client = env.client().await.expect("client");
-    let ns = env.namespace("fault").await.expect("namespace");
+    let TestNamespace { env, client, ns } = TestNamespace::new(Components::ALL, "fault").await;
     let nodes: Api<Node> = Api::all(client.clone());
 
     // failToBoot: the VM exists (create succeeds) but its process exits before registering.

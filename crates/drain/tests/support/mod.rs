@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::{WatchStreamExt, watcher};
-use mcm_testenv::kit::try_eventually;
+use mcm_testenv::kit::{TestNamespace, try_eventually};
 use serde_json::json;
 use tokio::task::JoinHandle;
 
@@ -23,6 +23,12 @@ use tokio::task::JoinHandle;
 pub const CSI_DRIVER: &str = "fake.csi.mcm-rs.io";
 /// Pods with this annotation are left alone by the fake kubelet.
 pub const MANUAL: &str = "fake-kubelet.mcm-rs.io/manual";
+
+/// A client and a fresh namespace on the shared control plane (all components).
+pub async fn setup(prefix: &str) -> anyhow::Result<(kube::Client, String)> {
+    let t = TestNamespace::new(mcm_testenv::Components::ALL, prefix).await;
+    Ok((t.client, t.ns))
+}
 
 /// How the fake kubelet behaves.
 #[derive(Debug, Clone)]
