@@ -4,12 +4,12 @@
 mod common;
 
 use common::*;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
-use kube::api::{Api, PostParams};
+use kube::api::PostParams;
 use mcm_api::constants::annotations::progress;
 use mcm_api::{Machine, MachinePhase};
-use mcm_testenv::kit::{await_object, events_for, metric_with, node_events_for};
+use mcm_testenv::kit::{events_for, metric_with, node_events_for};
 use serde_json::json;
 
 fn annotation<'a>(m: &'a Machine, key: &str) -> Option<&'a str> {
@@ -150,26 +150,7 @@ async fn pods_on_an_unreachable_node_are_not_waited_for() {
     );
     h.create_machine("u1", "local").await;
     h.await_phase("u1", MachinePhase::Running, WAIT).await;
-    let pods: Api<Pod> = Api::namespaced(h.client.clone(), &h.ns);
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": { "name": "web" },
-        "spec": { "nodeName": "u1", "terminationGracePeriodSeconds": 30,
-                  "containers": [{ "name": "c", "image": "example.invalid/web" }] }
-    }))
-    .unwrap();
-    pods.create(&PostParams::default(), &pod).await.unwrap();
-    await_object(
-        pods.clone(),
-        "web",
-        WAIT,
-        "the pod to run",
-        |p: Option<&Pod>| {
-            p.and_then(|p| p.status.as_ref())
-                .and_then(|s| s.phase.as_deref())
-                == Some("Running")
-        },
-    )
-    .await;
+    let pods = h.run_pod("web", "u1", 30).await;
 
     // The VM crashes; the node lifecycle controller marks the node Unknown.
     h.kill_vm("u1");

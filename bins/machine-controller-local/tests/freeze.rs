@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use mcm_api::MachinePhase;
-use mcm_testenv::kit::free_port;
+use mcm_testenv::kit::Proxy;
 use serde_json::json;
 
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(8);
@@ -25,7 +25,7 @@ async fn an_unreachable_target_freezes_the_controller_and_no_machine_fails_meanw
         .trim_start_matches("https://")
         .parse()
         .unwrap();
-    let proxy = Proxy::start(upstream).await;
+    let proxy = Proxy::start(upstream).expect("the proxy starts");
     let target = kubeconfig_via(
         &h,
         &format!("https://127.0.0.1:{}", proxy.port),
@@ -90,7 +90,7 @@ async fn an_unreachable_target_freezes_the_controller_and_no_machine_fails_meanw
 
     // Restore: unfrozen, and the machine continues; its health timer restarted, so it fails
     // only after a fresh health timeout.
-    proxy.restore();
+    proxy.restore().expect("the proxy port can be bound again");
     let restored_at = Instant::now();
     mc.await_metric(
         "mcm_machine_controller_frozen",
@@ -131,70 +131,4 @@ fn kubeconfig_via(h: &Harness, server: &str, file: &str) -> PathBuf {
     let path = h.logs.path().join(file);
     std::fs::write(&path, text).unwrap();
     path
-}
-
-/// A TCP proxy on 127.0.0.1 in front of an upstream address that a test can cut (close all
-/// connections and refuse new ones) and restore.
-pub struct Proxy {
-    pub port: u16,
-    upstream: std::net::SocketAddr,
-    running: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
-}
-
-impl Proxy {
-    /// Starts proxying `upstream` on a free port.
-    pub async fn start(upstream: std::net::SocketAddr) -> Proxy {
-        let p = Proxy {
-            port: free_port(),
-            upstream,
-            running: Default::default(),
-        };
-        p.restore();
-        p
-    }
-
-    /// Accepts connections (again).
-    pub fn restore(&self) {
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket.set_reuseaddr(true).unwrap();
-        socket
-            .bind(std::net::SocketAddr::from(([127, 0, 0, 1], self.port)))
-            .expect("the proxy port can be bound again");
-        let listener = socket.listen(128).unwrap();
-        let upstream = self.upstream;
-        let task = tokio::spawn(async move {
-            // Aborting this task drops the JoinSet, which aborts (and closes) every
-            // connection.
-            let mut conns = tokio::task::JoinSet::new();
-            loop {
-                let Ok((mut inbound, _)) = listener.accept().await else {
-                    continue;
-                };
-                conns.spawn(async move {
-                    if let Ok(mut out) = tokio::net::TcpStream::connect(upstream).await {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
-                    }
-                });
-                while conns.try_join_next().is_some() {}
-            }
-        });
-        *self.running.lock().unwrap() = Some(task);
-    }
-
-    /// Closes every connection and the listener (new connections are refused).
-    pub async fn cut(&self) {
-        let task = self.running.lock().unwrap().take();
-        if let Some(task) = task {
-            task.abort();
-            let _ = task.await;
-        }
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        if let Some(t) = self.running.lock().unwrap().take() {
-            t.abort();
-        }
-    }
 }

@@ -7,13 +7,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, Secret};
+use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use mcm_api::{Machine, MachineClass, MachinePhase};
 use mcm_provider_local::state::{self, StateDirectory};
 use mcm_testenv::kit::{
-    MachineBuilder, MachineClassBuilder, ServedProcess, await_object, create, eventually,
-    free_port, kubeconfig_text, process_alive, secret, sigkill,
+    MachineBuilder, MachineClassBuilder, ServedProcess, TestNamespace, await_gone, await_object,
+    binary_beside, create, eventually, free_port, kubeconfig_text, process_alive, secret, sigkill,
 };
 use mcm_testenv::{Components, ControlPlane};
 use serde_json::{Value, json};
@@ -27,17 +27,11 @@ pub const USER_DATA: &str =
 
 /// `local-node`, next to the controller binary (built on demand when missing).
 pub fn node_binary() -> PathBuf {
-    let controller = PathBuf::from(env!("CARGO_BIN_EXE_machine-controller-local"));
-    let node = controller.with_file_name("local-node");
-    if !node.is_file() {
-        let status =
-            std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-                .args(["build", "-p", "mcm-provider-local", "--bin", "local-node"])
-                .status()
-                .expect("cargo runs");
-        assert!(status.success(), "building local-node failed");
-    }
-    node
+    binary_beside(
+        env!("CARGO_BIN_EXE_machine-controller-local"),
+        "local-node",
+        "mcm-provider-local",
+    )
 }
 
 /// One test's world.
@@ -77,11 +71,7 @@ impl Harness {
     /// A namespace with the class `local` (providerSpec `spec` + a state directory) and the
     /// secret `local-secret` (target kubeconfig + user data with the token placeholder).
     pub async fn new(prefix: &str, spec: Value) -> Harness {
-        let env = mcm_testenv::shared(Components::ALL)
-            .await
-            .expect("control plane");
-        let client = env.client().await.expect("client");
-        let ns = env.namespace(prefix).await.expect("namespace");
+        let TestNamespace { env, client, ns } = TestNamespace::new(Components::ALL, prefix).await;
         let h = Harness {
             env,
             client,
@@ -214,14 +204,7 @@ impl Harness {
 
     /// Waits until the machine is gone.
     pub async fn await_gone(&self, name: &str, timeout: Duration) {
-        await_object(
-            self.machines(),
-            name,
-            timeout,
-            &format!("machine {name} to be deleted"),
-            |m: Option<&Machine>| m.is_none(),
-        )
-        .await;
+        await_gone(self.machines(), name, timeout).await;
     }
 
     /// Waits until the machine's lastOperation description satisfies `pred`.
@@ -270,6 +253,32 @@ impl Harness {
             .list()
             .map(|(records, _)| records.into_iter().map(|r| r.machine_name).collect())
             .unwrap_or_default()
+    }
+
+    /// Creates the Pod `name` on the Node `node` (one container, `grace` seconds to
+    /// terminate) and waits until it runs.
+    pub async fn run_pod(&self, name: &str, node: &str, grace: i64) -> Api<Pod> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.ns);
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": { "name": name },
+            "spec": { "nodeName": node, "terminationGracePeriodSeconds": grace,
+                      "containers": [{ "name": "c", "image": format!("example.invalid/{name}") }] }
+        }))
+        .unwrap();
+        create(&pods, &pod).await;
+        await_object(
+            pods.clone(),
+            name,
+            WAIT,
+            &format!("the pod {name} to run"),
+            |p: Option<&Pod>| {
+                p.and_then(|p| p.status.as_ref())
+                    .and_then(|s| s.phase.as_deref())
+                    == Some("Running")
+            },
+        )
+        .await;
+        pods
     }
 
     pub async fn patch_machine(&self, name: &str, patch: Value) {
