@@ -34,6 +34,30 @@ fn md(replicas: i32) -> MachineDeploymentBuilder {
         .rolling(1, 0)
 }
 
+/// Creates `md` with 3 machines of class `c1` and waits until they run.
+async fn start_with_3_c1(h: &Harness) {
+    create_deployment(h, &md(3).build()).await;
+    wait_machines(h, "3 running c1", |m| running_of_class(m, "c1") == 3).await;
+}
+
+/// Rolls `md` out to the class `class`.
+async fn roll_to(h: &Harness, class: &str) {
+    patch_deployment(
+        h,
+        "md",
+        json!({"spec": {"template": {"spec": {"class": {"name": class}}}}}),
+    )
+    .await;
+}
+
+/// Waits until exactly `n` machines exist, all running and of class `class`.
+async fn wait_only(h: &Harness, n: usize, class: &str) {
+    wait_machines(h, &format!("{n} running {class} only"), |m| {
+        running_of_class(m, class) == n && m.len() == n
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scale_0_1_6_2_then_delete_removes_every_machine() {
     let h = Harness::start("md-scale").await;
@@ -112,16 +136,8 @@ async fn rolling_update_never_drops_below_replicas() {
         }
         min_seen
     });
-    patch_deployment(
-        &h,
-        "md",
-        json!({"spec": {"template": {"spec": {"class": {"name": "c2"}}}}}),
-    )
-    .await;
-    wait_machines(&h, "4 running c2 only", |m| {
-        running_of_class(m, "c2") == 4 && m.len() == 4
-    })
-    .await;
+    roll_to(&h, "c2").await;
+    wait_only(&h, 4, "c2").await;
     assert!(
         !checker.is_finished(),
         "the invariant checker failed: {:?}",
@@ -147,24 +163,15 @@ async fn recreate_replaces_all_machines() {
         .build();
     create_deployment(&h, &recreate).await;
     wait_machines(&h, "3 running c1", |m| running_of_class(m, "c1") == 3).await;
-    patch_deployment(
-        &h,
-        "md",
-        json!({"spec": {"template": {"spec": {"class": {"name": "c2"}}}}}),
-    )
-    .await;
-    wait_machines(&h, "3 running c2 only", |m| {
-        running_of_class(m, "c2") == 3 && m.len() == 3
-    })
-    .await;
+    roll_to(&h, "c2").await;
+    wait_only(&h, 3, "c2").await;
     h.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pause_stops_and_resume_finishes_a_rollout() {
     let h = Harness::start("md-pause").await;
-    create_deployment(&h, &md(3).build()).await;
-    wait_machines(&h, "3 running c1", |m| running_of_class(m, "c1") == 3).await;
+    start_with_3_c1(&h).await;
     patch_deployment(
         &h,
         "md",
@@ -196,24 +203,15 @@ async fn pause_stops_and_resume_finishes_a_rollout() {
         1
     );
     patch_deployment(&h, "md", json!({"spec": {"paused": false}})).await;
-    wait_machines(&h, "3 running c2 only", |m| {
-        running_of_class(m, "c2") == 3 && m.len() == 3
-    })
-    .await;
+    wait_only(&h, 3, "c2").await;
     h.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scale_during_rollout_finishes_both() {
     let h = Harness::start("md-scale-roll").await;
-    create_deployment(&h, &md(3).build()).await;
-    wait_machines(&h, "3 running c1", |m| running_of_class(m, "c1") == 3).await;
-    patch_deployment(
-        &h,
-        "md",
-        json!({"spec": {"template": {"spec": {"class": {"name": "c2"}}}}}),
-    )
-    .await;
+    start_with_3_c1(&h).await;
+    roll_to(&h, "c2").await;
     wait_machines(&h, "a c2 machine", |m| running_of_class(m, "c2") >= 1).await;
     // Template change and scale-up together while two sets are active (MCM #816).
     patch_deployment(
@@ -222,10 +220,7 @@ async fn scale_during_rollout_finishes_both() {
         json!({"spec": {"replicas": 5, "template": {"spec": {"class": {"name": "c3"}}}}}),
     )
     .await;
-    wait_machines(&h, "5 running c3 only", |m| {
-        running_of_class(m, "c3") == 5 && m.len() == 5
-    })
-    .await;
+    wait_only(&h, 5, "c3").await;
     h.stop().await;
 }
 

@@ -35,6 +35,20 @@ fn set(name: &str, replicas: i32) -> MachineSet {
         .build()
 }
 
+/// Creates the set `ms` of 3 machines and waits until they run and are counted.
+async fn start_set_of_3(h: &Harness) -> Vec<Machine> {
+    h.sets()
+        .create(&PostParams::default(), &set("ms", 3))
+        .await
+        .expect("create set");
+    let ms = wait_machines(h, "3 running", |m| {
+        m.len() == 3 && running_of_class(m, "c1") == 3
+    })
+    .await;
+    wait_list(h.sets(), "3 machines counted", counted(3)).await;
+    ms
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn priority_one_machine_goes_first_and_deleting_the_set_deletes_its_machines() {
     let h = Harness::start("ms-priority").await;
@@ -160,15 +174,7 @@ async fn overshoot_freezes_and_unfreezes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_machine_deleted_directly_is_replaced_and_counted_promptly() {
     let h = Harness::start("ms-gone").await;
-    h.sets()
-        .create(&PostParams::default(), &set("ms", 3))
-        .await
-        .expect("create set");
-    let ms = wait_machines(&h, "3 running", |m| {
-        m.len() == 3 && running_of_class(m, "c1") == 3
-    })
-    .await;
-    wait_list(h.sets(), "3 machines counted", counted(3)).await;
+    let ms = start_set_of_3(&h).await;
     let victim = ms[0].name_any();
     h.machines()
         .delete(&victim, &DeleteParams::default())
@@ -188,15 +194,7 @@ async fn a_machine_deleted_directly_is_replaced_and_counted_promptly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counters_drop_when_the_last_finalizer_of_a_machine_goes() {
     let h = Harness::start("ms-finalizer").await;
-    h.sets()
-        .create(&PostParams::default(), &set("ms", 3))
-        .await
-        .expect("create set");
-    let ms = wait_machines(&h, "3 running", |m| {
-        m.len() == 3 && running_of_class(m, "c1") == 3
-    })
-    .await;
-    wait_list(h.sets(), "3 machines counted", counted(3)).await;
+    let ms = start_set_of_3(&h).await;
     let victim = ms[0].name_any();
     h.machines()
         .patch(
