@@ -66,13 +66,6 @@ async fn wait_pdb(
     Ok(())
 }
 
-fn kubelet_options(ns: &str) -> KubeletOptions {
-    KubeletOptions {
-        labels: vec![("drain-test".into(), ns.into())],
-        ..Default::default()
-    }
-}
-
 #[tokio::test]
 async fn pdb_blocks_eviction_until_the_replacement_is_ready() -> anyhow::Result<()> {
     let (client, ns) = setup("drain-pdb").await?;
@@ -458,19 +451,7 @@ async fn the_timeout_holds() -> anyhow::Result<()> {
 async fn volume_wait_completes_when_the_attachment_clears() -> anyhow::Result<()> {
     let (client, ns) = setup("drain-vol").await?;
     let reflector = start_volume_attachment_reflector(client.clone());
-    let node = node_name("n", &ns);
-    let kubelet = FakeKubelet::start(
-        client.clone(),
-        &node,
-        KubeletOptions {
-            attach_volumes: true,
-            ..kubelet_options(&ns)
-        },
-    )
-    .await?;
-    let (claim, pv) = create_volume(&client, &ns, "data").await?;
-    create_pod(&client, &ns, "db", &node, &[], Some(&claim)).await?;
-    wait_ready(&client, &ns, 1).await?;
+    let (node, kubelet, pv) = pod_with_volume(&client, &ns).await?;
     await_attached(&client, &node, &pv).await?;
 
     // The "attach/detach controller": once the pod is gone, detach after 1s, then attach the
@@ -516,19 +497,7 @@ async fn volume_wait_completes_when_the_attachment_clears() -> anyhow::Result<()
 async fn volume_that_stays_attached_fails_with_its_name() -> anyhow::Result<()> {
     let (client, ns) = setup("drain-volstuck").await?;
     let reflector = start_volume_attachment_reflector(client.clone());
-    let node = node_name("n", &ns);
-    let _kubelet = FakeKubelet::start(
-        client.clone(),
-        &node,
-        KubeletOptions {
-            attach_volumes: true,
-            ..kubelet_options(&ns)
-        },
-    )
-    .await?;
-    let (claim, pv) = create_volume(&client, &ns, "data").await?;
-    create_pod(&client, &ns, "db", &node, &[], Some(&claim)).await?;
-    wait_ready(&client, &ns, 1).await?;
+    let (node, _kubelet, pv) = pod_with_volume(&client, &ns).await?;
     let vas: Api<k8s_openapi::api::storage::v1::VolumeAttachment> = Api::all(client.clone());
     try_eventually(Duration::from_secs(10), "VolumeAttachment", || {
         let vas = vas.clone();

@@ -28,13 +28,6 @@ fn options() -> Options {
     o
 }
 
-fn kubelet_options(ns: &str) -> KubeletOptions {
-    KubeletOptions {
-        labels: vec![("drain-test".into(), ns.into())],
-        ..Default::default()
-    }
-}
-
 fn at(secs: u64) -> PassInput {
     PassInput {
         elapsed: Duration::from_secs(secs),
@@ -232,19 +225,7 @@ async fn pods_on_an_unreachable_node_are_not_waited_for_and_force_deletes_them()
 async fn volumes_are_waited_for_within_the_detach_timeout() -> anyhow::Result<()> {
     let (client, ns) = setup("pass-vol").await?;
     let reflector = start_volume_attachment_reflector(client.clone());
-    let node = node_name("n", &ns);
-    let kubelet = FakeKubelet::start(
-        client.clone(),
-        &node,
-        KubeletOptions {
-            attach_volumes: true,
-            ..kubelet_options(&ns)
-        },
-    )
-    .await?;
-    let (claim, pv) = create_volume(&client, &ns, "data").await?;
-    create_pod(&client, &ns, "db", &node, &[], Some(&claim)).await?;
-    wait_ready(&client, &ns, 1).await?;
+    let (node, kubelet, pv) = pod_with_volume(&client, &ns).await?;
     await_attached(&client, &node, &pv).await?;
     let attached = attached_name(&handle_of(&pv));
     let stores = reflector.stores();

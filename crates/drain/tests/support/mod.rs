@@ -57,6 +57,36 @@ impl Default for KubeletOptions {
     }
 }
 
+/// The options of the tests' kubelets: the node labelled with the test's namespace.
+pub fn kubelet_options(ns: &str) -> KubeletOptions {
+    KubeletOptions {
+        labels: vec![("drain-test".into(), ns.into())],
+        ..Default::default()
+    }
+}
+
+/// A node `n-<ns>` whose fake kubelet attaches volumes, and on it the Ready pod `db` mounting
+/// the new volume `data`: returns the node, its kubelet and the PersistentVolume.
+pub async fn pod_with_volume(
+    client: &kube::Client,
+    ns: &str,
+) -> anyhow::Result<(String, FakeKubelet, String)> {
+    let node = node_name("n", ns);
+    let kubelet = FakeKubelet::start(
+        client.clone(),
+        &node,
+        KubeletOptions {
+            attach_volumes: true,
+            ..kubelet_options(ns)
+        },
+    )
+    .await?;
+    let (claim, pv) = create_volume(client, ns, "data").await?;
+    create_pod(client, ns, "db", &node, &[], Some(&claim)).await?;
+    wait_ready(client, ns, 1).await?;
+    Ok((node, kubelet, pv))
+}
+
 /// A fake kubelet: registers a Ready node, renews its Lease, marks pods bound to it
 /// Running/Ready, completes their deletion, and attaches/detaches their volumes.
 pub struct FakeKubelet {
