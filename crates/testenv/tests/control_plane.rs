@@ -12,7 +12,7 @@ use kube::api::{
     PatchParams, PostParams, WatchEvent, WatchParams,
 };
 use kube::runtime::wait::await_condition;
-use mcm_testenv::kit::TestNamespace;
+use mcm_testenv::kit::{TestNamespace, eventually};
 use mcm_testenv::{Components, ControlPlane, Options, process, shared};
 use serde_json::json;
 
@@ -477,12 +477,16 @@ async fn control_plane_dies_with_the_test_process() {
 }
 
 async fn wait_until_gone(pids: &[u32]) {
-    let gone = async {
-        while pids.iter().any(|p| process::process_alive(*p)) {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), gone)
-        .await
-        .unwrap_or_else(|_| panic!("processes {pids:?} outlived their control plane"));
+    eventually(
+        Duration::from_secs(10),
+        &format!("processes {pids:?} to die with their control plane"),
+        || async {
+            let alive: Vec<&u32> = pids
+                .iter()
+                .filter(|p| process::process_alive(**p))
+                .collect();
+            if alive.is_empty() { Ok(()) } else { Err(alive) }
+        },
+    )
+    .await;
 }

@@ -98,20 +98,23 @@ impl ServedProcess {
 }
 
 /// A plain HTTP/1.1 GET on 127.0.0.1:`port`: the whole response (status line, headers,
-/// body), `None` when the connection fails.
+/// body); `None` when the connection fails or no answer comes within 5 s.
 pub async fn http_get(port: u16, path: &str) -> Option<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+    let fetch = async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()?;
+        let req = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.ok()?;
+        Some(out)
+    };
+    tokio::time::timeout(Duration::from_secs(5), fetch)
         .await
-        .ok()?;
-    s.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes(),
-    )
-    .await
-    .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.ok()?;
-    Some(out)
+        .ok()
+        .flatten()
 }
 
 /// The status code of a GET on 127.0.0.1:`port`.
@@ -120,15 +123,9 @@ pub async fn http_status(port: u16, path: &str) -> Option<u16> {
     text.lines().next()?.split(' ').nth(1)?.parse().ok()
 }
 
-/// Whether a process exists and is neither a zombie nor dead (`/proc/<pid>/stat`).
+/// [`crate::process::process_alive`] for a signed pid (as `nix` and `/proc` scans give them).
 pub fn process_alive(pid: i32) -> bool {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return false;
-    };
-    // The state follows the command name, which is in parentheses and may contain spaces.
-    stat.rsplit_once(')')
-        .and_then(|(_, rest)| rest.trim_start().chars().next())
-        .is_some_and(|state| state != 'Z' && state != 'X')
+    u32::try_from(pid).is_ok_and(crate::process::process_alive)
 }
 
 /// SIGKILLs a process (ignoring a process that is gone).
