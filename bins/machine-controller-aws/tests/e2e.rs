@@ -13,16 +13,19 @@
 mod moto;
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use aws_sdk_ec2::types::{Filter, InstanceStateName, ResourceType, Tag, TagSpecification};
 use base64::Engine as _;
-use k8s_openapi::api::core::v1::{Node, Secret};
+use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use mcm_api::{Machine, MachineClass, MachineDeployment, MachinePhase};
+use mcm_api::{Machine, MachineDeployment, MachinePhase};
+use mcm_testenv::kit::{
+    MachineClassBuilder, MachineDeploymentBuilder, TestNamespace, binary_beside,
+    create_class_with_secret, eventually, free_port, secret,
+};
 use mcm_testenv::process::ManagedProcess;
 use mcm_testenv::{Components, ControlPlane};
 use moto::{REGION, World, moto};
@@ -31,50 +34,13 @@ use serde_json::json;
 const WAIT: Duration = Duration::from_secs(120);
 const USER_DATA: &str = "#cloud-config\nbootstrapToken: <<BOOTSTRAP_TOKEN>>\n";
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-async fn within<T>(what: &str, fut: impl Future<Output = T>) -> T {
-    tokio::time::timeout(WAIT, fut)
-        .await
-        .unwrap_or_else(|_| panic!("timed out after {WAIT:?} waiting for {what}"))
-}
-
-/// Polls `check` every 300 ms until it returns `Some`.
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    within(what, async {
-        loop {
-            if let Some(v) = check().await {
-                return v;
-            }
-            tokio::time::sleep(Duration::from_millis(300)).await;
-        }
-    })
-    .await
-}
-
 /// `local-node`, next to the controller binary (built on demand when missing).
 fn node_binary() -> PathBuf {
-    let node =
-        PathBuf::from(env!("CARGO_BIN_EXE_machine-controller-aws")).with_file_name("local-node");
-    if !node.is_file() {
-        let status =
-            std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-                .args(["build", "-p", "mcm-provider-local", "--bin", "local-node"])
-                .status()
-                .expect("cargo runs");
-        assert!(status.success(), "building local-node failed");
-    }
-    node
+    binary_beside(
+        env!("CARGO_BIN_EXE_machine-controller-aws"),
+        "local-node",
+        "mcm-provider-local",
+    )
 }
 
 /// Plays the booted VMs: one `local-node` per live instance of the cluster in moto.
@@ -210,38 +176,26 @@ struct Env {
 
 impl Env {
     async fn new(prefix: &str) -> Env {
-        let cp = mcm_testenv::shared(Components::ALL)
-            .await
-            .expect("control plane");
-        let client = cp.client().await.expect("client");
-        let ns = cp.namespace(prefix).await.expect("namespace");
+        let TestNamespace {
+            env: cp,
+            client,
+            ns,
+        } = TestNamespace::new(Components::ALL, prefix).await;
         let world = World::new(prefix).await;
-        let secret: Secret = serde_json::from_value(json!({
-            "metadata": { "name": "aws-secret" },
-            "stringData": {
-                "providerAccessKeyId": "AKIDTEST",
-                "providerSecretAccessKey": "secret",
-                "userData": USER_DATA,
-            },
-        }))
-        .unwrap();
-        Api::<Secret>::namespaced(client.clone(), &ns)
-            .create(&PostParams::default(), &secret)
-            .await
-            .unwrap();
-        let class: MachineClass = serde_json::from_value(json!({
-            "apiVersion": "machine.sapcloud.io/v1alpha1",
-            "kind": "MachineClass",
-            "metadata": { "name": "aws" },
-            "provider": "AWS",
-            "providerSpec": world.provider_spec(),
-            "secretRef": { "name": "aws-secret", "namespace": ns },
-        }))
-        .unwrap();
-        Api::<MachineClass>::namespaced(client.clone(), &ns)
-            .create(&PostParams::default(), &class)
-            .await
-            .unwrap();
+        let class = MachineClassBuilder::new("aws")
+            .provider("AWS")
+            .spec(world.provider_spec())
+            .secret(&ns, "aws-secret")
+            .build();
+        let credentials = secret(
+            "aws-secret",
+            &[
+                ("providerAccessKeyId", "AKIDTEST"),
+                ("providerSecretAccessKey", "secret"),
+                ("userData", USER_DATA),
+            ],
+        );
+        create_class_with_secret(&client, &ns, &class, &credentials).await;
         Env {
             cp,
             client,
@@ -334,23 +288,17 @@ async fn a_machine_deployment_runs_on_moto_scales_down_and_orphans_are_collected
     let player = VmPlayer::start(&env.world, env.cp.kubeconfig_path().to_path_buf());
     let controller = env.spawn_controller();
 
-    let md: MachineDeployment = serde_json::from_value(json!({
-        "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "MachineDeployment",
-        "metadata": { "name": "workers" },
-        "spec": {
-            "replicas": 3,
-            "selector": { "matchLabels": { "pool": "workers" } },
-            "strategy": { "type": "RollingUpdate", "rollingUpdate": { "maxSurge": 1, "maxUnavailable": 0 } },
-            "template": { "metadata": { "labels": { "pool": "workers" } },
-                          "spec": { "class": { "kind": "MachineClass", "name": "aws" } } }
-        }
-    }))
-    .unwrap();
+    let md = MachineDeploymentBuilder::new("workers")
+        .replicas(3)
+        .class("aws")
+        .match_label("pool", "workers")
+        .rolling(1, 0)
+        .build();
     let mds: Api<MachineDeployment> = Api::namespaced(env.client.clone(), &env.ns);
     mds.create(&PostParams::default(), &md).await.unwrap();
 
     // Three machines Running, each backed by one instance in moto whose Node joined.
-    let running = eventually("3 machines Running", || async {
+    let running = eventually(WAIT, "3 machines Running", || async {
         let ms = env.machine_list().await;
         (ms.len() == 3 && ms.iter().all(|m| m.phase() == Some(&MachinePhase::Running)))
             .then_some(ms)
@@ -383,7 +331,7 @@ async fn a_machine_deployment_runs_on_moto_scales_down_and_orphans_are_collected
     )
     .await
     .unwrap();
-    let remaining = eventually("scale-down to 1 instance", || async {
+    let remaining = eventually(WAIT, "scale-down to 1 instance", || async {
         let ms = env.machine_list().await;
         let live = env.world.live_instances().await;
         (ms.len() == 1 && live.len() == 1).then_some((ms, live))
@@ -416,7 +364,7 @@ async fn a_machine_deployment_runs_on_moto_scales_down_and_orphans_are_collected
             i.instance_id()
         );
         let name = i.private_dns_name().unwrap_or_default();
-        eventually("the Node of a terminated instance to go", || async {
+        eventually(WAIT, "the Node of a terminated instance to go", || async {
             nodes.get_opt(name).await.unwrap().is_none().then_some(())
         })
         .await;
@@ -448,7 +396,7 @@ async fn a_machine_deployment_runs_on_moto_scales_down_and_orphans_are_collected
         .await
         .unwrap();
     let orphan_id = orphan.instances()[0].instance_id().unwrap().to_string();
-    eventually("the orphan instance to be terminated", || async {
+    eventually(WAIT, "the orphan instance to be terminated", || async {
         let live = env.world.live_instances().await;
         (!live
             .iter()
@@ -466,7 +414,7 @@ async fn a_machine_deployment_runs_on_moto_scales_down_and_orphans_are_collected
     mds.delete("workers", &DeleteParams::default())
         .await
         .unwrap();
-    eventually("all machines and instances to go", || async {
+    eventually(WAIT, "all machines and instances to go", || async {
         let ms = env.machine_list().await;
         let live = env.world.live_instances().await;
         (ms.is_empty() && live.is_empty()).then_some(())

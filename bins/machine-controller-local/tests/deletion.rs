@@ -4,12 +4,12 @@
 mod common;
 
 use common::*;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
-use kube::api::{Api, PostParams};
-use kube::runtime::wait::await_condition;
+use kube::api::PostParams;
 use mcm_api::constants::annotations::progress;
 use mcm_api::{Machine, MachinePhase};
+use mcm_testenv::kit::{events_for, metric_with, node_events_for};
 use serde_json::json;
 
 fn annotation<'a>(m: &'a Machine, key: &str) -> Option<&'a str> {
@@ -52,7 +52,7 @@ async fn a_machine_of_an_invalid_class_never_got_a_vm_and_is_deleted() {
     h.delete_machine("b1").await;
     h.await_gone("b1", WAIT).await;
     assert!(h.vm_records().is_empty());
-    let deleted = h.events_for("b1", "Deleted").await;
+    let deleted = events_for(&h.client, &h.ns, "b1", "Deleted").await;
     assert!(
         deleted
             .iter()
@@ -121,7 +121,7 @@ async fn a_vm_that_may_exist_blocks_deletion_until_the_class_is_fixed() {
         "the finalizer stays while the VM may exist"
     );
     assert!(h.vm_alive("v1"), "the VM is neither leaked nor deleted");
-    let events = h.events_for("v1", "DeletionBlocked").await;
+    let events = events_for(&h.client, &h.ns, "v1", "DeletionBlocked").await;
     assert_eq!(events.len(), 1, "one Event, not one per retry: {events:?}");
 
     // Fixed: the deletion finishes.
@@ -150,25 +150,7 @@ async fn pods_on_an_unreachable_node_are_not_waited_for() {
     );
     h.create_machine("u1", "local").await;
     h.await_phase("u1", MachinePhase::Running, WAIT).await;
-    let pods: Api<Pod> = Api::namespaced(h.client.clone(), &h.ns);
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": { "name": "web" },
-        "spec": { "nodeName": "u1", "terminationGracePeriodSeconds": 30,
-                  "containers": [{ "name": "c", "image": "example.invalid/web" }] }
-    }))
-    .unwrap();
-    pods.create(&PostParams::default(), &pod).await.unwrap();
-    within(
-        WAIT,
-        "the pod to run",
-        await_condition(pods.clone(), "web", |p: Option<&Pod>| {
-            p.and_then(|p| p.status.as_ref())
-                .and_then(|s| s.phase.as_deref())
-                == Some("Running")
-        }),
-    )
-    .await
-    .unwrap();
+    let pods = h.run_pod("web", "u1", 30).await;
 
     // The VM crashes; the node lifecycle controller marks the node Unknown.
     h.kill_vm("u1");
@@ -199,7 +181,7 @@ async fn pods_on_an_unreachable_node_are_not_waited_for() {
             "the pod was evicted"
         );
     }
-    let drained = h.events_for("u1", "Drained").await;
+    let drained = events_for(&h.client, &h.ns, "u1", "Drained").await;
     assert!(
         drained
             .iter()
@@ -208,7 +190,7 @@ async fn pods_on_an_unreachable_node_are_not_waited_for() {
     );
     // The node's own events tell an operator why it went away.
     for reason in ["DrainStarted", "Drained", "VMDeleted"] {
-        let on_node = h.node_events_for("u1", reason).await;
+        let on_node = node_events_for(&h.client, "u1", reason).await;
         assert!(!on_node.is_empty(), "no {reason} event on the node");
     }
 }

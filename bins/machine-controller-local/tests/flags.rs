@@ -7,6 +7,7 @@ use std::process::Output;
 use std::time::Duration;
 
 use common::*;
+use mcm_testenv::kit::{free_port, within};
 
 const GARDENER_FLAGS: &[&str] = &[
     "port",
@@ -45,9 +46,16 @@ const GARDENER_FLAGS: &[&str] = &[
 
 /// Runs the binary with `args` (bounded: it must exit by itself).
 async fn run(args: &[&str]) -> Output {
+    run_with_env(args, &[]).await
+}
+
+/// Runs the binary with `args` and the environment variables `env` (bounded: it must exit
+/// by itself).
+async fn run_with_env(args: &[&str], env: &[(&str, &str)]) -> Output {
     let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_machine-controller-local"))
         .args(args)
         .env(mcm_provider_local::NODE_BINARY_ENV, node_binary())
+        .envs(env.iter().copied())
         .env_remove("KUBECONFIG")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::piped())
@@ -57,7 +65,7 @@ async fn run(args: &[&str]) -> Output {
         .unwrap();
     within(
         Duration::from_secs(30),
-        &format!("machine-controller-local {args:?} to exit"),
+        &format!("machine-controller-local {args:?} (environment {env:?}) to exit"),
         child.wait_with_output(),
     )
     .await
@@ -121,24 +129,11 @@ async fn a_missing_target_kubeconfig_is_reported_readably() {
 
 #[tokio::test]
 async fn an_invalid_fault_configuration_names_the_entry() {
-    let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_machine-controller-local"))
-        .args(["--leader-elect=false"])
-        .env(mcm_provider_local::NODE_BINARY_ENV, node_binary())
-        .env("MCM_DRIVER_FAULTS", "all:rate=0.3;reboot:rate=1")
-        .env_remove("KUBECONFIG")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let out = within(
-        Duration::from_secs(30),
-        "machine-controller-local with bad faults to exit",
-        child.wait_with_output(),
+    let out = run_with_env(
+        &["--leader-elect=false"],
+        &[("MCM_DRIVER_FAULTS", "all:rate=0.3;reboot:rate=1")],
     )
-    .await
-    .unwrap();
+    .await;
     assert!(!out.status.success());
     let msg = text(&out);
     assert!(msg.contains("MCM_DRIVER_FAULTS"), "{msg}");

@@ -4,10 +4,12 @@
 
 mod common;
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use common::*;
 use mcm_api::MachinePhase;
+use mcm_testenv::kit::Proxy;
 use serde_json::json;
 
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(8);
@@ -23,8 +25,12 @@ async fn an_unreachable_target_freezes_the_controller_and_no_machine_fails_meanw
         .trim_start_matches("https://")
         .parse()
         .unwrap();
-    let proxy = Proxy::start(upstream).await;
-    let target = h.kubeconfig_via(&format!("https://127.0.0.1:{}", proxy.port), "target.kc");
+    let proxy = Proxy::start(upstream).expect("the proxy starts");
+    let target = kubeconfig_via(
+        &h,
+        &format!("https://127.0.0.1:{}", proxy.port),
+        "target.kc",
+    );
     let mc = h.spawn_controller(
         "mc",
         &[
@@ -84,7 +90,7 @@ async fn an_unreachable_target_freezes_the_controller_and_no_machine_fails_meanw
 
     // Restore: unfrozen, and the machine continues; its health timer restarted, so it fails
     // only after a fresh health timeout.
-    proxy.restore();
+    proxy.restore().expect("the proxy port can be bound again");
     let restored_at = Instant::now();
     mc.await_metric(
         "mcm_machine_controller_frozen",
@@ -115,4 +121,14 @@ async fn an_unreachable_target_freezes_the_controller_and_no_machine_fails_meanw
     h.await_gone("f1", WAIT).await;
     assert!(h.vm_records().is_empty());
     drop(proxy);
+}
+
+/// A kubeconfig like the admin one whose server is `server` (the proxy), written to the
+/// harness's log directory; returns its path.
+fn kubeconfig_via(h: &Harness, server: &str, file: &str) -> PathBuf {
+    let text = h.kubeconfig().replace(h.env.server_url(), server);
+    assert!(text.contains(server), "the kubeconfig names the server");
+    let path = h.logs.path().join(file);
+    std::fs::write(&path, text).unwrap();
+    path
 }

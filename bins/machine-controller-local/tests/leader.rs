@@ -11,8 +11,8 @@ use common::*;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
-use kube::runtime::wait::await_condition;
 use mcm_api::MachinePhase;
+use mcm_testenv::kit::{await_object, eventually};
 use serde_json::json;
 
 const LEASE_DURATION: Duration = Duration::from_secs(4);
@@ -64,15 +64,14 @@ async fn one_replica_leads_the_standby_is_ready_and_takes_over() {
         })
     };
 
-    let lease = within(
+    let lease = await_object(
+        leases.clone(),
+        "machine-controller",
         WAIT,
         "a replica to take the lease",
-        await_condition(leases.clone(), "machine-controller", |l: Option<&Lease>| {
-            l.and_then(holder).is_some_and(|h| !h.is_empty())
-        }),
+        |l: Option<&Lease>| l.and_then(holder).is_some_and(|h| !h.is_empty()),
     )
     .await
-    .unwrap()
     .unwrap();
     let first = holder(&lease).unwrap();
     let (leader, standby) = if holds(&first, &a) {
@@ -84,17 +83,13 @@ async fn one_replica_leads_the_standby_is_ready_and_takes_over() {
 
     // Both are alive; both are ready (a standby is ready: it waits for the lease).
     for c in [&leader, &standby] {
-        within(WAIT, "/healthz", async {
-            while c.status_of("/healthz").await != Some(200) {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
+        eventually(WAIT, "/healthz", || async {
+            c.status_of("/healthz").await == Some(200)
         })
         .await;
     }
-    within(WAIT, "the leader to be ready", async {
-        while leader.status_of("/readyz").await != Some(200) {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+    eventually(WAIT, "the leader to be ready", || async {
+        leader.status_of("/readyz").await == Some(200)
     })
     .await;
     assert_eq!(standby.status_of("/readyz").await, Some(200));
@@ -122,19 +117,20 @@ async fn one_replica_leads_the_standby_is_ready_and_takes_over() {
     // The leader dies: the standby takes over within about the lease duration.
     leader.kill().await;
     let killed_at = Instant::now();
-    let taken = within(
+    let taken = await_object(
+        leases.clone(),
+        "machine-controller",
         WAIT,
         "the standby to take the lease",
-        await_condition(leases.clone(), "machine-controller", {
+        {
             let pid = standby.pid();
             move |l: Option<&Lease>| {
                 l.and_then(holder)
                     .is_some_and(|h| h.ends_with(&format!("_{pid}")))
             }
-        }),
+        },
     )
     .await
-    .unwrap()
     .unwrap();
     let takeover = killed_at.elapsed();
     eprintln!("takeover after {takeover:?}");

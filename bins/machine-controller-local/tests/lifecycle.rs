@@ -9,10 +9,13 @@ use common::*;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, PostParams};
-use kube::runtime::wait::await_condition;
 use mcm_api::MachinePhase;
 use mcm_driver::{CreateMachineRequest, Driver, RequestId, SecretData};
 use mcm_provider_local::{LocalDriver, LocalDriverConfig};
+use mcm_testenv::kit::{
+    MachineBuilder, MachineDeploymentBuilder, MachineSetBuilder, await_object, create, events_for,
+    eventually, metric_with, node_events_for,
+};
 use serde_json::json;
 
 fn token_secret_name(h: &Harness, machine: &str) -> String {
@@ -49,13 +52,14 @@ async fn a_machine_runs_with_its_bootstrap_token_consumed_and_is_deleted_cleanly
     // gone once the node joined.
     let tokens: Api<Secret> = Api::namespaced(h.client.clone(), "kube-system");
     let token = token_secret_name(&h, "m1");
-    within(
+    await_object(
+        tokens,
+        &token,
         WAIT,
         "the bootstrap token to be deleted",
-        await_condition(tokens, &token, |s: Option<&Secret>| s.is_none()),
+        |s: Option<&Secret>| s.is_none(),
     )
-    .await
-    .unwrap();
+    .await;
     let conditions = running
         .status
         .as_ref()
@@ -69,7 +73,9 @@ async fn a_machine_runs_with_its_bootstrap_token_consumed_and_is_deleted_cleanly
         "{conditions:?}"
     );
     assert!(
-        !h.events_for("m1", "Created").await.is_empty(),
+        !events_for(&h.client, &h.ns, "m1", "Created")
+            .await
+            .is_empty(),
         "a Created event"
     );
 
@@ -129,20 +135,24 @@ async fn a_missing_secret_and_an_invalid_class_are_reported_and_heal_when_correc
         "nothing may be created for a bad class"
     );
     assert!(
-        !h.events_for("m-nosecret", "MachineClassProblem")
+        !events_for(&h.client, &h.ns, "m-nosecret", "MachineClassProblem")
             .await
             .is_empty()
     );
-    assert!(!h.events_for("m-invalid", "CreationFailed").await.is_empty());
+    assert!(
+        !events_for(&h.client, &h.ns, "m-invalid", "CreationFailed")
+            .await
+            .is_empty()
+    );
 
     // No hot loop: with the backoff capped at 2s, a 6s window sees a handful of attempts
     // (each a status lookup and maybe a create), not hundreds.
     let failed_creates = |text: &str| {
-        text.lines()
-            .filter(|l| l.starts_with("mcm_cloud_api_driver_requests_failed_total{"))
-            .filter(|l| l.contains("error_code=\"InvalidArgument\""))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>()
+        metric_with(
+            text,
+            "mcm_cloud_api_driver_requests_failed_total",
+            "error_code=\"InvalidArgument\"",
+        )
     };
     let before = failed_creates(&mc.metrics().await);
     tokio::time::sleep(Duration::from_secs(6)).await;
@@ -183,51 +193,36 @@ async fn a_missing_secret_and_an_invalid_class_are_reported_and_heal_when_correc
 async fn a_crashed_vm_goes_unknown_then_failed_and_replacements_are_throttled() {
     let h = Harness::new("health", json!({})).await;
     // Two machines of one MachineDeployment (maxSurge 1): only one may be replaced at a time.
-    let md: mcm_api::MachineDeployment = serde_json::from_value(json!({
-        "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "MachineDeployment",
-        "metadata": { "name": "md" },
-        "spec": {
-            "replicas": 2,
-            "selector": { "matchLabels": { "app": "w" } },
-            "strategy": { "type": "RollingUpdate", "rollingUpdate": { "maxSurge": 1, "maxUnavailable": 0 } },
-            "template": { "metadata": { "labels": { "app": "w" } },
-                          "spec": { "class": { "kind": "MachineClass", "name": "local" } } }
-        }
-    }))
-    .unwrap();
-    let md = Api::<mcm_api::MachineDeployment>::namespaced(h.client.clone(), &h.ns)
-        .create(&PostParams::default(), &md)
-        .await
-        .unwrap();
-    let ms: mcm_api::MachineSet = serde_json::from_value(json!({
-        "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "MachineSet",
-        "metadata": { "name": "ms", "labels": { "app": "w" },
-            "ownerReferences": [{ "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "MachineDeployment",
-                "name": "md", "uid": md.uid().unwrap(), "controller": true }] },
-        "spec": {
-            "replicas": 2,
-            "selector": { "matchLabels": { "app": "w" } },
-            "template": { "metadata": { "labels": { "app": "w" } },
-                          "spec": { "class": { "kind": "MachineClass", "name": "local" } } }
-        }
-    }))
-    .unwrap();
-    let ms = Api::<mcm_api::MachineSet>::namespaced(h.client.clone(), &h.ns)
-        .create(&PostParams::default(), &ms)
-        .await
-        .unwrap();
+    let md = MachineDeploymentBuilder::new("md")
+        .replicas(2)
+        .class("local")
+        .match_label("app", "w")
+        .rolling(1, 0)
+        .build();
+    let md = create(
+        &Api::<mcm_api::MachineDeployment>::namespaced(h.client.clone(), &h.ns),
+        &md,
+    )
+    .await;
+    let ms = MachineSetBuilder::new("ms")
+        .replicas(2)
+        .class("local")
+        .label("app", "w")
+        .match_label("app", "w")
+        .owner(&md)
+        .build();
+    let ms = create(
+        &Api::<mcm_api::MachineSet>::namespaced(h.client.clone(), &h.ns),
+        &ms,
+    )
+    .await;
     for name in ["w1", "w2"] {
-        let body = h.machine_body(
-            name,
-            "local",
-            json!({ "metadata": { "labels": { "app": "w" }, "ownerReferences": [{
-                "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "MachineSet",
-                "name": "ms", "uid": ms.uid().unwrap(), "controller": true }] } }),
-        );
-        h.machines()
-            .create(&PostParams::default(), &body)
-            .await
-            .unwrap();
+        let machine = MachineBuilder::new(name)
+            .class("local")
+            .label("app", "w")
+            .owner(&ms)
+            .build();
+        create(&h.machines(), &machine).await;
     }
     let _mc = h.spawn_controller("mc", &["--machine-health-timeout=5s".to_string()]);
     for name in ["w1", "w2"] {
@@ -249,20 +244,15 @@ async fn a_crashed_vm_goes_unknown_then_failed_and_replacements_are_throttled() 
         h.await_phase(name, MachinePhase::Unknown, WAIT).await;
     }
     // One is marked Failed; the other is throttled because the budget (maxSurge 1) is used.
-    let failed = within(WAIT, "one machine to fail", async {
-        loop {
-            let list = h.machines().list(&Default::default()).await.unwrap();
-            let failed: Vec<String> = list
-                .items
-                .iter()
-                .filter(|m| m.phase() == Some(&MachinePhase::Failed))
-                .map(|m| m.name_any())
-                .collect();
-            if !failed.is_empty() {
-                return failed;
-            }
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+    let failed = eventually(WAIT, "one machine to fail", || async {
+        let list = h.machines().list(&Default::default()).await.unwrap();
+        let failed: Vec<String> = list
+            .items
+            .iter()
+            .filter(|m| m.phase() == Some(&MachinePhase::Failed))
+            .map(|m| m.name_any())
+            .collect();
+        (!failed.is_empty()).then_some(failed)
     })
     .await;
     assert_eq!(failed.len(), 1, "{failed:?}");
@@ -276,19 +266,14 @@ async fn a_crashed_vm_goes_unknown_then_failed_and_replacements_are_throttled() 
     h.await_gone(&failed[0], WAIT).await;
     h.await_phase(other, MachinePhase::Failed, WAIT).await;
     // The recorder has its own watch: let it catch up before reading it.
-    within(WAIT, "the phase recorder to see both failures", async {
-        loop {
-            let done = {
-                let seen = phases.lock().unwrap();
-                ["w1", "w2"].iter().all(|n| {
-                    seen.get(*n)
-                        .is_some_and(|p| p.iter().any(|x| x == "Failed"))
-                })
-            };
-            if done {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+    eventually(WAIT, "the phase recorder to see both failures", || {
+        let seen = phases.lock().unwrap().clone();
+        async move {
+            let done = ["w1", "w2"].iter().all(|n| {
+                seen.get(*n)
+                    .is_some_and(|p| p.iter().any(|x| x == "Failed"))
+            });
+            if done { Ok(()) } else { Err(seen) }
         }
     })
     .await;
@@ -319,21 +304,18 @@ async fn deletion_respects_a_pdb_and_reports_it_then_drains() {
     }))
     .unwrap();
     pods.create(&PostParams::default(), &pod).await.unwrap();
-    within(
+    await_object(
+        pods.clone(),
+        "web",
         WAIT,
         "the pod to run",
-        await_condition(
-            pods.clone(),
-            "web",
-            |p: Option<&k8s_openapi::api::core::v1::Pod>| {
-                p.and_then(|p| p.status.as_ref())
-                    .and_then(|s| s.phase.as_deref())
-                    == Some("Running")
-            },
-        ),
+        |p: Option<&k8s_openapi::api::core::v1::Pod>| {
+            p.and_then(|p| p.status.as_ref())
+                .and_then(|s| s.phase.as_deref())
+                == Some("Running")
+        },
     )
-    .await
-    .unwrap();
+    .await;
     let pdbs: Api<PodDisruptionBudget> = Api::namespaced(h.client.clone(), &h.ns);
     let pdb: PodDisruptionBudget = serde_json::from_value(json!({
         "metadata": { "name": "web-pdb" },
@@ -341,20 +323,17 @@ async fn deletion_respects_a_pdb_and_reports_it_then_drains() {
     }))
     .unwrap();
     pdbs.create(&PostParams::default(), &pdb).await.unwrap();
-    within(
+    await_object(
+        pdbs.clone(),
+        "web-pdb",
         WAIT,
         "the PDB status",
-        await_condition(
-            pdbs.clone(),
-            "web-pdb",
-            |p: Option<&PodDisruptionBudget>| {
-                p.and_then(|p| p.status.as_ref())
-                    .is_some_and(|s| s.current_healthy == Some(1))
-            },
-        ),
+        |p: Option<&PodDisruptionBudget>| {
+            p.and_then(|p| p.status.as_ref())
+                .is_some_and(|s| s.current_healthy == Some(1))
+        },
     )
-    .await
-    .unwrap();
+    .await;
 
     h.delete_machine("d1").await;
     let m = h
@@ -364,7 +343,7 @@ async fn deletion_respects_a_pdb_and_reports_it_then_drains() {
         .await;
     assert_eq!(m.phase(), Some(&MachinePhase::Terminating));
     // The block is also told on the Node, for `kubectl describe node`.
-    let on_node = h.node_events_for("d1", "DrainBlockedByPDB").await;
+    let on_node = node_events_for(&h.client, "d1", "DrainBlockedByPDB").await;
     assert!(on_node.iter().any(|n| n.contains("web-pdb")), "{on_node:?}");
     // Keep the budget blocking for a while: the drain comes back every retry interval (1s)
     // instead of holding a reconcile open.
@@ -376,9 +355,12 @@ async fn deletion_respects_a_pdb_and_reports_it_then_drains() {
         )
     };
     let before = reconciles().await;
-    within(WAIT, "8 more machine reconciles", async {
-        while reconciles().await < before + 8.0 {
-            tokio::time::sleep(Duration::from_millis(200)).await;
+    eventually(WAIT, "8 more machine reconciles", || async {
+        let now = reconciles().await;
+        if now >= before + 8.0 {
+            Ok(())
+        } else {
+            Err(now)
         }
     })
     .await;
@@ -405,7 +387,7 @@ async fn deletion_respects_a_pdb_and_reports_it_then_drains() {
     assert!(longest < 3.0, "a reconcile took {longest}s");
     for reason in ["DrainStarted", "Drained", "VMDeleted"] {
         assert!(
-            !h.node_events_for("d1", reason).await.is_empty(),
+            !node_events_for(&h.client, "d1", reason).await.is_empty(),
             "no {reason} event on the node"
         );
     }
@@ -437,9 +419,12 @@ async fn an_orphan_vm_is_collected() {
         .await
         .unwrap();
     assert!(h.vm_alive("stray"));
-    within(WAIT, "the orphan VM to be deleted", async {
-        while h.vm_records().contains(&"stray".to_string()) {
-            tokio::time::sleep(Duration::from_millis(250)).await;
+    eventually(WAIT, "the orphan VM to be deleted", || async {
+        let records = h.vm_records();
+        if records.contains(&"stray".to_string()) {
+            Err(records)
+        } else {
+            Ok(())
         }
     })
     .await;

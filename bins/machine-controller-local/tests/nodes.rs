@@ -11,7 +11,8 @@ use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::api::{DeleteParams, Patch, PatchParams};
 use kube::runtime::wait::await_condition;
 use mcm_api::constants::annotations;
-use mcm_api::{Machine, MachinePhase};
+use mcm_api::{Machine, MachinePhase, NodeTemplateSpec};
+use mcm_testenv::kit::{MachineBuilder, create, metric_with};
 use serde_json::json;
 
 fn labels(n: &Node) -> BTreeMap<String, String> {
@@ -88,21 +89,19 @@ async fn deleting_a_node_deletes_its_machine_unless_the_node_is_not_managed() {
 async fn the_node_template_is_applied_and_removed_keys_go_while_foreign_ones_stay() {
     let h = Harness::new("nodes-tmpl", json!({})).await;
     let mc = h.spawn_controller("mc", &[]);
-    let body = h.machine_body(
-        "t1",
-        "local",
-        json!({ "spec": { "nodeTemplate": {
-            "metadata": {
-                "labels": { "pool": "a", "temporary": "yes" },
-                "annotations": { "example.com/owner": "team-a" }
-            },
-            "spec": { "taints": [{ "key": "dedicated", "value": "a", "effect": "NoSchedule" }] }
-        } } }),
-    );
-    h.machines()
-        .create(&Default::default(), &body)
-        .await
-        .unwrap();
+    let template: NodeTemplateSpec = serde_json::from_value(json!({
+        "metadata": {
+            "labels": { "pool": "a", "temporary": "yes" },
+            "annotations": { "example.com/owner": "team-a" }
+        },
+        "spec": { "taints": [{ "key": "dedicated", "value": "a", "effect": "NoSchedule" }] }
+    }))
+    .unwrap();
+    let machine = MachineBuilder::new("t1")
+        .class("local")
+        .node_template(template)
+        .build();
+    create(&h.machines(), &machine).await;
     h.await_phase("t1", MachinePhase::Running, WAIT).await;
     let node = h
         .await_node("t1", WAIT, "the template to be applied", |n| {

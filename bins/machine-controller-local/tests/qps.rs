@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use kube::api::PostParams;
 use mcm_api::MachinePhase;
+use mcm_testenv::kit::{MachineBuilder, eventually, metric_with, scrape};
 use serde_json::json;
 
 const QPS: f64 = 10.0;
@@ -46,7 +47,7 @@ async fn fifty_machines_respect_the_client_rate_limit_and_all_run() {
         tokio::spawn(async move {
             loop {
                 let sent = Instant::now();
-                if let Some(text) = http_get(port, "/metrics").await {
+                if let Some(text) = scrape(port).await {
                     let received = Instant::now();
                     samples.lock().unwrap().push(Sample {
                         sent,
@@ -64,7 +65,7 @@ async fn fifty_machines_respect_the_client_rate_limit_and_all_run() {
     let started = Instant::now();
     futures::future::join_all(names.iter().map(|n| {
         let api = h.machines();
-        let body = h.machine_body(n, "local", json!({}));
+        let body = MachineBuilder::new(n).class("local").build();
         async move { api.create(&PostParams::default(), &body).await.unwrap() }
     }))
     .await;
@@ -118,19 +119,15 @@ async fn fifty_machines_respect_the_client_rate_limit_and_all_run() {
     for n in &names {
         h.delete_machine(n).await;
     }
-    within(
+    eventually(
         Duration::from_secs(150),
         "all machines to be deleted",
-        async {
-            while !h
-                .machines()
-                .list(&Default::default())
-                .await
-                .unwrap()
-                .items
-                .is_empty()
-            {
-                tokio::time::sleep(Duration::from_millis(500)).await;
+        || async {
+            let left = h.machines().list(&Default::default()).await.unwrap().items;
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(left.len())
             }
         },
     )

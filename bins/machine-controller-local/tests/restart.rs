@@ -6,12 +6,11 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, PostParams};
-use kube::runtime::wait::await_condition;
+use k8s_openapi::api::core::v1::Node;
 use mcm_api::constants::annotations::progress;
 use mcm_api::constants::node_conditions;
 use mcm_api::{Machine, MachinePhase};
+use mcm_testenv::kit::{await_gone, await_object, process_alive, sigkill, within};
 use serde_json::json;
 
 fn node_terminating(n: &Node) -> bool {
@@ -52,25 +51,7 @@ async fn a_deletion_interrupted_at_every_step_finishes_without_leaks() {
     let victim_pid = h.vm_pid("victim");
     assert_eq!(h.vm_pids("victim"), vec![victim_pid]);
     // A pod that takes a few seconds to terminate, so the drain spans several passes.
-    let pods: Api<Pod> = Api::namespaced(h.client.clone(), &h.ns);
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": { "name": "slow" },
-        "spec": { "nodeName": "victim", "terminationGracePeriodSeconds": 3,
-                  "containers": [{ "name": "c", "image": "example.invalid/slow" }] }
-    }))
-    .unwrap();
-    pods.create(&PostParams::default(), &pod).await.unwrap();
-    within(
-        WAIT,
-        "the pod to run",
-        await_condition(pods.clone(), "slow", |p: Option<&Pod>| {
-            p.and_then(|p| p.status.as_ref())
-                .and_then(|s| s.phase.as_deref())
-                == Some("Running")
-        }),
-    )
-    .await
-    .unwrap();
+    let pods = h.run_pod("slow", "victim", 3).await;
 
     h.delete_machine("victim").await;
 
@@ -92,15 +73,14 @@ async fn a_deletion_interrupted_at_every_step_finishes_without_leaks() {
     ];
     for (i, (key, what)) in kills.iter().enumerate() {
         let wanted = key.to_string();
-        within(
+        await_object(
+            h.machines(),
+            "victim",
             WAIT,
             &format!("the machine to record: {what}"),
-            await_condition(h.machines(), "victim", move |m: Option<&Machine>| {
-                has_progress(m, &wanted)
-            }),
+            move |m: Option<&Machine>| has_progress(m, &wanted),
         )
-        .await
-        .unwrap();
+        .await;
         mc.kill().await;
         let m = h.machines().get_opt("victim").await.unwrap();
         let node = h.nodes().get_opt("victim").await.unwrap();
@@ -229,13 +209,7 @@ async fn a_controller_killed_right_after_creating_a_vm_adopts_it_after_restart()
 
     h.delete_machine("adoptee").await;
     h.await_gone("adoptee", WAIT).await;
-    within(
-        WAIT,
-        "the node to be deleted",
-        await_condition(h.nodes(), "adoptee", |n: Option<&Node>| n.is_none()),
-    )
-    .await
-    .unwrap();
+    await_gone(h.nodes(), "adoptee", WAIT).await;
     let leftover = h.vm_pids("adoptee");
     h.kill_vm_processes(&["adoptee"]);
     assert!(leftover.is_empty(), "VM processes left: {leftover:?}");

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common::*;
+use mcm_testenv::kit::{eventually, metric_with};
 use serde_json::json;
 
 /// The kinds the process reads, by the API server's resource name.
@@ -73,10 +74,8 @@ async fn both_halves_in_one_process_open_one_watch_per_kind() {
     let h = Harness::new("watches", json!({})).await;
     let before = settled_watches(&h.client).await;
     let mc = h.spawn_controller("mc", &["--controllers=machine,manager".to_string()]);
-    within(WAIT, "the controller to be ready", async {
-        while mc.status_of("/readyz").await != Some(200) {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+    eventually(WAIT, "the controller to be ready", || async {
+        mc.status_of("/readyz").await == Some(200)
     })
     .await;
     let after = settled_watches(&h.client).await;
@@ -142,11 +141,11 @@ async fn machine_changes_do_not_reconcile_their_class_nor_read_its_secret() {
             .unwrap();
     }
     let machine_before = reconciles(&before, "machine");
-    within(WAIT, "the machine controller to see the changes", async {
-        while reconciles(&mc.metrics().await, "machine") < machine_before + 10.0 {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    })
+    eventually(
+        WAIT,
+        "the machine controller to see the changes",
+        || async { reconciles(&mc.metrics().await, "machine") >= machine_before + 10.0 },
+    )
     .await;
 
     let after = mc.metrics().await;

@@ -8,6 +8,9 @@ use kube::api::{Api, PostParams};
 use kube::runtime::wait::await_condition;
 use mcm_api::{MachineDeployment, MachineSet};
 use mcm_testenv::Components;
+use mcm_testenv::kit::{
+    MachineDeploymentBuilder, TestNamespace, eventually, free_port, http_get, within,
+};
 use serde_json::json;
 
 const BIN: &str = env!("CARGO_BIN_EXE_machine-controller-manager");
@@ -69,35 +72,18 @@ fn a_bad_kubeconfig_is_a_readable_error() {
     assert!(err.contains("/nonexistent/kubeconfig"), "{err}");
 }
 
-async fn http_get(port: u16, path: &str) -> Option<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.ok()?;
-    Some(out)
-}
-
 #[tokio::test]
 async fn the_process_reconciles_a_deployment_and_serves_its_endpoints() {
-    let env = mcm_testenv::shared(Components {
-        controller_manager: true,
-        scheduler: false,
-    })
-    .await
-    .unwrap();
-    let client = env.client().await.unwrap();
-    let ns = env.namespace("mcm-bin").await.unwrap();
+    let TestNamespace { env, client, ns } = TestNamespace::new(
+        Components {
+            controller_manager: true,
+            scheduler: false,
+        },
+        "mcm-bin",
+    )
+    .await;
     let kc = env.kubeconfig_path().display().to_string();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let _child = tokio::process::Command::new(BIN)
         .args([
             format!("--control-kubeconfig={kc}"),
@@ -114,17 +100,11 @@ async fn the_process_reconciles_a_deployment_and_serves_its_endpoints() {
         .spawn()
         .unwrap();
 
-    let md: MachineDeployment = serde_json::from_value(json!({
-        "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "MachineDeployment",
-        "metadata": { "name": "workers" },
-        "spec": {
-            "replicas": 2,
-            "selector": { "matchLabels": { "pool": "workers" } },
-            "template": { "metadata": { "labels": { "pool": "workers" } },
-                          "spec": { "class": { "kind": "MachineClass", "name": "any" } } }
-        }
-    }))
-    .unwrap();
+    let md = MachineDeploymentBuilder::new("workers")
+        .replicas(2)
+        .class("any")
+        .match_label("pool", "workers")
+        .build();
     Api::<MachineDeployment>::namespaced(client.clone(), &ns)
         .create(&PostParams::default(), &md)
         .await
@@ -132,23 +112,24 @@ async fn the_process_reconciles_a_deployment_and_serves_its_endpoints() {
     // The process creates the MachineSet and its Machines (no machine controller here, so
     // they stay without a phase).
     let sets: Api<MachineSet> = Api::namespaced(client.clone(), &ns);
-    tokio::time::timeout(Duration::from_secs(60), async {
-        loop {
-            let list = sets.list(&Default::default()).await.unwrap();
-            if let Some(s) = list.items.first() {
-                let name = s.metadata.name.clone().unwrap();
-                await_condition(sets.clone(), &name, |s: Option<&MachineSet>| {
-                    s.and_then(|s| s.status.as_ref()).and_then(|s| s.replicas) == Some(2)
-                })
-                .await
-                .unwrap();
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    })
-    .await
-    .expect("the manager process creates a MachineSet with 2 machines");
+    let bound = Duration::from_secs(60);
+    within(
+        bound,
+        "the manager process to create a MachineSet with 2 machines",
+        async {
+            let name = eventually(bound, "a MachineSet", || async {
+                let list = sets.list(&Default::default()).await.unwrap();
+                list.items.first().map(|s| s.metadata.name.clone().unwrap())
+            })
+            .await;
+            await_condition(sets.clone(), &name, |s: Option<&MachineSet>| {
+                s.and_then(|s| s.status.as_ref()).and_then(|s| s.replicas) == Some(2)
+            })
+            .await
+            .unwrap();
+        },
+    )
+    .await;
 
     let healthz = http_get(port, "/healthz").await.unwrap_or_default();
     assert!(healthz.starts_with("HTTP/1.1 200"), "{healthz}");

@@ -15,16 +15,9 @@ use mcm_drain::{
     start_volume_attachment_reflector, uncordon,
 };
 use mcm_driver::FakeDriver;
-use mcm_testenv::Components;
+use mcm_testenv::kit::try_eventually;
 use serde_json::json;
 use support::*;
-
-async fn setup(prefix: &str) -> anyhow::Result<(kube::Client, String)> {
-    let cp = mcm_testenv::shared(Components::ALL).await?;
-    let client = cp.client().await?;
-    let ns = cp.namespace(prefix).await?;
-    Ok((client, ns))
-}
 
 fn options(timeout: Duration) -> Options {
     let mut o = Options::new(Arc::new(FakeDriver::new()));
@@ -58,24 +51,19 @@ async fn wait_pdb(
     check: impl Fn(&k8s_openapi::api::policy::v1::PodDisruptionBudgetStatus) -> bool + Clone,
 ) -> anyhow::Result<()> {
     let api: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), ns);
-    eventually(Duration::from_secs(60), "PDB status", || {
+    try_eventually(Duration::from_secs(60), "PDB status", || {
         let (api, check) = (api.clone(), check.clone());
         async move {
             let pdb = api.get(name).await?;
-            Ok(pdb
-                .status
-                .as_ref()
-                .is_some_and(|s| s.observed_generation == pdb.metadata.generation && check(s)))
+            anyhow::Ok(
+                pdb.status
+                    .as_ref()
+                    .is_some_and(|s| s.observed_generation == pdb.metadata.generation && check(s)),
+            )
         }
     })
-    .await
-}
-
-fn kubelet_options(ns: &str) -> KubeletOptions {
-    KubeletOptions {
-        labels: vec![("drain-test".into(), ns.into())],
-        ..Default::default()
-    }
+    .await?;
+    Ok(())
 }
 
 #[tokio::test]
@@ -195,9 +183,9 @@ async fn force_mode_removes_pods_stuck_terminating() -> anyhow::Result<()> {
     let outcome = drain(client.clone(), &node, &force, &reflector.stores()).await?;
     assert_eq!(outcome.deleted.len(), 1, "{outcome:?}");
     assert_eq!(outcome.deleted[0].reason, DeleteReason::Force);
-    eventually(Duration::from_secs(10), "the stuck pod gone", || {
+    try_eventually(Duration::from_secs(10), "the stuck pod gone", || {
         let api = api.clone();
-        async move { Ok(api.get_opt("web-0").await?.is_none()) }
+        async move { anyhow::Ok(api.get_opt("web-0").await?.is_none()) }
     })
     .await?;
     Ok(())
@@ -261,9 +249,9 @@ async fn misconfigured_pdb_is_reported_by_name() -> anyhow::Result<()> {
             .all(|d| d.reason == DeleteReason::Force)
     );
     let api: Api<Pod> = Api::namespaced(client.clone(), &ns);
-    eventually(Duration::from_secs(10), "pods gone", || {
+    try_eventually(Duration::from_secs(10), "pods gone", || {
         let api = api.clone();
-        async move { Ok(api.list(&Default::default()).await?.items.is_empty()) }
+        async move { anyhow::Ok(api.list(&Default::default()).await?.items.is_empty()) }
     })
     .await?;
     Ok(())
@@ -463,31 +451,8 @@ async fn the_timeout_holds() -> anyhow::Result<()> {
 async fn volume_wait_completes_when_the_attachment_clears() -> anyhow::Result<()> {
     let (client, ns) = setup("drain-vol").await?;
     let reflector = start_volume_attachment_reflector(client.clone());
-    let node = node_name("n", &ns);
-    let kubelet = FakeKubelet::start(
-        client.clone(),
-        &node,
-        KubeletOptions {
-            attach_volumes: true,
-            ..kubelet_options(&ns)
-        },
-    )
-    .await?;
-    let (claim, pv) = create_volume(&client, &ns, "data").await?;
-    create_pod(&client, &ns, "db", &node, &[], Some(&claim)).await?;
-    wait_ready(&client, &ns, 1).await?;
-    let nodes: Api<Node> = Api::all(client.clone());
-    let attached = attached_name(&handle_of(&pv));
-    eventually(Duration::from_secs(10), "volume attached", || {
-        let (nodes, node, attached) = (nodes.clone(), node.clone(), attached.clone());
-        async move {
-            let n = nodes.get(&node).await?;
-            Ok(n.status
-                .and_then(|s| s.volumes_attached)
-                .is_some_and(|v| v.iter().any(|a| a.name == attached)))
-        }
-    })
-    .await?;
+    let (node, kubelet, pv) = pod_with_volume(&client, &ns).await?;
+    await_attached(&client, &node, &pv).await?;
 
     // The "attach/detach controller": once the pod is gone, detach after 1s, then attach the
     // volume to another node.
@@ -495,9 +460,9 @@ async fn volume_wait_completes_when_the_attachment_clears() -> anyhow::Result<()
     let detacher = {
         let (pods, client, pv) = (pods.clone(), client.clone(), pv.clone());
         async move {
-            eventually(Duration::from_secs(30), "pod gone", || {
+            try_eventually(Duration::from_secs(30), "pod gone", || {
                 let pods = pods.clone();
-                async move { Ok(pods.get_opt("db").await?.is_none()) }
+                async move { anyhow::Ok(pods.get_opt("db").await?.is_none()) }
             })
             .await?;
             tokio::time::sleep(Duration::from_secs(1)).await;
@@ -532,30 +497,19 @@ async fn volume_wait_completes_when_the_attachment_clears() -> anyhow::Result<()
 async fn volume_that_stays_attached_fails_with_its_name() -> anyhow::Result<()> {
     let (client, ns) = setup("drain-volstuck").await?;
     let reflector = start_volume_attachment_reflector(client.clone());
-    let node = node_name("n", &ns);
-    let _kubelet = FakeKubelet::start(
-        client.clone(),
-        &node,
-        KubeletOptions {
-            attach_volumes: true,
-            ..kubelet_options(&ns)
-        },
-    )
-    .await?;
-    let (claim, pv) = create_volume(&client, &ns, "data").await?;
-    create_pod(&client, &ns, "db", &node, &[], Some(&claim)).await?;
-    wait_ready(&client, &ns, 1).await?;
+    let (node, _kubelet, pv) = pod_with_volume(&client, &ns).await?;
     let vas: Api<k8s_openapi::api::storage::v1::VolumeAttachment> = Api::all(client.clone());
-    eventually(Duration::from_secs(10), "VolumeAttachment", || {
+    try_eventually(Duration::from_secs(10), "VolumeAttachment", || {
         let vas = vas.clone();
         let pv = pv.clone();
         async move {
-            Ok(vas
-                .list(&Default::default())
-                .await?
-                .items
-                .iter()
-                .any(|v| v.spec.source.persistent_volume_name.as_deref() == Some(pv.as_str())))
+            anyhow::Ok(
+                vas.list(&Default::default())
+                    .await?
+                    .items
+                    .iter()
+                    .any(|v| v.spec.source.persistent_volume_name.as_deref() == Some(pv.as_str())),
+            )
         }
     })
     .await?;

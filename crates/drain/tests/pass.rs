@@ -15,16 +15,9 @@ use mcm_drain::{
     start_volume_attachment_reflector,
 };
 use mcm_driver::FakeDriver;
-use mcm_testenv::Components;
+use mcm_testenv::kit::try_eventually;
 use serde_json::json;
 use support::*;
-
-async fn setup(prefix: &str) -> anyhow::Result<(kube::Client, String)> {
-    let cp = mcm_testenv::shared(Components::ALL).await?;
-    let client = cp.client().await?;
-    let ns = cp.namespace(prefix).await?;
-    Ok((client, ns))
-}
 
 fn options() -> Options {
     let mut o = Options::new(Arc::new(FakeDriver::new()));
@@ -33,13 +26,6 @@ fn options() -> Options {
     o.max_evict_retries = 30;
     o.pv_detach_timeout = Duration::from_secs(30);
     o
-}
-
-fn kubelet_options(ns: &str) -> KubeletOptions {
-    KubeletOptions {
-        labels: vec![("drain-test".into(), ns.into())],
-        ..Default::default()
-    }
 }
 
 fn at(secs: u64) -> PassInput {
@@ -142,11 +128,11 @@ async fn a_budget_that_never_allows_an_eviction_is_named_until_the_retries_run_o
     }))?;
     let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), &ns);
     pdbs.create(&PostParams::default(), &pdb).await?;
-    eventually(Duration::from_secs(60), "PDB status", || {
+    try_eventually(Duration::from_secs(60), "PDB status", || {
         let pdbs = pdbs.clone();
         async move {
             let p = pdbs.get("db-pdb").await?;
-            Ok(p.status.as_ref().is_some_and(|s| {
+            anyhow::Ok(p.status.as_ref().is_some_and(|s| {
                 s.observed_generation == p.metadata.generation && s.current_healthy == Some(1)
             }))
         }
@@ -239,31 +225,9 @@ async fn pods_on_an_unreachable_node_are_not_waited_for_and_force_deletes_them()
 async fn volumes_are_waited_for_within_the_detach_timeout() -> anyhow::Result<()> {
     let (client, ns) = setup("pass-vol").await?;
     let reflector = start_volume_attachment_reflector(client.clone());
-    let node = node_name("n", &ns);
-    let kubelet = FakeKubelet::start(
-        client.clone(),
-        &node,
-        KubeletOptions {
-            attach_volumes: true,
-            ..kubelet_options(&ns)
-        },
-    )
-    .await?;
-    let (claim, pv) = create_volume(&client, &ns, "data").await?;
-    create_pod(&client, &ns, "db", &node, &[], Some(&claim)).await?;
-    wait_ready(&client, &ns, 1).await?;
-    let nodes: Api<Node> = Api::all(client.clone());
+    let (node, kubelet, pv) = pod_with_volume(&client, &ns).await?;
+    await_attached(&client, &node, &pv).await?;
     let attached = attached_name(&handle_of(&pv));
-    eventually(Duration::from_secs(10), "volume attached", || {
-        let (nodes, node, attached) = (nodes.clone(), node.clone(), attached.clone());
-        async move {
-            let n = nodes.get(&node).await?;
-            Ok(n.status
-                .and_then(|s| s.volumes_attached)
-                .is_some_and(|v| v.iter().any(|a| a.name == attached)))
-        }
-    })
-    .await?;
     let stores = reflector.stores();
 
     // The pod goes; its volume stays attached (this kubelet never detaches on its own).

@@ -17,32 +17,51 @@ use kube::{Api, ResourceExt};
 use mcm_api::constants::labels;
 use mcm_api::{
     ConditionStatus, Machine, MachineDeployment, MachineDeploymentCondition,
-    MachineDeploymentConditionType, MachineDeploymentStatus, MachineDeploymentStrategy,
-    MachineDeploymentStrategyType, RollingUpdateMachineDeployment, UpdateConfiguration,
+    MachineDeploymentConditionType, MachineDeploymentStatus,
 };
+use mcm_testenv::kit::{MachineDeploymentBuilder, await_list};
 use serde_json::json;
 
 /// Bound for reactions to a deletion: far below the 600 s resync, so a deployment that only
 /// notices at the resync fails.
 const PROMPT: Duration = Duration::from_secs(15);
 
-fn rolling(surge: i32, unavailable: i32) -> Option<MachineDeploymentStrategy> {
-    Some(MachineDeploymentStrategy {
-        type_: Some(MachineDeploymentStrategyType::RollingUpdate),
-        rolling_update: Some(RollingUpdateMachineDeployment {
-            update_configuration: UpdateConfiguration {
-                max_surge: Some(IntOrString::Int(surge)),
-                max_unavailable: Some(IntOrString::Int(unavailable)),
-            },
-        }),
-        in_place_update: None,
+/// A rolling-update deployment `md` of class `c1` (`maxSurge` 1, `maxUnavailable` 0).
+fn md(replicas: i32) -> MachineDeploymentBuilder {
+    MachineDeploymentBuilder::new("md")
+        .replicas(replicas)
+        .class("c1")
+        .rolling(1, 0)
+}
+
+/// Creates `md` with 3 machines of class `c1` and waits until they run.
+async fn start_with_3_c1(h: &Harness) {
+    create_deployment(h, &md(3).build()).await;
+    wait_machines(h, "3 running c1", |m| running_of_class(m, "c1") == 3).await;
+}
+
+/// Rolls `md` out to the class `class`.
+async fn roll_to(h: &Harness, class: &str) {
+    patch_deployment(
+        h,
+        "md",
+        json!({"spec": {"template": {"spec": {"class": {"name": class}}}}}),
+    )
+    .await;
+}
+
+/// Waits until exactly `n` machines exist, all running and of class `class`.
+async fn wait_only(h: &Harness, n: usize, class: &str) {
+    wait_machines(h, &format!("{n} running {class} only"), |m| {
+        running_of_class(m, class) == n && m.len() == n
     })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scale_0_1_6_2_then_delete_removes_every_machine() {
     let h = Harness::start("md-scale").await;
-    create_deployment(&h, &deployment("md", 0, "c1", rolling(1, 0))).await;
+    create_deployment(&h, &md(0).build()).await;
     wait_list(h.sets(), "a set with 0 replicas", |s| s.len() == 1).await;
     patch_deployment(&h, "md", json!({"spec": {"replicas": 1}})).await;
     wait_machines(&h, "1 running", |m| {
@@ -78,7 +97,7 @@ async fn scale_0_1_6_2_then_delete_removes_every_machine() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rolling_update_never_drops_below_replicas() {
     let h = Harness::start("md-rolling").await;
-    create_deployment(&h, &deployment("md", 4, "c1", rolling(1, 0))).await;
+    create_deployment(&h, &md(4).build()).await;
     wait_machines(&h, "4 running c1", |m| running_of_class(m, "c1") == 4).await;
 
     // Watch every machine event and check the invariant on each.
@@ -117,16 +136,8 @@ async fn rolling_update_never_drops_below_replicas() {
         }
         min_seen
     });
-    patch_deployment(
-        &h,
-        "md",
-        json!({"spec": {"template": {"spec": {"class": {"name": "c2"}}}}}),
-    )
-    .await;
-    wait_machines(&h, "4 running c2 only", |m| {
-        running_of_class(m, "c2") == 4 && m.len() == 4
-    })
-    .await;
+    roll_to(&h, "c2").await;
+    wait_only(&h, 4, "c2").await;
     assert!(
         !checker.is_finished(),
         "the invariant checker failed: {:?}",
@@ -145,30 +156,22 @@ async fn rolling_update_never_drops_below_replicas() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn recreate_replaces_all_machines() {
     let h = Harness::start("md-recreate").await;
-    let strategy = Some(MachineDeploymentStrategy {
-        type_: Some(MachineDeploymentStrategyType::Recreate),
-        ..MachineDeploymentStrategy::default()
-    });
-    create_deployment(&h, &deployment("md", 3, "c1", strategy)).await;
+    let recreate = MachineDeploymentBuilder::new("md")
+        .replicas(3)
+        .class("c1")
+        .recreate()
+        .build();
+    create_deployment(&h, &recreate).await;
     wait_machines(&h, "3 running c1", |m| running_of_class(m, "c1") == 3).await;
-    patch_deployment(
-        &h,
-        "md",
-        json!({"spec": {"template": {"spec": {"class": {"name": "c2"}}}}}),
-    )
-    .await;
-    wait_machines(&h, "3 running c2 only", |m| {
-        running_of_class(m, "c2") == 3 && m.len() == 3
-    })
-    .await;
+    roll_to(&h, "c2").await;
+    wait_only(&h, 3, "c2").await;
     h.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pause_stops_and_resume_finishes_a_rollout() {
     let h = Harness::start("md-pause").await;
-    create_deployment(&h, &deployment("md", 3, "c1", rolling(1, 0))).await;
-    wait_machines(&h, "3 running c1", |m| running_of_class(m, "c1") == 3).await;
+    start_with_3_c1(&h).await;
     patch_deployment(
         &h,
         "md",
@@ -200,24 +203,15 @@ async fn pause_stops_and_resume_finishes_a_rollout() {
         1
     );
     patch_deployment(&h, "md", json!({"spec": {"paused": false}})).await;
-    wait_machines(&h, "3 running c2 only", |m| {
-        running_of_class(m, "c2") == 3 && m.len() == 3
-    })
-    .await;
+    wait_only(&h, 3, "c2").await;
     h.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scale_during_rollout_finishes_both() {
     let h = Harness::start("md-scale-roll").await;
-    create_deployment(&h, &deployment("md", 3, "c1", rolling(1, 0))).await;
-    wait_machines(&h, "3 running c1", |m| running_of_class(m, "c1") == 3).await;
-    patch_deployment(
-        &h,
-        "md",
-        json!({"spec": {"template": {"spec": {"class": {"name": "c2"}}}}}),
-    )
-    .await;
+    start_with_3_c1(&h).await;
+    roll_to(&h, "c2").await;
     wait_machines(&h, "a c2 machine", |m| running_of_class(m, "c2") >= 1).await;
     // Template change and scale-up together while two sets are active (MCM #816).
     patch_deployment(
@@ -226,17 +220,14 @@ async fn scale_during_rollout_finishes_both() {
         json!({"spec": {"replicas": 5, "template": {"spec": {"class": {"name": "c3"}}}}}),
     )
     .await;
-    wait_machines(&h, "5 running c3 only", |m| {
-        running_of_class(m, "c3") == 5 && m.len() == 5
-    })
-    .await;
+    wait_only(&h, 5, "c3").await;
     h.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn priority_one_machines_go_first_on_trigger_deletion() {
     let h = Harness::start("md-trigger").await;
-    create_deployment(&h, &deployment("md", 3, "c1", rolling(1, 0))).await;
+    create_deployment(&h, &md(3).build()).await;
     let ms = wait_machines(&h, "3 running", |m| running_of_class(m, "c1") == 3).await;
     let victim = ms[1].name_any();
     patch_deployment(
@@ -285,7 +276,7 @@ fn counts(s: &MachineDeploymentStatus) -> [Option<i32>; 5] {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counters_follow_a_machine_that_disappears() {
     let h = Harness::start("md-machine-gone").await;
-    let mut d = deployment("md", 2, "c1", rolling(1, 0));
+    let mut d = md(2).build();
     d.spec
         .template
         .metadata
@@ -327,7 +318,7 @@ async fn counters_follow_a_machine_that_disappears() {
         .delete("m0", &DeleteParams::default())
         .await
         .expect("delete machine");
-    wait_list_within(h.deployments(), "1 machine counted", PROMPT, |d| {
+    await_list(h.deployments(), PROMPT, "1 machine counted", |d| {
         observed_status(d)
             .is_some_and(|s| counts(s) == [Some(1), Some(1), Some(1), Some(1), Some(1)])
     })
@@ -343,7 +334,7 @@ async fn counters_follow_a_machine_that_disappears() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_deleted_machine_set_is_replaced_and_counted_promptly() {
     let h = Harness::start("md-set-gone").await;
-    create_deployment(&h, &deployment("md", 2, "c1", rolling(1, 0))).await;
+    create_deployment(&h, &md(2).build()).await;
     wait_machines(&h, "2 running", |m| {
         m.len() == 2 && running_of_class(m, "c1") == 2
     })
@@ -387,12 +378,12 @@ async fn a_deleted_machine_set_is_replaced_and_counted_promptly() {
         )
         .await
         .expect("release the set");
-    let sets = wait_list_within(h.sets(), "a new set", PROMPT, |s| {
+    let sets = await_list(h.sets(), PROMPT, "a new set", |s| {
         s.len() == 1 && s[0].metadata.uid != old_uid
     })
     .await;
     assert_eq!(sets[0].name_any(), set, "same template, same name");
-    wait_list_within(h.deployments(), "2 new machines counted", PROMPT, |d| {
+    await_list(h.deployments(), PROMPT, "2 new machines counted", |d| {
         observed_status(d)
             .is_some_and(|s| counts(s) == [Some(2), Some(2), Some(2), Some(2), Some(0)])
     })
@@ -421,17 +412,12 @@ fn is_invalid_strategy(c: &MachineDeploymentCondition, message: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_strategy_is_a_condition_until_fixed() {
     let h = Harness::start("md-invalid").await;
-    let bad = Some(MachineDeploymentStrategy {
-        type_: Some(MachineDeploymentStrategyType::RollingUpdate),
-        rolling_update: Some(RollingUpdateMachineDeployment {
-            update_configuration: UpdateConfiguration {
-                max_surge: Some(IntOrString::String("abc".into())),
-                max_unavailable: Some(IntOrString::Int(0)),
-            },
-        }),
-        in_place_update: None,
-    });
-    let mut d = deployment("md", 2, "c1", bad);
+    let mut d = MachineDeploymentBuilder::new("md")
+        .replicas(2)
+        .class("c1")
+        .max_surge(IntOrString::String("abc".into()))
+        .max_unavailable(IntOrString::Int(0))
+        .build();
     d.spec.progress_deadline_seconds = Some(600);
     create_deployment(&h, &d).await;
     let message = r#"spec.strategy.rollingUpdate.maxSurge: "abc" is neither an integer nor a percentage like "25%""#;

@@ -2,15 +2,14 @@
 
 mod common_manager;
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use common_manager::*;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use kube::ResourceExt;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use mcm_api::constants::{annotations, finalizers, labels};
-use mcm_api::{Machine, MachineSet, MachineSetConditionType, MachineSetSpec};
+use mcm_api::{Machine, MachineSet, MachineSetConditionType};
+use mcm_testenv::kit::{MachineBuilder, MachineSetBuilder, await_list};
 use serde_json::json;
 
 /// Bound for reactions to a deletion: far below the 600 s resync, so a set that only
@@ -30,22 +29,24 @@ fn counted(n: i32) -> impl Fn(&[MachineSet]) -> bool {
 }
 
 fn set(name: &str, replicas: i32) -> MachineSet {
-    MachineSet {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..ObjectMeta::default()
-        },
-        spec: MachineSetSpec {
-            replicas: Some(replicas),
-            selector: Some(LabelSelector {
-                match_labels: Some(BTreeMap::from([("name".to_owned(), name.to_owned())])),
-                ..LabelSelector::default()
-            }),
-            template: Some(template("c1", name)),
-            ..MachineSetSpec::default()
-        },
-        ..MachineSet::default()
-    }
+    MachineSetBuilder::new(name)
+        .replicas(replicas)
+        .class("c1")
+        .build()
+}
+
+/// Creates the set `ms` of 3 machines and waits until they run and are counted.
+async fn start_set_of_3(h: &Harness) -> Vec<Machine> {
+    h.sets()
+        .create(&PostParams::default(), &set("ms", 3))
+        .await
+        .expect("create set");
+    let ms = wait_machines(h, "3 running", |m| {
+        m.len() == 3 && running_of_class(m, "c1") == 3
+    })
+    .await;
+    wait_list(h.sets(), "3 machines counted", counted(3)).await;
+    ms
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -123,16 +124,11 @@ async fn overshoot_freezes_and_unfreezes() {
     // Four orphans the set adopts; a test finalizer keeps the surplus alive while the set
     // deletes it, so the set has 5 >= 2*1 + 2 machines.
     for i in 0..4 {
-        let m = Machine {
-            metadata: ObjectMeta {
-                name: Some(format!("orphan-{i}")),
-                labels: Some(BTreeMap::from([("name".to_owned(), "ms".to_owned())])),
-                finalizers: Some(vec!["test/hold".into()]),
-                ..ObjectMeta::default()
-            },
-            spec: template("c1", "ms").spec.unwrap_or_default(),
-            ..Machine::default()
-        };
+        let m = MachineBuilder::new(&format!("orphan-{i}"))
+            .label("name", "ms")
+            .finalizer("test/hold")
+            .class("c1")
+            .build();
         h.machines()
             .create(&PostParams::default(), &m)
             .await
@@ -178,25 +174,17 @@ async fn overshoot_freezes_and_unfreezes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_machine_deleted_directly_is_replaced_and_counted_promptly() {
     let h = Harness::start("ms-gone").await;
-    h.sets()
-        .create(&PostParams::default(), &set("ms", 3))
-        .await
-        .expect("create set");
-    let ms = wait_machines(&h, "3 running", |m| {
-        m.len() == 3 && running_of_class(m, "c1") == 3
-    })
-    .await;
-    wait_list(h.sets(), "3 machines counted", counted(3)).await;
+    let ms = start_set_of_3(&h).await;
     let victim = ms[0].name_any();
     h.machines()
         .delete(&victim, &DeleteParams::default())
         .await
         .expect("delete machine");
-    wait_list_within(h.machines(), "a running replacement", PROMPT, |m| {
+    await_list(h.machines(), PROMPT, "a running replacement", |m| {
         m.len() == 3 && running_of_class(m, "c1") == 3 && m.iter().all(|m| m.name_any() != victim)
     })
     .await;
-    wait_list_within(h.sets(), "3 machines counted again", PROMPT, counted(3)).await;
+    await_list(h.sets(), PROMPT, "3 machines counted again", counted(3)).await;
     h.stop().await;
 }
 
@@ -206,15 +194,7 @@ async fn a_machine_deleted_directly_is_replaced_and_counted_promptly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counters_drop_when_the_last_finalizer_of_a_machine_goes() {
     let h = Harness::start("ms-finalizer").await;
-    h.sets()
-        .create(&PostParams::default(), &set("ms", 3))
-        .await
-        .expect("create set");
-    let ms = wait_machines(&h, "3 running", |m| {
-        m.len() == 3 && running_of_class(m, "c1") == 3
-    })
-    .await;
-    wait_list(h.sets(), "3 machines counted", counted(3)).await;
+    let ms = start_set_of_3(&h).await;
     let victim = ms[0].name_any();
     h.machines()
         .patch(
@@ -250,6 +230,6 @@ async fn counters_drop_when_the_last_finalizer_of_a_machine_goes() {
         m.len() == 3 && m.iter().all(|m| m.name_any() != victim)
     })
     .await;
-    wait_list_within(h.sets(), "the 3 machines left counted", PROMPT, counted(3)).await;
+    await_list(h.sets(), PROMPT, "the 3 machines left counted", counted(3)).await;
     h.stop().await;
 }

@@ -9,19 +9,20 @@ use std::time::Duration;
 use common_manager::*;
 use kube::api::PostParams;
 use mcm_reconcilers::manager::{ManagerConfig, run_manager};
+use mcm_testenv::kit::{MachineDeploymentBuilder, TestNamespace, eventually, within};
 use prometheus_client::encoding::text::encode;
 use prometheus_client::registry::Registry;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ready_after_sync_metrics_and_shutdown() {
-    let cp = mcm_testenv::shared(mcm_testenv::Components {
-        controller_manager: true,
-        scheduler: false,
-    })
-    .await
-    .expect("control plane");
-    let client = cp.client().await.expect("client");
-    let ns = cp.namespace("manager").await.expect("namespace");
+    let TestNamespace { client, ns, .. } = TestNamespace::new(
+        mcm_testenv::Components {
+            controller_manager: true,
+            scheduler: false,
+        },
+        "manager",
+    )
+    .await;
     let ready = Arc::new(AtomicBool::new(false));
     let config = ManagerConfig {
         namespace: ns.clone(),
@@ -40,17 +41,18 @@ async fn ready_after_sync_metrics_and_shutdown() {
             let _ = rx.await;
         },
     ));
-    within("ready", async {
-        while !ready.load(Ordering::SeqCst) {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
+    eventually(WAIT, "ready", || async { ready.load(Ordering::SeqCst) }).await;
 
     let deployments: kube::Api<mcm_api::MachineDeployment> =
         kube::Api::namespaced(client.clone(), &ns);
     deployments
-        .create(&PostParams::default(), &deployment("md", 2, "c1", None))
+        .create(
+            &PostParams::default(),
+            &MachineDeploymentBuilder::new("md")
+                .replicas(2)
+                .class("c1")
+                .build(),
+        )
         .await
         .expect("create");
     let sets: kube::Api<mcm_api::MachineSet> = kube::Api::namespaced(client.clone(), &ns);
@@ -61,15 +63,10 @@ async fn ready_after_sync_metrics_and_shutdown() {
 
     // The manager's own store may lag the test's watch a little (more so on a busy machine):
     // poll the scrape until it shows the set.
-    let text = within("the set in the metrics", async {
-        loop {
-            let mut text = String::new();
-            encode(&mut text, &registry).expect("encode");
-            if text.contains("mcm_machine_set_info{") {
-                break text;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    let text = eventually(WAIT, "the set in the metrics", || {
+        let mut text = String::new();
+        encode(&mut text, &registry).expect("encode");
+        async move { text.contains("mcm_machine_set_info{").then_some(text) }
     })
     .await;
     for name in [
@@ -89,6 +86,6 @@ async fn ready_after_sync_metrics_and_shutdown() {
     assert!(text.contains(&format!("namespace=\"{ns}\"")));
 
     tx.send(()).expect("shutdown");
-    within("shutdown", manager).await.expect("join");
+    within(WAIT, "shutdown", manager).await.expect("join");
     assert!(!ready.load(Ordering::SeqCst));
 }

@@ -20,10 +20,12 @@
 //! # Ok(()) }
 //! ```
 //!
-//! No process outlives the test process: see [`process`] for how.
+//! No process outlives the test process: see [`process`] for how. What the tests share
+//! besides the control plane (waits, fixtures, processes, metrics) is in [`kit`].
 #![warn(missing_docs)]
 
 pub mod binaries;
+pub mod kit;
 pub mod pki;
 pub mod process;
 

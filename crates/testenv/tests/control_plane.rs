@@ -12,6 +12,7 @@ use kube::api::{
     PatchParams, PostParams, WatchEvent, WatchParams,
 };
 use kube::runtime::wait::await_condition;
+use mcm_testenv::kit::{TestNamespace, eventually};
 use mcm_testenv::{Components, ControlPlane, Options, process, shared};
 use serde_json::json;
 
@@ -95,9 +96,7 @@ async fn the_four_crds_are_established() {
 
 #[tokio::test]
 async fn every_kind_supports_create_get_list_watch_delete() {
-    let env = shared(Components::API_SERVER).await.unwrap();
-    let client = env.client().await.unwrap();
-    let ns = env.namespace("crud").await.unwrap();
+    let TestNamespace { client, ns, .. } = TestNamespace::new(Components::API_SERVER, "crud").await;
     let kinds = [
         (
             "Machine",
@@ -155,9 +154,8 @@ async fn every_kind_supports_create_get_list_watch_delete() {
 
 #[tokio::test]
 async fn unknown_provider_spec_fields_are_preserved_by_the_server() {
-    let env = shared(Components::API_SERVER).await.unwrap();
-    let client = env.client().await.unwrap();
-    let ns = env.namespace("preserve").await.unwrap();
+    let TestNamespace { client, ns, .. } =
+        TestNamespace::new(Components::API_SERVER, "preserve").await;
     let api = dynamic(&client, &ns, "MachineClass", "machineclasses");
     api.create(
         &PostParams::default(),
@@ -174,9 +172,8 @@ async fn unknown_provider_spec_fields_are_preserved_by_the_server() {
 
 #[tokio::test]
 async fn status_and_scale_subresources_work() {
-    let env = shared(Components::API_SERVER).await.unwrap();
-    let client = env.client().await.unwrap();
-    let ns = env.namespace("subresources").await.unwrap();
+    let TestNamespace { client, ns, .. } =
+        TestNamespace::new(Components::API_SERVER, "subresources").await;
     for (kind, plural) in [
         ("MachineSet", "machinesets"),
         ("MachineDeployment", "machinedeployments"),
@@ -248,9 +245,7 @@ async fn status_and_scale_subresources_work() {
 
 #[tokio::test]
 async fn cel_rules_reject_what_users_get_wrong_with_readable_messages() {
-    let env = shared(Components::API_SERVER).await.unwrap();
-    let client = env.client().await.unwrap();
-    let ns = env.namespace("cel").await.unwrap();
+    let TestNamespace { client, ns, .. } = TestNamespace::new(Components::API_SERVER, "cel").await;
     let mds = dynamic(&client, &ns, "MachineDeployment", "machinedeployments");
 
     let mut mismatched = set_spec(1);
@@ -311,14 +306,14 @@ async fn cel_rules_reject_what_users_get_wrong_with_readable_messages() {
 
 #[tokio::test]
 async fn owner_reference_garbage_collection_deletes_the_child() {
-    let env = shared(Components {
-        controller_manager: true,
-        scheduler: false,
-    })
-    .await
-    .unwrap();
-    let client = env.client().await.unwrap();
-    let ns = env.namespace("gc").await.unwrap();
+    let TestNamespace { client, ns, .. } = TestNamespace::new(
+        Components {
+            controller_manager: true,
+            scheduler: false,
+        },
+        "gc",
+    )
+    .await;
     let cms: Api<ConfigMap> = Api::namespaced(client, &ns);
     let owner = cms
         .create(
@@ -352,9 +347,7 @@ async fn owner_reference_garbage_collection_deletes_the_child() {
 
 #[tokio::test]
 async fn a_pod_gets_scheduled_to_a_ready_node() {
-    let env = shared(Components::ALL).await.unwrap();
-    let client = env.client().await.unwrap();
-    let ns = env.namespace("sched").await.unwrap();
+    let TestNamespace { client, ns, .. } = TestNamespace::new(Components::ALL, "sched").await;
     let node_name = format!("node-{ns}");
     let nodes: Api<Node> = Api::all(client.clone());
     let node: Node = serde_json::from_value(json!({
@@ -484,12 +477,16 @@ async fn control_plane_dies_with_the_test_process() {
 }
 
 async fn wait_until_gone(pids: &[u32]) {
-    let gone = async {
-        while pids.iter().any(|p| process::process_alive(*p)) {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(10), gone)
-        .await
-        .unwrap_or_else(|_| panic!("processes {pids:?} outlived their control plane"));
+    eventually(
+        Duration::from_secs(10),
+        &format!("processes {pids:?} to die with their control plane"),
+        || async {
+            let alive: Vec<&u32> = pids
+                .iter()
+                .filter(|p| process::process_alive(**p))
+                .collect();
+            if alive.is_empty() { Ok(()) } else { Err(alive) }
+        },
+    )
+    .await;
 }

@@ -12,17 +12,16 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, PersistentVolume, PersistentVolumeClaim, Pod, Secret};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, DeleteParams, EvictParams, ListParams, PostParams};
-use kube::runtime::wait::{await_condition, conditions};
+use kube::runtime::wait::conditions;
 use mcm_driver::{Code, Driver, GetVolumeIdsRequest, RequestId, ResourceState};
 use mcm_provider_local::{LocalDriver, LocalDriverConfig, parse_provider_spec};
-use mcm_testenv::{Components, shared};
+use mcm_testenv::Components;
+use mcm_testenv::kit::{TestNamespace, await_object, is_ready, kubeconfig_text, ready_status};
 use serde_json::json;
 
 #[tokio::test]
 async fn a_vm_registers_a_ready_node_from_its_spec() {
-    let env = shared(Components::ALL).await.expect("control plane");
-    let client = env.client().await.expect("client");
-    let ns = env.namespace("reg").await.expect("namespace");
+    let TestNamespace { env, client, ns } = TestNamespace::new(Components::ALL, "reg").await;
     let cloud = Cloud::on(
         &env,
         json!({
@@ -75,13 +74,14 @@ async fn a_vm_registers_a_ready_node_from_its_spec() {
 
     // The Lease is held by the node and owned by it.
     let lease_api: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
-    let lease = within(
+    let lease = await_object(
+        lease_api,
+        &name,
         WAIT,
         "the Node Lease",
-        await_condition(lease_api, &name, conditions::is_created()),
+        conditions::is_created(),
     )
     .await
-    .expect("lease watch")
     .expect("lease");
     let lease_spec = lease.spec.expect("lease spec");
     assert_eq!(lease_spec.holder_identity.as_deref(), Some(name.as_str()));
@@ -125,9 +125,7 @@ fn heartbeat(node: &Node) -> Option<jiff::Timestamp> {
 
 #[tokio::test]
 async fn create_is_idempotent_survives_restarts_and_delete_cleans_up() {
-    let env = shared(Components::ALL).await.expect("control plane");
-    let client = env.client().await.expect("client");
-    let ns = env.namespace("life").await.expect("namespace");
+    let TestNamespace { env, client, ns } = TestNamespace::new(Components::ALL, "life").await;
     let cloud = Cloud::on(&env, json!({}));
     let name = format!("{ns}-vm");
 
@@ -191,9 +189,7 @@ async fn create_is_idempotent_survives_restarts_and_delete_cleans_up() {
 
 #[tokio::test]
 async fn deployment_pods_run_on_the_vm_and_evictions_complete() {
-    let env = shared(Components::ALL).await.expect("control plane");
-    let client = env.client().await.expect("client");
-    let ns = env.namespace("pods").await.expect("namespace");
+    let TestNamespace { env, client, ns } = TestNamespace::new(Components::ALL, "pods").await;
     let cloud = Cloud::on(
         &env,
         json!({"taints": [{"key": "dedicated", "value": "pods-test", "effect": "NoSchedule"}]}),
@@ -225,17 +221,14 @@ async fn deployment_pods_run_on_the_vm_and_evictions_complete() {
         .create(&PostParams::default(), &deployment)
         .await
         .expect("create deployment");
-    within(
+    await_object(
+        deployments.clone(),
+        "web",
         WAIT,
         "the Deployment to be available",
-        await_condition(
-            deployments.clone(),
-            "web",
-            conditions::is_deployment_completed(),
-        ),
+        conditions::is_deployment_completed(),
     )
-    .await
-    .expect("deployment watch");
+    .await;
 
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     let list = pods
@@ -264,13 +257,14 @@ async fn deployment_pods_run_on_the_vm_and_evictions_complete() {
     pods.evict(&victim_name, &EvictParams::default())
         .await
         .expect("evict");
-    within(
+    await_object(
+        pods.clone(),
+        &victim_name,
         WAIT,
         "the evicted Pod to disappear",
-        await_condition(pods.clone(), &victim_name, conditions::is_deleted(&uid)),
+        conditions::is_deleted(&uid),
     )
-    .await
-    .expect("pod watch");
+    .await;
 
     deployments
         .delete("web", &DeleteParams::default())
@@ -282,9 +276,7 @@ async fn deployment_pods_run_on_the_vm_and_evictions_complete() {
 
 #[tokio::test]
 async fn volumes_of_pvc_pods_are_reported_attached_until_the_pod_goes() {
-    let env = shared(Components::ALL).await.expect("control plane");
-    let client = env.client().await.expect("client");
-    let ns = env.namespace("vols").await.expect("namespace");
+    let TestNamespace { env, client, ns } = TestNamespace::new(Components::ALL, "vols").await;
     let cloud = Cloud::on(&env, json!({}));
     let name = format!("{ns}-vm");
     cloud.create(&name).await.expect("create");
@@ -401,17 +393,14 @@ async fn volumes_of_pvc_pods_are_reported_attached_until_the_pod_goes() {
     pods.delete("db", &DeleteParams::default())
         .await
         .expect("delete pod");
-    within(
+    await_object(
+        pods.clone(),
+        "db",
         WAIT,
         "the Pod to go",
-        await_condition(
-            pods.clone(),
-            "db",
-            conditions::is_deleted(created.metadata.uid.as_deref().unwrap_or_default()),
-        ),
+        conditions::is_deleted(created.metadata.uid.as_deref().unwrap_or_default()),
     )
-    .await
-    .expect("pod watch");
+    .await;
     await_node(&client, &name, "volumesAttached to be empty", |n| {
         n.is_some_and(|n| attached(n) == (vec![], vec![]))
     })
@@ -426,9 +415,7 @@ async fn volumes_of_pvc_pods_are_reported_attached_until_the_pod_goes() {
 
 #[tokio::test]
 async fn a_killed_vm_makes_its_node_not_ready_and_reports_stopped() {
-    let env = shared(Components::ALL).await.expect("control plane");
-    let client = env.client().await.expect("client");
-    let ns = env.namespace("kill").await.expect("namespace");
+    let TestNamespace { env, client, ns } = TestNamespace::new(Components::ALL, "kill").await;
     let cloud = Cloud::on(&env, json!({}));
     let name = format!("{ns}-vm");
     let created = cloud.create(&name).await.expect("create");
@@ -554,10 +541,8 @@ async fn create_token_secret(client: &kube::Client, id: &str, secret: &str, expi
 
 #[tokio::test]
 async fn bootstrap_tokens_gate_the_boot() {
-    let env = shared(Components::ALL).await.expect("control plane");
-    let client = env.client().await.expect("client");
-    let ns = env.namespace("boot").await.expect("namespace");
-    let kubeconfig = kubeconfig_of(&env);
+    let TestNamespace { env, client, ns } = TestNamespace::new(Components::ALL, "boot").await;
+    let kubeconfig = kubeconfig_text(&env);
     let nodes: Api<Node> = Api::all(client.clone());
 
     let (id, secret) = new_token();
@@ -625,9 +610,7 @@ async fn bootstrap_tokens_gate_the_boot() {
 
 #[tokio::test]
 async fn fail_to_boot_and_crash_after_behave_as_documented() {
-    let env = shared(Components::ALL).await.expect("control plane");
-    let client = env.client().await.expect("client");
-    let ns = env.namespace("fault").await.expect("namespace");
+    let TestNamespace { env, client, ns } = TestNamespace::new(Components::ALL, "fault").await;
     let nodes: Api<Node> = Api::all(client.clone());
 
     // failToBoot: the VM exists (create succeeds) but its process exits before registering.

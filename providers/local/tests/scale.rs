@@ -10,7 +10,8 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, ListParams};
 use mcm_driver::ResourceState;
 use mcm_provider_local::state::read_proc_stat;
-use mcm_testenv::{Components, shared};
+use mcm_testenv::Components;
+use mcm_testenv::kit::{TestNamespace, is_ready};
 use serde_json::json;
 
 const VMS: usize = 20;
@@ -32,9 +33,7 @@ fn rss_kib(pid: i32) -> Option<u64> {
 
 #[tokio::test]
 async fn twenty_vms_stay_healthy_together() {
-    let env = shared(Components::ALL).await.expect("control plane");
-    let client = env.client().await.expect("client");
-    let ns = env.namespace("scale").await.expect("namespace");
+    let TestNamespace { env, client, ns } = TestNamespace::new(Components::ALL, "scale").await;
     let cloud = Cloud::on(
         &env,
         json!({"labels": {"scale-test": ns}, "heartbeatInterval": "2s"}),

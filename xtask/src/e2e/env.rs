@@ -1,6 +1,7 @@
 //! What `cargo xtask e2e` and `cargo xtask demo` share: the binaries, the control plane,
 //! controller processes, VM processes, applying objects, bounded waits.
 
+use mcm_testenv::kit::{http_get, metric};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -291,43 +292,12 @@ impl Controller {
 
 /// A free TCP port on 127.0.0.1.
 pub fn free_port() -> Result<u16> {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").context("binding a free port")?;
-    Ok(l.local_addr()?.port())
-}
-
-/// A plain HTTP/1.1 GET on 127.0.0.1:`port` (the controllers' endpoints); the whole response.
-pub async fn http_get(port: u16, path: &str) -> Option<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let fetch = async {
-        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .ok()?;
-        let req = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
-        s.write_all(req.as_bytes()).await.ok()?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).await.ok()?;
-        Some(out)
-    };
-    tokio::time::timeout(Duration::from_secs(5), fetch)
-        .await
-        .ok()
-        .flatten()
+    Ok(mcm_testenv::kit::free_port())
 }
 
 /// The status code of an HTTP response.
 fn status_code(response: &str) -> Option<u16> {
     response.lines().next()?.split(' ').nth(1)?.parse().ok()
-}
-
-/// The value of `name` in a Prometheus text exposition, summed over label sets.
-pub fn metric(text: &str, name: &str) -> Option<f64> {
-    let values: Vec<f64> = text
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.starts_with(&format!("{name} ")) || l.starts_with(&format!("{name}{{")))
-        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
-        .collect();
-    (!values.is_empty()).then(|| values.iter().sum())
 }
 
 /// A live process: pid and command line.
@@ -491,14 +461,6 @@ pub fn yaml_documents(text: &str) -> Result<Vec<Value>> {
 mod tests {
     use super::*;
     use serde_json::json;
-
-    #[test]
-    fn metrics_are_summed_over_label_sets() {
-        let text = "# HELP x y\nmcm_a 1\nmcm_a_b 5\nmcm_c{k=\"1\"} 2\nmcm_c{k=\"2\"} 3\n";
-        assert_eq!(metric(text, "mcm_a"), Some(1.0));
-        assert_eq!(metric(text, "mcm_c"), Some(5.0));
-        assert_eq!(metric(text, "mcm_d"), None);
-    }
 
     #[test]
     fn placeholders_are_replaced_in_whole_string_values_only() {

@@ -8,7 +8,6 @@
 
 pub mod ctx;
 pub mod env;
-mod proxy;
 mod scenarios;
 
 use std::path::{Path, PathBuf};

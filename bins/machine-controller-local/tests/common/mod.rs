@@ -3,17 +3,18 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::future::Future;
-use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, Secret};
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use kube::runtime::wait::await_condition;
+use k8s_openapi::api::core::v1::{Node, Pod, Secret};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use mcm_api::{Machine, MachineClass, MachinePhase};
 use mcm_provider_local::state::{self, StateDirectory};
+use mcm_testenv::kit::{
+    MachineBuilder, MachineClassBuilder, ServedProcess, TestNamespace, await_gone, await_object,
+    binary_beside, create, eventually, free_port, kubeconfig_text, process_alive, secret, sigkill,
+};
 use mcm_testenv::{Components, ControlPlane};
 use serde_json::{Value, json};
 
@@ -26,33 +27,11 @@ pub const USER_DATA: &str =
 
 /// `local-node`, next to the controller binary (built on demand when missing).
 pub fn node_binary() -> PathBuf {
-    let controller = PathBuf::from(env!("CARGO_BIN_EXE_machine-controller-local"));
-    let node = controller.with_file_name("local-node");
-    if !node.is_file() {
-        let status =
-            std::process::Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-                .args(["build", "-p", "mcm-provider-local", "--bin", "local-node"])
-                .status()
-                .expect("cargo runs");
-        assert!(status.success(), "building local-node failed");
-    }
-    node
-}
-
-/// A free TCP port on 127.0.0.1.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Awaits `fut` or panics naming `what`.
-pub async fn within<T>(timeout: Duration, what: &str, fut: impl Future<Output = T>) -> T {
-    tokio::time::timeout(timeout, fut)
-        .await
-        .unwrap_or_else(|_| panic!("timed out after {timeout:?} waiting for {what}"))
+    binary_beside(
+        env!("CARGO_BIN_EXE_machine-controller-local"),
+        "local-node",
+        "mcm-provider-local",
+    )
 }
 
 /// One test's world.
@@ -85,60 +64,14 @@ impl Drop for Harness {
     }
 }
 
-/// A running controller process, killed (SIGKILL) on drop.
-pub struct ControllerProcess {
-    pub child: tokio::process::Child,
-    pub port: u16,
-}
-
-impl ControllerProcess {
-    /// SIGKILL and reap.
-    pub async fn kill(mut self) {
-        let _ = self.child.kill().await;
-    }
-
-    /// The text of `/metrics`.
-    pub async fn metrics(&self) -> String {
-        http_get(self.port, "/metrics").await.unwrap_or_default()
-    }
-}
-
-/// A plain HTTP GET on 127.0.0.1 (the controller's endpoints).
-pub async fn http_get(port: u16, path: &str) -> Option<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    s.write_all(
-        format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n").as_bytes(),
-    )
-    .await
-    .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.ok()?;
-    Some(out)
-}
-
-/// The value of a metric line `name{...} value` or `name value`, summed over label sets.
-pub fn metric(text: &str, name: &str) -> Option<f64> {
-    let values: Vec<f64> = text
-        .lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter(|l| l.starts_with(&format!("{name} ")) || l.starts_with(&format!("{name}{{")))
-        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
-        .collect();
-    (!values.is_empty()).then(|| values.iter().sum())
-}
+/// A running `machine-controller-local`, SIGKILLed on drop, serving on its port.
+pub type ControllerProcess = ServedProcess;
 
 impl Harness {
     /// A namespace with the class `local` (providerSpec `spec` + a state directory) and the
     /// secret `local-secret` (target kubeconfig + user data with the token placeholder).
     pub async fn new(prefix: &str, spec: Value) -> Harness {
-        let env = mcm_testenv::shared(Components::ALL)
-            .await
-            .expect("control plane");
-        let client = env.client().await.expect("client");
-        let ns = env.namespace(prefix).await.expect("namespace");
+        let TestNamespace { env, client, ns } = TestNamespace::new(Components::ALL, prefix).await;
         let h = Harness {
             env,
             client,
@@ -152,43 +85,39 @@ impl Harness {
     }
 
     pub fn kubeconfig(&self) -> String {
-        std::fs::read_to_string(self.env.kubeconfig_path()).unwrap()
+        kubeconfig_text(&self.env)
     }
 
+    /// Creates the Secret `name` (target kubeconfig + user data with the token placeholder).
     pub async fn create_secret(&self, name: &str) {
-        let secret: Secret = serde_json::from_value(json!({
-            "metadata": { "name": name },
-            "stringData": { "kubeconfig": self.kubeconfig(), "userData": USER_DATA },
-        }))
-        .unwrap();
-        Api::<Secret>::namespaced(self.client.clone(), &self.ns)
-            .create(&PostParams::default(), &secret)
-            .await
-            .unwrap();
+        let s = secret(
+            name,
+            &[("kubeconfig", &self.kubeconfig()), ("userData", USER_DATA)],
+        );
+        create(
+            &Api::<Secret>::namespaced(self.client.clone(), &self.ns),
+            &s,
+        )
+        .await;
     }
 
+    /// A local class: `spec` with this harness's state directory and a 1s heartbeat unless
+    /// `spec` has one.
     pub fn class_body(&self, name: &str, spec: Value, secret: &str) -> MachineClass {
         let mut spec = spec;
         spec["stateDirectory"] = json!(self.state_dir.path());
         if spec.get("heartbeatInterval").is_none() {
             spec["heartbeatInterval"] = json!("1s");
         }
-        serde_json::from_value(json!({
-            "apiVersion": "machine.sapcloud.io/v1alpha1",
-            "kind": "MachineClass",
-            "metadata": { "name": name },
-            "provider": "local",
-            "providerSpec": spec,
-            "secretRef": { "name": secret, "namespace": self.ns },
-        }))
-        .unwrap()
+        MachineClassBuilder::new(name)
+            .provider("local")
+            .spec(spec)
+            .secret(&self.ns, secret)
+            .build()
     }
 
     pub async fn create_class(&self, name: &str, spec: Value, secret: &str) {
-        self.classes()
-            .create(&PostParams::default(), &self.class_body(name, spec, secret))
-            .await
-            .unwrap();
+        create(&self.classes(), &self.class_body(name, spec, secret)).await;
     }
 
     pub fn machines(&self) -> Api<Machine> {
@@ -242,72 +171,40 @@ impl Harness {
     }
 
     pub fn spawn_with_args(&self, name: &str, port: u16, args: Vec<String>) -> ControllerProcess {
-        let log = self.logs.path().join(format!("{name}.log"));
-        let out = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&log)
-            .unwrap();
-        let err = out.try_clone().unwrap();
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_machine-controller-local"))
+        let mut command =
+            tokio::process::Command::new(env!("CARGO_BIN_EXE_machine-controller-local"));
+        command
             .args(&args)
             .env(mcm_provider_local::NODE_BINARY_ENV, node_binary())
-            .env("RUST_LOG", "info,mcm_reconcilers=debug,mcm_drain=debug")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(err)
-            .kill_on_drop(true)
-            .spawn()
-            .expect("the controller starts");
-        ControllerProcess { child, port }
-    }
-
-    /// A Machine of class `class`, optionally with labels and owner references.
-    pub fn machine_body(&self, name: &str, class: &str, extra: Value) -> Machine {
-        let mut v = json!({
-            "apiVersion": "machine.sapcloud.io/v1alpha1",
-            "kind": "Machine",
-            "metadata": { "name": name },
-            "spec": { "class": { "kind": "MachineClass", "name": class } },
-        });
-        merge(&mut v, extra);
-        serde_json::from_value(v).unwrap()
+            .env("RUST_LOG", "info,mcm_reconcilers=debug,mcm_drain=debug");
+        let log = self.logs.path().join(format!("{name}.log"));
+        ServedProcess::spawn(command, port, &log)
     }
 
     pub async fn create_machine(&self, name: &str, class: &str) -> Machine {
-        self.machines()
-            .create(
-                &PostParams::default(),
-                &self.machine_body(name, class, json!({})),
-            )
-            .await
-            .unwrap()
+        create(
+            &self.machines(),
+            &MachineBuilder::new(name).class(class).build(),
+        )
+        .await
     }
 
     /// Waits until the machine is in `phase`.
     pub async fn await_phase(&self, name: &str, phase: MachinePhase, timeout: Duration) -> Machine {
-        let want = phase.clone();
-        within(
+        await_object(
+            self.machines(),
+            name,
             timeout,
             &format!("machine {name} to become {}", phase.as_str()),
-            await_condition(self.machines(), name, move |m: Option<&Machine>| {
-                m.and_then(|m| m.phase()) == Some(&want)
-            }),
+            |m: Option<&Machine>| m.and_then(|m| m.phase()) == Some(&phase),
         )
         .await
-        .unwrap()
         .unwrap()
     }
 
     /// Waits until the machine is gone.
     pub async fn await_gone(&self, name: &str, timeout: Duration) {
-        within(
-            timeout,
-            &format!("machine {name} to be deleted"),
-            await_condition(self.machines(), name, |m: Option<&Machine>| m.is_none()),
-        )
-        .await
-        .unwrap();
+        await_gone(self.machines(), name, timeout).await;
     }
 
     /// Waits until the machine's lastOperation description satisfies `pred`.
@@ -318,18 +215,19 @@ impl Harness {
         what: &str,
         pred: impl Fn(&str) -> bool + Send + 'static,
     ) -> Machine {
-        within(
+        await_object(
+            self.machines(),
+            name,
             timeout,
             what,
-            await_condition(self.machines(), name, move |m: Option<&Machine>| {
+            |m: Option<&Machine>| {
                 m.and_then(|m| m.status.as_ref())
                     .and_then(|s| s.last_operation.as_ref())
                     .and_then(|o| o.description.as_deref())
                     .is_some_and(&pred)
-            }),
+            },
         )
         .await
-        .unwrap()
         .unwrap()
     }
 
@@ -338,39 +236,6 @@ impl Harness {
             .delete(name, &DeleteParams::default())
             .await
             .unwrap();
-    }
-
-    /// Events of the namespace whose reason is `reason`, for the object `name`.
-    pub async fn events_for(&self, name: &str, reason: &str) -> Vec<String> {
-        let api: Api<k8s_openapi::api::events::v1::Event> =
-            Api::namespaced(self.client.clone(), &self.ns);
-        api.list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
-            .filter(|e| e.reason.as_deref() == Some(reason))
-            .filter_map(|e| e.note)
-            .collect()
-    }
-
-    /// Events about the Node `name` (any namespace) whose reason is `reason`.
-    pub async fn node_events_for(&self, name: &str, reason: &str) -> Vec<String> {
-        let api: Api<k8s_openapi::api::events::v1::Event> = Api::all(self.client.clone());
-        api.list(&Default::default())
-            .await
-            .unwrap()
-            .items
-            .into_iter()
-            .filter(|e| {
-                e.regarding.as_ref().is_some_and(|r| {
-                    r.kind.as_deref() == Some("Node") && r.name.as_deref() == Some(name)
-                })
-            })
-            .filter(|e| e.reason.as_deref() == Some(reason))
-            .filter_map(|e| e.note)
-            .collect()
     }
 
     /// Whether a VM process of `machine` is alive.
@@ -390,23 +255,37 @@ impl Harness {
             .unwrap_or_default()
     }
 
+    /// Creates the Pod `name` on the Node `node` (one container, `grace` seconds to
+    /// terminate) and waits until it runs.
+    pub async fn run_pod(&self, name: &str, node: &str, grace: i64) -> Api<Pod> {
+        let pods: Api<Pod> = Api::namespaced(self.client.clone(), &self.ns);
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": { "name": name },
+            "spec": { "nodeName": node, "terminationGracePeriodSeconds": grace,
+                      "containers": [{ "name": "c", "image": format!("example.invalid/{name}") }] }
+        }))
+        .unwrap();
+        create(&pods, &pod).await;
+        await_object(
+            pods.clone(),
+            name,
+            WAIT,
+            &format!("the pod {name} to run"),
+            |p: Option<&Pod>| {
+                p.and_then(|p| p.status.as_ref())
+                    .and_then(|s| s.phase.as_deref())
+                    == Some("Running")
+            },
+        )
+        .await;
+        pods
+    }
+
     pub async fn patch_machine(&self, name: &str, patch: Value) {
         self.machines()
             .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .unwrap();
-    }
-}
-
-/// Merges `extra` into `v` (objects key by key).
-pub fn merge(v: &mut Value, extra: Value) {
-    match (v, extra) {
-        (Value::Object(a), Value::Object(b)) => {
-            for (k, bv) in b {
-                merge(a.entry(k).or_insert(Value::Null), bv);
-            }
-        }
-        (slot, other) => *slot = other,
     }
 }
 
@@ -443,75 +322,6 @@ pub fn record_phases(api: Api<Machine>) -> (tokio::task::JoinHandle<()>, PhaseLo
         }
     });
     (task, seen)
-}
-
-/// The path of a file in `dir`.
-pub fn path_in(dir: &Path, name: &str) -> PathBuf {
-    dir.join(name)
-}
-
-impl ControllerProcess {
-    /// The pid of the controller process.
-    pub fn pid(&self) -> u32 {
-        self.child.id().unwrap_or(0)
-    }
-
-    /// The value of one metric (summed over label sets), 0 when absent.
-    pub async fn metric(&self, name: &str) -> f64 {
-        metric(&self.metrics().await, name).unwrap_or(0.0)
-    }
-
-    /// Waits until `/metrics` shows `name` (summed over label sets; 0 when absent)
-    /// satisfying `pred`; polls every 200 ms.
-    pub async fn await_metric(
-        &self,
-        name: &str,
-        timeout: Duration,
-        pred: impl Fn(f64) -> bool,
-    ) -> f64 {
-        within(timeout, &format!("metric {name}"), async {
-            loop {
-                let v = self.metric(name).await;
-                if pred(v) {
-                    return v;
-                }
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-        })
-        .await
-    }
-
-    /// The HTTP status code of a GET on the controller's endpoint.
-    pub async fn status_of(&self, path: &str) -> Option<u16> {
-        http_status(self.port, path).await
-    }
-}
-
-/// The HTTP status code of a GET on 127.0.0.1:`port`.
-pub async fn http_status(port: u16, path: &str) -> Option<u16> {
-    let text = http_get(port, path).await?;
-    text.lines().next()?.split(' ').nth(1)?.parse().ok()
-}
-
-/// The value of a metric line with the label `label="value"`, 0 when absent.
-pub fn metric_with(text: &str, name: &str, label: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-/// Whether a process is alive (exists and is not a zombie).
-pub fn process_alive(pid: i32) -> bool {
-    state::read_proc_stat(pid).is_some_and(|s| s.state != 'Z' && s.state != 'X')
-}
-
-/// SIGKILLs a process.
-pub fn sigkill(pid: i32) {
-    let _ = nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(pid),
-        nix::sys::signal::Signal::SIGKILL,
-    );
 }
 
 impl Harness {
@@ -575,110 +385,31 @@ impl Harness {
         name: &str,
         timeout: Duration,
         what: &str,
-        pred: impl Fn(Option<&Node>) -> bool + Send + 'static,
+        pred: impl Fn(Option<&Node>) -> bool,
     ) -> Option<Node> {
-        within(timeout, what, await_condition(self.nodes(), name, pred))
-            .await
-            .unwrap()
+        await_object(self.nodes(), name, timeout, what, pred).await
     }
 
-    /// Waits until every machine in `names` is in `phase` (polling the list every 500 ms).
+    /// Waits until every machine in `names` is in `phase` (polling the list); a timeout
+    /// names the machines not there yet.
     pub async fn await_all_phase(&self, names: &[String], phase: MachinePhase, timeout: Duration) {
-        within(
-            timeout,
-            &format!("{} machines to become {}", names.len(), phase.as_str()),
-            async {
-                loop {
-                    let list = self.machines().list(&Default::default()).await.unwrap();
-                    let done = names.iter().all(|n| {
-                        list.items.iter().any(|m| {
-                            m.metadata.name.as_deref() == Some(n.as_str())
-                                && m.phase() == Some(&phase)
-                        })
-                    });
-                    if done {
-                        return;
-                    }
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
-            },
-        )
-        .await
-    }
-
-    /// A kubeconfig like the admin one whose server is `server` (e.g. a proxy), written to
-    /// the log directory; returns its path.
-    pub fn kubeconfig_via(&self, server: &str, file: &str) -> PathBuf {
-        let text = self.kubeconfig().replace(self.env.server_url(), server);
-        assert!(text.contains(server), "the kubeconfig names the server");
-        let path = self.logs.path().join(file);
-        std::fs::write(&path, text).unwrap();
-        path
-    }
-}
-
-/// A TCP proxy on 127.0.0.1 in front of an upstream address that a test can cut (close all
-/// connections and refuse new ones) and restore.
-pub struct Proxy {
-    pub port: u16,
-    upstream: std::net::SocketAddr,
-    running: std::sync::Mutex<Option<tokio::task::JoinHandle<()>>>,
-}
-
-impl Proxy {
-    /// Starts proxying `upstream` on a free port.
-    pub async fn start(upstream: std::net::SocketAddr) -> Proxy {
-        let p = Proxy {
-            port: free_port(),
-            upstream,
-            running: Default::default(),
-        };
-        p.restore();
-        p
-    }
-
-    /// Accepts connections (again).
-    pub fn restore(&self) {
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket.set_reuseaddr(true).unwrap();
-        socket
-            .bind(std::net::SocketAddr::from(([127, 0, 0, 1], self.port)))
-            .expect("the proxy port can be bound again");
-        let listener = socket.listen(128).unwrap();
-        let upstream = self.upstream;
-        let task = tokio::spawn(async move {
-            // Aborting this task drops the JoinSet, which aborts (and closes) every
-            // connection.
-            let mut conns = tokio::task::JoinSet::new();
-            loop {
-                let Ok((mut inbound, _)) = listener.accept().await else {
-                    continue;
-                };
-                conns.spawn(async move {
-                    if let Ok(mut out) = tokio::net::TcpStream::connect(upstream).await {
-                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut out).await;
-                    }
-                });
-                while conns.try_join_next().is_some() {}
+        let what = format!("{} machines to become {}", names.len(), phase.as_str());
+        eventually(timeout, &what, || async {
+            let list = self.machines().list(&Default::default()).await.unwrap();
+            let behind: Vec<&String> = names
+                .iter()
+                .filter(|n| {
+                    !list.items.iter().any(|m| {
+                        m.metadata.name.as_deref() == Some(n.as_str()) && m.phase() == Some(&phase)
+                    })
+                })
+                .collect();
+            if behind.is_empty() {
+                Ok(())
+            } else {
+                Err(format!("not yet: {behind:?}"))
             }
-        });
-        *self.running.lock().unwrap() = Some(task);
-    }
-
-    /// Closes every connection and the listener (new connections are refused).
-    pub async fn cut(&self) {
-        let task = self.running.lock().unwrap().take();
-        if let Some(task) = task {
-            task.abort();
-            let _ = task.await;
-        }
-    }
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        if let Some(t) = self.running.lock().unwrap().take() {
-            t.abort();
-        }
+        })
+        .await
     }
 }

@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
 use kube::runtime::{WatchStreamExt, watcher};
+use mcm_testenv::kit::{TestNamespace, try_eventually};
 use serde_json::json;
 use tokio::task::JoinHandle;
 
@@ -22,6 +23,12 @@ use tokio::task::JoinHandle;
 pub const CSI_DRIVER: &str = "fake.csi.mcm-rs.io";
 /// Pods with this annotation are left alone by the fake kubelet.
 pub const MANUAL: &str = "fake-kubelet.mcm-rs.io/manual";
+
+/// A client and a fresh namespace on the shared control plane (all components).
+pub async fn setup(prefix: &str) -> anyhow::Result<(kube::Client, String)> {
+    let t = TestNamespace::new(mcm_testenv::Components::ALL, prefix).await;
+    Ok((t.client, t.ns))
+}
 
 /// How the fake kubelet behaves.
 #[derive(Debug, Clone)]
@@ -48,6 +55,36 @@ impl Default for KubeletOptions {
             detach_delay: None,
         }
     }
+}
+
+/// The options of the tests' kubelets: the node labelled with the test's namespace.
+pub fn kubelet_options(ns: &str) -> KubeletOptions {
+    KubeletOptions {
+        labels: vec![("drain-test".into(), ns.into())],
+        ..Default::default()
+    }
+}
+
+/// A node `n-<ns>` whose fake kubelet attaches volumes, and on it the Ready pod `db` mounting
+/// the new volume `data`: returns the node, its kubelet and the PersistentVolume.
+pub async fn pod_with_volume(
+    client: &kube::Client,
+    ns: &str,
+) -> anyhow::Result<(String, FakeKubelet, String)> {
+    let node = node_name("n", ns);
+    let kubelet = FakeKubelet::start(
+        client.clone(),
+        &node,
+        KubeletOptions {
+            attach_volumes: true,
+            ..kubelet_options(ns)
+        },
+    )
+    .await?;
+    let (claim, pv) = create_volume(client, ns, "data").await?;
+    create_pod(client, ns, "db", &node, &[], Some(&claim)).await?;
+    wait_ready(client, ns, 1).await?;
+    Ok((node, kubelet, pv))
 }
 
 /// A fake kubelet: registers a Ready node, renews its Lease, marks pods bound to it
@@ -526,36 +563,38 @@ pub async fn create_pod(
         .with_context(|| format!("create pod {name}"))
 }
 
-/// Polls `check` every 200ms until it returns true, for at most `timeout`.
-pub async fn eventually<F, Fut>(timeout: Duration, what: &str, mut check: F) -> anyhow::Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = anyhow::Result<bool>>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        if check().await? {
-            return Ok(());
-        }
-        if tokio::time::Instant::now() >= deadline {
-            anyhow::bail!("timed out waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 /// Waits until every pod of the namespace matching `labels` is Running and Ready.
 pub async fn wait_ready(client: &kube::Client, ns: &str, count: usize) -> anyhow::Result<()> {
     let api: Api<Pod> = Api::namespaced(client.clone(), ns);
-    eventually(Duration::from_secs(60), "pods ready", || {
+    try_eventually(Duration::from_secs(60), "pods ready", || {
         let api = api.clone();
         async move {
             let pods = api.list(&Default::default()).await?;
             let ready = pods.items.iter().filter(|p| is_ready(p)).count();
-            Ok(ready >= count)
+            anyhow::Ok(ready >= count)
         }
     })
-    .await
+    .await?;
+    Ok(())
+}
+
+/// Waits until `node.status.volumesAttached` lists the test volume of `pv`.
+pub async fn await_attached(client: &kube::Client, node: &str, pv: &str) -> anyhow::Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let attached = attached_name(&handle_of(pv));
+    try_eventually(Duration::from_secs(10), "volume attached", || {
+        let (nodes, attached) = (nodes.clone(), attached.clone());
+        async move {
+            let n = nodes.get(node).await?;
+            anyhow::Ok(
+                n.status
+                    .and_then(|s| s.volumes_attached)
+                    .is_some_and(|v| v.iter().any(|a| a.name == attached)),
+            )
+        }
+    })
+    .await?;
+    Ok(())
 }
 
 /// Whether a pod has condition Ready=True.

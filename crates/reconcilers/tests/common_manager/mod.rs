@@ -1,26 +1,23 @@
 //! Helpers for the manager's integration tests: a running manager per test namespace, a
-//! stand-in machine controller, and watch-based waits.
+//! stand-in machine controller, and the waits of `mcm_testenv::kit`.
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use futures::StreamExt;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, Time};
-use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, ResourceExt};
-use mcm_api::{
-    ClassSpec, Machine, MachineDeployment, MachineDeploymentSpec, MachineDeploymentStrategy,
-    MachinePhase, MachineSpec, MachineTemplateSpec,
-};
+use mcm_api::{Machine, MachineDeployment, MachinePhase};
 use mcm_reconcilers::manager::{ManagerConfig, run_manager};
 use serde_json::json;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+
+use mcm_testenv::kit::{TestNamespace, await_list};
 
 /// Longest a single wait in these tests may take.
 pub const WAIT: Duration = Duration::from_secs(60);
@@ -36,14 +33,14 @@ pub struct Harness {
 
 impl Harness {
     pub async fn start(prefix: &str) -> Harness {
-        let cp = mcm_testenv::shared(mcm_testenv::Components {
-            controller_manager: true,
-            scheduler: false,
-        })
-        .await
-        .expect("control plane");
-        let client = cp.client().await.expect("client");
-        let ns = cp.namespace(prefix).await.expect("namespace");
+        let TestNamespace { client, ns, .. } = TestNamespace::new(
+            mcm_testenv::Components {
+                controller_manager: true,
+                scheduler: false,
+            },
+            prefix,
+        )
+        .await;
         let (tx, rx) = oneshot::channel::<()>();
         let config = ManagerConfig {
             namespace: ns.clone(),
@@ -119,48 +116,6 @@ pub async fn fake_machine_controller(client: Client, ns: String) {
     }
 }
 
-pub fn template(class: &str, name: &str) -> MachineTemplateSpec {
-    MachineTemplateSpec {
-        metadata: Some(ObjectMeta {
-            labels: Some(BTreeMap::from([("name".to_owned(), name.to_owned())])),
-            ..ObjectMeta::default()
-        }),
-        spec: Some(MachineSpec {
-            class: Some(ClassSpec {
-                kind: Some("MachineClass".into()),
-                name: Some(class.into()),
-                ..ClassSpec::default()
-            }),
-            ..MachineSpec::default()
-        }),
-    }
-}
-
-pub fn deployment(
-    name: &str,
-    replicas: i32,
-    class: &str,
-    strategy: Option<MachineDeploymentStrategy>,
-) -> MachineDeployment {
-    MachineDeployment {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..ObjectMeta::default()
-        },
-        spec: MachineDeploymentSpec {
-            replicas: Some(replicas),
-            selector: Some(LabelSelector {
-                match_labels: Some(BTreeMap::from([("name".to_owned(), name.to_owned())])),
-                ..LabelSelector::default()
-            }),
-            template: template(class, name),
-            strategy,
-            ..MachineDeploymentSpec::default()
-        },
-        ..MachineDeployment::default()
-    }
-}
-
 pub async fn create_deployment(h: &Harness, d: &MachineDeployment) {
     h.deployments()
         .create(&PostParams::default(), d)
@@ -189,10 +144,10 @@ pub async fn wait_machines(
     what: &str,
     pred: impl Fn(&[Machine]) -> bool,
 ) -> Vec<Machine> {
-    wait_list(h.machines(), what, pred).await
+    await_list(h.machines(), WAIT, what, pred).await
 }
 
-/// Waits (on a watch) until the objects of `api` satisfy `pred`.
+/// Waits (on a watch) until the objects of `api` satisfy `pred`, for at most [`WAIT`].
 pub async fn wait_list<K>(api: Api<K>, what: &str, pred: impl Fn(&[K]) -> bool) -> Vec<K>
 where
     K: kube::Resource<DynamicType = ()>
@@ -203,64 +158,7 @@ where
         + Sync
         + 'static,
 {
-    wait_list_within(api, what, WAIT, pred).await
-}
-
-/// Waits (on a watch) at most `limit` until the objects of `api` satisfy `pred`; panics with
-/// the objects as they are then.
-pub async fn wait_list_within<K>(
-    api: Api<K>,
-    what: &str,
-    limit: Duration,
-    pred: impl Fn(&[K]) -> bool,
-) -> Vec<K>
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
-    let (reader, writer) = kube::runtime::reflector::store::<K>();
-    let mut stream = kube::runtime::reflector::reflector(
-        writer,
-        watcher(api.clone(), watcher::Config::default()),
-    )
-    .default_backoff()
-    .boxed();
-    let result = tokio::time::timeout(limit, async {
-        let mut ready = false;
-        loop {
-            match stream.next().await {
-                None => break None,
-                Some(Ok(watcher::Event::InitDone)) => ready = true,
-                Some(_) => {}
-            }
-            if !ready {
-                continue;
-            }
-            let items: Vec<K> = reader.state().iter().map(|x| (**x).clone()).collect();
-            if pred(&items) {
-                break Some(items);
-            }
-        }
-    })
-    .await;
-    match result {
-        Ok(Some(items)) => items,
-        _ => {
-            let now = api.list(&ListParams::default()).await.map(|l| l.items);
-            panic!("timed out after {limit:?} waiting for {what}; now: {now:#?}");
-        }
-    }
-}
-
-pub async fn within<F: Future>(what: &str, f: F) -> F::Output {
-    tokio::time::timeout(WAIT, f)
-        .await
-        .unwrap_or_else(|_| panic!("timed out: {what}"))
+    await_list(api, WAIT, what, pred).await
 }
 
 pub fn running_of_class(ms: &[Machine], class: &str) -> usize {

@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use aws_sdk_ec2::Client;
 use aws_sdk_ec2::config::{BehaviorVersion, Credentials, Region};
+use mcm_testenv::kit::free_port;
 use mcm_testenv::process::ManagedProcess;
 
 /// The region of the tests.
@@ -64,14 +65,6 @@ fn moto_command() -> (PathBuf, Vec<String>) {
     panic!(
         "moto is not installed: neither `moto_server` on PATH nor `python3 -m moto.server` works; install it with {INSTALL_HINT}"
     );
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// A blocking HTTP request to moto; returns (status, body).

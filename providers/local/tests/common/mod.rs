@@ -1,9 +1,8 @@
 //! Helpers shared by the integration tests: a local "cloud" per test (own state directory,
-//! own class) whose guard kills every VM process it recorded, and watch-based waits.
+//! own class) whose guard kills every VM process it recorded, and Node waits on the kit's.
 #![allow(dead_code)] // each test binary uses a different subset
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -20,6 +19,7 @@ use mcm_driver::{
 };
 use mcm_provider_local::state::{self, StateDirectory};
 use mcm_provider_local::{LocalDriver, LocalDriverConfig};
+use mcm_testenv::kit::{await_object, is_ready, kubeconfig_text, try_eventually, within};
 use serde_json::{Value, json};
 
 /// Generous bound for anything the control plane does.
@@ -85,7 +85,7 @@ impl Cloud {
 
     /// A cloud on the control plane of `env`.
     pub fn on(env: &mcm_testenv::ControlPlane, spec: Value) -> Cloud {
-        Cloud::new(&kubeconfig_of(env), spec, None)
+        Cloud::new(&kubeconfig_text(env), spec, None)
     }
 
     pub fn state(&self) -> StateDirectory {
@@ -157,55 +157,25 @@ impl Cloud {
     }
 
     /// Waits until the VM's process has stopped. A process exit has no watch, so this looks
-    /// at `/proc` (through the driver) every 100ms, bounded by `timeout`.
+    /// at `/proc` (through the driver), bounded by `timeout`.
     pub async fn await_stopped(&self, name: &str, timeout: Duration) {
-        let wait = async {
-            loop {
-                let status = self.status(name).await.expect("status");
-                if status.resources[0].state == ResourceState::Stopped {
-                    return;
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
+        let stopped = try_eventually(timeout, &format!("VM {name} to stop"), || async {
+            let state = self.status(name).await.expect("status").resources[0].state;
+            if state == ResourceState::Stopped {
+                Ok(())
+            } else {
+                Err(state)
             }
-        };
-        if tokio::time::timeout(timeout, wait).await.is_err() {
-            panic!(
-                "VM {name} still runs after {timeout:?}; log:\n{}",
-                self.log(name)
-            );
+        })
+        .await;
+        if let Err(e) = stopped {
+            panic!("{e}; log:\n{}", self.log(name));
         }
     }
 }
 
 pub fn machine(name: &str) -> Machine {
     Machine::new(name, Default::default())
-}
-
-pub fn kubeconfig_of(env: &mcm_testenv::ControlPlane) -> String {
-    std::fs::read_to_string(env.kubeconfig_path()).expect("the admin kubeconfig")
-}
-
-/// The status of a Node's Ready condition, if it has one.
-pub fn ready_status(node: &Node) -> Option<String> {
-    node.status
-        .as_ref()?
-        .conditions
-        .as_ref()?
-        .iter()
-        .find(|c| c.type_ == "Ready")
-        .map(|c| c.status.clone())
-}
-
-pub fn is_ready(node: &Node) -> bool {
-    ready_status(node).as_deref() == Some("True")
-}
-
-/// Awaits `fut` for at most `timeout`, panicking with `what` when it takes longer.
-pub async fn within<T>(timeout: Duration, what: &str, fut: impl Future<Output = T>) -> T {
-    match tokio::time::timeout(timeout, fut).await {
-        Ok(v) => v,
-        Err(_) => panic!("timed out after {timeout:?} waiting for {what}"),
-    }
 }
 
 /// Waits (with a watch) until the Node exists and is Ready.
@@ -283,8 +253,5 @@ pub async fn await_node(
     what: &str,
     pred: impl Fn(Option<&Node>) -> bool,
 ) -> Option<Node> {
-    let api: Api<Node> = Api::all(client.clone());
-    within(WAIT, what, await_condition(api, name, pred))
-        .await
-        .expect("node watch")
+    await_object(Api::all(client.clone()), name, WAIT, what, pred).await
 }

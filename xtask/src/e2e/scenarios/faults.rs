@@ -13,7 +13,7 @@ use serde_json::json;
 
 use crate::e2e::ctx::{Ctx, Timings, WAIT, phases, record_phases};
 use crate::e2e::env::{Check, wait_for};
-use crate::e2e::proxy::Proxy;
+use mcm_testenv::kit::Proxy;
 
 /// `kill -9` of a VM: its Machine goes Unknown, then Failed, and is replaced; the workload
 /// moves to the other nodes.

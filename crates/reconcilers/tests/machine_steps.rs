@@ -1,0 +1,317 @@
+//! The machine controller in process (`machine_controller::run`) with `mcm_driver::FakeDriver`
+//! (wrapped in `FaultInjecting`) against the real API server, one test per lifecycle step.
+//! No kubelet runs: a test that needs a Ready Node creates it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use kube::api::{Api, DeleteParams};
+use kube::{Client, ResourceExt};
+use mcm_api::constants::{finalizers, labels};
+use mcm_api::{Machine, MachinePhase};
+use mcm_driver::{Code, Driver, FakeDriver, FaultInjecting, FaultSpec, Operation};
+use mcm_reconcilers::machine::observe::Defaults;
+use mcm_reconcilers::machine::{MachineMetrics, Settings};
+use mcm_reconcilers::machine_controller::{self, Handles, MachineControllerConfig};
+use mcm_reconcilers::metrics::ReconcileMetrics;
+use mcm_reconcilers::safety::SafetySettings;
+use mcm_testenv::Components;
+use mcm_testenv::kit::{
+    MachineBuilder, MachineClassBuilder, TestNamespace, await_gone, await_object, create,
+    create_class_with_secret, create_ready_node, events_for, eventually, secret, within,
+};
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+
+/// Bound of every wait here.
+const WAIT: Duration = Duration::from_secs(60);
+/// The class of these tests.
+const CLASS: &str = "fake";
+
+/// The fake cloud, with faults injected on request.
+type Cloud = FaultInjecting<FakeDriver>;
+
+/// One namespace with the class `fake` and its secret, and the machine controller running on
+/// it until the world is dropped.
+struct World {
+    client: Client,
+    ns: String,
+    cloud: Arc<Cloud>,
+    cancel: CancellationToken,
+    controller: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl World {
+    async fn start(prefix: &str) -> World {
+        let TestNamespace { client, ns, .. } =
+            TestNamespace::new(Components::API_SERVER, prefix).await;
+        let class = MachineClassBuilder::new(CLASS)
+            .provider("fake")
+            .secret(&ns, "fake-secret")
+            .build();
+        let user_data = secret(
+            "fake-secret",
+            &[("userData", "#cloud-config\ntoken: <<BOOTSTRAP_TOKEN>>\n")],
+        );
+        create_class_with_secret(&client, &ns, &class, &user_data).await;
+
+        let cloud = Arc::new(FaultInjecting::new(FakeDriver::new(), 7));
+        let driver: Arc<dyn Driver> = cloud.clone();
+        let mut registry = Registry::default();
+        let reconciles = ReconcileMetrics::register(&mut registry);
+        let metrics = MachineMetrics::register(&mut registry, reconciles);
+        let cancel = CancellationToken::new();
+        let side = machine_controller::MachineSide {
+            control: client.clone(),
+            target: client.clone(),
+            driver,
+            config: config(&ns),
+            metrics,
+            handles: Handles::default(),
+        };
+        let controller = tokio::spawn(side.run(cancel.clone()));
+        World {
+            client,
+            ns,
+            cloud,
+            cancel,
+            controller: Some(controller),
+        }
+    }
+
+    fn machines(&self) -> Api<Machine> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    fn fake(&self) -> &FakeDriver {
+        self.cloud.inner()
+    }
+
+    async fn create_machine(&self, machine: Machine) {
+        create(&self.machines(), &machine).await;
+    }
+
+    /// Waits until the machine satisfies `pred`.
+    async fn await_machine(
+        &self,
+        name: &str,
+        what: &str,
+        pred: impl Fn(&Machine) -> bool,
+    ) -> Machine {
+        await_object(self.machines(), name, WAIT, what, |m: Option<&Machine>| {
+            m.is_some_and(&pred)
+        })
+        .await
+        .expect("the machine exists")
+    }
+
+    /// Stops the controller and waits for it to return.
+    async fn stop(mut self) {
+        self.cancel.cancel();
+        if let Some(c) = self.controller.take() {
+            within(WAIT, "the machine controller to stop", c)
+                .await
+                .expect("the controller task");
+        }
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+    }
+}
+
+/// Test settings: short timeouts and periods.
+fn config(ns: &str) -> MachineControllerConfig {
+    MachineControllerConfig {
+        machine: Settings {
+            namespace: ns.into(),
+            defaults: Defaults {
+                creation_timeout: Duration::from_secs(60),
+                health_timeout: Duration::from_secs(60),
+                drain_timeout: Duration::from_secs(30),
+                max_evict_retries: 10,
+                bad_conditions: vec![],
+            },
+            pv_detach_timeout: Duration::from_secs(5),
+            pv_reattach_timeout: Duration::from_secs(5),
+            bootstrap_token_auth_extra_groups: String::new(),
+            resource_exhausted_retry: Duration::from_secs(1),
+            backoff_initial: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(2),
+            eviction_retry_interval: Duration::from_secs(1),
+            drain_parallelism: 4,
+            resync: Duration::from_secs(5),
+        },
+        safety: SafetySettings {
+            orphan_vms_period: Duration::from_secs(600),
+            apiserver_statuscheck_period: Duration::from_secs(1),
+            apiserver_statuscheck_timeout: Duration::from_secs(30),
+        },
+        concurrent_syncs: 4,
+    }
+}
+
+fn node_label(m: &Machine) -> Option<&str> {
+    m.labels().get(labels::NODE).map(String::as_str)
+}
+
+fn has_our_finalizer(m: &Machine) -> bool {
+    m.finalizers()
+        .iter()
+        .any(|f| f == finalizers::MACHINE_CONTROLLER)
+}
+
+/// A VM for the machine (its name, the class), and the Machine's providerID and `node`
+/// label record it; once its Node is Ready the machine is Running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creation_records_the_vm_and_its_node_then_runs() {
+    let w = World::start("steps-create").await;
+    w.create_machine(MachineBuilder::new("m1").class(CLASS).build())
+        .await;
+
+    let m = w
+        .await_machine("m1", "the VM and its node to be recorded", |m| {
+            m.spec.provider_id.is_some() && node_label(m).is_some()
+        })
+        .await;
+    assert_eq!(m.spec.provider_id.as_deref(), Some("fake:///m1"));
+    assert_eq!(node_label(&m), Some("m1"));
+    assert!(has_our_finalizer(&m), "finalizer: {:?}", m.finalizers());
+    let vms = w.fake().vms();
+    assert_eq!(vms.len(), 1, "{vms:?}");
+    assert_eq!(
+        (vms[0].machine_name.as_str(), vms[0].class_name.as_str()),
+        ("m1", CLASS)
+    );
+    assert_eq!(w.fake().call_count(Operation::CreateMachine), 1);
+    assert_ne!(m.phase(), Some(&MachinePhase::Running), "no Node yet");
+
+    // The "kubelet" registers the Node: the machine runs.
+    create_ready_node(&w.client, "m1", "fake:///m1", &[]).await;
+    w.await_machine("m1", "the machine to run", |m| {
+        m.phase() == Some(&MachinePhase::Running)
+    })
+    .await;
+    eventually(WAIT, "a Created event", || async {
+        !events_for(&w.client, &w.ns, "m1", "Created")
+            .await
+            .is_empty()
+    })
+    .await;
+    let _ = Api::<k8s_openapi::api::core::v1::Node>::all(w.client.clone())
+        .delete("m1", &DeleteParams::default())
+        .await;
+    w.stop().await;
+}
+
+/// `InvalidArgument` from `create_machine` is on the Machine (`lastOperation` Failed with the
+/// code and the driver's message) and in an Event; no VM exists. Once the driver accepts the
+/// request the machine is created without further help.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_argument_is_reported_in_the_status_and_an_event() {
+    let w = World::start("steps-invalid").await;
+    w.cloud.set(
+        Operation::CreateMachine,
+        FaultSpec::always(Code::InvalidArgument),
+    );
+    w.create_machine(MachineBuilder::new("bad").class(CLASS).build())
+        .await;
+
+    let m = w
+        .await_machine("bad", "the InvalidArgument to be reported", |m| {
+            m.status
+                .as_ref()
+                .and_then(|s| s.last_operation.as_ref())
+                .is_some_and(|o| o.error_code.as_deref() == Some("InvalidArgument"))
+        })
+        .await;
+    let op = m
+        .status
+        .and_then(|s| s.last_operation)
+        .expect("lastOperation");
+    assert_eq!(op.state.as_ref().map(|s| s.as_str()), Some("Failed"));
+    let description = op.description.unwrap_or_default();
+    assert!(description.contains("fault injected into"), "{description}");
+    let notes = eventually(WAIT, "a CreationFailed event", || async {
+        let notes = events_for(&w.client, &w.ns, "bad", "CreationFailed").await;
+        (!notes.is_empty()).then_some(notes)
+    })
+    .await;
+    assert!(
+        notes.iter().any(|n| n.contains("fault injected into")),
+        "{notes:?}"
+    );
+    assert!(w.fake().vms().is_empty(), "no VM for a rejected request");
+    assert_eq!(
+        w.fake().call_count(Operation::CreateMachine),
+        0,
+        "the fault is injected before the cloud"
+    );
+
+    w.cloud.clear(Operation::CreateMachine);
+    w.await_machine("bad", "the VM to be created after the fix", |m| {
+        m.spec.provider_id.as_deref() == Some("fake:///bad")
+    })
+    .await;
+    assert_eq!(w.fake().vms().len(), 1);
+    w.stop().await;
+}
+
+/// Deleting a running machine deletes its VM, then the finalizer goes and the Machine with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deletion_removes_the_vm_and_the_finalizer() {
+    let w = World::start("steps-delete").await;
+    w.create_machine(MachineBuilder::new("d1").class(CLASS).build())
+        .await;
+    w.await_machine("d1", "the VM to be recorded", |m| {
+        m.spec.provider_id.is_some() && has_our_finalizer(m)
+    })
+    .await;
+    create_ready_node(&w.client, "d1", "fake:///d1", &[]).await;
+    w.await_machine("d1", "the machine to run", |m| {
+        m.phase() == Some(&MachinePhase::Running)
+    })
+    .await;
+    assert_eq!(w.fake().vms().len(), 1);
+
+    w.machines()
+        .delete("d1", &DeleteParams::default())
+        .await
+        .expect("delete");
+    await_gone(w.machines(), "d1", WAIT).await;
+    assert!(w.fake().vms().is_empty(), "VM left: {:?}", w.fake().vms());
+    assert!(w.fake().call_count(Operation::DeleteMachine) >= 1);
+    w.stop().await;
+}
+
+/// A Machine whose class does not exist never requested a VM: it gets the finalizer and a
+/// class problem, and its deletion completes without the class and without the driver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_that_never_requested_a_vm_is_deleted_without_its_class() {
+    let w = World::start("steps-noclass").await;
+    w.create_machine(MachineBuilder::new("orphan").class("absent").build())
+        .await;
+    let m = w
+        .await_machine("orphan", "the finalizer and the class problem", |m| {
+            has_our_finalizer(m)
+                && m.status
+                    .as_ref()
+                    .and_then(|s| s.last_operation.as_ref())
+                    .and_then(|o| o.description.as_deref())
+                    .is_some_and(|d| d.contains("absent"))
+        })
+        .await;
+    assert!(m.spec.provider_id.is_none());
+
+    w.machines()
+        .delete("orphan", &DeleteParams::default())
+        .await
+        .expect("delete");
+    await_gone(w.machines(), "orphan", WAIT).await;
+    assert_eq!(w.fake().call_count(Operation::CreateMachine), 0);
+    assert_eq!(w.fake().call_count(Operation::DeleteMachine), 0);
+    assert!(w.fake().vms().is_empty());
+    w.stop().await;
+}

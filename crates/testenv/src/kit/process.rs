@@ -1,0 +1,166 @@
+//! Processes of a test: a free loopback port, a child process killed on drop that serves
+//! HTTP on 127.0.0.1 (`/metrics`, `/healthz`, ...), plain HTTP GETs, and `/proc` checks.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use super::metrics;
+use super::wait::eventually;
+
+/// A free TCP port on 127.0.0.1 (free when asked; bind it soon).
+pub fn free_port() -> u16 {
+    crate::free_port().expect("a free port on 127.0.0.1")
+}
+
+/// The binary `name` of workspace package `package` beside `exe` (a binary under test, e.g.
+/// `env!("CARGO_BIN_EXE_...")`), built with `cargo build -p <package> --bin <name>` when it
+/// is missing.
+pub fn binary_beside(exe: &str, name: &str, package: &str) -> PathBuf {
+    let path = Path::new(exe).with_file_name(name);
+    if !path.is_file() {
+        let status = std::process::Command::new(std::env::var("CARGO").unwrap_or("cargo".into()))
+            .args(["build", "-p", package, "--bin", name])
+            .status()
+            .expect("cargo runs");
+        assert!(status.success(), "building {name} failed");
+    }
+    path
+}
+
+/// A child process with an HTTP port on 127.0.0.1, SIGKILLed when dropped.
+#[derive(Debug)]
+pub struct ServedProcess {
+    /// The process.
+    pub child: tokio::process::Child,
+    /// Its HTTP port on 127.0.0.1.
+    pub port: u16,
+}
+
+impl ServedProcess {
+    /// Starts `command` (stdin closed, stdout and stderr appended to `log`) serving on `port`.
+    pub fn spawn(mut command: tokio::process::Command, port: u16, log: &Path) -> ServedProcess {
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap_or_else(|e| panic!("open the log {}: {e}", log.display()));
+        let err = out.try_clone().expect("a second handle of the log file");
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {command:?}: {e}"));
+        ServedProcess { child, port }
+    }
+
+    /// SIGKILL and reap.
+    pub async fn kill(mut self) {
+        let _ = self.child.kill().await;
+    }
+
+    /// The pid (0 once reaped).
+    pub fn pid(&self) -> u32 {
+        self.child.id().unwrap_or(0)
+    }
+
+    /// The text of `/metrics` (empty when it does not answer).
+    pub async fn metrics(&self) -> String {
+        metrics::scrape(self.port).await.unwrap_or_default()
+    }
+
+    /// One metric summed over its label sets, 0 when absent.
+    pub async fn metric(&self, name: &str) -> f64 {
+        metrics::metric(&self.metrics().await, name).unwrap_or(0.0)
+    }
+
+    /// Polls `/metrics` until `name` (summed over label sets, 0 when absent) satisfies
+    /// `pred`; returns the value.
+    pub async fn await_metric(
+        &self,
+        name: &str,
+        timeout: Duration,
+        pred: impl Fn(f64) -> bool,
+    ) -> f64 {
+        eventually(timeout, &format!("metric {name}"), || async {
+            let v = self.metric(name).await;
+            if pred(v) { Ok(Some(v)) } else { Err(v) }
+        })
+        .await
+    }
+
+    /// The HTTP status code of a GET on `path`.
+    pub async fn status_of(&self, path: &str) -> Option<u16> {
+        http_status(self.port, path).await
+    }
+}
+
+/// A plain HTTP/1.1 GET on 127.0.0.1:`port`: the whole response (status line, headers,
+/// body); `None` when the connection fails or no answer comes within 5 s.
+pub async fn http_get(port: u16, path: &str) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fetch = async {
+        let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()?;
+        let req = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+        s.write_all(req.as_bytes()).await.ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.ok()?;
+        Some(out)
+    };
+    tokio::time::timeout(Duration::from_secs(5), fetch)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// The status code of a GET on 127.0.0.1:`port`.
+pub async fn http_status(port: u16, path: &str) -> Option<u16> {
+    let text = http_get(port, path).await?;
+    text.lines().next()?.split(' ').nth(1)?.parse().ok()
+}
+
+/// [`crate::process::process_alive`] for a signed pid (as `nix` and `/proc` scans give them).
+pub fn process_alive(pid: i32) -> bool {
+    u32::try_from(pid).is_ok_and(crate::process::process_alive)
+}
+
+/// SIGKILLs a process (ignoring a process that is gone).
+pub fn sigkill(pid: i32) {
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_is_alive_and_a_reaped_child_is_not() {
+        assert!(process_alive(std::process::id() as i32));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id() as i32;
+        child.wait().unwrap();
+        assert!(!process_alive(pid));
+    }
+
+    #[tokio::test]
+    async fn a_served_process_is_killed_on_drop() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut cmd = tokio::process::Command::new("sleep");
+        cmd.arg("600");
+        let p = ServedProcess::spawn(cmd, free_port(), &dir.path().join("sleep.log"));
+        let pid = p.pid() as i32;
+        assert!(process_alive(pid));
+        drop(p);
+        eventually(Duration::from_secs(5), "the child to die", || async {
+            !process_alive(pid)
+        })
+        .await;
+    }
+}

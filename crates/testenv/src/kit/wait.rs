@@ -1,0 +1,248 @@
+//! Bounded waits: [`within`] for a future, [`eventually`] for a polled check, and the
+//! watch-based [`await_object`] and [`await_list`].
+
+use std::fmt::Debug;
+use std::future::Future;
+use std::time::Duration;
+
+use futures::StreamExt;
+use kube::Api;
+use kube::api::ListParams;
+use kube::runtime::wait::{Condition, await_condition};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use serde::de::DeserializeOwned;
+
+/// The pause between two polls of [`eventually`].
+pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
+
+/// Awaits `fut` for at most `timeout`; panics naming `what` when it takes longer.
+pub async fn within<T>(timeout: Duration, what: &str, fut: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(timeout, fut).await {
+        Ok(v) => v,
+        Err(_) => panic!("timed out after {timeout:?} waiting for {what}"),
+    }
+}
+
+/// What one poll of [`eventually`] returns: done with a value, or not yet with an
+/// observation to report if time runs out.
+pub trait Outcome {
+    /// The value of a satisfied check.
+    type Value;
+    /// `Ok(value)` when the check is satisfied, else `Err(what was observed)`.
+    fn judge(self) -> Result<Self::Value, String>;
+}
+
+impl Outcome for bool {
+    type Value = ();
+    fn judge(self) -> Result<(), String> {
+        if self { Ok(()) } else { Err("false".into()) }
+    }
+}
+
+/// Always satisfied: for a check that says "not yet" with `Err` (`anyhow::ensure!`).
+impl Outcome for () {
+    type Value = ();
+    fn judge(self) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+impl<T> Outcome for Option<T> {
+    type Value = T;
+    fn judge(self) -> Result<T, String> {
+        self.ok_or_else(|| "None".into())
+    }
+}
+
+/// A fallible check: `Ok(outcome)` is judged as `outcome`; `Err` (a transient API error, a
+/// failed `anyhow::ensure!`, or any observation) means "not yet", and is reported if the
+/// time runs out.
+impl<O: Outcome, E: Debug> Outcome for Result<O, E> {
+    type Value = O::Value;
+    fn judge(self) -> Result<O::Value, String> {
+        self.map_err(|e| format!("{e:?}"))?.judge()
+    }
+}
+
+/// [`try_eventually`] ran out of time.
+#[derive(Debug, thiserror::Error)]
+#[error("timed out after {waited:?} waiting for {what}; last observation: {last}")]
+pub struct Timeout {
+    /// What was awaited.
+    pub what: String,
+    /// How long.
+    pub waited: Duration,
+    /// What the last poll saw.
+    pub last: String,
+}
+
+/// Polls `check` every [`POLL_INTERVAL`] until it is satisfied (see [`Outcome`]) or
+/// `timeout` has passed (a check that hangs is cut off at the deadline too); the error names
+/// `what` and the last observation.
+pub async fn try_eventually<R, F, Fut>(
+    timeout: Duration,
+    what: &str,
+    mut check: F,
+) -> Result<R::Value, Timeout>
+where
+    R: Outcome,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = R>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let last = match tokio::time::timeout_at(deadline, check()).await {
+            Ok(outcome) => match outcome.judge() {
+                Ok(v) => return Ok(v),
+                Err(observed) => observed,
+            },
+            Err(_) => "the check itself did not finish in time".into(),
+        };
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return Err(Timeout {
+                what: what.into(),
+                waited: timeout,
+                last,
+            });
+        }
+        tokio::time::sleep(POLL_INTERVAL.min(deadline - now)).await;
+    }
+}
+
+/// [`try_eventually`], panicking with its error.
+pub async fn eventually<R, F, Fut>(timeout: Duration, what: &str, check: F) -> R::Value
+where
+    R: Outcome,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = R>,
+{
+    match try_eventually(timeout, what, check).await {
+        Ok(v) => v,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// Waits on a watch until the object `name` of `api` satisfies `cond` (a closure over
+/// `Option<&K>`, `None` meaning absent, or one of `kube::runtime::wait::conditions`); returns
+/// it as it is then. Panics naming `what` after `timeout`, or when the watch
+/// fails.
+pub async fn await_object<K>(
+    api: Api<K>,
+    name: &str,
+    timeout: Duration,
+    what: &str,
+    cond: impl Condition<K>,
+) -> Option<K>
+where
+    K: kube::Resource + Clone + Debug + DeserializeOwned + Send + 'static,
+{
+    within(timeout, what, await_condition(api, name, cond))
+        .await
+        .unwrap_or_else(|e| panic!("the watch for {what} failed: {e}"))
+}
+
+/// Waits on a watch until the object `name` of `api` is gone; panics naming it (kind and
+/// name) after `timeout`.
+pub async fn await_gone<K>(api: Api<K>, name: &str, timeout: Duration)
+where
+    K: kube::Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + 'static,
+{
+    let what = format!("{} {name} to be deleted", K::kind(&()));
+    await_object(api, name, timeout, &what, |o: Option<&K>| o.is_none()).await;
+}
+
+/// Waits on a watch (a reflector over all objects of `api`) until the objects satisfy
+/// `pred`, and returns them; panics naming `what` and listing the objects as they are then
+/// when `timeout` passes first.
+pub async fn await_list<K>(
+    api: Api<K>,
+    timeout: Duration,
+    what: &str,
+    pred: impl Fn(&[K]) -> bool,
+) -> Vec<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+{
+    let (reader, writer) = reflector::store::<K>();
+    let mut stream = reflector::reflector(writer, watcher(api.clone(), watcher::Config::default()))
+        .default_backoff()
+        .boxed();
+    let result = tokio::time::timeout(timeout, async {
+        let mut synced = false;
+        loop {
+            match stream.next().await {
+                None => break None,
+                Some(Ok(watcher::Event::InitDone)) => synced = true,
+                Some(_) => {}
+            }
+            if !synced {
+                continue;
+            }
+            let items: Vec<K> = reader.state().iter().map(|x| (**x).clone()).collect();
+            if pred(&items) {
+                break Some(items);
+            }
+        }
+    })
+    .await;
+    match result {
+        Ok(Some(items)) => items,
+        _ => {
+            let now = api.list(&ListParams::default()).await.map(|l| l.items);
+            panic!("timed out after {timeout:?} waiting for {what}; now: {now:#?}");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn eventually_returns_the_value_of_the_first_satisfied_poll() {
+        let mut n = 0;
+        let v = eventually(Duration::from_secs(5), "n to reach 3", || {
+            n += 1;
+            let seen = n;
+            async move { (seen >= 3).then_some(seen) }
+        })
+        .await;
+        assert_eq!(v, 3);
+    }
+
+    #[tokio::test]
+    async fn a_timeout_names_what_was_awaited_and_the_last_observation() {
+        let err = try_eventually(Duration::from_millis(300), "the answer", || async {
+            Err::<(), _>("still 41")
+        })
+        .await
+        .unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("the answer"), "{text}");
+        assert!(text.contains("still 41"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_hanging_check_is_cut_off_at_the_deadline() {
+        let began = std::time::Instant::now();
+        let err = try_eventually(Duration::from_millis(200), "a hang", || {
+            std::future::pending::<bool>()
+        })
+        .await
+        .unwrap_err();
+        assert!(began.elapsed() < Duration::from_secs(2));
+        assert!(err.last.contains("did not finish"), "{err}");
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "timed out after 10ms waiting for nothing")]
+    async fn within_panics_naming_what() {
+        within(
+            Duration::from_millis(10),
+            "nothing",
+            std::future::pending::<()>(),
+        )
+        .await;
+    }
+}
