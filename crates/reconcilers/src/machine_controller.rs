@@ -196,6 +196,7 @@ pub fn prepare(
         classes.clone(),
         machines.clone(),
         informers.secrets.store(),
+        ctx.synced.subscribe(),
     ));
     let class_controller = {
         let (classes_for_machines, classes_for_secrets) = (classes.clone(), classes.clone());
@@ -215,6 +216,29 @@ pub fn prepare(
                 machineclass::CONTROLLER,
                 machineclass::reconcile,
                 machineclass::error_policy,
+            ),
+            class_ctx.clone(),
+        )
+    };
+
+    // The secret controller: labelled Secrets that no class references any more are
+    // released; any class change may be the one that stopped referencing a Secret.
+    let secret_controller = {
+        let secrets = informers.secrets.store();
+        let all_secrets = secrets.clone();
+        runner.run(
+            Controller::for_shared_stream(informers.secrets.subscribe(), secrets)
+                .watches_shared_stream(informers.classes.changes(), move |_: Arc<MachineClass>| {
+                    all_secrets
+                        .state()
+                        .iter()
+                        .map(|s| ObjectRef::from_obj(s.as_ref()))
+                        .collect::<Vec<_>>()
+                }),
+            (
+                machineclass::SECRET_CONTROLLER,
+                machineclass::reconcile_secret,
+                machineclass::secret_error_policy,
             ),
             class_ctx,
         )
@@ -258,7 +282,12 @@ pub fn prepare(
             }
         };
         let controllers = async {
-            futures::join!(machine_controller, class_controller, orphan_controller);
+            futures::join!(
+                machine_controller,
+                class_controller,
+                secret_controller,
+                orphan_controller
+            );
             cancel.cancel();
         };
         futures::join!(readiness, controllers, apiserver_check);

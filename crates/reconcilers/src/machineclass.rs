@@ -41,6 +41,8 @@ pub struct ClassCtx {
     pub secrets: Store<Secret>,
     /// Events on classes.
     pub events: EventPublisher,
+    /// Turns true once the stores listed: before, a Secret only looks unreferenced.
+    pub synced: tokio::sync::watch::Receiver<bool>,
     validated: Mutex<HashMap<String, i64>>,
 }
 
@@ -52,8 +54,10 @@ impl ClassCtx {
         classes: Store<MachineClass>,
         machines: Store<Machine>,
         secrets: Store<Secret>,
+        synced: tokio::sync::watch::Receiver<bool>,
     ) -> Self {
         ClassCtx {
+            synced,
             events: EventPublisher::new(client.clone(), "machine-controller"),
             client,
             namespace,
@@ -194,6 +198,48 @@ async fn sync_secret(ctx: &ClassCtx, r: &SecretRef, wanted: bool) -> Result<(), 
 
 /// The `controller` label of this controller's reconcile metrics.
 pub const CONTROLLER: &str = "machineclass";
+
+/// The `controller` label of the secret controller's reconcile metrics.
+pub const SECRET_CONTROLLER: &str = "secret";
+
+/// Whether any class (also one being deleted, which still needs it until its Machines are
+/// gone) references `secret`. Pure.
+pub fn secret_in_use(secret: &Secret, classes: &[Arc<MachineClass>]) -> bool {
+    let (ns, name) = (secret.namespace(), secret.name_any());
+    classes.iter().any(|c| {
+        class_secret_refs(c)
+            .into_iter()
+            .flatten()
+            .any(|r| Some(&r.namespace) == ns.as_ref() && r.name == name)
+    })
+}
+
+/// The secret controller: a labelled Secret (see [`CLASS_CREDENTIALS_LABEL`]) that no class
+/// references any more loses our finalizer and the label, so it can be deleted. Runs once
+/// the stores listed.
+pub async fn reconcile_secret(
+    secret: Arc<Secret>,
+    ctx: Arc<ClassCtx>,
+) -> Result<Action, ClassError> {
+    let mut synced = ctx.synced.clone();
+    let _ = synced.wait_for(|s| *s).await;
+    if secret_in_use(&secret, &ctx.classes.state()) {
+        return Ok(Action::await_change());
+    }
+    let name = secret.name_any();
+    let api: Api<Secret> =
+        Api::namespaced(ctx.client.clone(), &secret.namespace().unwrap_or_default());
+    tracing::info!("no MachineClass references the Secret any more: releasing it");
+    mark(&api, secret.as_ref(), false, true)
+        .await
+        .context("release", "Secret", &name)?;
+    Ok(Action::await_change())
+}
+
+/// Retry policy of the secret controller ([`kube_api::error_policy`]).
+pub fn secret_error_policy(secret: Arc<Secret>, err: &ClassError, _ctx: Arc<ClassCtx>) -> Action {
+    kube_api::error_policy(&STANDARD_RETRY, "Secret", &secret.name_any(), err)
+}
 
 /// Gives the class our finalizer, or takes it away.
 async fn mark_class(
