@@ -185,8 +185,6 @@ pub async fn sync(ctx: &Ctx, machine: &Machine, node: &Node) -> Result<(), Error
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::NodeSpec;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn taint(key: &str) -> Taint {
         Taint {
@@ -215,18 +213,11 @@ mod tests {
                 .unwrap(),
             );
         }
-        Node {
-            metadata: ObjectMeta {
-                labels: Some(map(labels)),
-                annotations: Some(annotations),
-                ..Default::default()
-            },
-            spec: Some(NodeSpec {
-                taints: Some(taints),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
+        let node = json!({
+            "metadata": { "labels": map(labels), "annotations": annotations },
+            "spec": { "taints": taints },
+        });
+        serde_json::from_value(node).unwrap()
     }
 
     #[test]

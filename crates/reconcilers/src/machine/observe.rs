@@ -237,7 +237,6 @@ pub fn is_being_replaced(machine: &Machine) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::NodeStatus;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use mcm_api::{ClassSpec, GoDuration, MachineSpec};
 
@@ -261,13 +260,7 @@ mod tests {
     }
 
     fn node(conds: Vec<NodeCondition>) -> Node {
-        Node {
-            status: Some(NodeStatus {
-                conditions: Some(conds),
-                ..Default::default()
-            }),
-            ..Default::default()
-        }
+        serde_json::from_value(serde_json::json!({ "status": { "conditions": conds } })).unwrap()
     }
 
     #[test]
