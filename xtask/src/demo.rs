@@ -270,6 +270,7 @@ fn controller_specs(cp: &ControlPlane) -> Vec<ControllerSpec> {
         control_kubeconfig: kubeconfig.clone(),
         target_kubeconfig: kubeconfig.clone(),
         extra: extra.iter().map(|s| s.to_string()).collect(),
+        env: Vec::new(),
     };
     vec![
         spec(ControllerKind::Manager, "machine-controller-manager", &[]),

@@ -90,6 +90,18 @@ impl ManagedProcess {
         log: PathBuf,
         run_dir: &Path,
     ) -> Result<Self, TestEnvError> {
+        Self::spawn_with_env(name, program, args, &[], log, run_dir)
+    }
+
+    /// [`ManagedProcess::spawn`] with extra environment variables for the child.
+    pub fn spawn_with_env(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        env: &[(String, String)],
+        log: PathBuf,
+        run_dir: &Path,
+    ) -> Result<Self, TestEnvError> {
         let out = File::create(&log).map_err(|e| TestEnvError::io("create a log file", e))?;
         let err = out
             .try_clone()
@@ -97,6 +109,7 @@ impl ManagedProcess {
         let mut command = Command::new(program);
         command
             .args(args)
+            .envs(env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(out)
             .stderr(err);

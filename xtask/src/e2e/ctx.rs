@@ -65,6 +65,9 @@ pub struct Ctx<'a> {
     manager: Option<Controller>,
     machine: Option<Controller>,
     machine_starts: u32,
+    manager_starts: u32,
+    /// Extra environment of the machine controller (e.g. injected cloud faults).
+    pub machine_env: Vec<(String, String)>,
 }
 
 impl Drop for Ctx<'_> {
@@ -100,6 +103,8 @@ impl<'a> Ctx<'a> {
             manager: None,
             machine: None,
             machine_starts: 0,
+            manager_starts: 0,
+            machine_env: Vec::new(),
         };
         ctx.apply(&json!({
             "apiVersion": "v1", "kind": "Secret",
@@ -210,11 +215,35 @@ impl<'a> Ctx<'a> {
         timings: &Timings,
         target_kubeconfig: Option<PathBuf>,
     ) -> Result<()> {
-        let manager = self.spawn(ControllerKind::Manager, "manager", None, timings)?;
-        manager.await_ready(WAIT).await?;
-        self.manager = Some(manager);
+        self.start_manager(timings).await?;
         self.start_machine_controller(timings, target_kubeconfig)
             .await
+    }
+
+    /// (Re)starts the manager; each start logs to a new file.
+    pub async fn start_manager(&mut self, timings: &Timings) -> Result<()> {
+        self.manager_starts += 1;
+        let name = match self.manager_starts {
+            1 => "manager".to_string(),
+            n => format!("manager-{n}"),
+        };
+        let manager = self.spawn(ControllerKind::Manager, &name, None, timings)?;
+        manager.await_ready(WAIT).await?;
+        self.manager = Some(manager);
+        Ok(())
+    }
+
+    /// SIGKILLs the manager.
+    pub fn kill_manager(&mut self) -> Result<u32> {
+        let m = self.manager.take().context("the manager is not running")?;
+        let pid = m.pid();
+        m.kill();
+        Ok(pid)
+    }
+
+    /// The running manager.
+    pub fn manager(&self) -> Result<&Controller> {
+        self.manager.as_ref().context("the manager is not running")
     }
 
     /// (Re)starts the machine controller; each start logs to a new file.
@@ -278,6 +307,10 @@ impl<'a> Ctx<'a> {
                 control_kubeconfig: kubeconfig.clone(),
                 target_kubeconfig: target.unwrap_or(kubeconfig),
                 extra,
+                env: match kind {
+                    ControllerKind::Machine => self.machine_env.clone(),
+                    ControllerKind::Manager => Vec::new(),
+                },
             },
         )
     }

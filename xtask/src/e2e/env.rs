@@ -170,6 +170,8 @@ pub struct ControllerSpec {
     pub target_kubeconfig: PathBuf,
     /// Further flags (later flags win).
     pub extra: Vec<String>,
+    /// Extra environment variables (e.g. `MCM_DRIVER_FAULTS`).
+    pub env: Vec<(String, String)>,
 }
 
 /// A running controller process (its own process group, killed on drop and when this
@@ -211,10 +213,11 @@ impl Controller {
         args.extend(spec.extra.iter().cloned());
         std::fs::create_dir_all(log_dir)
             .with_context(|| format!("creating {}", log_dir.display()))?;
-        let process = ManagedProcess::spawn(
+        let process = ManagedProcess::spawn_with_env(
             &spec.name,
             program,
             &args,
+            &spec.env,
             log_dir.join(format!("{}.log", spec.name)),
             cp.run_dir(),
         )
