@@ -103,6 +103,9 @@ struct Report {
     faults_injected: f64,
     fault_run: Option<String>,
     idle: Option<String>,
+    cuts: BTreeMap<String, usize>,
+    freezes: usize,
+    unfreezes: usize,
 }
 
 impl Report {
@@ -123,6 +126,15 @@ impl Report {
             println!("| cloud-fault run | {run} |");
             println!("| cloud faults injected | {} |", self.faults_injected);
         }
+        for (path, n) in &self.cuts {
+            println!("| cuts of the {path} API | {n} |");
+        }
+        if !self.cuts.is_empty() {
+            println!(
+                "| freezes / unfreezes reported | {} / {} |",
+                self.freezes, self.unfreezes
+            );
+        }
         if let Some(idle) = &self.idle {
             println!("| machine controller while idle | {idle} |");
         }
@@ -139,11 +151,17 @@ impl Report {
 
 /// Runs `trials` kill trials and, with `fault_machines > 0`, a rollout of that many machines
 /// under injected cloud faults. Fails when an invariant was violated.
-pub fn run(trials: usize, seed: Option<u64>, fault_machines: usize, keep_logs: bool) -> Result<()> {
+pub fn run(
+    trials: usize,
+    partitions: usize,
+    seed: Option<u64>,
+    fault_machines: usize,
+    keep_logs: bool,
+) -> Result<()> {
     env::plain_logs_for_children();
     let seed = seed.unwrap_or_else(|| jiff::Timestamp::now().as_second().unsigned_abs());
     println!(
-        "chaos: seed {seed}, {trials} kill trial(s), cloud-fault run of {fault_machines} machine(s)"
+        "chaos: seed {seed}, {trials} kill trial(s), {partitions} partition(s), cloud-fault run of {fault_machines} machine(s)"
     );
     let bins = env::prepare_binaries()?;
     let stamp = jiff::Timestamp::now().as_second();
@@ -154,7 +172,7 @@ pub fn run(trials: usize, seed: Option<u64>, fault_machines: usize, keep_logs: b
         let cp = env::start_control_plane().await?;
         let mut report = Report::default();
         let outcome = tokio::select! {
-            r = suite(&cp, &bins, &logs, seed, trials, fault_machines, &mut report) => r,
+            r = suite(&cp, &bins, &logs, seed, (trials, partitions, fault_machines), &mut report) => r,
             _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted (Ctrl-C)")),
         };
         report.print(seed);
@@ -188,10 +206,15 @@ async fn suite(
     bins: &env::Binaries,
     logs: &Path,
     seed: u64,
-    trials: usize,
-    fault_machines: usize,
+    (trials, partitions, fault_machines): (usize, usize, usize),
     report: &mut Report,
 ) -> Result<()> {
+    if partitions > 0 {
+        let mut ctx = Ctx::new(cp, bins, "chaos-partition", logs).await?;
+        let outcome = partition_trials(&mut ctx, seed, partitions, report).await;
+        ctx.cleanup().await;
+        outcome?;
+    }
     if trials > 0 {
         let mut ctx = Ctx::new(cp, bins, "chaos-kill", logs).await?;
         let outcome = kill_trials(&mut ctx, seed, trials, report).await;
@@ -612,6 +635,156 @@ async fn converge_slowly(ctx: &Ctx<'_>, replicas: i32) -> Result<()> {
     .await
 }
 
+/// Which API path a partition cuts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ApiPath {
+    Control,
+    Target,
+    Both,
+}
+
+/// Freeze expectation of a cut of `length` with the status-check `timeout`: `Some(true)`
+/// when it must freeze (the path was down beyond the timeout plus two probe periods),
+/// `Some(false)` when it must not (down shorter than the timeout minus a probe period),
+/// `None` in between. Pure.
+fn must_freeze(length: Duration, timeout: Duration) -> Option<bool> {
+    let probe = Duration::from_secs(1);
+    if length >= timeout + 2 * probe {
+        Some(true)
+    } else if length + probe < timeout {
+        Some(false)
+    } else {
+        None
+    }
+}
+
+/// Cuts the machine controller's path to the control API, the target API or both for
+/// random periods: no Machine may be Failed or replaced, a cut beyond the status-check
+/// timeout must freeze the controller and the restore must unfreeze it.
+async fn partition_trials(
+    ctx: &mut Ctx<'_>,
+    seed: u64,
+    cuts: usize,
+    report: &mut Report,
+) -> Result<()> {
+    const STATUSCHECK_TIMEOUT: Duration = Duration::from_secs(5);
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x00c0_ffee);
+    ctx.create_class(CLASS, json!({})).await?;
+    let upstream = ctx
+        .cp
+        .server_url()
+        .strip_prefix("https://")
+        .context("the API server URL is not https")?
+        .parse()
+        .context("parsing the API server address")?;
+    let control = mcm_testenv::kit::Proxy::start(upstream)?;
+    let target = mcm_testenv::kit::Proxy::start(upstream)?;
+    let via = |proxy: &mcm_testenv::kit::Proxy, name: &str| -> Result<std::path::PathBuf> {
+        let path = ctx.dir.join(name);
+        let text = ctx.kubeconfig()?.replace(
+            ctx.cp.server_url(),
+            &format!("https://127.0.0.1:{}", proxy.port),
+        );
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        Ok(path)
+    };
+    let control_via = via(&control, "control-via-proxy.kubeconfig")?;
+    let target_via = via(&target, "target-via-proxy.kubeconfig")?;
+    ctx.machine_control_kubeconfig = Some(control_via);
+    let timings = Timings {
+        health_timeout: "20s",
+        statuscheck_timeout: "5s",
+        orphan_period: "5s",
+        ..Timings::default()
+    };
+    ctx.start_controllers(&timings, Some(target_via)).await?;
+    ctx.create_deployment(DEPLOYMENT, 3, CLASS).await?;
+    let before = machine_names(&ctx.await_fleet(3, None).await?);
+    let (recorder, log) = crate::e2e::ctx::record_phases(ctx.machines_api());
+    for i in 0..cuts {
+        let path = match rng.random_range(0..3) {
+            0 => ApiPath::Control,
+            1 => ApiPath::Target,
+            _ => ApiPath::Both,
+        };
+        let length = Duration::from_millis(rng.random_range(1000..15000));
+        println!(
+            "cut {:>3}: {path:?} API for {:.1}s",
+            i + 1,
+            length.as_secs_f64()
+        );
+        if matches!(path, ApiPath::Control | ApiPath::Both) {
+            control.cut().await;
+        }
+        if matches!(path, ApiPath::Target | ApiPath::Both) {
+            target.cut().await;
+        }
+        // The fault itself lasts `length`.
+        tokio::time::sleep(length).await;
+        let mc = ctx.machine_controller()?;
+        let frozen = mc.metric("mcm_machine_controller_frozen").await == Some(1.0);
+        if matches!(path, ApiPath::Control | ApiPath::Both) {
+            control.restore()?;
+        }
+        if matches!(path, ApiPath::Target | ApiPath::Both) {
+            target.restore()?;
+        }
+        *report
+            .cuts
+            .entry(format!("{path:?}").to_lowercase())
+            .or_default() += 1;
+        match must_freeze(length, STATUSCHECK_TIMEOUT) {
+            Some(want) if want != frozen => report.violations.push(format!(
+                "cut {} ({path:?}, {:.1}s): frozen {frozen}, expected {want}",
+                i + 1,
+                length.as_secs_f64()
+            )),
+            _ => {}
+        }
+        if frozen {
+            report.freezes += 1;
+            wait_for("the machine controller to unfreeze", WAIT, || async {
+                Ok(match mc.metric("mcm_machine_controller_frozen").await {
+                    Some(v) if v < 0.5 => Check::Done(()),
+                    v => Check::Pending(format!("mcm_machine_controller_frozen {v:?}")),
+                })
+            })
+            .await?;
+            report.unfreezes += 1;
+        }
+        let after = machine_names(&ctx.await_fleet(3, None).await?);
+        if after != before {
+            report.violations.push(format!(
+                "cut {}: machines replaced: {before:?} -> {after:?}",
+                i + 1
+            ));
+            break;
+        }
+    }
+    recorder.abort();
+    let failed: Vec<String> = crate::e2e::ctx::phases(&log)
+        .into_iter()
+        .filter(|(_, p)| p.iter().any(|x| x == "Failed"))
+        .map(|(m, _)| m)
+        .collect();
+    if !failed.is_empty() {
+        report
+            .violations
+            .push(format!("machines Failed during partitions: {failed:?}"));
+    }
+    counters_match(ctx).await?;
+    controllers_alive(ctx)?;
+    ctx.machine_control_kubeconfig = None;
+    Ok(())
+}
+
+fn machine_names(machines: &[mcm_api::Machine]) -> BTreeSet<String> {
+    machines
+        .iter()
+        .filter_map(|m| m.metadata.name.clone())
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -634,6 +807,14 @@ mod tests {
         let victims: BTreeSet<_> = draw(7).iter().map(|t| t.1).collect();
         assert_eq!(ops.len(), 4, "{ops:?}");
         assert_eq!(victims.len(), 3, "{victims:?}");
+    }
+
+    #[test]
+    fn freezing_is_expected_only_clearly_beyond_the_timeout() {
+        let t = Duration::from_secs(5);
+        assert_eq!(must_freeze(Duration::from_secs(7), t), Some(true));
+        assert_eq!(must_freeze(Duration::from_secs(3), t), Some(false));
+        assert_eq!(must_freeze(Duration::from_millis(5500), t), None);
     }
 
     #[test]

@@ -72,6 +72,9 @@ enum Cmd {
         /// Kill trials.
         #[arg(long, default_value_t = 50)]
         trials: usize,
+        /// Cuts of the machine controller's control or target API path.
+        #[arg(long, default_value_t = 10)]
+        partitions: usize,
         /// Seed of the trials (printed; the same seed replays the same run).
         #[arg(long)]
         seed: Option<u64>,
@@ -100,10 +103,11 @@ fn main() -> Result<()> {
         Cmd::Bench => bench::run(),
         Cmd::Chaos {
             trials,
+            partitions,
             seed,
             fault_machines,
             keep_logs,
-        } => chaos::run(trials, seed, fault_machines, keep_logs),
+        } => chaos::run(trials, partitions, seed, fault_machines, keep_logs),
     }
 }
 

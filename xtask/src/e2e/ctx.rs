@@ -68,6 +68,9 @@ pub struct Ctx<'a> {
     manager_starts: u32,
     /// Extra environment of the machine controller (e.g. injected cloud faults).
     pub machine_env: Vec<(String, String)>,
+    /// The machine controller's control kubeconfig, when not the control plane's own (e.g.
+    /// through a proxy that can be cut).
+    pub machine_control_kubeconfig: Option<PathBuf>,
 }
 
 impl Drop for Ctx<'_> {
@@ -105,6 +108,7 @@ impl<'a> Ctx<'a> {
             machine_starts: 0,
             manager_starts: 0,
             machine_env: Vec::new(),
+            machine_control_kubeconfig: None,
         };
         ctx.apply(&json!({
             "apiVersion": "v1", "kind": "Secret",
@@ -304,7 +308,10 @@ impl<'a> Ctx<'a> {
                 kind,
                 name: name.to_string(),
                 namespace: self.ns.clone(),
-                control_kubeconfig: kubeconfig.clone(),
+                control_kubeconfig: match (kind, &self.machine_control_kubeconfig) {
+                    (ControllerKind::Machine, Some(via)) => via.clone(),
+                    _ => kubeconfig.clone(),
+                },
                 target_kubeconfig: target.unwrap_or(kubeconfig),
                 extra,
                 env: match kind {
