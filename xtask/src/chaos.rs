@@ -670,26 +670,8 @@ async fn partition_trials(
     const STATUSCHECK_TIMEOUT: Duration = Duration::from_secs(5);
     let mut rng = StdRng::seed_from_u64(seed ^ 0x00c0_ffee);
     ctx.create_class(CLASS, json!({})).await?;
-    let upstream = ctx
-        .cp
-        .server_url()
-        .strip_prefix("https://")
-        .context("the API server URL is not https")?
-        .parse()
-        .context("parsing the API server address")?;
-    let control = mcm_testenv::kit::Proxy::start(upstream)?;
-    let target = mcm_testenv::kit::Proxy::start(upstream)?;
-    let via = |proxy: &mcm_testenv::kit::Proxy, name: &str| -> Result<std::path::PathBuf> {
-        let path = ctx.dir.join(name);
-        let text = ctx.kubeconfig()?.replace(
-            ctx.cp.server_url(),
-            &format!("https://127.0.0.1:{}", proxy.port),
-        );
-        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
-        Ok(path)
-    };
-    let control_via = via(&control, "control-via-proxy.kubeconfig")?;
-    let target_via = via(&target, "target-via-proxy.kubeconfig")?;
+    let (control, control_via) = ctx.proxied_kubeconfig("control-via-proxy.kubeconfig")?;
+    let (target, target_via) = ctx.proxied_kubeconfig("target-via-proxy.kubeconfig")?;
     ctx.machine_control_kubeconfig = Some(control_via);
     let timings = Timings {
         health_timeout: "20s",

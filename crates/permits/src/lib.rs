@@ -62,6 +62,7 @@ pub enum PermitError {
     },
 }
 
+#[derive(Clone)]
 struct Entry {
     semaphore: Arc<Semaphore>,
     capacity: usize,
@@ -146,20 +147,23 @@ impl PermitGiver {
         self.lock().get(key).map(Entry::in_use)
     }
 
+    /// The entry of `key`, its last use touched now.
+    fn entry_of(&self, key: &str) -> Result<Entry, PermitError> {
+        let keys = self.lock();
+        let entry = keys.get(key).ok_or_else(|| PermitError::NotRegistered {
+            key: key.to_string(),
+        })?;
+        touch(&entry.last_used);
+        Ok(entry.clone())
+    }
+
     /// Takes a permit of `key`, waiting at most `timeout`.
     pub async fn try_acquire(&self, key: &str, timeout: Duration) -> Result<Permit, PermitError> {
-        let (semaphore, capacity, last_used) = {
-            let keys = self.lock();
-            let entry = keys.get(key).ok_or_else(|| PermitError::NotRegistered {
-                key: key.to_string(),
-            })?;
-            (
-                entry.semaphore.clone(),
-                entry.capacity,
-                entry.last_used.clone(),
-            )
-        };
-        touch(&last_used);
+        let Entry {
+            semaphore,
+            capacity,
+            last_used,
+        } = self.entry_of(key)?;
         let began = Instant::now();
         match tokio::time::timeout(timeout, semaphore.acquire_owned()).await {
             Ok(Ok(permit)) => {
@@ -183,18 +187,11 @@ impl PermitGiver {
     /// Takes a permit of `key` if one is free right now, without waiting (a busy key fails
     /// with [`PermitError::Timeout`] after zero time).
     pub fn try_acquire_now(&self, key: &str) -> Result<Permit, PermitError> {
-        let (semaphore, capacity, last_used) = {
-            let keys = self.lock();
-            let entry = keys.get(key).ok_or_else(|| PermitError::NotRegistered {
-                key: key.to_string(),
-            })?;
-            (
-                entry.semaphore.clone(),
-                entry.capacity,
-                entry.last_used.clone(),
-            )
-        };
-        touch(&last_used);
+        let Entry {
+            semaphore,
+            capacity,
+            last_used,
+        } = self.entry_of(key)?;
         match semaphore.try_acquire_owned() {
             Ok(permit) => Ok(Permit {
                 _permit: permit,

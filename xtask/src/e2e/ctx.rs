@@ -14,6 +14,7 @@ use kube::runtime::watcher;
 use mcm_api::{Machine, MachinePhase};
 use mcm_provider_local::StateDirectory;
 use mcm_testenv::ControlPlane;
+use mcm_testenv::kit::Proxy;
 use serde_json::{Value, json};
 
 use super::env::{
@@ -117,6 +118,26 @@ impl<'a> Ctx<'a> {
         }))
         .await?;
         Ok(ctx)
+    }
+
+    /// A cuttable proxy in front of the API server, and a kubeconfig file `name` (in the
+    /// scenario's directory) that reaches the API server through it.
+    pub fn proxied_kubeconfig(&self, name: &str) -> Result<(Proxy, PathBuf)> {
+        let upstream = self
+            .cp
+            .server_url()
+            .strip_prefix("https://")
+            .context("the API server URL is not https")?
+            .parse()
+            .context("parsing the API server address")?;
+        let proxy = Proxy::start(upstream)?;
+        let path = self.dir.join(name);
+        let text = self.kubeconfig()?.replace(
+            self.cp.server_url(),
+            &format!("https://127.0.0.1:{}", proxy.port),
+        );
+        std::fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        Ok((proxy, path))
     }
 
     /// The admin kubeconfig of the control plane (content).

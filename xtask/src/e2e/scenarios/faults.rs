@@ -13,7 +13,6 @@ use serde_json::json;
 
 use crate::e2e::ctx::{Ctx, Timings, WAIT, phases, record_phases};
 use crate::e2e::env::{Check, wait_for};
-use mcm_testenv::kit::Proxy;
 
 /// `kill -9` of a VM: its Machine goes Unknown, then Failed, and is replaced; the workload
 /// moves to the other nodes.
@@ -202,20 +201,7 @@ const OUTAGE_AFTER_FREEZE: Duration = Duration::from_secs(20);
 /// restored, it unfreezes and the machines are healthy.
 pub async fn apiserver_outage(ctx: &mut Ctx<'_>) -> Result<String> {
     ctx.create_class("local", json!({})).await?;
-    let upstream = ctx
-        .cp
-        .server_url()
-        .strip_prefix("https://")
-        .context("the API server URL is not https")?
-        .parse()
-        .context("parsing the API server address")?;
-    let proxy = Proxy::start(upstream)?;
-    let via_proxy = ctx.dir.join("target-via-proxy.kubeconfig");
-    let text = ctx.kubeconfig()?.replace(
-        ctx.cp.server_url(),
-        &format!("https://127.0.0.1:{}", proxy.port),
-    );
-    std::fs::write(&via_proxy, text).with_context(|| format!("writing {}", via_proxy.display()))?;
+    let (proxy, via_proxy) = ctx.proxied_kubeconfig("target-via-proxy.kubeconfig")?;
     let timings = Timings {
         health_timeout: OUTAGE_HEALTH_TIMEOUT,
         statuscheck_timeout: "10s",
