@@ -158,7 +158,7 @@ enum Stop {
 /// Starts everything, runs until done or interrupted, and always stops everything, before
 /// writing anything more.
 async fn demo(bins: &Binaries, dir: &Path, mode: Mode) -> Result<()> {
-    let cp = env::start_control_plane().await?;
+    let cp = env::start_control_plane(false).await?;
     let mut controllers = Vec::new();
     let outcome = tokio::select! {
         r = run_demo(&cp, bins, dir, mode, &mut controllers) => r,

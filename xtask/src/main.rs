@@ -66,25 +66,9 @@ enum Cmd {
     /// Run the benchmarks (for now the drain benchmark of mcm-drain) and print their output.
     Bench,
     /// Random SIGKILLs of the controllers during scale-up, scale-down, rollout and deletion,
-    /// and a rollout under injected cloud faults, with invariants checked after every trial
-    /// (see docs/reliability.md).
-    Chaos {
-        /// Kill trials.
-        #[arg(long, default_value_t = 50)]
-        trials: usize,
-        /// Cuts of the machine controller's control or target API path.
-        #[arg(long, default_value_t = 10)]
-        partitions: usize,
-        /// Seed of the trials (printed; the same seed replays the same run).
-        #[arg(long)]
-        seed: Option<u64>,
-        /// Machines of the rollout under cloud faults (0: skip it).
-        #[arg(long, default_value_t = 30)]
-        fault_machines: usize,
-        /// Keep the logs directory even when no invariant was violated.
-        #[arg(long)]
-        keep_logs: bool,
-    },
+    /// partitions, leader hand-overs, a rollout under injected cloud faults and a corpus of
+    /// bad input, with invariants checked after every trial (see docs/reliability.md).
+    Chaos(chaos::Plan),
 }
 
 fn main() -> Result<()> {
@@ -101,13 +85,7 @@ fn main() -> Result<()> {
             keep_logs,
         } => e2e::run(scenario, keep_logs),
         Cmd::Bench => bench::run(),
-        Cmd::Chaos {
-            trials,
-            partitions,
-            seed,
-            fault_machines,
-            keep_logs,
-        } => chaos::run(trials, partitions, seed, fault_machines, keep_logs),
+        Cmd::Chaos(plan) => chaos::run(&plan),
     }
 }
 

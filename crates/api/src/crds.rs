@@ -4,9 +4,14 @@
 //! int-or-string fields carry `x-kubernetes-int-or-string`, `providerSpec` keeps unknown
 //! fields, and a few CEL rules (`x-kubernetes-validations`) reject specs the controllers could
 //! not act on:
-//! - `spec.replicas` of MachineSets/MachineDeployments must not be negative (`minimum: 0`);
-//! - a rolling update must not have both `maxSurge` and `maxUnavailable` zero;
-//! - `spec.selector.matchLabels` must match `spec.template.metadata.labels`.
+//! - `spec.replicas`, `spec.minReadySeconds` of MachineSets/MachineDeployments and
+//!   `spec.revisionHistoryLimit`, `spec.progressDeadlineSeconds` of MachineDeployments must
+//!   not be negative (`minimum: 0`);
+//! - a rolling update must not have both `maxSurge` and `maxUnavailable` zero, and each must
+//!   be a non-negative number or a percentage (`maxUnavailable` at most `100%`);
+//! - `spec.selector.matchLabels` must match `spec.template.metadata.labels`, and a given
+//!   `spec.selector` must not be empty (it would select every Machine of the namespace);
+//! - quantities in a class's `nodeTemplate` must be quantities.
 //!
 //! To keep the estimated CEL cost of the selector rule bounded, label values in
 //! `spec.selector.matchLabels` and `spec.template.metadata.labels` are limited to 63
@@ -48,6 +53,21 @@ pub const RULE_SELECTOR_MATCHES_TEMPLATE: &str = "!has(self.selector) || !has(se
 /// Message of [`RULE_SELECTOR_MATCHES_TEMPLATE`].
 pub const MESSAGE_SELECTOR_MATCHES_TEMPLATE: &str =
     "spec.selector.matchLabels must match spec.template.metadata.labels";
+
+/// CEL rule: `maxUnavailable` is a non-negative number or a percentage of at most 100%.
+pub const RULE_MAX_UNAVAILABLE: &str = "!has(self.maxUnavailable) || (type(self.maxUnavailable) == int ? self.maxUnavailable >= 0 : self.maxUnavailable.matches('^(100|[1-9]?[0-9])%$'))";
+/// Message of [`RULE_MAX_UNAVAILABLE`].
+pub const MESSAGE_MAX_UNAVAILABLE: &str =
+    "must be a non-negative integer or a percentage from 0% to 100% (e.g. 25%)";
+/// CEL rule: `maxSurge` is a non-negative number or a percentage.
+pub const RULE_MAX_SURGE: &str = "!has(self.maxSurge) || (type(self.maxSurge) == int ? self.maxSurge >= 0 : self.maxSurge.matches('^[0-9]+%$'))";
+/// Message of [`RULE_MAX_SURGE`].
+pub const MESSAGE_MAX_SURGE: &str = "must be a non-negative integer or a percentage (e.g. 25%)";
+/// CEL rule: a given selector selects something.
+pub const RULE_SELECTOR_NOT_EMPTY: &str = "!has(self.selector) || (has(self.selector.matchLabels) && size(self.selector.matchLabels) > 0) || (has(self.selector.matchExpressions) && size(self.selector.matchExpressions) > 0)";
+/// Message of [`RULE_SELECTOR_NOT_EMPTY`].
+pub const MESSAGE_SELECTOR_NOT_EMPTY: &str =
+    "must not be empty: an empty selector selects every Machine of the namespace";
 
 /// Maximum length of a Kubernetes label value.
 const LABEL_VALUE_MAX_LENGTH: u64 = 63;
@@ -232,11 +252,26 @@ pub fn machine_deployment() -> CustomResourceDefinition {
             "rollingUpdate",
             "x-kubernetes-validations",
         ],
-        json!([{
-            "rule": RULE_ROLLING_UPDATE_NOT_BOTH_ZERO,
-            "message": MESSAGE_ROLLING_UPDATE_NOT_BOTH_ZERO,
-        }]),
+        json!([
+            {
+                "rule": RULE_ROLLING_UPDATE_NOT_BOTH_ZERO,
+                "message": MESSAGE_ROLLING_UPDATE_NOT_BOTH_ZERO,
+            },
+            {
+                "rule": RULE_MAX_UNAVAILABLE,
+                "message": MESSAGE_MAX_UNAVAILABLE,
+                "fieldPath": ".maxUnavailable",
+            },
+            {
+                "rule": RULE_MAX_SURGE,
+                "message": MESSAGE_MAX_SURGE,
+                "fieldPath": ".maxSurge",
+            },
+        ]),
     );
+    for field in ["revisionHistoryLimit", "progressDeadlineSeconds"] {
+        set(&mut spec, &["properties", field, "minimum"], json!(0));
+    }
     let schema = root_schema(
         "Declarative updates of Machines through MachineSets.",
         vec![
@@ -303,6 +338,11 @@ fn replicated_spec_rules(spec: &mut Value) {
     set(spec, &["properties", "replicas", "minimum"], json!(0));
     set(
         spec,
+        &["properties", "minReadySeconds", "minimum"],
+        json!(0),
+    );
+    set(
+        spec,
         &[
             "properties",
             "selector",
@@ -341,10 +381,17 @@ fn replicated_spec_rules(spec: &mut Value) {
     set(
         spec,
         &["x-kubernetes-validations"],
-        json!([{
-            "rule": RULE_SELECTOR_MATCHES_TEMPLATE,
-            "message": MESSAGE_SELECTOR_MATCHES_TEMPLATE,
-        }]),
+        json!([
+            {
+                "rule": RULE_SELECTOR_MATCHES_TEMPLATE,
+                "message": MESSAGE_SELECTOR_MATCHES_TEMPLATE,
+            },
+            {
+                "rule": RULE_SELECTOR_NOT_EMPTY,
+                "message": MESSAGE_SELECTOR_NOT_EMPTY,
+                "fieldPath": ".selector",
+            },
+        ]),
     );
 }
 

@@ -69,6 +69,7 @@ pub type MachineClassList = kube::core::ObjectList<MachineClass>;
 pub struct NodeTemplate {
     /// Allocatable resources of a Node (`cpu`, `memory`, `gpu`, ...).
     #[serde(default)]
+    #[schemars(schema_with = "crate::schema::quantity_map")]
     pub capacity: BTreeMap<String, Quantity>,
     /// Provider instance type (e.g. `m5.large`).
     #[serde(default)]
@@ -81,6 +82,7 @@ pub struct NodeTemplate {
     pub zone: String,
     /// Extended resources advertised on the Node in addition to its real capacity.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::quantity_map")]
     pub virtual_capacity: Option<BTreeMap<String, Quantity>>,
     /// CPU architecture of the Nodes (e.g. `amd64`, `arm64`).
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -12,6 +12,21 @@ pub(crate) fn preserved_object(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
+/// The pattern Kubernetes CRDs give a quantity string (as controller-gen emits it for
+/// `resource.Quantity`), so that `cpu: lots` is refused at admission.
+pub(crate) const QUANTITY_PATTERN: &str = r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$";
+
+/// Schema of a map of resource names to quantities (an integer or a quantity string).
+pub(crate) fn quantity_map(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "additionalProperties": {
+            "pattern": QUANTITY_PATTERN,
+            "x-kubernetes-int-or-string": true,
+        },
+    })
+}
+
 /// Schema of an `ObjectMeta` that also keeps unknown fields (like the Go CRD's node template).
 pub(crate) fn preserved_object_meta(generator: &mut SchemaGenerator) -> Schema {
     let mut schema = generator.subschema_for::<ObjectMeta>();

@@ -186,12 +186,31 @@ fn cel_rules_present() {
                     && r["rule"] == crds::RULE_SELECTOR_MATCHES_TEMPLATE),
             "{plural}"
         );
+        assert!(
+            rules.iter().any(
+                |r| r["rule"] == crds::RULE_SELECTOR_NOT_EMPTY && r["fieldPath"] == ".selector"
+            ),
+            "{plural}"
+        );
+        assert_eq!(
+            spec["properties"]["minReadySeconds"]["minimum"].as_f64(),
+            Some(0.0),
+            "{plural}"
+        );
     }
     let md = schema("machinedeployments");
     let ru = &md["properties"]["spec"]["properties"]["strategy"]["properties"]["rollingUpdate"];
     assert_eq!(
         ru["x-kubernetes-validations"][0]["rule"],
         crds::RULE_ROLLING_UPDATE_NOT_BOTH_ZERO
+    );
+    assert_eq!(
+        ru["x-kubernetes-validations"][1]["rule"],
+        crds::RULE_MAX_UNAVAILABLE
+    );
+    assert_eq!(
+        ru["x-kubernetes-validations"][2]["rule"],
+        crds::RULE_MAX_SURGE
     );
     assert_eq!(
         ru["properties"]["maxSurge"]["x-kubernetes-int-or-string"],

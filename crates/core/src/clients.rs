@@ -84,8 +84,50 @@ pub fn rate_limited_client_counted(
     if let Some(counter) = sent {
         layer = layer.counting(counter);
     }
+    let mut config = config;
+    if !config
+        .headers
+        .iter()
+        .any(|(name, _)| name == http::header::USER_AGENT)
+        && let Ok(agent) = http::HeaderValue::from_str(&user_agent())
+    {
+        config.headers.push((http::header::USER_AGENT, agent));
+    }
     let builder = ClientBuilder::try_from(config).map_err(ClientError::Build)?;
     Ok(builder.with_layer(&layer).build())
+}
+
+/// The `User-Agent` of this process's requests, in the form of Kubernetes clients:
+/// `<binary>/<version> (<os>/<arch>) replica/<identity>`, where the identity is the
+/// leader-election identity ([`replica_identity`]), so that an API server's audit log tells
+/// the replicas of one deployment apart.
+pub fn user_agent() -> String {
+    let binary = std::env::current_exe()
+        .ok()
+        .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+        .unwrap_or_else(|| "mcm-rs".into());
+    format!(
+        "{binary}/{} ({}/{}) replica/{}",
+        env!("CARGO_PKG_VERSION"),
+        std::env::consts::OS,
+        std::env::consts::ARCH,
+        replica_identity()
+    )
+}
+
+/// This replica's identity: `<pod or host name>_<pid>`, unique among the replicas of a
+/// deployment and among restarts. `POD_NAME` names the pod when set.
+pub fn replica_identity() -> String {
+    let host = std::env::var("POD_NAME").ok().or_else(|| {
+        std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .map(|h| h.trim().to_string())
+    });
+    format!(
+        "{}_{}",
+        host.unwrap_or_else(|| "mcm-rs".into()),
+        std::process::id()
+    )
 }
 
 /// The label of [`ClientMetrics`]: which cluster a client talks to.

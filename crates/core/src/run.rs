@@ -195,15 +195,7 @@ where
     } else {
         common.leader_elect_resource_namespace.clone()
     };
-    let identity = std::env::var("POD_NAME")
-        .ok()
-        .or_else(|| {
-            std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .ok()
-                .map(|h| h.trim().to_string())
-        })
-        .map(|h| format!("{h}_{}", std::process::id()))
-        .unwrap_or_else(|| format!("mcm-rs_{}", std::process::id()));
+    let identity = clients::replica_identity();
     let duration = common.leader_elect_lease_duration.as_secs().max(2);
     let grace = duration
         .saturating_sub(common.leader_elect_renew_deadline.as_secs())
@@ -414,7 +406,9 @@ pub async fn run_manager_until(
     options: ManagerOptions,
     cancel: CancellationToken,
 ) -> Result<(), RunError> {
-    let (control, target) = clients(&options.common, false).await?;
+    let mut registry = Registry::default();
+    let client_metrics = ClientMetrics::register(&mut registry);
+    let (control, target) = clients_counted(&options.common, false, &client_metrics).await?;
     let target = target.ok_or_else(|| RunError::Flag {
         flag: "--target-kubeconfig",
         reason: "`none` (no target cluster) is not supported yet: the manager taints and annotates the nodes of rolling deployments".into(),
@@ -426,7 +420,7 @@ pub async fn run_manager_until(
         leader: Default::default(),
         synced: vec![config.ready.clone()],
     };
-    let registry = Arc::new(Mutex::new(Registry::default()));
+    let registry = Arc::new(Mutex::new(registry));
     let addr = SocketAddr::new(options.common.address, options.port);
     let (bound, server) = http::serve(addr, registry.clone(), readiness.clone(), cancel.clone())
         .await

@@ -175,6 +175,9 @@ pub struct Options {
     pub install_crds: bool,
     /// How long each component may take to become healthy.
     pub ready_timeout: Duration,
+    /// Write an audit log of every write request (not reads) to
+    /// [`ControlPlane::audit_log_path`], one JSON event per line.
+    pub audit_writes: bool,
 }
 
 impl Default for Options {
@@ -185,6 +188,7 @@ impl Default for Options {
             node_monitor_grace_period: Duration::from_secs(10),
             install_crds: true,
             ready_timeout: Duration::from_secs(120),
+            audit_writes: false,
         }
     }
 }
@@ -211,6 +215,17 @@ impl std::fmt::Debug for ControlPlane {
             .finish_non_exhaustive()
     }
 }
+
+/// Audit policy of [`Options::audit_writes`]: metadata of every write, no reads.
+const AUDIT_WRITES_POLICY: &str = "\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: None
+  verbs: [get, list, watch]
+- level: Metadata
+";
 
 /// The base directory of run directories: `$TMPDIR/mcm-testenv`.
 pub fn runs_base_dir() -> PathBuf {
@@ -287,6 +302,13 @@ impl ControlPlane {
     /// The directory holding this control plane's data, certificates and logs.
     pub fn run_dir(&self) -> &Path {
         &self.run_dir
+    }
+
+    /// The audit log of write requests (JSON lines), when [`Options::audit_writes`] is set.
+    pub fn audit_log_path(&self) -> Option<PathBuf> {
+        self.options
+            .audit_writes
+            .then(|| self.run_dir.join("audit.log"))
     }
 
     /// The directory the binaries were taken from.
@@ -428,9 +450,21 @@ impl ControlPlane {
             ],
         )?;
         let f = &self.pki_files;
+        let mut audit = Vec::new();
+        if let Some(log) = self.audit_log_path() {
+            let policy = self.run_dir.join("audit-policy.yaml");
+            std::fs::write(&policy, AUDIT_WRITES_POLICY)
+                .map_err(|e| TestEnvError::io("write the audit policy", e))?;
+            audit = vec![
+                format!("--audit-policy-file={}", policy.display()),
+                format!("--audit-log-path={}", log.display()),
+                "--audit-log-format=json".into(),
+                "--audit-log-mode=blocking".into(),
+            ];
+        }
         let idx = self.spawn(
             Binary::KubeApiserver,
-            vec![
+            [
                 format!("--etcd-servers={etcd_url}"),
                 "--bind-address=127.0.0.1".into(),
                 "--advertise-address=127.0.0.1".into(),
@@ -455,7 +489,10 @@ impl ControlPlane {
                 // Tests create pods in fresh namespaces before any service account exists.
                 "--disable-admission-plugins=ServiceAccount".into(),
                 "--v=1".into(),
-            ],
+            ]
+            .into_iter()
+            .chain(audit)
+            .collect(),
         )?;
         let client = self.client().await?;
         let deadline = self.options.ready_timeout;

@@ -295,6 +295,19 @@ impl<'a> Ctx<'a> {
         target: Option<PathBuf>,
         t: &Timings,
     ) -> Result<Controller> {
+        self.spawn_with(kind, name, target, t, &[])
+    }
+
+    /// Starts a controller process of this scenario that the caller owns (e.g. one of
+    /// several replicas), with the scenario's flags followed by `more` (later flags win).
+    pub fn spawn_with(
+        &self,
+        kind: ControllerKind,
+        name: &str,
+        target: Option<PathBuf>,
+        t: &Timings,
+        more: &[String],
+    ) -> Result<Controller> {
         let kubeconfig = self.cp.kubeconfig_path().to_path_buf();
         let mut extra: Vec<String> = [
             "--v=3",
@@ -321,6 +334,7 @@ impl<'a> Ctx<'a> {
                 "--machine-resync-period=5s".into(),
             ]);
         }
+        extra.extend(more.iter().cloned());
         Controller::spawn(
             self.bins,
             self.cp,

@@ -15,7 +15,7 @@ use mcm_provider_local::StateDirectory;
 use mcm_provider_local::state;
 use mcm_testenv::process::{ManagedProcess, log_tail, process_alive};
 use mcm_testenv::{Components, ControlPlane, Options};
-use nix::sys::signal::{Signal, kill};
+use nix::sys::signal::{Signal, kill, killpg};
 use nix::unistd::Pid;
 use serde_json::Value;
 
@@ -111,11 +111,14 @@ pub fn prepare_binaries() -> Result<Binaries> {
     Ok(bins)
 }
 
-/// Starts etcd, kube-apiserver, kube-controller-manager and kube-scheduler with the CRDs.
-pub async fn start_control_plane() -> Result<ControlPlane> {
+/// Starts etcd, kube-apiserver, kube-controller-manager and kube-scheduler with the CRDs;
+/// with `audit_writes` the API server logs every write (see
+/// [`ControlPlane::audit_log_path`]).
+pub async fn start_control_plane(audit_writes: bool) -> Result<ControlPlane> {
     let began = Instant::now();
     let cp = ControlPlane::start(Options {
         components: Components::ALL,
+        audit_writes,
         ..Options::default()
     })
     .await
@@ -242,6 +245,22 @@ impl Controller {
     /// SIGKILL (the whole process group).
     pub fn kill(&self) {
         self.process.kill();
+    }
+
+    /// SIGSTOP (the whole process group): the process stays but does nothing, as in a long
+    /// pause of its VM or a stalled node.
+    pub fn pause(&self) {
+        let _ = killpg(Pid::from_raw(self.pid() as i32), Signal::SIGSTOP);
+    }
+
+    /// SIGCONT after [`Controller::pause`].
+    pub fn resume(&self) {
+        let _ = killpg(Pid::from_raw(self.pid() as i32), Signal::SIGCONT);
+    }
+
+    /// Whether the process still runs.
+    pub fn is_running(&self) -> bool {
+        self.process.is_running()
     }
 
     /// SIGTERM, then SIGKILL if it has not exited within `grace`.

@@ -59,7 +59,7 @@ pub fn run(only: Option<Scenario>, keep_logs: bool) -> Result<()> {
 /// as one). Ctrl-C stops the suite; every process is killed either way.
 async fn suite(bins: &Binaries, selected: &[Scenario], logs: &Path) -> Result<usize> {
     let began = Instant::now();
-    let cp = env::start_control_plane().await?;
+    let cp = env::start_control_plane(false).await?;
     let run_dir = cp.run_dir().to_path_buf();
     let results = tokio::select! {
         r = run_all(&cp, bins, selected, logs) => r,

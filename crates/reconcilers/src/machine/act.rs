@@ -254,6 +254,34 @@ async fn ensure_bootstrap_token(
         .ok_or_else(|| Error::Invariant("bootstrap token secret without token data".into()))
 }
 
+/// Warns (an Event on the Machine) that the class's userData has no bootstrap-token
+/// placeholder: the VM is still created, as the Go MCM does, but its Node can only join
+/// with credentials of its own.
+async fn warn_no_token_placeholder(ctx: &Ctx, m: &Machine, class: &MachineClass) {
+    let secret = class
+        .secret_ref
+        .as_ref()
+        .and_then(|r| r.name.clone())
+        .unwrap_or_default();
+    let note = format!(
+        "the userData of Secret {secret:?} (MachineClass {:?}) has no {} placeholder: the VM gets no bootstrap token, so its Node joins only if the userData brings credentials of its own",
+        class.metadata.name.as_deref().unwrap_or_default(),
+        mcm_api::constants::placeholders::BOOTSTRAP_TOKEN,
+    );
+    ctx.events
+        .publish(
+            &m.object_ref(&()),
+            EventType::Warning,
+            NO_TOKEN_PLACEHOLDER,
+            "Create",
+            note,
+        )
+        .await;
+}
+
+/// Reason of the Event of [`warn_no_token_placeholder`].
+pub const NO_TOKEN_PLACEHOLDER: &str = "NoBootstrapTokenPlaceholder";
+
 /// Deletes the machine's bootstrap token (the Node joined, or the machine goes away).
 async fn delete_bootstrap_token(ctx: &Ctx, m: &Machine) -> Result<(), Error> {
     let api: Api<Secret> = Api::namespaced(ctx.target.clone(), token::TOKEN_NAMESPACE);
@@ -284,6 +312,10 @@ async fn try_create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Ac
     let machine_name = name(m);
     let token = ensure_bootstrap_token(ctx, m, cfg).await?;
     if let Some(user_data) = secret.get_str(USER_DATA_KEY) {
+        let first_attempt = super::observe::progress(m, progress::VM_REQUESTED).is_none();
+        if first_attempt && !token::has_token_placeholder(user_data) {
+            warn_no_token_placeholder(ctx, m, &class).await;
+        }
         let rendered = token::render_user_data(user_data, &token, &machine_name);
         secret.0.insert(USER_DATA_KEY.into(), rendered.into_bytes());
     }

@@ -113,6 +113,12 @@ pub fn token_of(secret: &Secret) -> Option<String> {
     Some(format!("{}.{}", get("token-id")?, get("token-secret")?))
 }
 
+/// Whether the user data has the `<<BOOTSTRAP_TOKEN>>` placeholder (without it the VM gets
+/// no token). Pure.
+pub fn has_token_placeholder(user_data: &str) -> bool {
+    user_data.contains(placeholders::BOOTSTRAP_TOKEN)
+}
+
 /// Fills the placeholders of the user data: `<<BOOTSTRAP_TOKEN>>` and `<<MACHINE_NAME>>`.
 pub fn render_user_data(user_data: &str, token: &str, machine_name: &str) -> String {
     user_data
@@ -181,5 +187,7 @@ mod tests {
             ),
             "token: a.b\nname: m1\n"
         );
+        assert!(has_token_placeholder("token: <<BOOTSTRAP_TOKEN>>"));
+        assert!(!has_token_placeholder("#cloud-config\nruncmd: [echo]\n"));
     }
 }

@@ -10,7 +10,10 @@ use kube::{Resource, ResourceExt};
 use mcm_api::constants::annotations;
 use mcm_api::intstr::RollingUpdateError;
 use mcm_api::owner::controller_of;
-use mcm_api::{Machine, MachineDeployment, MachinePhase, MachineSet, MachineSummary};
+use mcm_api::{
+    Machine, MachineDeployment, MachineDeploymentStrategyType, MachinePhase, MachineSet,
+    MachineSummary,
+};
 
 use super::decide::{Rollout, SetState, Snapshot, Strategy, TriggerMachine};
 use super::hash::templates_equal;
@@ -176,12 +179,28 @@ pub fn set_state(set: &MachineSet, machines: &[Arc<Machine>], now: Timestamp) ->
     }
 }
 
+/// Why a deployment's strategy cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum StrategyError {
+    /// `spec.strategy.type` names a strategy this controller does not implement.
+    #[error(
+        "spec.strategy.type: {0:?} is not supported by this controller (use Recreate or RollingUpdate)"
+    )]
+    Unsupported(String),
+    /// A rolling-update limit cannot be used.
+    #[error(transparent)]
+    Limits(#[from] RollingUpdateError),
+}
+
 /// The deployment's strategy with resolved limits
 /// ([`MachineDeployment::resolved_rolling_update`]); an error names the field and the value
-/// that cannot be used.
-pub fn strategy_of(d: &MachineDeployment) -> Result<Strategy, RollingUpdateError> {
-    if d.is_recreate() {
-        return Ok(Strategy::Recreate);
+/// that cannot be used. An unknown or unimplemented `spec.strategy.type` is an error, never
+/// a silent rolling update.
+pub fn strategy_of(d: &MachineDeployment) -> Result<Strategy, StrategyError> {
+    match d.spec.strategy.as_ref().and_then(|s| s.type_.as_ref()) {
+        Some(MachineDeploymentStrategyType::Recreate) => return Ok(Strategy::Recreate),
+        None | Some(MachineDeploymentStrategyType::RollingUpdate) => {}
+        Some(other) => return Err(StrategyError::Unsupported(other.as_str().to_string())),
     }
     let (max_surge, max_unavailable) = d.resolved_rolling_update()?;
     Ok(Strategy::RollingUpdate {
@@ -251,4 +270,39 @@ pub fn trigger_machine(m: &Machine) -> TriggerMachine {
 /// Whether a machine is going away (deleted or Terminating).
 pub fn is_terminating(m: &Machine) -> bool {
     m.metadata.deletion_timestamp.is_some() || m.phase() == Some(&MachinePhase::Terminating)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mcm_api::machine_deployment::MachineDeploymentStrategy;
+
+    fn with_type(type_: Option<&str>) -> MachineDeployment {
+        let mut d = MachineDeployment::default();
+        d.spec.replicas = Some(3);
+        d.spec.strategy = Some(MachineDeploymentStrategy {
+            type_: type_.map(MachineDeploymentStrategyType::from),
+            ..Default::default()
+        });
+        d
+    }
+
+    #[test]
+    fn an_unknown_or_unimplemented_strategy_type_is_an_error_not_a_rolling_update() {
+        for name in ["BlueGreen", "InPlaceUpdate"] {
+            let err = strategy_of(&with_type(Some(name))).unwrap_err();
+            assert!(matches!(&err, StrategyError::Unsupported(t) if t == name));
+            assert!(err.to_string().starts_with("spec.strategy.type:"), "{err}");
+        }
+        assert_eq!(
+            strategy_of(&with_type(Some("Recreate"))).unwrap(),
+            Strategy::Recreate
+        );
+        for known in [None, Some("RollingUpdate")] {
+            assert!(matches!(
+                strategy_of(&with_type(known)),
+                Ok(Strategy::RollingUpdate { .. })
+            ));
+        }
+    }
 }

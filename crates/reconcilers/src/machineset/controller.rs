@@ -116,6 +116,40 @@ pub struct Context {
     pub events: EventPublisher,
     /// Pending creations/deletions per set.
     pub expectations: Expectations,
+    /// The selector-overlap warning announced per set (uid) by this process, so that it is
+    /// published once per change, not on every reconcile.
+    pub overlaps: std::sync::Mutex<std::collections::HashMap<String, String>>,
+}
+
+/// Reason of the Warning Event about a selector that matches others' machines.
+pub const SELECTOR_OVERLAP: &str = "SelectorOverlap";
+
+/// Publishes one Warning Event when the set's selector matches machines that other
+/// controllers own (and again when the list of owners changes).
+async fn warn_overlap(ctx: &Context, set: &MachineSet, all: &[Arc<Machine>]) {
+    let uid = set.metadata.uid.clone().unwrap_or_default();
+    let owners = super::decide::overlapping_owners(
+        &uid,
+        set.spec.selector.as_ref(),
+        all.iter().map(AsRef::as_ref),
+    );
+    let note = if owners.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "spec.selector also matches machines controlled by {}; this MachineSet leaves them alone and never owns them (make the selectors disjoint)",
+            owners.into_iter().collect::<Vec<_>>().join(", ")
+        )
+    };
+    let changed = {
+        let mut overlaps = ctx.overlaps.lock().unwrap_or_else(|e| e.into_inner());
+        overlaps.insert(uid, note.clone()).unwrap_or_default() != note
+    };
+    if changed && !note.is_empty() {
+        ctx.events
+            .warning(&set_reference(set), SELECTOR_OVERLAP, "Claim", note)
+            .await;
+    }
 }
 
 /// The object reference of a set for events.
@@ -170,6 +204,9 @@ pub async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action
     }
 
     let uid = set.metadata.uid.clone().unwrap_or_default();
+    if !deleting {
+        warn_overlap(&ctx, &set, &all).await;
+    }
     let mut claimed: Vec<Arc<Machine>> = Vec::new();
     for m in all {
         match claim(&uid, deleting, set.spec.selector.as_ref(), &m) {

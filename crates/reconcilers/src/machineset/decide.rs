@@ -315,6 +315,23 @@ pub fn claim(
     }
 }
 
+/// The names of the controllers (other than the set `set_uid`) of machines that `selector`
+/// matches: the set's selector overlaps theirs. Those machines are left alone ([`claim`]);
+/// the overlap is worth a warning because the set will never own them. Pure.
+pub fn overlapping_owners<'m>(
+    set_uid: &str,
+    selector: Option<&LabelSelector>,
+    machines: impl IntoIterator<Item = &'m Machine>,
+) -> std::collections::BTreeSet<String> {
+    machines
+        .into_iter()
+        .filter(|m| selector_matches(selector, m.metadata.labels.as_ref()))
+        .filter_map(|m| mcm_api::owner::controller_of(&m.metadata))
+        .filter(|owner| owner.uid != set_uid)
+        .map(|owner| format!("{} {}", owner.kind, owner.name))
+        .collect()
+}
+
 /// Status counters of a set.
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct SetCounts {
@@ -375,6 +392,44 @@ pub fn is_frozen(set_labels: Option<&BTreeMap<String, String>>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn machines_of_other_controllers_that_the_selector_matches_are_an_overlap() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+        let machine = |labels: &[(&str, &str)], owner: Option<(&str, &str)>| {
+            let mut m = Machine::default();
+            m.metadata.labels = Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            );
+            m.metadata.owner_references = owner.map(|(name, uid)| {
+                vec![OwnerReference {
+                    api_version: "machine.sapcloud.io/v1alpha1".into(),
+                    kind: "MachineSet".into(),
+                    name: name.into(),
+                    uid: uid.into(),
+                    controller: Some(true),
+                    ..Default::default()
+                }]
+            });
+            m
+        };
+        let selector = LabelSelector {
+            match_labels: Some([("pool".to_string(), "a".to_string())].into()),
+            ..Default::default()
+        };
+        let machines = [
+            machine(&[("pool", "a")], Some(("other", "u2"))),
+            machine(&[("pool", "a")], Some(("me", "u1"))),
+            machine(&[("pool", "a")], None),
+            machine(&[("pool", "b")], Some(("third", "u3"))),
+        ];
+        let owners = overlapping_owners("u1", Some(&selector), &machines);
+        assert_eq!(owners.into_iter().collect::<Vec<_>>(), ["MachineSet other"]);
+        assert!(overlapping_owners("u2", Some(&selector), &machines[..1]).is_empty());
+    }
 
     fn view(name: &str, phase: MachinePhase, priority: i32, created: i64) -> MachineView {
         MachineView {

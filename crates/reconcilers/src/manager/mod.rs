@@ -144,6 +144,7 @@ pub fn prepare(
         sets: sets.clone(),
         events: events.clone(),
         expectations: ms::Expectations::default(),
+        overlaps: Default::default(),
     });
     let sets_for_machines = sets.clone();
     let ms_controller = runner.run(

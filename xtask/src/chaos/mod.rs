@@ -24,6 +24,9 @@ use serde_json::json;
 use crate::e2e::ctx::{Ctx, Timings, WAIT};
 use crate::e2e::env::{self, Check, wait_for};
 
+mod corpus;
+mod handover;
+
 /// The MachineDeployment every trial works on.
 const DEPLOYMENT: &str = "workers";
 /// The class of its machines.
@@ -106,6 +109,8 @@ struct Report {
     cuts: BTreeMap<String, usize>,
     freezes: usize,
     unfreezes: usize,
+    handover: Option<handover::Figures>,
+    corpus: Option<corpus::Figures>,
 }
 
 impl Report {
@@ -135,6 +140,12 @@ impl Report {
                 self.freezes, self.unfreezes
             );
         }
+        if let Some(h) = &self.handover {
+            h.print();
+        }
+        if let Some(c) = &self.corpus {
+            c.print();
+        }
         if let Some(idle) = &self.idle {
             println!("| machine controller while idle | {idle} |");
         }
@@ -149,19 +160,42 @@ impl Report {
     }
 }
 
-/// Runs `trials` kill trials and, with `fault_machines > 0`, a rollout of that many machines
-/// under injected cloud faults. Fails when an invariant was violated.
-pub fn run(
-    trials: usize,
-    partitions: usize,
-    seed: Option<u64>,
-    fault_machines: usize,
-    keep_logs: bool,
-) -> Result<()> {
+/// What a run does (`cargo xtask chaos --help`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct Plan {
+    /// Kill trials.
+    #[arg(long, default_value_t = 50)]
+    pub trials: usize,
+    /// Cuts of the machine controller's control or target API path.
+    #[arg(long, default_value_t = 10)]
+    pub partitions: usize,
+    /// Leader hand-overs: two replicas of each binary with leader election, the leader
+    /// SIGKILLed or paused at random.
+    #[arg(long, default_value_t = 10)]
+    pub handovers: usize,
+    /// Machines of the rollout under cloud faults (0: skip it).
+    #[arg(long, default_value_t = 30)]
+    pub fault_machines: usize,
+    /// Apply the bad-input corpus (`--corpus=false` skips it).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub corpus: bool,
+    /// Seed of the trials (printed; the same seed replays the same run).
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Keep the logs directory even when no invariant was violated.
+    #[arg(long)]
+    pub keep_logs: bool,
+}
+
+/// Runs the trials of `plan`. Fails when an invariant was violated.
+pub fn run(plan: &Plan) -> Result<()> {
     env::plain_logs_for_children();
-    let seed = seed.unwrap_or_else(|| jiff::Timestamp::now().as_second().unsigned_abs());
+    let seed = plan
+        .seed
+        .unwrap_or_else(|| jiff::Timestamp::now().as_second().unsigned_abs());
     println!(
-        "chaos: seed {seed}, {trials} kill trial(s), {partitions} partition(s), cloud-fault run of {fault_machines} machine(s)"
+        "chaos: seed {seed}, {} kill trial(s), {} partition(s), {} leader hand-over(s), cloud-fault run of {} machine(s), bad-input corpus: {}",
+        plan.trials, plan.partitions, plan.handovers, plan.fault_machines, plan.corpus
     );
     let bins = env::prepare_binaries()?;
     let stamp = jiff::Timestamp::now().as_second();
@@ -169,10 +203,10 @@ pub fn run(
     std::fs::create_dir_all(&logs)?;
     let runtime = tokio::runtime::Runtime::new()?;
     let result = runtime.block_on(async {
-        let cp = env::start_control_plane().await?;
+        let cp = env::start_control_plane(plan.handovers > 0).await?;
         let mut report = Report::default();
         let outcome = tokio::select! {
-            r = suite(&cp, &bins, &logs, seed, (trials, partitions, fault_machines), &mut report) => r,
+            r = suite(&cp, &bins, &logs, seed, plan, &mut report) => r,
             _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted (Ctrl-C)")),
         };
         report.print(seed);
@@ -193,7 +227,7 @@ pub fn run(
         }
         Ok(())
     });
-    if result.is_err() || keep_logs {
+    if result.is_err() || plan.keep_logs {
         println!("logs: {}", logs.display());
     } else {
         let _ = std::fs::remove_dir_all(&logs);
@@ -206,9 +240,23 @@ async fn suite(
     bins: &env::Binaries,
     logs: &Path,
     seed: u64,
-    (trials, partitions, fault_machines): (usize, usize, usize),
+    plan: &Plan,
     report: &mut Report,
 ) -> Result<()> {
+    let Plan {
+        trials,
+        partitions,
+        handovers,
+        fault_machines,
+        corpus,
+        ..
+    } = *plan;
+    if corpus {
+        let mut ctx = Ctx::new(cp, bins, "chaos-corpus", logs).await?;
+        let outcome = corpus::run(&mut ctx, report).await;
+        ctx.cleanup().await;
+        outcome?;
+    }
     if partitions > 0 {
         let mut ctx = Ctx::new(cp, bins, "chaos-partition", logs).await?;
         let outcome = partition_trials(&mut ctx, seed, partitions, report).await;
@@ -218,6 +266,12 @@ async fn suite(
     if trials > 0 {
         let mut ctx = Ctx::new(cp, bins, "chaos-kill", logs).await?;
         let outcome = kill_trials(&mut ctx, seed, trials, report).await;
+        ctx.cleanup().await;
+        outcome?;
+    }
+    if handovers > 0 {
+        let mut ctx = Ctx::new(cp, bins, "chaos-leader", logs).await?;
+        let outcome = handover::trials(&mut ctx, seed, handovers, report).await;
         ctx.cleanup().await;
         outcome?;
     }
@@ -383,6 +437,12 @@ async fn recreate(ctx: &Ctx<'_>, replicas: i32) -> Result<()> {
 /// Waits for the fleet of `replicas` (all of template revision `rev` when given), then
 /// checks the invariants.
 async fn converge(ctx: &Ctx<'_>, replicas: i32, rev: Option<&str>) -> Result<()> {
+    converge_fleet(ctx, replicas, rev).await?;
+    controllers_alive(ctx)
+}
+
+/// [`converge`] without the check of the scenario's own controller processes.
+async fn converge_fleet(ctx: &Ctx<'_>, replicas: i32, rev: Option<&str>) -> Result<()> {
     let n = usize::try_from(replicas).unwrap_or(0);
     if let Some(rev) = rev {
         wait_for(
@@ -402,9 +462,7 @@ async fn converge(ctx: &Ctx<'_>, replicas: i32, rev: Option<&str>) -> Result<()>
     }
     ctx.await_fleet(n, None).await?;
     one_vm_per_machine(ctx).await?;
-    counters_match(ctx).await?;
-    controllers_alive(ctx)?;
-    Ok(())
+    counters_match(ctx).await
 }
 
 /// The `rev` template label of a machine.
