@@ -11,7 +11,8 @@
 //!   be a non-negative number or a percentage (`maxUnavailable` at most `100%`);
 //! - `spec.selector.matchLabels` must match `spec.template.metadata.labels`, and a given
 //!   `spec.selector` must not be empty (it would select every Machine of the namespace);
-//! - quantities in a class's `nodeTemplate` must be quantities.
+//! - quantities in a class's `nodeTemplate` must be quantities;
+//! - a Machine's name must fit a label value (63 characters).
 //!
 //! To keep the estimated CEL cost of the selector rule bounded, label values in
 //! `spec.selector.matchLabels` and `spec.template.metadata.labels` are limited to 63
@@ -69,6 +70,12 @@ pub const RULE_SELECTOR_NOT_EMPTY: &str = "!has(self.selector) || (has(self.sele
 pub const MESSAGE_SELECTOR_NOT_EMPTY: &str =
     "must not be empty: an empty selector selects every Machine of the namespace";
 
+/// CEL rule: a Machine's name fits a label value (it labels its bootstrap token, and the
+/// MachineSet-generated names are never longer).
+pub const RULE_MACHINE_NAME_LENGTH: &str = "size(self.metadata.name) <= 63";
+/// Message of [`RULE_MACHINE_NAME_LENGTH`].
+pub const MESSAGE_MACHINE_NAME_LENGTH: &str = "must be no more than 63 characters: a Machine's name is a label value of its bootstrap token and Node";
+
 /// Maximum length of a Kubernetes label value.
 const LABEL_VALUE_MAX_LENGTH: u64 = 63;
 /// Maximum number of `matchLabels` entries accepted by the CRDs.
@@ -99,12 +106,21 @@ pub fn render(crd: &CustomResourceDefinition) -> Result<String, CrdError> {
 
 /// The CRD of `Machine`.
 pub fn machine() -> CustomResourceDefinition {
-    let schema = root_schema(
+    let mut schema = root_schema(
         "A physical or virtual machine backing one Kubernetes Node.",
         vec![
             ("spec", structural_schema_for::<MachineSpec>()),
             ("status", structural_schema_for::<MachineStatus>()),
         ],
+    );
+    set(
+        &mut schema,
+        &["x-kubernetes-validations"],
+        json!([{
+            "rule": RULE_MACHINE_NAME_LENGTH,
+            "message": MESSAGE_MACHINE_NAME_LENGTH,
+            "fieldPath": ".metadata.name",
+        }]),
     );
     build(Spec {
         kind: Machine::KIND,

@@ -251,12 +251,6 @@ async fn suite(
         corpus,
         ..
     } = *plan;
-    if corpus {
-        let mut ctx = Ctx::new(cp, bins, "chaos-corpus", logs).await?;
-        let outcome = corpus::run(&mut ctx, report).await;
-        ctx.cleanup().await;
-        outcome?;
-    }
     if partitions > 0 {
         let mut ctx = Ctx::new(cp, bins, "chaos-partition", logs).await?;
         let outcome = partition_trials(&mut ctx, seed, partitions, report).await;
@@ -272,6 +266,12 @@ async fn suite(
     if handovers > 0 {
         let mut ctx = Ctx::new(cp, bins, "chaos-leader", logs).await?;
         let outcome = handover::trials(&mut ctx, seed, handovers, report).await;
+        ctx.cleanup().await;
+        outcome?;
+    }
+    if corpus {
+        let mut ctx = Ctx::new(cp, bins, "chaos-corpus", logs).await?;
+        let outcome = corpus::run(&mut ctx, report).await;
         ctx.cleanup().await;
         outcome?;
     }

@@ -296,6 +296,11 @@ async fn delete_bootstrap_token(ctx: &Ctx, m: &Machine) -> Result<(), Error> {
 /// Finds the VM (adoption after a crash) or creates it, initializes it when the driver asks
 /// for it, and records providerID and the `node` label. Pending is the next step.
 pub async fn create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Action, Error> {
+    // A wake-up by the status write of the last failed attempt is not a reason to retry
+    // before the backoff is over (that would be a hot loop against the cloud).
+    if let Some(left) = ctx.backoff_left(m) {
+        return Ok(Action::requeue(left));
+    }
     match try_create_vm(ctx, m, cfg).await {
         Ok(action) => {
             ctx.reset_backoff(m);

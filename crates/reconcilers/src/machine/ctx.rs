@@ -2,7 +2,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::ResourceExt;
@@ -48,6 +48,10 @@ pub struct Ctx {
     /// has not listed yet).
     pub synced: tokio::sync::watch::Sender<bool>,
     failures: Mutex<HashMap<String, u32>>,
+    /// When a machine whose last attempt failed may be tried again (by uid). A failed
+    /// attempt writes to the Machine, and that write wakes the machine at once; this keeps
+    /// such wake-ups from retrying before the backoff is over.
+    retry_at: Mutex<HashMap<String, Instant>>,
     /// Names of deleted Nodes that were not managed by MCM (their Machines stay).
     unmanaged_gone: Mutex<HashSet<String>>,
 }
@@ -80,6 +84,7 @@ impl Ctx {
             orphan_trigger: Arc::new(tokio::sync::Notify::new()),
             synced: tokio::sync::watch::Sender::new(false),
             failures: Mutex::new(HashMap::new()),
+            retry_at: Mutex::new(HashMap::new()),
             unmanaged_gone: Mutex::new(HashSet::new()),
         }
     }
@@ -155,12 +160,33 @@ impl Ctx {
             *n = n.saturating_add(1);
             *n
         };
-        backoff_delay(self.settings.backoff_initial, self.settings.backoff_max, n)
+        let delay = backoff_delay(self.settings.backoff_initial, self.settings.backoff_max, n);
+        self.retry_at
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(m.uid().unwrap_or_default(), Instant::now() + delay);
+        delay
+    }
+
+    /// How long `m` must still wait before its next attempt after a failure (`None`: it may
+    /// go on now).
+    pub(crate) fn backoff_left(&self, m: &Machine) -> Option<Duration> {
+        let retry_at = self.retry_at.lock().unwrap_or_else(|e| e.into_inner());
+        let left = retry_at
+            .get(&m.uid().unwrap_or_default())?
+            .checked_duration_since(Instant::now())?;
+        (!left.is_zero()).then_some(left)
     }
 
     pub(crate) fn reset_backoff(&self, m: &Machine) {
+        let uid = m.uid().unwrap_or_default();
         let mut f = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-        f.remove(&m.uid().unwrap_or_default());
+        f.remove(&uid);
+        drop(f);
+        self.retry_at
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&uid);
     }
 
     /// The MachineSet and MachineDeployment that own a Machine, from the stores.
