@@ -74,7 +74,7 @@ pub const MESSAGE_SELECTOR_NOT_EMPTY: &str =
 /// MachineSet-generated names are never longer).
 pub const RULE_MACHINE_NAME_LENGTH: &str = "size(self.metadata.name) <= 63";
 /// Message of [`RULE_MACHINE_NAME_LENGTH`].
-pub const MESSAGE_MACHINE_NAME_LENGTH: &str = "must be no more than 63 characters: a Machine's name is a label value of its bootstrap token and Node";
+pub const MESSAGE_MACHINE_NAME_LENGTH: &str = "metadata.name must be no more than 63 characters: a Machine's name is a label value of its bootstrap token and Node";
 
 /// Maximum length of a Kubernetes label value.
 const LABEL_VALUE_MAX_LENGTH: u64 = 63;
@@ -119,7 +119,6 @@ pub fn machine() -> CustomResourceDefinition {
         json!([{
             "rule": RULE_MACHINE_NAME_LENGTH,
             "message": MESSAGE_MACHINE_NAME_LENGTH,
-            "fieldPath": ".metadata.name",
         }]),
     );
     build(Spec {
