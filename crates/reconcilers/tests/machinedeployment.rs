@@ -412,15 +412,20 @@ fn is_invalid_strategy(c: &MachineDeploymentCondition, message: &str) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_strategy_is_a_condition_until_fixed() {
     let h = Harness::start("md-invalid").await;
+    // Malformed limits are refused at admission now; a strategy type the controller does
+    // not implement can only be reported.
     let mut d = MachineDeploymentBuilder::new("md")
         .replicas(2)
         .class("c1")
-        .max_surge(IntOrString::String("abc".into()))
+        .max_surge(IntOrString::Int(1))
         .max_unavailable(IntOrString::Int(0))
         .build();
     d.spec.progress_deadline_seconds = Some(600);
+    if let Some(strategy) = d.spec.strategy.as_mut() {
+        strategy.type_ = Some("BlueGreen".into());
+    }
     create_deployment(&h, &d).await;
-    let message = r#"spec.strategy.rollingUpdate.maxSurge: "abc" is neither an integer nor a percentage like "25%""#;
+    let message = r#"spec.strategy.type: "BlueGreen" is not supported by this controller (use Recreate or RollingUpdate)"#;
     wait_list(h.deployments(), "the InvalidStrategy condition", |d| {
         observed_status(d).is_some()
             && progressing(&d[0]).is_some_and(|c| is_invalid_strategy(c, message))
@@ -451,7 +456,7 @@ async fn invalid_strategy_is_a_condition_until_fixed() {
     patch_deployment(
         &h,
         "md",
-        json!({"spec": {"strategy": {"rollingUpdate": {"maxSurge": 1}}}}),
+        json!({"spec": {"strategy": {"type": "RollingUpdate"}}}),
     )
     .await;
     wait_machines(&h, "3 running", |m| {

@@ -9,7 +9,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result};
 use jiff::Timestamp;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::Api;
@@ -131,17 +131,7 @@ impl Replicas {
 
     /// Every live replica still runs.
     fn alive(&self) -> Result<()> {
-        for c in &self.live {
-            if !c.is_running() {
-                bail!(
-                    "{} (pid {}) exited; log {}",
-                    c.name,
-                    c.pid(),
-                    c.log().display()
-                );
-            }
-        }
-        Ok(())
+        super::all_alive(&self.live)
     }
 }
 

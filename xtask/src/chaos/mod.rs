@@ -554,8 +554,13 @@ async fn counters_match(ctx: &Ctx<'_>) -> Result<()> {
 
 /// No controller exited on its own.
 fn controllers_alive(ctx: &Ctx<'_>) -> Result<()> {
-    for c in [ctx.machine_controller()?, ctx.manager()?] {
-        if !mcm_testenv::process::process_alive(c.pid()) {
+    all_alive([ctx.machine_controller()?, ctx.manager()?])
+}
+
+/// Each of `controllers` still runs; the error names the first that exited and its log.
+fn all_alive<'c>(controllers: impl IntoIterator<Item = &'c env::Controller>) -> Result<()> {
+    for c in controllers {
+        if !c.is_running() {
             bail!(
                 "{} (pid {}) exited; log {}",
                 c.name,
