@@ -720,6 +720,7 @@ mod tests {
                 start_time: read_proc_stat(pid).unwrap().start_time,
                 created_at: jiff::Timestamp::now(),
                 request_id: None,
+                node: mcm_provider_local::NodeKind::Process,
             })
             .unwrap();
         let unwound = std::panic::catch_unwind(|| {

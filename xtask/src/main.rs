@@ -63,8 +63,9 @@ enum Cmd {
         #[arg(long)]
         keep_logs: bool,
     },
-    /// Run the benchmarks (for now the drain benchmark of mcm-drain) and print their output.
-    Bench,
+    /// Run a benchmark: drain (the default), or scale / scale-down / rollout of N machines on
+    /// kwok Nodes with requests counted at the API server (see docs/benchmarks.md).
+    Bench(bench::Bench),
     /// Random SIGKILLs of the controllers during scale-up, scale-down, rollout and deletion,
     /// partitions, leader hand-overs, a rollout under injected cloud faults and a corpus of
     /// bad input, with invariants checked after every trial (see docs/reliability.md).
@@ -84,7 +85,7 @@ fn main() -> Result<()> {
             scenario,
             keep_logs,
         } => e2e::run(scenario, keep_logs),
-        Cmd::Bench => bench::run(),
+        Cmd::Bench(b) => bench::run(b),
         Cmd::Chaos(plan) => chaos::run(&plan),
     }
 }

@@ -13,7 +13,9 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use mcm_testenv::binaries::{self, Binary, ETCD_VERSION, KUBERNETES_VERSION};
+use mcm_testenv::binaries::{
+    self, Binary, ETCD_VERSION, KUBERNETES_VERSION, KWOK_STAGES_FILE, KWOK_VERSION,
+};
 
 /// Runs the command: builds what is missing, then reports where the binaries are.
 pub fn run(print_env: bool, force: bool) -> Result<()> {
@@ -32,11 +34,69 @@ pub fn run(print_env: bool, force: bool) -> Result<()> {
             began.elapsed()
         );
     }
+    let kwok_dir = binaries::kwok_cache_dir()?;
+    let kwok_stamp = kwok_dir.join(".complete");
+    if force || !kwok_stamp.is_file() || binaries::find_kwok_dir().is_err() {
+        let began = Instant::now();
+        build_kwok(&kwok_dir)?;
+        std::fs::write(&kwok_stamp, format!("{KWOK_VERSION}\n"))?;
+        eprintln!("built kwok {KWOK_VERSION} in {:.0?}", began.elapsed());
+    }
     if print_env {
         println!("KUBEBUILDER_ASSETS={}", bin_dir.display());
+        println!("{}={}", binaries::KWOK_ENV, kwok_dir.display());
     } else {
         eprintln!("control-plane binaries in {}", bin_dir.display());
+        eprintln!("kwok in {}", kwok_dir.display());
     }
+    Ok(())
+}
+
+/// The stages of kwok's own module that the kwok controller runs with: a Node becomes Ready
+/// at once and heartbeats its Lease (as a kubelet with leases does), Pods become Ready, Jobs'
+/// Pods complete, and deleted Pods go away.
+const KWOK_STAGES: [&str; 5] = [
+    "kustomize/stage/node/fast/node-initialize.yaml",
+    "kustomize/stage/node/heartbeat-with-lease/node-heartbeat-with-lease.yaml",
+    "kustomize/stage/pod/fast/pod-ready.yaml",
+    "kustomize/stage/pod/fast/pod-complete.yaml",
+    "kustomize/stage/pod/fast/pod-delete.yaml",
+];
+
+/// Builds `sigs.k8s.io/kwok/cmd/kwok` (its module has no local replace directives, so a plain
+/// wrapper module does) into `dir`, and writes `dir/stages.yaml` from the stage files of
+/// the same module version.
+fn build_kwok(dir: &Path) -> Result<()> {
+    let work = dir.join("src");
+    wrapper_module(
+        &work,
+        "mcm-rs.local/testenv-kwok",
+        "sigs.k8s.io/kwok",
+        KWOK_VERSION,
+        &["sigs.k8s.io/kwok/cmd/kwok"],
+        |_| KWOK_VERSION.to_string(),
+    )?;
+    go_build(&work, dir, "-s -w", &["sigs.k8s.io/kwok/cmd/kwok"])?;
+    let module = go_output(&work, &["list", "-m", "-json", "sigs.k8s.io/kwok"])?;
+    let module: serde_json::Value = serde_json::from_str(&module)
+        .with_context(|| format!("unexpected output of go list -m: {module}"))?;
+    let module_dir = PathBuf::from(
+        module["Dir"]
+            .as_str()
+            .context("go list -m reported no directory for sigs.k8s.io/kwok")?,
+    );
+    let mut stages = String::new();
+    for file in KWOK_STAGES {
+        let path = module_dir.join(file);
+        let text = std::fs::read_to_string(&path)
+            .with_context(|| format!("reading kwok's stage {}", path.display()))?;
+        stages.push_str("---\n");
+        stages.push_str(&text);
+        if !text.ends_with('\n') {
+            stages.push('\n');
+        }
+    }
+    std::fs::write(dir.join(KWOK_STAGES_FILE), stages)?;
     Ok(())
 }
 

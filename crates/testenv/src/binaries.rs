@@ -18,6 +18,17 @@ pub const ETCD_VERSION: &str = "v3.6.16";
 /// The environment variable that names a directory of control-plane binaries.
 pub const ASSETS_ENV: &str = "KUBEBUILDER_ASSETS";
 
+/// The kwok release (sigs.k8s.io/kwok) that keeps the Nodes of kwok-backed local VMs alive.
+pub const KWOK_VERSION: &str = "v0.8.0";
+
+/// The environment variable that names a directory holding `kwok` and its stages file
+/// ([`KWOK_STAGES_FILE`]), instead of the one `cargo xtask testenv` fills.
+pub const KWOK_ENV: &str = "MCM_KWOK_DIR";
+
+/// The file of kwok `Stage` objects (node initialize, node heartbeat with lease, pod ready,
+/// complete and delete), taken from kwok's own module by `cargo xtask testenv`.
+pub const KWOK_STAGES_FILE: &str = "stages.yaml";
+
 /// One control-plane binary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Binary {
@@ -70,6 +81,42 @@ pub fn cache_bin_dir() -> Result<PathBuf, TestEnvError> {
             "kubernetes-{KUBERNETES_VERSION}-etcd-{ETCD_VERSION}"
         ))
         .join("bin"))
+}
+
+/// The directory `cargo xtask testenv` installs kwok and its stages into.
+pub fn kwok_cache_dir() -> Result<PathBuf, TestEnvError> {
+    Ok(cache_root()?
+        .join("testenv")
+        .join(format!("kwok-{KWOK_VERSION}")))
+}
+
+/// Finds the directory holding `kwok` and [`KWOK_STAGES_FILE`]: `$MCM_KWOK_DIR` when set (an
+/// incomplete one is an error, not a fall-back), else [`kwok_cache_dir`].
+pub fn find_kwok_dir() -> Result<PathBuf, TestEnvError> {
+    let (dir, source) = match std::env::var_os(KWOK_ENV).filter(|d| !d.is_empty()) {
+        Some(dir) => (PathBuf::from(dir), KWOK_ENV),
+        None => (kwok_cache_dir()?, "the cargo xtask testenv cache"),
+    };
+    check_kwok_dir(&dir, source).map(|()| dir)
+}
+
+fn check_kwok_dir(dir: &Path, source: &'static str) -> Result<(), TestEnvError> {
+    let mut missing = Vec::new();
+    if !is_executable(&dir.join("kwok")) {
+        missing.push("kwok");
+    }
+    if !dir.join(KWOK_STAGES_FILE).is_file() {
+        missing.push(KWOK_STAGES_FILE);
+    }
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(TestEnvError::BinariesMissing {
+            dir: dir.to_path_buf(),
+            source_name: source,
+            missing: missing.join(", "),
+        })
+    }
 }
 
 /// Finds the directory holding every binary in `needed`.
@@ -138,5 +185,27 @@ mod tests {
             std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
         }
         check_dir(dir.path(), &Binary::ALL, "test").unwrap();
+    }
+
+    #[test]
+    fn an_incomplete_kwok_directory_names_what_is_missing() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let msg = check_kwok_dir(dir.path(), KWOK_ENV)
+            .unwrap_err()
+            .to_string();
+        assert!(msg.contains("kwok, stages.yaml"), "{msg}");
+        let kwok = dir.path().join("kwok");
+        std::fs::write(&kwok, b"#!/bin/sh\n").unwrap();
+        std::fs::set_permissions(&kwok, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let msg = check_kwok_dir(dir.path(), KWOK_ENV)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            msg.contains("stages.yaml") && msg.contains(KWOK_ENV),
+            "{msg}"
+        );
+        std::fs::write(dir.path().join(KWOK_STAGES_FILE), b"").unwrap();
+        check_kwok_dir(dir.path(), KWOK_ENV).unwrap();
     }
 }

@@ -178,6 +178,9 @@ pub struct Options {
     /// Write an audit log of every write request (not reads) to
     /// [`ControlPlane::audit_log_path`], one JSON event per line.
     pub audit_writes: bool,
+    /// With [`Options::audit_writes`]: log reads (get, list, watch) too, to count every
+    /// request a client makes.
+    pub audit_reads: bool,
 }
 
 impl Default for Options {
@@ -189,6 +192,7 @@ impl Default for Options {
             install_crds: true,
             ready_timeout: Duration::from_secs(120),
             audit_writes: false,
+            audit_reads: false,
         }
     }
 }
@@ -205,7 +209,12 @@ pub struct ControlPlane {
     startup: Duration,
     processes: std::sync::Mutex<Vec<ManagedProcess>>,
     optional_started: Mutex<Components>,
+    kwok_started: Mutex<bool>,
 }
+
+/// The annotation that hands a Node to kwok ([`ControlPlane::start_kwok`]) with the value
+/// `fake`.
+pub const KWOK_NODE_ANNOTATION: &str = "kwok.x-k8s.io/node";
 
 impl std::fmt::Debug for ControlPlane {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -224,6 +233,15 @@ omitStages: [RequestReceived]
 rules:
 - level: None
   verbs: [get, list, watch]
+- level: Metadata
+";
+
+/// Audit policy of [`Options::audit_reads`]: metadata of every request.
+const AUDIT_ALL_POLICY: &str = "\
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
 - level: Metadata
 ";
 
@@ -278,6 +296,7 @@ impl ControlPlane {
             startup: Duration::ZERO,
             processes: std::sync::Mutex::new(Vec::new()),
             optional_started: Mutex::new(Components::API_SERVER),
+            kwok_started: Mutex::new(false),
         };
         cp.start_etcd_and_apiserver(api_port).await?;
         if options.install_crds {
@@ -392,14 +411,16 @@ impl ControlPlane {
     }
 
     fn spawn(&self, b: Binary, args: Vec<String>) -> Result<usize, TestEnvError> {
-        let name = b.file_name();
-        let p = ManagedProcess::spawn(
-            name,
-            &self.binary(b)?,
-            &args,
-            self.log_path(name),
-            &self.run_dir,
-        )?;
+        self.spawn_program(b.file_name(), &self.binary(b)?, args)
+    }
+
+    fn spawn_program(
+        &self,
+        name: &str,
+        program: &Path,
+        args: Vec<String>,
+    ) -> Result<usize, TestEnvError> {
+        let p = ManagedProcess::spawn(name, program, &args, self.log_path(name), &self.run_dir)?;
         let mut procs = self
             .processes
             .lock()
@@ -431,6 +452,46 @@ impl ControlPlane {
             .unwrap_or(false)
     }
 
+    /// Starts the kwok controller (see [`binaries::find_kwok_dir`]) against this control
+    /// plane, managing the Nodes annotated [`KWOK_NODE_ANNOTATION`]`=fake`: they become Ready,
+    /// their Leases are renewed, their Pods run. Returns once its `/healthz` answers; a second
+    /// call does nothing. Its log is [`ControlPlane::log_path`]`("kwok")`.
+    pub async fn start_kwok(&self) -> Result<(), TestEnvError> {
+        let mut started = self.kwok_started.lock().await;
+        if *started {
+            return Ok(());
+        }
+        let dir = binaries::find_kwok_dir()?;
+        let port = free_port()?;
+        let idx = self.spawn_program(
+            "kwok",
+            &dir.join("kwok"),
+            vec![
+                format!("--kubeconfig={}", self.kubeconfig_path.display()),
+                format!(
+                    "--config={}",
+                    dir.join(binaries::KWOK_STAGES_FILE).display()
+                ),
+                "--manage-all-nodes=false".into(),
+                format!("--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake"),
+                "--node-lease-duration-seconds=40".into(),
+                "--node-ip=127.0.0.1".into(),
+                format!("--server-address=127.0.0.1:{port}"),
+            ],
+        )?;
+        let url: http::Uri = format!("http://127.0.0.1:{port}")
+            .parse()
+            .map_err(|e| TestEnvError::io("parse kwok's URL", std::io::Error::other(e)))?;
+        let mut config = kube::Config::new(url);
+        config.default_retry = false;
+        let client = kube::Client::try_from(config)
+            .map_err(|e| TestEnvError::kube("build a kwok health client", e))?;
+        self.wait_healthy(idx, &client, "/healthz", self.options.ready_timeout)
+            .await?;
+        *started = true;
+        Ok(())
+    }
+
     async fn start_etcd_and_apiserver(&self, api_port: u16) -> Result<(), TestEnvError> {
         let etcd_port = free_port()?;
         let peer_port = free_port()?;
@@ -453,7 +514,12 @@ impl ControlPlane {
         let mut audit = Vec::new();
         if let Some(log) = self.audit_log_path() {
             let policy = self.run_dir.join("audit-policy.yaml");
-            std::fs::write(&policy, AUDIT_WRITES_POLICY)
+            let text = if self.options.audit_reads {
+                AUDIT_ALL_POLICY
+            } else {
+                AUDIT_WRITES_POLICY
+            };
+            std::fs::write(&policy, text)
                 .map_err(|e| TestEnvError::io("write the audit policy", e))?;
             audit = vec![
                 format!("--audit-policy-file={}", policy.display()),

@@ -22,7 +22,8 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tracing::{info, warn};
 
-use crate::spec::{ProviderSpec, SpecError};
+use crate::kwok::{self, KwokError, TargetClients};
+use crate::spec::{NodeKind, ProviderSpec, SpecError};
 use crate::state::{
     self, KUBECONFIG_FILE, LOG_FILE, Liveness, SPEC_FILE, StateDirectory, StateError,
     USER_DATA_FILE, VmRecord,
@@ -129,6 +130,9 @@ pub enum LocalError {
     /// An internal task failed (panicked or was cancelled).
     #[error("an internal task of the local driver failed")]
     Task(#[source] tokio::task::JoinError),
+    /// Creating or deleting the Node of a kwok VM failed.
+    #[error(transparent)]
+    Kwok(#[from] KwokError),
 }
 
 impl LocalError {
@@ -148,6 +152,9 @@ impl LocalError {
             | LocalError::Signal { .. }
             | LocalError::StillRunning { .. }
             | LocalError::Task(_) => Code::Internal,
+            LocalError::Kwok(KwokError::Kubeconfig(_)) => Code::InvalidArgument,
+            LocalError::Kwok(KwokError::ForeignNode { .. }) => Code::FailedPrecondition,
+            LocalError::Kwok(KwokError::Client(_) | KwokError::Api { .. }) => Code::Unavailable,
         }
     }
 
@@ -172,7 +179,12 @@ impl LocalError {
             LocalError::State(StateError::Corrupt { source, .. }) => Some(Box::new(source)),
             LocalError::Signal { source, .. } => Some(Box::new(source)),
             LocalError::Task(source) => Some(Box::new(source)),
-            LocalError::NodeBinaryNotFound { .. }
+            LocalError::Kwok(KwokError::Kubeconfig(source)) => Some(Box::new(source)),
+            LocalError::Kwok(KwokError::Client(source) | KwokError::Api { source, .. }) => {
+                Some(Box::new(source))
+            }
+            LocalError::Kwok(KwokError::ForeignNode { .. })
+            | LocalError::NodeBinaryNotFound { .. }
             | LocalError::Spec(_)
             | LocalError::InvalidMachineName(_)
             | LocalError::MissingSecretKey { .. }
@@ -254,6 +266,8 @@ pub struct LocalDriver {
     config: LocalDriverConfig,
     /// One lock per record path, so create and delete of one machine never interleave.
     locks: Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>,
+    /// Clients of target clusters, for the Nodes of kwok VMs.
+    targets: TargetClients,
 }
 
 impl LocalDriver {
@@ -262,6 +276,7 @@ impl LocalDriver {
         LocalDriver {
             config,
             locks: Mutex::new(HashMap::new()),
+            targets: TargetClients::default(),
         }
     }
 
@@ -293,6 +308,9 @@ impl LocalDriver {
                     purpose: "the kubeconfig of the target cluster the VM's Node joins",
                 })?;
         let _guard = self.lock(state.record_path(&name)).await;
+        if spec.node == NodeKind::Kwok {
+            return self.create_kwok(&req, state, name, spec, kubeconfig).await;
+        }
         if let Some(existing) = state.read(&name)? {
             info!(machine = %name, request_id = %req.request_id, pid = existing.pid, "VM exists already");
             return Ok(create_response(&existing));
@@ -314,6 +332,41 @@ impl LocalDriver {
         Ok(create_response(&record))
     }
 
+    /// A kwok VM: its record (kept when it exists), then its Node (created unless it exists),
+    /// so a retry after a failed Node creation finishes the job.
+    async fn create_kwok(
+        &self,
+        req: &CreateMachineRequest,
+        state: StateDirectory,
+        name: String,
+        spec: ProviderSpec,
+        kubeconfig: &str,
+    ) -> Result<CreateMachineResponse, LocalError> {
+        let client = self.targets.get(kubeconfig).await?;
+        let record = match state.read(&name)? {
+            Some(existing) => existing,
+            None => {
+                let record = VmRecord {
+                    machine_name: name.clone(),
+                    class_name: req.machine_class.metadata.name.clone().unwrap_or_default(),
+                    provider_id: state::provider_id(&name),
+                    node_name: name.clone(),
+                    pid: 0,
+                    start_time: 0,
+                    created_at: jiff::Timestamp::now(),
+                    request_id: Some(req.request_id.to_string()),
+                    node: NodeKind::Kwok,
+                };
+                state.write(&record)?;
+                record
+            }
+        };
+        let node = kwok::kwok_node(&record.node_name, &record.provider_id, &spec);
+        kwok::ensure_node(&client, &node).await?;
+        info!(machine = %name, request_id = %req.request_id, "kwok VM recorded and its Node created");
+        Ok(create_response(&record))
+    }
+
     async fn delete(&self, req: DeleteMachineRequest) -> Result<DeleteMachineResponse, LocalError> {
         let name = machine_name(&req.machine)?;
         let spec = parse_spec(&req.machine_class)?;
@@ -324,6 +377,19 @@ impl LocalDriver {
             state.remove(&name)?;
             return Ok(DeleteMachineResponse::default());
         };
+        if record.node == NodeKind::Kwok {
+            let kubeconfig = req.secret.get_str(KUBECONFIG_KEY).ok_or(
+                LocalError::MissingSecretKey {
+                    key: KUBECONFIG_KEY,
+                    purpose: "the kubeconfig of the target cluster the VM's Node is deleted from",
+                },
+            )?;
+            let client = self.targets.get(kubeconfig).await?;
+            kwok::delete_node(&client, &record.node_name, &record.provider_id).await?;
+            state.remove(&record.machine_name)?;
+            info!(machine = %record.machine_name, request_id = %req.request_id, "kwok VM and its Node deleted");
+            return Ok(DeleteMachineResponse::default());
+        }
         let request_id = req.request_id.clone();
         tokio::task::spawn_blocking(move || {
             stop_process(&record, &request_id)?;
@@ -453,6 +519,7 @@ impl Launch {
             start_time: stat.start_time,
             created_at: jiff::Timestamp::now(),
             request_id: Some(self.request_id.to_string()),
+            node: NodeKind::Process,
         };
         if let Err(e) = self.state.write(&record) {
             // Do not leave an unrecorded VM behind.
@@ -518,6 +585,9 @@ fn write_private(path: &Path, data: &[u8]) -> Result<(), LocalError> {
 /// SIGTERMs the VM process (if the record's pid still is the VM), waits up to
 /// [`TERMINATE_GRACE`], then SIGKILLs it and waits for it to be gone.
 fn stop_process(record: &VmRecord, request_id: &RequestId) -> Result<(), LocalError> {
+    if record.process_pid().is_none() {
+        return Ok(());
+    }
     let began = Instant::now();
     for (signal, wait) in [
         (Signal::SIGTERM, TERMINATE_GRACE),
@@ -615,6 +685,14 @@ fn create_response(record: &VmRecord) -> CreateMachineResponse {
 
 /// The VM resource of a record with the given liveness.
 pub fn vm_resource(record: &VmRecord, liveness: Liveness) -> ResourceStatus {
+    if record.process_pid().is_none() {
+        return ResourceStatus {
+            kind: ResourceKind::Vm,
+            id: record.provider_id.clone(),
+            state: ResourceState::Running,
+            message: Some("a VM without a process; kwok runs its Node".into()),
+        };
+    }
     let (state, message) = match liveness {
         Liveness::Alive => (
             ResourceState::Running,
@@ -741,6 +819,7 @@ mod tests {
             start_time: 1,
             created_at: jiff::Timestamp::UNIX_EPOCH,
             request_id: None,
+            node: NodeKind::Process,
         }
     }
 

@@ -8,7 +8,10 @@
 //!   target cluster, heartbeats its Lease and Ready condition, runs the Pods bound to it
 //!   (Running/Ready, deleted after their grace period), and reports attached volumes.
 //! - [`spec`] is the providerSpec (capacity, labels, taints, boot delay, boot failure,
-//!   crash injection, heartbeat interval, state directory), [`state`] the on-disk records.
+//!   crash injection, heartbeat interval, state directory, node kind), [`state`] the on-disk
+//!   records.
+//! - [`kwok`] is the second kind of VM, for scale: no process, a Node the kwok controller
+//!   keeps Ready (`providerSpec.node: kwok`).
 //!
 //! The secret of a local MachineClass holds `kubeconfig` (the target cluster's kubeconfig,
 //! required) and `userData` (optional; a `bootstrapToken: <id>.<secret>` line in it is
@@ -17,6 +20,7 @@
 
 pub mod agent;
 pub mod driver;
+pub mod kwok;
 pub mod spec;
 pub mod state;
 
@@ -24,5 +28,5 @@ pub use driver::{
     KUBECONFIG_KEY, LocalDriver, LocalDriverConfig, LocalError, NODE_BINARY_ENV,
     parse_provider_spec, volume_id,
 };
-pub use spec::{Capacity, ProviderSpec, SpecError, SpecProblem};
+pub use spec::{Capacity, NodeKind, ProviderSpec, SpecError, SpecProblem};
 pub use state::{Liveness, StateDirectory, VmRecord};

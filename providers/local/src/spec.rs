@@ -10,7 +10,13 @@
 //!   crashAfter: 10m        # the process dies abruptly (exit 137) after that long
 //!   heartbeatInterval: 2s  # Lease renewal and Ready heartbeat period (default 2s)
 //!   stateDirectory: /var/lib/mcm-local   # default: see below
+//!   node: process          # process (default) or kwok
 //! ```
+//!
+//! `node: kwok` makes VMs without a process, for scale: the VM is its record, and the driver
+//! creates its Node annotated `kwok.x-k8s.io/node: fake`, which the kwok controller keeps
+//! Ready. `bootDelay`, `failToBoot`, `crashAfter` and `heartbeatInterval` describe a
+//! process and are refused with it.
 //!
 //! Unknown keys are rejected (so typos are caught), and validation reports every problem
 //! at once, each naming its field (`providerSpec.capacity.cpu: "abc" is not a quantity ...`).
@@ -75,7 +81,31 @@ pub struct ProviderSpec {
     /// [`default_state_directory`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state_directory: Option<PathBuf>,
+    /// What runs the VM's Node: a `local-node` process (default) or kwok.
+    #[serde(default, skip_serializing_if = "NodeKind::is_process")]
+    pub node: NodeKind,
 }
+
+/// What runs the Node of a local VM.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum NodeKind {
+    /// A `local-node` process: a hollow kubelet that registers and heartbeats the Node.
+    #[default]
+    Process,
+    /// No process: the driver creates the Node for the kwok controller to keep Ready.
+    Kwok,
+}
+
+impl NodeKind {
+    /// True for [`NodeKind::Process`].
+    pub fn is_process(&self) -> bool {
+        *self == NodeKind::Process
+    }
+}
+
+/// The providerSpec fields that describe a process and so cannot go with `node: kwok`.
+const PROCESS_ONLY_KEYS: [&str; 4] = ["bootDelay", "failToBoot", "crashAfter", "heartbeatInterval"];
 
 /// Node capacity of a local VM. Every entry is a Kubernetes quantity.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -208,7 +238,7 @@ impl ProviderSpec {
 }
 
 const ROOT: &str = "providerSpec";
-const TOP_LEVEL_KEYS: [&str; 8] = [
+const TOP_LEVEL_KEYS: [&str; 9] = [
     "capacity",
     "labels",
     "taints",
@@ -217,6 +247,7 @@ const TOP_LEVEL_KEYS: [&str; 8] = [
     "crashAfter",
     "heartbeatInterval",
     "stateDirectory",
+    "node",
 ];
 const CAPACITY_KEYS: [&str; 4] = ["cpu", "memory", "pods", "ephemeralStorage"];
 const TAINT_EFFECTS: [&str; 3] = ["NoSchedule", "PreferNoSchedule", "NoExecute"];
@@ -266,7 +297,20 @@ fn validate(value: &Value) -> Vec<SpecProblem> {
                 Some(s) => p.add(&field, format!("{s:?} must be an absolute path")),
                 None => p.add(&field, format!("must be a string, got {}", json_type(v))),
             },
+            "node" => match v.as_str() {
+                Some("process" | "kwok") => {}
+                Some(s) => p.add(&field, format!("{s:?} must be \"process\" or \"kwok\"")),
+                None => p.add(&field, format!("must be a string, got {}", json_type(v))),
+            },
             _ => p.add(&field, unknown_key_message(&TOP_LEVEL_KEYS)),
+        }
+    }
+    if obj.get("node").and_then(Value::as_str) == Some("kwok") {
+        for key in PROCESS_ONLY_KEYS.iter().filter(|k| obj.contains_key(**k)) {
+            p.add(
+                &format!("{ROOT}.{key}"),
+                "describes a local-node process and cannot be used with node: kwok".into(),
+            );
         }
     }
     p.0
@@ -593,6 +637,32 @@ mod tests {
     fn typed_deserialization_also_denies_unknown_fields() {
         assert!(serde_json::from_value::<ProviderSpec>(json!({"capacty": {}})).is_err());
         assert!(serde_json::from_value::<Capacity>(json!({"gpu": "1"})).is_err());
+    }
+
+    #[test]
+    fn kwok_nodes_refuse_process_settings() {
+        let spec = ProviderSpec::from_value(&serde_json::json!({"node": "kwok"})).unwrap();
+        assert_eq!(spec.node, NodeKind::Kwok);
+        assert_eq!(
+            ProviderSpec::from_value(&Value::Null).unwrap().node,
+            NodeKind::Process
+        );
+        let err = ProviderSpec::from_value(&serde_json::json!({
+            "node": "kwok", "bootDelay": "1s", "crashAfter": "1m", "labels": {"a": "b"}
+        }))
+        .unwrap_err();
+        let fields: Vec<&str> = err.problems.iter().map(|p| p.field.as_str()).collect();
+        assert_eq!(
+            fields,
+            ["providerSpec.bootDelay", "providerSpec.crashAfter"]
+        );
+        assert!(err.to_string().contains("node: kwok"), "{err}");
+        let err = ProviderSpec::from_value(&serde_json::json!({"node": "vm"})).unwrap_err();
+        assert_eq!(err.problems[0].field, "providerSpec.node");
+        assert!(err.problems[0].message.contains("\"kwok\""), "{err}");
+        // A process spec serializes without the field (records stay as they were).
+        let json = serde_json::to_value(ProviderSpec::default()).unwrap();
+        assert!(json.get("node").is_none(), "{json}");
     }
 
     #[test]

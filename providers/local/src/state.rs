@@ -19,6 +19,8 @@ use std::path::{Path, PathBuf};
 use jiff::Timestamp;
 use serde::{Deserialize, Serialize};
 
+use crate::spec::NodeKind;
+
 /// Name of the kubeconfig file in a VM's working directory.
 pub const KUBECONFIG_FILE: &str = "kubeconfig";
 /// Name of the user-data file in a VM's working directory.
@@ -50,6 +52,17 @@ pub struct VmRecord {
     /// The request id of the create call that started it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_id: Option<String>,
+    /// What runs its Node. A kwok VM has no process: its `pid` and `start_time` are 0 and
+    /// never used.
+    #[serde(default, skip_serializing_if = "NodeKind::is_process")]
+    pub node: NodeKind,
+}
+
+impl VmRecord {
+    /// The pid of the VM's process, `None` for a VM without one (kwok).
+    pub fn process_pid(&self) -> Option<i32> {
+        (self.node == NodeKind::Process && self.pid > 0).then_some(self.pid)
+    }
 }
 
 /// The provider id of a local VM: `local:///<machine-name>`.
@@ -126,8 +139,13 @@ pub fn liveness(record: &VmRecord, stat: Option<&ProcStat>) -> Liveness {
 }
 
 /// Reads `/proc` and decides the liveness of a record.
+///
+/// A VM without a process (kwok) lives as long as its record does.
 pub fn check_liveness(record: &VmRecord) -> Liveness {
-    liveness(record, read_proc_stat(record.pid).as_ref())
+    let Some(pid) = record.process_pid() else {
+        return Liveness::Alive;
+    };
+    liveness(record, read_proc_stat(pid).as_ref())
 }
 
 /// Errors of the state directory. Each keeps its cause.
@@ -291,14 +309,14 @@ pub fn kill_all_recorded(state: &StateDirectory) -> Vec<i32> {
     records
         .iter()
         .filter(|r| check_liveness(r) == Liveness::Alive)
-        .filter(|r| {
+        .filter_map(VmRecord::process_pid)
+        .filter(|pid| {
             nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(r.pid),
+                nix::unistd::Pid::from_raw(*pid),
                 nix::sys::signal::Signal::SIGKILL,
             )
             .is_ok()
         })
-        .map(|r| r.pid)
         .collect()
 }
 
@@ -316,6 +334,7 @@ mod tests {
             start_time,
             created_at: Timestamp::UNIX_EPOCH,
             request_id: Some("r1".into()),
+            node: NodeKind::Process,
         }
     }
 

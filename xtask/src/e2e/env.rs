@@ -75,10 +75,24 @@ pub fn cargo_command() -> Command {
 }
 
 pub fn prepare_binaries() -> Result<Binaries> {
+    prepare_binaries_in(Profile::Debug)
+}
+
+/// The cargo profile binaries are built in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Profile {
+    /// `dev` (`target/debug`).
+    Debug,
+    /// `release` (`target/release`), for benchmarks.
+    Release,
+}
+
+/// [`prepare_binaries`] in the given profile.
+pub fn prepare_binaries_in(profile: Profile) -> Result<Binaries> {
     if std::env::var_os(mcm_testenv::binaries::ASSETS_ENV).is_none() {
         crate::testenv::run(false, false).context("preparing the control-plane binaries")?;
     }
-    let args = [
+    let mut args = vec![
         "build",
         "--bins",
         "-p",
@@ -88,16 +102,22 @@ pub fn prepare_binaries() -> Result<Binaries> {
         "-p",
         "mcm-provider-local",
     ];
+    if profile == Profile::Release {
+        args.push("--release");
+    }
     eprintln!("building the binaries: cargo {}", args.join(" "));
     let status = cargo_command()
         .current_dir(crate::crds::workspace_root())
-        .args(args)
+        .args(&args)
         .status()
         .context("cannot run cargo")?;
     if !status.success() {
         bail!("cargo {} failed ({status})", args.join(" "));
     }
-    let dir = target_dir().join("debug");
+    let dir = target_dir().join(match profile {
+        Profile::Debug => "debug",
+        Profile::Release => "release",
+    });
     let bins = Binaries {
         manager: dir.join("machine-controller-manager"),
         machine_controller: dir.join("machine-controller-local"),

@@ -1,8 +1,7 @@
-//! `cargo xtask bench`: runs the project's benchmarks and passes their output through.
+//! `cargo xtask bench drain`: runs the drain benchmark and passes its output through.
 //!
-//! For now that is the drain benchmark of `mcm-drain` (a node with 50 pods with volumes,
-//! drained serially and in parallel against a real control plane); it prints its own wall
-//! times. The scale-out and rollout benchmarks of ARCHITECTURE.md section 11 do not exist yet.
+//! The drain benchmark of `mcm-drain`: a node with 50 pods with volumes, drained serially and
+//! in parallel against a real control plane; it prints its own wall times.
 
 use anyhow::{Context, Result, bail};
 

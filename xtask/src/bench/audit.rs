@@ -1,0 +1,293 @@
+//! Counting the controllers' requests where they arrive: the API server's audit log (one JSON
+//! event per line, every request at level Metadata), not the controllers' own counters.
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use jiff::Timestamp;
+use serde::Deserialize;
+
+/// Who sent a request, from its User-Agent (`<binary>/<version> ...`).
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Sender {
+    /// `machine-controller-manager`.
+    Manager,
+    /// `machine-controller-<provider>`.
+    MachineController,
+    /// Anything else (kwok, kube-controller-manager, the bench, the local cloud's driver
+    /// standing for kubelets), by the first word of its User-Agent.
+    Other(String),
+}
+
+impl Sender {
+    /// Classifies a User-Agent.
+    pub fn of(user_agent: &str) -> Sender {
+        let program = user_agent.split('/').next().unwrap_or_default();
+        match program {
+            "machine-controller-manager" => Sender::Manager,
+            p if p.starts_with("machine-controller-") => Sender::MachineController,
+            p => Sender::Other(p.to_string()),
+        }
+    }
+
+    /// Whether it is one of the two controllers.
+    pub fn is_controller(&self) -> bool {
+        matches!(self, Sender::Manager | Sender::MachineController)
+    }
+}
+
+/// One request, as the audit log tells it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// When the API server received it.
+    pub at: Timestamp,
+    /// Who sent it.
+    pub sender: Sender,
+    /// `get`, `list`, `watch`, `create`, `update`, `patch`, `delete`, ...
+    pub verb: String,
+    /// `machines`, `machines/status`, `nodes`, ... or the path of a non-resource request.
+    pub resource: String,
+}
+
+impl Request {
+    /// Whether it changes state (what the QPS bound counts).
+    pub fn is_write(&self) -> bool {
+        matches!(
+            self.verb.as_str(),
+            "create" | "update" | "patch" | "delete" | "deletecollection"
+        )
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Event {
+    #[serde(rename = "auditID")]
+    audit_id: String,
+    verb: String,
+    #[serde(default)]
+    user_agent: String,
+    #[serde(default)]
+    request_uri: String,
+    #[serde(default)]
+    object_ref: Option<ObjectRef>,
+    request_received_timestamp: Timestamp,
+}
+
+#[derive(Deserialize)]
+struct ObjectRef {
+    #[serde(default)]
+    resource: String,
+    #[serde(default)]
+    subresource: Option<String>,
+}
+
+/// Parses audit log lines into requests, one per audit id (a watch logs a start and an end).
+/// Lines that are not audit events are skipped.
+pub fn parse_lines<'a>(lines: impl IntoIterator<Item = &'a str>) -> Vec<Request> {
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for line in lines {
+        let Ok(e) = serde_json::from_str::<Event>(line) else {
+            continue;
+        };
+        if !seen.insert(e.audit_id) {
+            continue;
+        }
+        let resource = match e.object_ref {
+            Some(o) => match o.subresource {
+                Some(sub) => format!("{}/{sub}", o.resource),
+                None => o.resource,
+            },
+            None => e
+                .request_uri
+                .split('?')
+                .next()
+                .unwrap_or_default()
+                .to_string(),
+        };
+        out.push(Request {
+            at: e.request_received_timestamp,
+            sender: Sender::of(&e.user_agent),
+            verb: e.verb,
+            resource,
+        });
+    }
+    out
+}
+
+/// Reads the whole audit log.
+pub fn read(path: &Path) -> Result<Vec<Request>> {
+    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    let lines: Vec<String> = BufReader::new(file)
+        .lines()
+        .collect::<std::io::Result<_>>()
+        .with_context(|| format!("reading {}", path.display()))?;
+    Ok(parse_lines(lines.iter().map(String::as_str)))
+}
+
+/// The controllers' requests of one phase.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Tally {
+    /// Requests of the manager.
+    pub manager: u64,
+    /// Requests of the machine controller.
+    pub machine_controller: u64,
+    /// Writes of the manager.
+    pub manager_writes: u64,
+    /// Writes of the machine controller.
+    pub machine_controller_writes: u64,
+    /// Requests of both, by `"<sender> <verb> <resource>"`.
+    pub by_kind: BTreeMap<String, u64>,
+}
+
+impl Tally {
+    /// Both controllers' requests.
+    pub fn total(&self) -> u64 {
+        self.manager + self.machine_controller
+    }
+}
+
+/// Counts the controllers' requests received in `[from, to]`.
+pub fn tally(requests: &[Request], from: Timestamp, to: Timestamp) -> Tally {
+    let mut t = Tally::default();
+    for r in requests.iter().filter(|r| r.at >= from && r.at <= to) {
+        let (count, writes, who) = match r.sender {
+            Sender::Manager => (&mut t.manager, &mut t.manager_writes, "manager"),
+            Sender::MachineController => (
+                &mut t.machine_controller,
+                &mut t.machine_controller_writes,
+                "machine-controller",
+            ),
+            Sender::Other(_) => continue,
+        };
+        *count += 1;
+        if r.is_write() {
+            *writes += 1;
+        }
+        *t.by_kind
+            .entry(format!("{who} {} {}", r.verb, r.resource))
+            .or_default() += 1;
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line(
+        id: &str,
+        stage: &str,
+        verb: &str,
+        agent: &str,
+        res: &str,
+        sub: Option<&str>,
+        at: &str,
+    ) -> String {
+        let mut object = serde_json::json!({"resource": res, "namespace": "ns"});
+        if let Some(s) = sub {
+            object["subresource"] = s.into();
+        }
+        serde_json::json!({
+            "kind": "Event", "level": "Metadata", "auditID": id, "stage": stage,
+            "requestURI": format!("/apis/x/{res}?watch=true"), "verb": verb,
+            "userAgent": agent, "objectRef": object,
+            "requestReceivedTimestamp": at, "stageTimestamp": at,
+        })
+        .to_string()
+    }
+
+    #[test]
+    fn counts_each_request_once_by_sender_and_kind_within_the_window() {
+        let mc = "machine-controller-local/0.1.0 (linux/amd64) replica/a";
+        let mcm = "machine-controller-manager/0.1.0 (linux/amd64) replica/b";
+        let lines = [
+            line(
+                "1",
+                "ResponseStarted",
+                "watch",
+                mc,
+                "machines",
+                None,
+                "2026-01-01T00:00:01Z",
+            ),
+            line(
+                "1",
+                "ResponseComplete",
+                "watch",
+                mc,
+                "machines",
+                None,
+                "2026-01-01T00:00:01Z",
+            ),
+            line(
+                "2",
+                "ResponseComplete",
+                "patch",
+                mc,
+                "machines",
+                Some("status"),
+                "2026-01-01T00:00:02Z",
+            ),
+            line(
+                "3",
+                "ResponseComplete",
+                "create",
+                mcm,
+                "machines",
+                None,
+                "2026-01-01T00:00:03Z",
+            ),
+            line(
+                "4",
+                "ResponseComplete",
+                "update",
+                "kwok/v0.8.0",
+                "leases",
+                None,
+                "2026-01-01T00:00:03Z",
+            ),
+            line(
+                "5",
+                "ResponseComplete",
+                "patch",
+                mc,
+                "machines",
+                Some("status"),
+                "2026-01-01T00:00:09Z",
+            ),
+            "not json".to_string(),
+        ];
+        let requests = parse_lines(lines.iter().map(String::as_str));
+        assert_eq!(requests.len(), 5);
+        assert_eq!(requests[3].sender, Sender::Other("kwok".into()));
+        let t = tally(
+            &requests,
+            "2026-01-01T00:00:00Z".parse().unwrap(),
+            "2026-01-01T00:00:05Z".parse().unwrap(),
+        );
+        assert_eq!((t.machine_controller, t.machine_controller_writes), (2, 1));
+        assert_eq!((t.manager, t.manager_writes), (1, 1));
+        assert_eq!(t.total(), 3);
+        assert_eq!(t.by_kind["machine-controller patch machines/status"], 1);
+        assert_eq!(t.by_kind["machine-controller watch machines"], 1);
+        assert_eq!(t.by_kind["manager create machines"], 1);
+    }
+
+    #[test]
+    fn senders_are_told_apart_by_their_program() {
+        assert_eq!(
+            Sender::of("machine-controller-aws/0.1.0"),
+            Sender::MachineController
+        );
+        assert_eq!(
+            Sender::of("machine-controller-manager/0.1.0 x"),
+            Sender::Manager
+        );
+        assert!(!Sender::of("kube-controller-manager/v1.36.3").is_controller());
+        assert!(!Sender::of("mcm-local-cloud/0.1.0").is_controller());
+    }
+}

@@ -1,0 +1,98 @@
+//! `cargo xtask bench`: the project's benchmarks.
+//!
+//! - `drain` (also what `cargo xtask bench` alone runs): the drain benchmark of `mcm-drain`.
+//! - `scale`, `scale-down`, `rollout`: both controllers (release builds, separate processes)
+//!   against a real control plane, with kwok keeping the Nodes of N machines Ready; requests
+//!   counted at the API server from its audit log. See docs/benchmarks.md.
+
+mod audit;
+mod drain;
+mod report;
+mod scale;
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::{Args, Subcommand, ValueEnum};
+
+/// `cargo xtask bench [which]`.
+#[derive(Debug, Args)]
+pub struct Bench {
+    /// Which benchmark (default: drain).
+    #[command(subcommand)]
+    which: Option<Which>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Which {
+    /// Drain of a node with 50 pods with volumes, serial and parallel (mcm-drain).
+    Drain,
+    /// Scale a MachineDeployment 0 -> N, then measure the controllers idle at N.
+    Scale(ScaleArgs),
+    /// Scale 0 -> N, N -> 0, and 0 -> N again (the re-scale right after a scale-down).
+    ScaleDown(ScaleArgs),
+    /// Scale 0 -> N, then a rolling update of all N with --max-surge and maxUnavailable 0.
+    Rollout(ScaleArgs),
+}
+
+/// What runs a machine's Node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum VmKind {
+    /// Records plus Nodes kept Ready by kwok (thousands fit one machine).
+    Kwok,
+    /// `local-node` processes (~20 MiB each).
+    Process,
+}
+
+/// Settings of the scale benchmarks.
+#[derive(Debug, Clone, Args)]
+pub struct ScaleArgs {
+    /// Machines (default 1000; 100 for rollout).
+    #[arg(long)]
+    pub machines: Option<usize>,
+    /// `--kube-api-qps` of both controllers (MCM's default).
+    #[arg(long, default_value_t = 20.0)]
+    pub qps: f32,
+    /// `--kube-api-burst` of both controllers (MCM's default).
+    #[arg(long, default_value_t = 30)]
+    pub burst: u32,
+    /// `--concurrent-syncs` of both controllers (default: the binaries' own).
+    #[arg(long)]
+    pub concurrent_syncs: Option<u16>,
+    /// A further flag for both controllers (repeatable), e.g.
+    /// `--controller-arg=--machine-safety-overshooting-period=5s`.
+    #[arg(long = "controller-arg", allow_hyphen_values = true)]
+    pub controller_args: Vec<String>,
+    /// Rollout: the deployment's maxSurge (maxUnavailable is 0).
+    #[arg(long, default_value_t = 10)]
+    pub max_surge: u32,
+    /// What runs the Nodes.
+    #[arg(long, value_enum, default_value = "kwok")]
+    pub vms: VmKind,
+    /// Seconds the controllers are watched idle after the scale-up (`scale` only).
+    #[arg(long, default_value_t = 60)]
+    pub idle_seconds: u64,
+    /// Seconds a phase may take before the benchmark fails.
+    #[arg(long, default_value_t = 3600)]
+    pub phase_timeout: u64,
+    /// Print the results as JSON on stdout (progress and logs go to stderr).
+    #[arg(long)]
+    pub json: bool,
+    /// Write an SVG plot of Running machines and Ready Nodes over time to this file (default
+    /// `<target>/bench/<bench>-<N>.svg`).
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Keep the logs directory.
+    #[arg(long)]
+    pub keep_logs: bool,
+}
+
+/// Runs the chosen benchmark.
+pub fn run(bench: Bench) -> Result<()> {
+    match bench.which.unwrap_or(Which::Drain) {
+        Which::Drain => drain::run(),
+        Which::Scale(args) => scale::run(scale::Kind::Scale, args),
+        Which::ScaleDown(args) => scale::run(scale::Kind::ScaleDown, args),
+        Which::Rollout(args) => scale::run(scale::Kind::Rollout, args),
+    }
+}

@@ -1,0 +1,632 @@
+//! The scale benchmarks: a control plane whose API server audits every request, kwok, both
+//! controllers in release builds, one MachineDeployment scaled and rolled; per phase the wall
+//! time, the controllers' requests counted at the API server, their CPU and peak RSS.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use futures::StreamExt;
+use indicatif::{ProgressBar, ProgressStyle};
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use mcm_api::{Machine, MachineDeployment, MachinePhase};
+use mcm_testenv::kit::is_ready;
+use mcm_testenv::{Components, ControlPlane, Options};
+use serde_json::json;
+
+use super::report::{self, Phase, Results, Sample};
+use super::{ScaleArgs, VmKind, audit};
+use crate::e2e::ctx::{Ctx, RUN_LABEL, SECRET};
+use crate::e2e::env::{self, Controller, ControllerKind, ControllerSpec, Profile};
+
+/// Which benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// 0 -> N, idle.
+    Scale,
+    /// 0 -> N, N -> 0, 0 -> N.
+    ScaleDown,
+    /// 0 -> N, rolling update.
+    Rollout,
+}
+
+impl Kind {
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Scale => "scale",
+            Kind::ScaleDown => "scale-down",
+            Kind::Rollout => "rollout",
+        }
+    }
+}
+
+/// The deployment the benchmark scales.
+const DEPLOYMENT: &str = "bench";
+/// Its class.
+const CLASS: &str = "bench";
+/// How often the sampler looks at its stores.
+const SAMPLE_EVERY: Duration = Duration::from_millis(250);
+/// Linux's USER_HZ: the unit of utime/stime in /proc/<pid>/stat.
+const TICKS_PER_SECOND: f64 = 100.0;
+
+/// Runs one scale benchmark and prints its results.
+pub fn run(kind: Kind, args: ScaleArgs) -> Result<()> {
+    env::plain_logs_for_children();
+    let bins = env::prepare_binaries_in(Profile::Release)?;
+    if std::env::var_os(mcm_testenv::binaries::KWOK_ENV).is_none() {
+        // `prepare_binaries_in` ran `cargo xtask testenv` unless KUBEBUILDER_ASSETS is set;
+        // kwok must be there either way.
+        mcm_testenv::binaries::find_kwok_dir().or_else(|_| {
+            crate::testenv::run(false, false)?;
+            mcm_testenv::binaries::find_kwok_dir().map_err(anyhow::Error::from)
+        })?;
+    }
+    let machines = args
+        .machines
+        .unwrap_or(if kind == Kind::Rollout { 100 } else { 1000 });
+    let logs = env::target_dir().join("bench").join(format!(
+        "{}-{machines}-{}",
+        kind.name(),
+        std::process::id()
+    ));
+    let runtime = tokio::runtime::Runtime::new()?;
+    let results = runtime.block_on(bench(kind, &args, machines, &bins, &logs));
+    let results = match results {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("logs kept in {}", logs.display());
+            return Err(e);
+        }
+    };
+    let plot = args
+        .plot
+        .clone()
+        .unwrap_or_else(|| default_plot(kind, machines));
+    report::plot(&results, &plot)?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&results)?);
+    } else {
+        print!("{}", report::table(&results));
+        println!("plot: {}", plot.display());
+    }
+    if args.keep_logs {
+        eprintln!("logs kept in {}", logs.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&logs);
+    }
+    Ok(())
+}
+
+/// What the sampler keeps: the stores and the samples of the phase running.
+struct Sampler {
+    machines: Store<Machine>,
+    nodes: Store<Node>,
+    samples: Arc<Mutex<Vec<Sample>>>,
+}
+
+/// What the stores say now.
+#[derive(Debug, Clone, Copy, Default)]
+struct Counts {
+    machines: usize,
+    running: usize,
+    /// Running machines created at or after the phase began.
+    new_running: usize,
+    nodes: usize,
+    ready: usize,
+}
+
+impl Sampler {
+    fn counts(&self, since: Timestamp) -> Counts {
+        let machines = self.machines.state();
+        let running = |m: &Arc<Machine>| {
+            m.status
+                .as_ref()
+                .and_then(|s| s.current_status.as_ref())
+                .and_then(|c| c.phase.clone())
+                == Some(MachinePhase::Running)
+        };
+        let nodes = self.nodes.state();
+        Counts {
+            machines: machines.len(),
+            running: machines.iter().filter(|m| running(m)).count(),
+            new_running: machines
+                .iter()
+                .filter(|m| running(m))
+                .filter(|m| {
+                    m.metadata
+                        .creation_timestamp
+                        .as_ref()
+                        .is_some_and(|t| t.0 >= since)
+                })
+                .count(),
+            nodes: nodes.len(),
+            ready: nodes.iter().filter(|n| is_ready(n)).count(),
+        }
+    }
+}
+
+/// The two controller processes.
+struct Controllers {
+    manager: Controller,
+    machine: Controller,
+}
+
+impl Controllers {
+    fn pids(&self) -> [i32; 2] {
+        [self.manager.pid() as i32, self.machine.pid() as i32]
+    }
+}
+
+async fn bench(
+    kind: Kind,
+    args: &ScaleArgs,
+    n: usize,
+    bins: &env::Binaries,
+    logs: &Path,
+) -> Result<Results> {
+    let began = Instant::now();
+    // kube-controller-manager as in a real cluster (node lifecycle, garbage collection of
+    // Leases); no scheduler: the benchmark runs no pods.
+    let cp = ControlPlane::start(Options {
+        components: Components {
+            controller_manager: true,
+            scheduler: false,
+        },
+        node_monitor_grace_period: Duration::from_secs(40),
+        audit_writes: true,
+        audit_reads: true,
+        ..Options::default()
+    })
+    .await
+    .context("starting the control plane")?;
+    if args.vms == VmKind::Kwok {
+        cp.start_kwok().await.context("starting kwok")?;
+    }
+    eprintln!(
+        "control plane{} up in {:.1}s",
+        if args.vms == VmKind::Kwok {
+            " and kwok"
+        } else {
+            ""
+        },
+        began.elapsed().as_secs_f64()
+    );
+    let result = run_phases(kind, args, n, &cp, bins, logs).await;
+    if result.is_err() {
+        let _ = env::preserve_control_plane_logs(&cp, logs);
+    }
+    result
+}
+
+async fn run_phases(
+    kind: Kind,
+    args: &ScaleArgs,
+    n: usize,
+    cp: &ControlPlane,
+    bins: &env::Binaries,
+    logs: &Path,
+) -> Result<Results> {
+    let ctx = Ctx::new(cp, bins, "bench", logs).await?;
+    let mut provider_spec = json!({
+        "labels": { RUN_LABEL: ctx.ns },
+        "stateDirectory": ctx.state.root(),
+    });
+    match args.vms {
+        VmKind::Kwok => provider_spec["node"] = json!("kwok"),
+        VmKind::Process => provider_spec["heartbeatInterval"] = json!("10s"),
+    }
+    ctx.apply(&json!({
+        "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "MachineClass",
+        "metadata": { "name": CLASS },
+        "provider": "local",
+        "providerSpec": provider_spec,
+        "secretRef": { "name": SECRET, "namespace": ctx.ns },
+    }))
+    .await?;
+    ctx.create_deployment(DEPLOYMENT, 0, CLASS).await?;
+
+    let controllers = start_controllers(args, cp, bins, &ctx).await?;
+    let sampler = start_sampler(&ctx).await?;
+    let deployments: Api<MachineDeployment> = Api::namespaced(ctx.client.clone(), &ctx.ns);
+    let timeout = Duration::from_secs(args.phase_timeout);
+
+    let mut phases = Vec::new();
+    let scale = |replicas: usize| {
+        let deployments = deployments.clone();
+        async move {
+            deployments
+                .patch(
+                    DEPLOYMENT,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({ "spec": { "replicas": replicas } })),
+                )
+                .await
+                .map(drop)
+                .context("scaling the MachineDeployment")
+        }
+    };
+
+    let up = Step {
+        name: "scale-up",
+        from: 0,
+        to: n,
+    };
+    phases.push(
+        measure(
+            &up,
+            &controllers,
+            &sampler,
+            timeout,
+            || scale(n),
+            |c, _| c.machines == n && c.running == n && c.ready == n,
+        )
+        .await?,
+    );
+    match kind {
+        Kind::Scale => {
+            phases.push(idle(args, n, &controllers, &sampler).await);
+        }
+        Kind::ScaleDown => {
+            let down = Step {
+                name: "scale-down",
+                from: n,
+                to: 0,
+            };
+            phases.push(
+                measure(
+                    &down,
+                    &controllers,
+                    &sampler,
+                    timeout,
+                    || scale(0),
+                    |c, _| c.machines == 0 && c.nodes == 0,
+                )
+                .await?,
+            );
+            let again = Step {
+                name: "scale-up-again",
+                from: 0,
+                to: n,
+            };
+            phases.push(
+                measure(
+                    &again,
+                    &controllers,
+                    &sampler,
+                    timeout,
+                    || scale(n),
+                    |c, _| c.machines == n && c.running == n && c.ready == n,
+                )
+                .await?,
+            );
+        }
+        Kind::Rollout => {
+            deployments
+                .patch(
+                    DEPLOYMENT,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({ "spec": { "strategy": { "rollingUpdate": {
+                        "maxSurge": args.max_surge, "maxUnavailable": 0 } } } })),
+                )
+                .await
+                .context("setting maxSurge")?;
+            let roll = Step {
+                name: "rollout",
+                from: n,
+                to: n,
+            };
+            let deployments_for_roll = deployments.clone();
+            let mut phase = measure(
+                &roll,
+                &controllers,
+                &sampler,
+                timeout,
+                || async move {
+                    deployments_for_roll
+                        .patch(
+                            DEPLOYMENT,
+                            &PatchParams::default(),
+                            &Patch::Merge(json!({ "spec": { "template": { "metadata": {
+                                "labels": { "bench.mcm-rs.io/revision": "2" } } } } })),
+                        )
+                        .await
+                        .map(drop)
+                        .context("changing the template")
+                },
+                |c, _| c.machines == n && c.new_running == n && c.ready == n,
+            )
+            .await?;
+            let surge = args.max_surge.max(1) as usize;
+            phase.first_batch_seconds = phase
+                .samples
+                .iter()
+                .find(|s| s.new_running >= surge.min(n))
+                .map(|s| s.seconds);
+            phase.batches = Some(n.div_ceil(surge));
+            phases.push(phase);
+        }
+    }
+
+    for c in [controllers.manager, controllers.machine] {
+        c.stop(Duration::from_secs(10)).await;
+    }
+    // The last requests are in the log: the API server writes each event before it answers.
+    let audit_log = cp
+        .audit_log_path()
+        .context("the control plane has no audit log")?;
+    let requests = audit::read(&audit_log)?;
+    for p in &mut phases {
+        p.requests = audit::tally(&requests, p.from, p.to);
+        p.fill_bounds(args.qps, args.burst);
+    }
+    Ok(Results {
+        bench: kind.name().to_string(),
+        machines: n,
+        qps: args.qps,
+        burst: args.burst,
+        vms: format!("{:?}", args.vms).to_lowercase(),
+        phases,
+    })
+}
+
+/// A phase to measure: its name and the machine counts it goes between.
+struct Step {
+    name: &'static str,
+    from: usize,
+    to: usize,
+}
+
+async fn start_controllers(
+    args: &ScaleArgs,
+    cp: &ControlPlane,
+    bins: &env::Binaries,
+    ctx: &Ctx<'_>,
+) -> Result<Controllers> {
+    let spec = |kind: ControllerKind, name: &str| ControllerSpec {
+        kind,
+        name: name.to_string(),
+        namespace: ctx.ns.clone(),
+        control_kubeconfig: cp.kubeconfig_path().to_path_buf(),
+        target_kubeconfig: cp.kubeconfig_path().to_path_buf(),
+        extra: [
+            format!("--kube-api-qps={}", args.qps),
+            format!("--kube-api-burst={}", args.burst),
+        ]
+        .into_iter()
+        .chain(
+            args.concurrent_syncs
+                .map(|n| format!("--concurrent-syncs={n}")),
+        )
+        .chain(args.controller_args.iter().cloned())
+        .collect(),
+        env: vec![(
+            mcm_provider_local::NODE_BINARY_ENV.to_string(),
+            bins.local_node.display().to_string(),
+        )],
+    };
+    let manager = Controller::spawn(
+        bins,
+        cp,
+        &ctx.dir,
+        &spec(ControllerKind::Manager, "manager"),
+    )?;
+    let machine = Controller::spawn(
+        bins,
+        cp,
+        &ctx.dir,
+        &spec(ControllerKind::Machine, "machine-controller"),
+    )?;
+    manager.await_ready(Duration::from_secs(120)).await?;
+    machine.await_ready(Duration::from_secs(120)).await?;
+    Ok(Controllers { manager, machine })
+}
+
+/// Reflectors over the namespace's Machines and the run's Nodes; each [`measure`] samples
+/// them.
+async fn start_sampler(ctx: &Ctx<'_>) -> Result<Sampler> {
+    let machines_api: Api<Machine> = Api::namespaced(ctx.client.clone(), &ctx.ns);
+    let nodes_api: Api<Node> = Api::all(ctx.client.clone());
+    let (machines, machines_writer) = reflector::store();
+    let (nodes, nodes_writer) = reflector::store();
+    tokio::spawn(
+        reflector::reflector(
+            machines_writer,
+            watcher(machines_api, watcher::Config::default()),
+        )
+        .default_backoff()
+        .for_each(|_| async {}),
+    );
+    tokio::spawn(
+        reflector::reflector(
+            nodes_writer,
+            watcher(
+                nodes_api,
+                watcher::Config::default().labels(&format!("{RUN_LABEL}={}", ctx.ns)),
+            ),
+        )
+        .default_backoff()
+        .for_each(|_| async {}),
+    );
+    machines
+        .wait_until_ready()
+        .await
+        .context("the Machine reflector stopped")?;
+    nodes
+        .wait_until_ready()
+        .await
+        .context("the Node reflector stopped")?;
+    Ok(Sampler {
+        machines,
+        nodes,
+        samples: Arc::default(),
+    })
+}
+
+/// CPU ticks and peak RSS of a process.
+#[derive(Debug, Clone, Copy, Default)]
+struct ProcUsage {
+    ticks: u64,
+    peak_rss_kib: u64,
+}
+
+fn usage(pid: i32) -> ProcUsage {
+    let ticks = mcm_provider_local::state::read_proc_stat(pid).map_or(0, |s| s.utime + s.stime);
+    let peak_rss_kib = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        })
+        .unwrap_or(0);
+    ProcUsage {
+        ticks,
+        peak_rss_kib,
+    }
+}
+
+/// Starts a phase with `action`, samples until `done` holds, and measures it.
+async fn measure<A, Fut>(
+    step: &Step,
+    controllers: &Controllers,
+    sampler: &Sampler,
+    timeout: Duration,
+    action: A,
+    done: impl Fn(&Counts, Duration) -> bool,
+) -> Result<Phase>
+where
+    A: FnOnce() -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    let pids = controllers.pids();
+    let before = pids.map(usage);
+    let bar = ProgressBar::new(step.from.abs_diff(step.to).max(step.to) as u64);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{prefix:>15} [{elapsed_precise}] {wide_bar} {pos}/{len} {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    bar.set_prefix(step.name);
+    let from = Timestamp::now();
+    let start = Instant::now();
+    sampler.samples.lock().map(|mut s| s.clear()).ok();
+    action().await?;
+    loop {
+        let elapsed = start.elapsed();
+        let c = sampler.counts(from);
+        let sample = Sample {
+            seconds: elapsed.as_secs_f64(),
+            machines: c.machines,
+            running: c.running,
+            new_running: c.new_running,
+            ready_nodes: c.ready,
+        };
+        if let Ok(mut s) = sampler.samples.lock() {
+            s.push(sample);
+        }
+        let progress = if step.to >= step.from {
+            if step.from == step.to {
+                c.new_running
+            } else {
+                c.running.min(c.ready)
+            }
+        } else {
+            step.from.saturating_sub(c.machines.max(c.nodes))
+        };
+        bar.set_position(progress as u64);
+        bar.set_message(format!(
+            "machines {} running {} nodes ready {}",
+            c.machines, c.running, c.ready
+        ));
+        if done(&c, elapsed) {
+            break;
+        }
+        if elapsed > timeout {
+            bar.abandon();
+            bail!(
+                "{} did not finish within {timeout:?}: {} machines, {} Running, {} Nodes ({} Ready)",
+                step.name,
+                c.machines,
+                c.running,
+                c.nodes,
+                c.ready
+            );
+        }
+        tokio::time::sleep(SAMPLE_EVERY).await;
+    }
+    let wall = start.elapsed();
+    let to = Timestamp::now();
+    bar.finish_and_clear();
+    let after = pids.map(usage);
+    eprintln!(
+        "{} {}→{}: {:.1}s",
+        step.name,
+        step.from,
+        step.to,
+        wall.as_secs_f64()
+    );
+    let samples = sampler
+        .samples
+        .lock()
+        .map(|s| s.clone())
+        .unwrap_or_default();
+    Ok(Phase::new(
+        step.name,
+        step.from,
+        step.to,
+        wall.as_secs_f64(),
+        from,
+        to,
+        cpu_seconds(before, after),
+        after.map(|u| u.peak_rss_kib),
+        samples,
+    ))
+}
+
+fn cpu_seconds(before: [ProcUsage; 2], after: [ProcUsage; 2]) -> [f64; 2] {
+    [0, 1].map(|i| after[i].ticks.saturating_sub(before[i].ticks) as f64 / TICKS_PER_SECOND)
+}
+
+/// The controllers left alone at `n` machines for `--idle-seconds`: their CPU and requests.
+async fn idle(args: &ScaleArgs, n: usize, controllers: &Controllers, sampler: &Sampler) -> Phase {
+    let pids = controllers.pids();
+    let before = pids.map(usage);
+    let from = Timestamp::now();
+    let window = Duration::from_secs(args.idle_seconds);
+    eprintln!("idle at {n} machines for {}s", window.as_secs());
+    // Deliberate: this is the measurement window, not a synchronization.
+    tokio::time::sleep(window).await;
+    let to = Timestamp::now();
+    let after = pids.map(usage);
+    let c = sampler.counts(from);
+    Phase::new(
+        "idle",
+        n,
+        n,
+        window.as_secs_f64(),
+        from,
+        to,
+        cpu_seconds(before, after),
+        after.map(|u| u.peak_rss_kib),
+        vec![Sample {
+            seconds: window.as_secs_f64(),
+            machines: c.machines,
+            running: c.running,
+            new_running: c.new_running,
+            ready_nodes: c.ready,
+        }],
+    )
+}
+
+/// The default plot path of a benchmark.
+pub fn default_plot(kind: Kind, n: usize) -> PathBuf {
+    env::target_dir()
+        .join("bench")
+        .join(format!("{}-{n}.svg", kind.name()))
+}
