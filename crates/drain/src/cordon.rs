@@ -178,6 +178,29 @@ pub(crate) async fn cordon(
     apply(api, node_name, "cordon", plan_cordon).await
 }
 
+/// Cordons a node planned from `known`, a copy of it the caller holds (e.g. from a store):
+/// no request when that copy is cordoned already, one patch otherwise. The patch carries the
+/// copy's resourceVersion, so a stale copy meets a conflict, and then the node is read and
+/// the cordon planned again ([`cordon`]).
+pub(crate) async fn cordon_known(
+    api: &Api<Node>,
+    known: &Node,
+) -> Result<Option<CordonChange>, DrainError> {
+    let node_name = known.metadata.name.clone().unwrap_or_default();
+    let Some(NodePatch { patch, change }) = plan_cordon(known) else {
+        return Ok(Some(CordonChange::default()));
+    };
+    match api
+        .patch(&node_name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(Some(change)),
+        Err(kube::Error::Api(s)) if s.code == 409 => cordon(api, &node_name).await,
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+        Err(e) => Err(DrainError::kube(format!("cordon node {node_name}"), e)),
+    }
+}
+
 /// Uncordons a node, removing only what [`crate::drain`]'s cordon added (recorded in
 /// [`CORDON_RECORD_ANNOTATION`]): a taint or `unschedulable` set by someone else stays.
 /// Returns what was removed; a missing node or a node the drain did not cordon is not an

@@ -288,7 +288,12 @@ pub async fn drain_pass(
         ..Default::default()
     };
     let nodes: Api<Node> = Api::all(client.clone());
-    if cordon::cordon(&nodes, node_name).await?.is_none() {
+    let known = stores.node(node_name);
+    let cordoned = match &known {
+        Some(node) => cordon::cordon_known(&nodes, node).await?,
+        None => cordon::cordon(&nodes, node_name).await?,
+    };
+    if cordoned.is_none() {
         report.state = Some(PassState::NodeGone);
         return Ok(report);
     }
@@ -364,13 +369,19 @@ pub async fn drain_pass(
         return Ok(report);
     }
 
-    let Some(node) = nodes
-        .get_opt(node_name)
-        .await
-        .map_err(|e| DrainError::kube(format!("get node {node_name}"), e))?
-    else {
-        report.state = Some(PassState::NodeGone);
-        return Ok(report);
+    let node = match known {
+        Some(node) => Node::clone(&node),
+        None => {
+            let Some(node) = nodes
+                .get_opt(node_name)
+                .await
+                .map_err(|e| DrainError::kube(format!("get node {node_name}"), e))?
+            else {
+                report.state = Some(PassState::NodeGone);
+                return Ok(report);
+            };
+            node
+        }
     };
     let kept = staying_volumes(&client, options, &staying).await?;
     let attached = attached_volumes(&node, &stores.volume_attachments.state(), node_name, &kept);

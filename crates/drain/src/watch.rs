@@ -5,6 +5,7 @@ use std::hash::Hash;
 use std::time::Duration;
 
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use k8s_openapi::serde::de::DeserializeOwned;
 use kube::Resource;
@@ -71,6 +72,10 @@ pub struct Stores {
     /// without it the drain re-reads the store on Node events and every
     /// [`STORE_POLL_INTERVAL`].
     pub volume_attachment_changes: Option<watch::Receiver<u64>>,
+    /// Nodes of the target cluster, when the caller keeps a store of them: a drain pass then
+    /// plans its cordon and its volume check from the store's copy instead of reading the
+    /// Node (a cordon written with a stale copy meets a conflict and re-reads the Node).
+    pub nodes: Option<Store<Node>>,
 }
 
 impl Stores {
@@ -79,7 +84,21 @@ impl Stores {
         Stores {
             volume_attachments,
             volume_attachment_changes: None,
+            nodes: None,
         }
+    }
+
+    /// These stores with a Node store the caller runs.
+    pub fn with_nodes(mut self, nodes: Store<Node>) -> Self {
+        self.nodes = Some(nodes);
+        self
+    }
+
+    /// The node as the Node store has it, if there is one and it has the node.
+    pub fn node(&self, name: &str) -> Option<std::sync::Arc<Node>> {
+        self.nodes
+            .as_ref()
+            .and_then(|s| s.get(&kube::runtime::reflector::ObjectRef::new(name)))
     }
 }
 
@@ -106,6 +125,7 @@ impl VolumeAttachmentReflector {
         Stores {
             volume_attachments: self.watched.store.clone(),
             volume_attachment_changes: Some(self.watched.changes.clone()),
+            nodes: None,
         }
     }
 }

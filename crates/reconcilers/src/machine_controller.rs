@@ -139,7 +139,7 @@ pub fn prepare(
         driver,
         config.machine.clone(),
         stores.clone(),
-        mcm_drain::Stores::new(stores.volume_attachments.clone()),
+        mcm_drain::Stores::new(stores.volume_attachments.clone()).with_nodes(stores.nodes.clone()),
         handles.freeze.clone(),
         metrics,
     );

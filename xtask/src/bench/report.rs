@@ -114,7 +114,7 @@ impl Phase {
     /// Machines the phase created, deleted or replaced.
     pub fn machines_changed(&self) -> usize {
         match self.from_machines.abs_diff(self.to_machines) {
-            0 if self.name == "rollout" => self.to_machines,
+            0 if self.name == "rollout" || self.name == "rescale" => self.to_machines,
             d => d,
         }
     }
@@ -280,12 +280,12 @@ pub fn plot(r: &Results, path: &Path) -> Result<()> {
             let colour = colours[i % colours.len()];
             let value = |s: &Sample| match p.name.as_str() {
                 "scale-down" => s.machines,
-                "rollout" => s.new_running,
+                "rollout" | "rescale" => s.new_running,
                 _ => s.running,
             };
             let label = match p.name.as_str() {
                 "scale-down" => format!("{}: machines left", p.name),
-                "rollout" => format!("{}: new machines Running", p.name),
+                "rollout" | "rescale" => format!("{}: new machines Running", p.name),
                 _ => format!("{}: machines Running", p.name),
             };
             chart

@@ -304,6 +304,42 @@ async fn run_phases(
                 )
                 .await?,
             );
+            // What an operator does: scale to 0, and back up as soon as the deployment
+            // reports no replicas, while the old machines are still being deleted.
+            let rescale = Step {
+                name: "rescale",
+                from: n,
+                to: n,
+            };
+            let deployments_for_rescale = deployments.clone();
+            phases.push(
+                measure(
+                    &rescale,
+                    &controllers,
+                    &sampler,
+                    timeout,
+                    || async move {
+                        scale(0).await?;
+                        env::wait_for("the deployment to report 0 replicas", timeout, || {
+                            let api = deployments_for_rescale.clone();
+                            async move {
+                                let d = api.get(DEPLOYMENT).await?;
+                                let replicas =
+                                    d.status.as_ref().and_then(|s| s.replicas).unwrap_or(-1);
+                                Ok(if replicas == 0 {
+                                    env::Check::Done(())
+                                } else {
+                                    env::Check::Pending(format!("{replicas} replicas"))
+                                })
+                            }
+                        })
+                        .await?;
+                        scale(n).await
+                    },
+                    |c, _| c.machines == n && c.new_running == n && c.ready == n,
+                )
+                .await?,
+            );
         }
         Kind::Rollout => {
             deployments

@@ -139,6 +139,13 @@ pub async fn add_finalizer(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
 /// the patch is guarded by the fresh version (someone else may be editing finalizers).
 async fn remove_finalizer(ctx: &Ctx, m: &Machine) -> Result<(), Error> {
     let api = machine_api(ctx);
+    // With the reconciled copy first (its resourceVersion guards the patch); a conflict
+    // means it was stale: read the Machine and try again.
+    match kube_api::remove_finalizer(&api, m, finalizers::MACHINE_CONTROLLER).await {
+        Ok(_) => return Ok(()),
+        Err(e) if e.is_conflict() => {}
+        Err(e) => return Err(Error::kube("remove the machine finalizer", e)),
+    }
     let current = match api.get_opt(&name(m)).await {
         Ok(Some(c)) if c.uid() == m.uid() => c,
         // Gone, or a new Machine of the same name: nothing of ours to remove.
@@ -227,13 +234,7 @@ async fn ensure_bootstrap_token(
     let api: Api<Secret> = Api::namespaced(ctx.target.clone(), token::TOKEN_NAMESPACE);
     let id = token::token_id(&ctx.settings.namespace, &name(m));
     let secret_name = token::secret_name(&id);
-    let existing = api
-        .get_opt(&secret_name)
-        .await
-        .map_err(|e| Error::kube("read the bootstrap token", e))?;
-    if let Some(t) = existing.as_ref().and_then(token::token_of) {
-        return Ok(t);
-    }
+    // Created first (a retry after a crash finds it with a conflict and reads it).
     let secret = token::token_secret(
         &id,
         &token::random_secret(),
@@ -324,18 +325,17 @@ async fn try_create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Ac
         let rendered = token::render_user_data(user_data, &token, &machine_name);
         secret.0.insert(USER_DATA_KEY.into(), rendered.into_bytes());
     }
+    // Recorded before any request to the cloud: from now on a VM may exist, even if this
+    // process dies before it learns the providerID, so deletion will need the class. Our
+    // finalizer goes with it when it is missing.
+    let first_request = super::observe::progress(m, progress::VM_REQUESTED).is_none();
+    record_vm_request(ctx, m, first_request).await?;
     let request_id = RequestId::generate();
     tracing::info!(%request_id, "looking for the machine's VM");
     let found = vm_status(ctx, m, &class, &secret, &request_id).await;
     let (provider_id, node_name, adopted) = match found {
         Ok(s) => (s.provider_id, s.node_name, true),
         Err(e) if matches!(e.code, Code::NotFound | Code::Unimplemented) => {
-            // Recorded before the request: from now on a VM may exist, even if this process
-            // dies before it learns the providerID, so deletion will need the class.
-            let first_request = super::observe::progress(m, progress::VM_REQUESTED).is_none();
-            if first_request {
-                set_progress(ctx, m, progress::VM_REQUESTED).await?;
-            }
             tracing::info!(%request_id, "creating the VM");
             let created = match ctx
                 .driver
@@ -399,6 +399,20 @@ async fn try_create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Ac
     ctx.metrics.created(adopted);
     // Pending is the next step (the patch above wakes the machine again).
     Ok(Action::requeue(cfg.creation_timeout.min(RECHECK)))
+}
+
+/// Writes the `vm-requested` progress (when `first_request`) and our finalizer (when it is
+/// missing) in one patch, guarded by the resource version; nothing when both are there.
+async fn record_vm_request(ctx: &Ctx, m: &Machine, first_request: bool) -> Result<(), Error> {
+    let mut patch = kube_api::finalizer_patch(m, finalizers::MACHINE_CONTROLLER, true)
+        .unwrap_or_else(|| json!({ "metadata": {} }));
+    if first_request {
+        patch["metadata"]["annotations"] =
+            json!({ progress::VM_REQUESTED: Timestamp::now().to_string() });
+    } else if patch["metadata"].get("finalizers").is_none() {
+        return Ok(());
+    }
+    patch_machine(ctx, m, &patch, "record the VM request").await
 }
 
 /// Asks the driver for the machine's VM.
@@ -491,14 +505,26 @@ pub async fn mark_running(ctx: &Ctx, m: &Machine, node: Option<&Node>) -> Result
             format!("Machine {} successfully joined the cluster", name(m)),
         )
     };
-    if let Some(node) = node {
-        copy_node_status(ctx, m, node, true).await?;
-    }
     // The token goes before Running is recorded, so a crash in between cannot skip it.
     delete_bootstrap_token(ctx, m).await?;
     let op = Operation::successful(kind, description);
-    let notice = Notice::normal("Running", "HealthCheck");
-    announce(ctx, m, Some(&MachinePhase::Running), op, notice).await?;
+    // Running, the operation and the node's conditions and addresses in one status write.
+    let mut patch = status::status_patch(m, Some(&MachinePhase::Running), &op, Timestamp::now());
+    if let Some(node) = node {
+        let addresses = node
+            .status
+            .as_ref()
+            .and_then(|s| s.addresses.clone())
+            .unwrap_or_default();
+        status::merge_into(
+            &mut patch,
+            status::node_status_patch(super::observe::node_conditions_of(node), &addresses),
+        );
+    }
+    patch_status(ctx, m, patch).await?;
+    ctx.events
+        .normal(&m.object_ref(&()), "Running", "HealthCheck", op.description)
+        .await;
     Ok(Action::requeue(ctx.settings.resync))
 }
 
@@ -639,6 +665,19 @@ async fn set_progress(ctx: &Ctx, m: &Machine, key: &str) -> Result<(), Error> {
     patch_machine(ctx, m, &patch, "record the machine's progress").await
 }
 
+/// Writes the progress annotations `keys` (each = now) on the Machine in one patch; none, no
+/// request.
+async fn set_progress_keys(ctx: &Ctx, m: &Machine, keys: &[&str]) -> Result<(), Error> {
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let now = Timestamp::now().to_string();
+    let annotations: serde_json::Map<String, serde_json::Value> =
+        keys.iter().map(|k| (k.to_string(), json!(now))).collect();
+    let patch = json!({ "metadata": { "annotations": annotations } });
+    patch_machine(ctx, m, &patch, "record the machine's progress").await
+}
+
 /// Removes a progress annotation from the Machine.
 async fn clear_progress(ctx: &Ctx, m: &Machine, key: &str) -> Result<(), Error> {
     let patch = json!({ "metadata": { "annotations": { key: null } } });
@@ -674,35 +713,6 @@ async fn node_event(ctx: &Ctx, node: &str, type_: EventType, reason: &str, note:
         .await;
 }
 
-/// Terminating with a node: mark the node Terminating, cordon it, and record when the drain
-/// started (the drain timeout and eviction retries count from there, across restarts).
-pub async fn start_drain(ctx: &Ctx, m: &Machine, node: &Node) -> Result<Action, Error> {
-    let node_name = node.name_any();
-    set_node_terminating(ctx, node, m).await?;
-    mcm_drain::cordon(ctx.target.clone(), &node_name)
-        .await
-        .map_err(Error::Drain)?;
-    set_progress(ctx, m, progress::DRAIN_STARTED).await?;
-    let description =
-        format!("Drain of node {node_name} started: node cordoned, evicting its pods");
-    announce_deletion_step(
-        ctx,
-        m,
-        description.clone(),
-        Notice::normal("DrainStarted", "Drain"),
-    )
-    .await?;
-    node_event(
-        ctx,
-        &node_name,
-        EventType::Normal,
-        "DrainStarted",
-        format!("cordoned; draining for the deletion of machine {}", name(m)),
-    )
-    .await;
-    Ok(Action::requeue(RECHECK))
-}
-
 /// Whether the driver reports the machine's VM gone (`NotFound`). Any other answer, or a
 /// class that cannot be read, counts as "may exist".
 pub async fn vm_is_gone(ctx: &Ctx, m: &Machine) -> bool {
@@ -716,6 +726,8 @@ pub async fn vm_is_gone(ctx: &Ctx, m: &Machine) -> bool {
 /// What a drain pass is told by the decision.
 #[derive(Debug, Clone)]
 pub struct PassPlan<'a> {
+    /// The first pass: the drain starts now (recorded with this pass's outcome).
+    pub first: bool,
     /// Delete pods instead of evicting them.
     pub force: bool,
     /// Why, if forced.
@@ -779,32 +791,63 @@ pub async fn drain_pass(
         summary.push_str(&format!(" (forced: {why})"));
     }
     let description = format!("Drain of node {node_name}: {summary}");
-    match report.state() {
+    let state = report.state();
+    let blocked = !report.blocked.is_empty() || !report.misconfigured.is_empty();
+    // The progress this pass makes, written in one patch: the start of the drain (first
+    // pass), all pods gone (the volume wait counts from there), drained.
+    let mut progress_keys = Vec::new();
+    if plan.first {
+        progress_keys.push(progress::DRAIN_STARTED);
+    }
+    match state {
         mcm_drain::PassState::Done | mcm_drain::PassState::NodeGone => {
-            set_progress(ctx, m, progress::DRAINED).await?;
-            announce_deletion_step(
-                ctx,
-                m,
-                description.clone(),
-                Notice::normal("Drained", "Drain"),
-            )
-            .await?;
-            if report.state() == mcm_drain::PassState::Done {
-                node_event(ctx, node_name, EventType::Normal, "Drained", summary).await;
+            progress_keys.push(progress::DRAINED);
+        }
+        mcm_drain::PassState::Volumes if plan.pods_gone_for.is_none() => {
+            progress_keys.push(progress::PODS_DRAINED);
+        }
+        _ => {}
+    }
+    set_progress_keys(ctx, m, &progress_keys).await?;
+    if plan.first {
+        // One Event on the node says why it is cordoned; the Machine's lastOperation has
+        // every step.
+        let note = match state {
+            mcm_drain::PassState::Done => format!(
+                "cordoned and drained for the deletion of machine {}: {summary}",
+                name(m)
+            ),
+            _ => format!("cordoned; draining for the deletion of machine {}", name(m)),
+        };
+        node_event(ctx, node_name, EventType::Normal, "DrainStarted", note).await;
+    }
+    match state {
+        mcm_drain::PassState::Done | mcm_drain::PassState::NodeGone => {
+            // A drain done in its first pass had nothing to wait for: its Events are the
+            // node's DrainStarted above; a longer drain ends with Drained on both.
+            if plan.first {
+                record_deletion_step(ctx, m, description).await?;
+            } else {
+                announce_deletion_step(
+                    ctx,
+                    m,
+                    description.clone(),
+                    Notice::normal("Drained", "Drain"),
+                )
+                .await?;
+                if state == mcm_drain::PassState::Done {
+                    node_event(ctx, node_name, EventType::Normal, "Drained", summary).await;
+                }
             }
             Ok(Action::requeue(RECHECK))
         }
         mcm_drain::PassState::Volumes => {
-            if plan.pods_gone_for.is_none() {
-                set_progress(ctx, m, progress::PODS_DRAINED).await?;
-            }
             record_deletion_step(ctx, m, description).await?;
             Ok(Action::requeue(
                 ctx.settings.eviction_retry_interval.min(DRAIN_WAIT_RECHECK),
             ))
         }
         mcm_drain::PassState::Pods => {
-            let blocked = !report.blocked.is_empty() || !report.misconfigured.is_empty();
             let changed = last_description(m) != Some(description.as_str());
             if blocked && changed {
                 let notice = Notice::warning("DrainBlockedByPDB", "Drain");
@@ -893,13 +936,9 @@ pub async fn delete_vm(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
     set_progress(ctx, m, progress::VM_DELETED).await?;
     let what = vm_description(m);
     let description = format!("Deleted {what}");
-    announce_deletion_step(
-        ctx,
-        m,
-        description.clone(),
-        Notice::normal("VMDeleted", "Delete"),
-    )
-    .await?;
+    // The Machine's Event comes when its deletion is complete ("Deleted"); the node's
+    // says now why it goes away.
+    record_deletion_step(ctx, m, description.clone()).await?;
     if let Some(node) = m.node_name() {
         node_event(ctx, node, EventType::Normal, "VMDeleted", description).await;
     }
@@ -975,7 +1014,8 @@ pub async fn finish_deletion(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
     Ok(Action::await_change())
 }
 
-async fn set_node_terminating(ctx: &Ctx, node: &Node, m: &Machine) -> Result<(), Error> {
+/// Sets the node's `Terminating` condition (unless it is set), before its drain starts.
+pub async fn set_node_terminating(ctx: &Ctx, node: &Node, m: &Machine) -> Result<(), Error> {
     let already = super::observe::node_conditions_of(node)
         .iter()
         .any(|c| c.type_ == node_conditions::TERMINATING && c.status == "True");
@@ -1003,20 +1043,10 @@ async fn set_node_terminating(ctx: &Ctx, node: &Node, m: &Machine) -> Result<(),
     }));
     let nodes: Api<Node> = Api::all(ctx.target.clone());
     let patch = json!({ "status": { "conditions": conditions } });
-    let outcome = kube_api::merge_patch(&nodes, Part::Status, &node.name_any(), &patch)
+    // A node gone meanwhile needs no condition.
+    let _ = kube_api::merge_patch(&nodes, Part::Status, &node.name_any(), &patch)
         .await
         .map_err(|e| Error::kube("set the node's Terminating condition", e))?;
-    if outcome.is_gone() {
-        return Ok(());
-    }
-    ctx.node_events
-        .normal(
-            &node.object_ref(&()),
-            "Terminating",
-            "Delete",
-            format!("node is being removed with machine {}", name(m)),
-        )
-        .await;
     Ok(())
 }
 

@@ -222,11 +222,11 @@ pub enum Step {
     Nothing,
     /// Deletion requested: set Terminating.
     MarkTerminating,
-    /// Terminating, node present: cordon it, mark it Terminating and record when the drain
-    /// started.
-    StartDrain,
-    /// One pass of the drain (evictions or deletions of this round, then requeue).
+    /// One pass of the drain (cordon, evictions or deletions of this round, then requeue).
+    /// The first pass also marks the node Terminating and records when the drain started.
     DrainPass {
+        /// The first pass: the drain has not started yet.
+        first: bool,
         /// Delete pods instead of evicting them.
         force: bool,
         /// Why force was chosen, if it was.
@@ -257,9 +257,17 @@ pub fn next_step(o: &Observed, cfg: &MachineConfig, now: Timestamp) -> Step {
     if o.deleting {
         return deletion_step(o, cfg, now);
     }
-    if !o.has_finalizer {
+    let step = lifecycle_step(o, cfg, now);
+    // Our finalizer first; a machine about to get its VM gets it with the record of the VM
+    // request, in one write.
+    if !o.has_finalizer && step != Step::CreateVm {
         return Step::AddFinalizer;
     }
+    step
+}
+
+/// [`next_step`] of a machine that is not being deleted, finalizer aside.
+fn lifecycle_step(o: &Observed, cfg: &MachineConfig, now: Timestamp) -> Step {
     let in_phase = elapsed(o.phase_since, now);
     let has_vm = o.provider_id.is_some() && o.node_name.is_some();
 
@@ -368,12 +376,10 @@ fn deletion_step(o: &Observed, cfg: &MachineConfig, now: Timestamp) -> Step {
         && !d.vm_gone
         && !d.drained
     {
-        let Some(started) = d.drain_started else {
-            return Step::StartDrain;
-        };
-        let elapsed = elapsed(started, now);
+        let elapsed = d.drain_started.map_or(Duration::ZERO, |s| elapsed(s, now));
         let force_reason = drain_force_reason(o, node, cfg, elapsed, now);
         return Step::DrainPass {
+            first: d.drain_started.is_none(),
             force: force_reason.is_some(),
             force_reason,
             unreachable: node.unreachable,
@@ -521,10 +527,29 @@ mod tests {
         let missing = ClassProblem::ClassMissing { name: "c".into() };
         let cases: Vec<(&str, Observed, u64, Step)> = vec![
             (
-                "no finalizer yet",
+                "no finalizer yet, VM to create: added with the VM request",
                 Observed {
                     has_finalizer: false,
                     ..fresh()
+                },
+                0,
+                Step::CreateVm,
+            ),
+            (
+                "no finalizer yet, class missing: the finalizer first",
+                Observed {
+                    has_finalizer: false,
+                    class: Err(missing.clone()),
+                    ..fresh()
+                },
+                0,
+                Step::AddFinalizer,
+            ),
+            (
+                "no finalizer on a machine with a VM: the finalizer first",
+                Observed {
+                    has_finalizer: false,
+                    ..with_vm(MachinePhase::Running)
                 },
                 0,
                 Step::AddFinalizer,
@@ -749,6 +774,7 @@ mod tests {
 
     fn pass(force_reason: Option<&str>, unreachable: bool, elapsed_min: u64) -> Step {
         Step::DrainPass {
+            first: false,
             force: force_reason.is_some(),
             force_reason: force_reason.map(String::from),
             unreachable,
@@ -801,7 +827,14 @@ mod tests {
                 "node present, drain not started",
                 facts(DeletionFacts::default()),
                 0,
-                Step::StartDrain,
+                Step::DrainPass {
+                    first: true,
+                    force: false,
+                    force_reason: None,
+                    unreachable: false,
+                    elapsed: Duration::ZERO,
+                    pods_gone_for: None,
+                },
             ),
             ("a drain pass", terminating(), 1, pass(None, false, 1)),
             (
@@ -855,6 +888,7 @@ mod tests {
                 }),
                 5,
                 Step::DrainPass {
+                    first: false,
                     force: false,
                     force_reason: None,
                     unreachable: false,

@@ -119,11 +119,8 @@ async fn reconcile_once(m: &Machine, ctx: &Ctx) -> Result<Action, Error> {
         Step::KeepRunning => act::keep_running(ctx, m, node).await,
         Step::Nothing => Ok(Action::await_change()),
         Step::MarkTerminating => act::mark_terminating(ctx, m, node, observed.vm_requested).await,
-        Step::StartDrain => match node {
-            Some(node) => act::start_drain(ctx, m, node).await,
-            None => Err(Error::Invariant("StartDrain without a node".into())),
-        },
         Step::DrainPass {
+            first,
             force,
             force_reason,
             unreachable,
@@ -133,7 +130,16 @@ async fn reconcile_once(m: &Machine, ctx: &Ctx) -> Result<Action, Error> {
             let Some(node_name) = observe::node_name(m) else {
                 return Err(Error::Invariant("DrainPass without a node name".into()));
             };
+            if first {
+                let Some(node) = node else {
+                    return Err(Error::Invariant(
+                        "the first drain pass without a node".into(),
+                    ));
+                };
+                act::set_node_terminating(ctx, node, m).await?;
+            }
             let plan = act::PassPlan {
+                first,
                 force,
                 force_reason: force_reason.as_deref(),
                 unreachable,

@@ -127,6 +127,18 @@ pub fn conditions_differ(current: Option<&[NodeCondition]>, node: &[NodeConditio
     a != b
 }
 
+/// Merges the `status` of patch `extra` into `patch` (both `{"status": {...}}`), keys of
+/// `extra` winning.
+pub fn merge_into(patch: &mut Value, extra: Value) {
+    if let (Some(into), Value::Object(mut from)) = (
+        patch.get_mut("status").and_then(Value::as_object_mut),
+        extra,
+    ) && let Some(Value::Object(fields)) = from.remove("status")
+    {
+        into.extend(fields);
+    }
+}
+
 /// A merge patch copying the Node's conditions and addresses into the Machine status.
 pub fn node_status_patch(conditions: &[NodeCondition], addresses: &[NodeAddress]) -> Value {
     json!({ "status": { "conditions": conditions, "addresses": addresses } })
@@ -147,6 +159,23 @@ mod tests {
             ..Default::default()
         });
         m
+    }
+
+    #[test]
+    fn node_status_merges_into_a_phase_change() {
+        let now: Timestamp = "2026-01-01T00:00:00Z".parse().unwrap();
+        let op = Operation::successful(MachineOperationType::Create, "joined");
+        let mut p = status_patch(
+            &machine_in(MachinePhase::Pending),
+            Some(&MachinePhase::Running),
+            &op,
+            now,
+        );
+        merge_into(&mut p, node_status_patch(&[], &[]));
+        assert_eq!(p["status"]["currentStatus"]["phase"], "Running");
+        assert_eq!(p["status"]["lastOperation"]["description"], "joined");
+        assert_eq!(p["status"]["conditions"], json!([]));
+        assert_eq!(p["status"]["addresses"], json!([]));
     }
 
     #[test]
