@@ -54,14 +54,20 @@ async fn kwok_vms_live_as_records_with_nodes_kwok_keeps_ready() {
         "4"
     );
     let leases: Api<Lease> = Api::namespaced(client.clone(), "kube-node-lease");
-    await_object(leases, &name, WAIT, "the Node Lease kwok renews", |l| {
-        l.is_some_and(|l| {
-            l.spec
-                .as_ref()
-                .and_then(|s| s.renew_time.as_ref())
-                .is_some()
-        })
-    })
+    await_object(
+        leases,
+        &name,
+        WAIT,
+        "the Node Lease kwok renews",
+        |l: Option<&Lease>| {
+            l.is_some_and(|l| {
+                l.spec
+                    .as_ref()
+                    .and_then(|s| s.renew_time.as_ref())
+                    .is_some()
+            })
+        },
+    )
     .await;
 
     // Status and list report it Running.

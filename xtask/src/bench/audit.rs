@@ -31,11 +31,6 @@ impl Sender {
             p => Sender::Other(p.to_string()),
         }
     }
-
-    /// Whether it is one of the two controllers.
-    pub fn is_controller(&self) -> bool {
-        matches!(self, Sender::Manager | Sender::MachineController)
-    }
 }
 
 /// One request, as the audit log tells it.
@@ -49,6 +44,8 @@ pub struct Request {
     pub verb: String,
     /// `machines`, `machines/status`, `nodes`, ... or the path of a non-resource request.
     pub resource: String,
+    /// The namespace of a namespaced request.
+    pub namespace: Option<String>,
 }
 
 impl Request {
@@ -82,6 +79,8 @@ struct ObjectRef {
     resource: String,
     #[serde(default)]
     subresource: Option<String>,
+    #[serde(default)]
+    namespace: Option<String>,
 }
 
 /// Parses audit log lines into requests, one per audit id (a watch logs a start and an end).
@@ -96,6 +95,7 @@ pub fn parse_lines<'a>(lines: impl IntoIterator<Item = &'a str>) -> Vec<Request>
         if !seen.insert(e.audit_id) {
             continue;
         }
+        let namespace = e.object_ref.as_ref().and_then(|o| o.namespace.clone());
         let resource = match e.object_ref {
             Some(o) => match o.subresource {
                 Some(sub) => format!("{}/{sub}", o.resource),
@@ -113,6 +113,7 @@ pub fn parse_lines<'a>(lines: impl IntoIterator<Item = &'a str>) -> Vec<Request>
             sender: Sender::of(&e.user_agent),
             verb: e.verb,
             resource,
+            namespace,
         });
     }
     out
@@ -139,6 +140,10 @@ pub struct Tally {
     pub manager_writes: u64,
     /// Writes of the machine controller.
     pub machine_controller_writes: u64,
+    /// Writes of the manager to the target cluster.
+    pub manager_target_writes: u64,
+    /// Writes of the machine controller to the target cluster.
+    pub machine_controller_target_writes: u64,
     /// Requests of both, by `"<sender> <verb> <resource>"`.
     pub by_kind: BTreeMap<String, u64>,
 }
@@ -148,17 +153,44 @@ impl Tally {
     pub fn total(&self) -> u64 {
         self.manager + self.machine_controller
     }
+
+    /// The most writes one client-side rate limiter let through: each controller has one for
+    /// the control cluster and one for the target cluster.
+    pub fn busiest_limiter_writes(&self) -> u64 {
+        [
+            self.manager_writes - self.manager_target_writes,
+            self.manager_target_writes,
+            self.machine_controller_writes - self.machine_controller_target_writes,
+            self.machine_controller_target_writes,
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(0)
+    }
 }
 
-/// Counts the controllers' requests received in `[from, to]`.
-pub fn tally(requests: &[Request], from: Timestamp, to: Timestamp) -> Tally {
+/// Counts the controllers' requests received in `[from, to]`. Requests in
+/// `control_namespace` went to the control cluster, all others to the target cluster (in the
+/// benchmark both are one API server).
+pub fn tally(
+    requests: &[Request],
+    from: Timestamp,
+    to: Timestamp,
+    control_namespace: &str,
+) -> Tally {
     let mut t = Tally::default();
     for r in requests.iter().filter(|r| r.at >= from && r.at <= to) {
-        let (count, writes, who) = match r.sender {
-            Sender::Manager => (&mut t.manager, &mut t.manager_writes, "manager"),
+        let (count, writes, target_writes, who) = match r.sender {
+            Sender::Manager => (
+                &mut t.manager,
+                &mut t.manager_writes,
+                &mut t.manager_target_writes,
+                "manager",
+            ),
             Sender::MachineController => (
                 &mut t.machine_controller,
                 &mut t.machine_controller_writes,
+                &mut t.machine_controller_target_writes,
                 "machine-controller",
             ),
             Sender::Other(_) => continue,
@@ -166,6 +198,9 @@ pub fn tally(requests: &[Request], from: Timestamp, to: Timestamp) -> Tally {
         *count += 1;
         if r.is_write() {
             *writes += 1;
+            if r.namespace.as_deref() != Some(control_namespace) {
+                *target_writes += 1;
+            }
         }
         *t.by_kind
             .entry(format!("{who} {} {}", r.verb, r.resource))
@@ -268,7 +303,10 @@ mod tests {
             &requests,
             "2026-01-01T00:00:00Z".parse().unwrap(),
             "2026-01-01T00:00:05Z".parse().unwrap(),
+            "ns",
         );
+        assert_eq!(t.machine_controller_target_writes, 0);
+        assert_eq!(t.busiest_limiter_writes(), 1);
         assert_eq!((t.machine_controller, t.machine_controller_writes), (2, 1));
         assert_eq!((t.manager, t.manager_writes), (1, 1));
         assert_eq!(t.total(), 3);
@@ -287,7 +325,13 @@ mod tests {
             Sender::of("machine-controller-manager/0.1.0 x"),
             Sender::Manager
         );
-        assert!(!Sender::of("kube-controller-manager/v1.36.3").is_controller());
-        assert!(!Sender::of("mcm-local-cloud/0.1.0").is_controller());
+        assert_eq!(
+            Sender::of("kube-controller-manager/v1.36.3"),
+            Sender::Other("kube-controller-manager".into())
+        );
+        assert_eq!(
+            Sender::of("mcm-local-cloud/0.1.0"),
+            Sender::Other("mcm-local-cloud".into())
+        );
     }
 }

@@ -52,8 +52,8 @@ pub struct Phase {
     pub requests: Tally,
     /// Both controllers' requests per machine created, deleted or replaced.
     pub requests_per_machine: Option<f64>,
-    /// The lower bound the QPS budget sets: the busier controller's writes beyond its burst,
-    /// divided by the QPS.
+    /// The lower bound the QPS budget sets: the writes of the busiest client-side rate
+    /// limiter (each controller has one per cluster) beyond its burst, divided by the QPS.
     pub qps_bound_seconds: Option<f64>,
     /// `wall_seconds / qps_bound_seconds`.
     pub bound_ratio: Option<f64>,
@@ -126,10 +126,7 @@ impl Phase {
             return;
         }
         self.requests_per_machine = Some(self.requests.total() as f64 / changed as f64);
-        let busier = self
-            .requests
-            .manager_writes
-            .max(self.requests.machine_controller_writes);
+        let busier = self.requests.busiest_limiter_writes();
         let bound = busier.saturating_sub(u64::from(burst)) as f64 / f64::from(qps);
         if bound > 0.0 {
             self.qps_bound_seconds = Some(bound);

@@ -397,7 +397,7 @@ async fn run_phases(
         .context("the control plane has no audit log")?;
     let requests = audit::read(&audit_log)?;
     for p in &mut phases {
-        p.requests = audit::tally(&requests, p.from, p.to);
+        p.requests = audit::tally(&requests, p.from, p.to, &ctx.ns);
         p.fill_bounds(args.qps, args.burst);
     }
     Ok(Results {
