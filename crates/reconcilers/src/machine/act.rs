@@ -307,8 +307,15 @@ pub async fn create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Ac
             ctx.reset_backoff(m);
             Ok(action)
         }
-        Err(Error::Driver { op, source }) => creation_failed(ctx, m, op, source).await,
-        Err(Error::Class(problem)) => report_class_problem(ctx, m, &problem).await,
+        // A failed attempt leaves the machine with our finalizer all the same.
+        Err(Error::Driver { op, source }) => {
+            finalizer_after_failure(ctx, m).await;
+            creation_failed(ctx, m, op, source).await
+        }
+        Err(Error::Class(problem)) => {
+            finalizer_after_failure(ctx, m).await;
+            report_class_problem(ctx, m, &problem).await
+        }
         Err(e) => Err(e),
     }
 }
@@ -329,13 +336,16 @@ async fn try_create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Ac
     // process dies before it learns the providerID, so deletion will need the class. Our
     // finalizer goes with it when it is missing.
     let first_request = super::observe::progress(m, progress::VM_REQUESTED).is_none();
-    record_vm_request(ctx, m, first_request).await?;
     let request_id = RequestId::generate();
     tracing::info!(%request_id, "looking for the machine's VM");
     let found = vm_status(ctx, m, &class, &secret, &request_id).await;
     let (provider_id, node_name, adopted) = match found {
-        Ok(s) => (s.provider_id, s.node_name, true),
+        Ok(s) => {
+            record_vm_request(ctx, m, false).await?;
+            (s.provider_id, s.node_name, true)
+        }
         Err(e) if matches!(e.code, Code::NotFound | Code::Unimplemented) => {
+            record_vm_request(ctx, m, first_request).await?;
             tracing::info!(%request_id, "creating the VM");
             let created = match ctx
                 .driver
@@ -362,6 +372,7 @@ async fn try_create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Ac
             (created.provider_id, created.node_name, false)
         }
         Err(e) if e.code == Code::Uninitialized => {
+            record_vm_request(ctx, m, false).await?;
             initialize(ctx, m, &class, &secret, &request_id).await?;
             let s = vm_status(ctx, m, &class, &secret, &request_id)
                 .await
@@ -413,6 +424,16 @@ async fn record_vm_request(ctx: &Ctx, m: &Machine, first_request: bool) -> Resul
         return Ok(());
     }
     patch_machine(ctx, m, &patch, "record the VM request").await
+}
+
+/// Adds our finalizer after a failed creation attempt, best effort: a conflict means this
+/// attempt wrote it with the VM request already (the copy is stale), and any other failure is
+/// retried by the next attempt. Without a VM request there is nothing a missing finalizer
+/// could leak.
+async fn finalizer_after_failure(ctx: &Ctx, m: &Machine) {
+    if let Err(e) = record_vm_request(ctx, m, false).await {
+        tracing::debug!(error = %e, "finalizer not added this round; the next attempt adds it");
+    }
 }
 
 /// Asks the driver for the machine's VM.
@@ -823,9 +844,12 @@ pub async fn drain_pass(
     }
     match state {
         mcm_drain::PassState::Done | mcm_drain::PassState::NodeGone => {
-            // A drain done in its first pass had nothing to wait for: its Events are the
-            // node's DrainStarted above; a longer drain ends with Drained on both.
-            if plan.first {
+            // A drain done in its first pass with no pod to act on had nothing to tell
+            // beyond the node's DrainStarted above; otherwise it ends with Drained on both.
+            let acted = !report.evicted.is_empty()
+                || !report.deleted.is_empty()
+                || !report.released.is_empty();
+            if plan.first && !acted {
                 record_deletion_step(ctx, m, description).await?;
             } else {
                 announce_deletion_step(
