@@ -257,10 +257,12 @@ fn find_node_binary(explicit: Option<PathBuf>, current_exe: &Path) -> Result<Pat
 ///
 /// VM processes run in their own session (`setsid`), not tied to the controller: stopping or
 /// restarting the controller leaves them running, and no `PR_SET_PDEATHSIG` is used. The
-/// record is written right after the process starts; should the controller die in between,
-/// that one process is unrecorded (a real cloud has the same window between "run instance"
-/// and "tag it"). Create and delete of one machine are serialized within a driver; two
-/// drivers sharing a state directory at the same time are not coordinated.
+/// record is written before the process starts and completed with its pid right after, so a
+/// controller that dies in between leaves a pending record, never an unrecorded process:
+/// the next create or delete finds the process by its command line and stops it (status
+/// reports no VM until the launch is finished). Create and delete of one machine are
+/// serialized within a driver; two drivers sharing a state directory at the same time are
+/// not coordinated.
 #[derive(Debug)]
 pub struct LocalDriver {
     config: LocalDriverConfig,
@@ -311,9 +313,21 @@ impl LocalDriver {
         if spec.node == NodeKind::Kwok {
             return self.create_kwok(&req, state, name, spec, kubeconfig).await;
         }
-        if let Some(existing) = state.read(&name)? {
-            info!(machine = %name, request_id = %req.request_id, pid = existing.pid, "VM exists already");
-            return Ok(create_response(&existing));
+        match state.read(&name)? {
+            Some(existing) if existing.launch_pending() => {
+                // An earlier create died between recording the VM and recording its
+                // process: stop whatever it started and launch again.
+                let work = state.work_dir(&name);
+                let request_id = req.request_id.clone();
+                tokio::task::spawn_blocking(move || stop_interrupted_launch(&work, &request_id))
+                    .await
+                    .map_err(LocalError::Task)??;
+            }
+            Some(existing) => {
+                info!(machine = %name, request_id = %req.request_id, pid = existing.pid, "VM exists already");
+                return Ok(create_response(&existing));
+            }
+            None => {}
         }
         let launch = Launch {
             binary: self.config.node_binary.clone(),
@@ -391,7 +405,11 @@ impl LocalDriver {
             return Ok(DeleteMachineResponse::default());
         }
         let request_id = req.request_id.clone();
+        let work = state.work_dir(&name);
         tokio::task::spawn_blocking(move || {
+            if record.launch_pending() {
+                stop_interrupted_launch(&work, &request_id)?;
+            }
             stop_process(&record, &request_id)?;
             state.remove(&record.machine_name)?;
             info!(machine = %record.machine_name, request_id = %request_id, "VM deleted");
@@ -402,10 +420,15 @@ impl LocalDriver {
         Ok(DeleteMachineResponse::default())
     }
 
+    /// The record of a machine's VM. A launch that did not finish counts as no VM yet: the
+    /// controller then calls create, which finishes it (the orphan collector still sees it
+    /// through `list`).
     fn status(&self, req: &GetMachineStatusRequest) -> Result<Option<VmRecord>, LocalError> {
         let name = machine_name(&req.machine)?;
         let spec = parse_spec(&req.machine_class)?;
-        Ok(state_directory(&spec)?.read(&name)?)
+        Ok(state_directory(&spec)?
+            .read(&name)?
+            .filter(|r| !r.launch_pending()))
     }
 
     fn list(&self, req: &ListMachinesRequest) -> Result<ListMachinesResponse, LocalError> {
@@ -436,8 +459,22 @@ struct Launch {
 }
 
 impl Launch {
-    /// Prepares the working directory, starts the agent detached, and records it.
+    /// Records the VM, prepares the working directory, starts the agent detached, and
+    /// records its process. The record comes first: a crash at any point leaves a record
+    /// (with pid 0 until the process is known), so no process is ever left unrecorded.
     fn run(self) -> Result<VmRecord, LocalError> {
+        let mut record = VmRecord {
+            machine_name: self.name.clone(),
+            class_name: self.class_name.clone(),
+            provider_id: state::provider_id(&self.name),
+            node_name: self.name.clone(),
+            pid: 0,
+            start_time: 0,
+            created_at: jiff::Timestamp::now(),
+            request_id: Some(self.request_id.to_string()),
+            node: NodeKind::Process,
+        };
+        self.state.write(&record)?;
         let work = self.state.work_dir(&self.name);
         fs::create_dir_all(&work).map_err(|e| LocalError::io("create directory", &work, e))?;
         let kubeconfig = work.join(KUBECONFIG_FILE);
@@ -510,17 +547,8 @@ impl Launch {
         let Some(stat) = state::read_proc_stat(raw_pid) else {
             return Err(LocalError::VanishedAtStart { pid, log: log_path });
         };
-        let record = VmRecord {
-            machine_name: self.name.clone(),
-            class_name: self.class_name,
-            provider_id: state::provider_id(&self.name),
-            node_name: self.name.clone(),
-            pid: raw_pid,
-            start_time: stat.start_time,
-            created_at: jiff::Timestamp::now(),
-            request_id: Some(self.request_id.to_string()),
-            node: NodeKind::Process,
-        };
+        record.pid = raw_pid;
+        record.start_time = stat.start_time;
         if let Err(e) = self.state.write(&record) {
             // Do not leave an unrecorded VM behind.
             let _ = kill(Pid::from_raw(raw_pid), Signal::SIGKILL);
@@ -584,6 +612,41 @@ fn write_private(path: &Path, data: &[u8]) -> Result<(), LocalError> {
 
 /// SIGTERMs the VM process (if the record's pid still is the VM), waits up to
 /// [`TERMINATE_GRACE`], then SIGKILLs it and waits for it to be gone.
+/// Stops the process(es) an interrupted launch may have started for the VM working in
+/// `work` (found by the spec path on their command line), and waits until they are gone.
+fn stop_interrupted_launch(work: &Path, request_id: &RequestId) -> Result<(), LocalError> {
+    let spec = work.join(SPEC_FILE);
+    let began = Instant::now();
+    let deadline = began + KILL_WAIT;
+    loop {
+        let left = state::processes_with_arg(&spec);
+        let Some(&pid) = left.first() else {
+            return Ok(());
+        };
+        if Instant::now() >= deadline {
+            return Err(LocalError::StillRunning {
+                machine: work.display().to_string(),
+                pid,
+                waited: began.elapsed(),
+            });
+        }
+        for pid in left {
+            info!(request_id = %request_id, pid, "stopping the process of an interrupted launch");
+            match kill(Pid::from_raw(pid), Signal::SIGKILL) {
+                Ok(()) | Err(nix::Error::ESRCH) => {}
+                Err(source) => {
+                    return Err(LocalError::Signal {
+                        signal: Signal::SIGKILL,
+                        pid,
+                        source,
+                    });
+                }
+            }
+        }
+        std::thread::sleep(EXIT_POLL);
+    }
+}
+
 fn stop_process(record: &VmRecord, request_id: &RequestId) -> Result<(), LocalError> {
     if record.process_pid().is_none() {
         return Ok(());
@@ -685,7 +748,18 @@ fn create_response(record: &VmRecord) -> CreateMachineResponse {
 
 /// The VM resource of a record with the given liveness.
 pub fn vm_resource(record: &VmRecord, liveness: Liveness) -> ResourceStatus {
-    if record.process_pid().is_none() {
+    if record.launch_pending() {
+        return ResourceStatus {
+            kind: ResourceKind::Vm,
+            id: record.provider_id.clone(),
+            state: ResourceState::Stopped,
+            message: Some(
+                "its launch did not finish: the next create or delete stops whatever it started"
+                    .into(),
+            ),
+        };
+    }
+    if record.node == NodeKind::Kwok {
         return ResourceStatus {
             kind: ResourceKind::Vm,
             id: record.provider_id.clone(),

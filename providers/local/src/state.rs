@@ -59,10 +59,37 @@ pub struct VmRecord {
 }
 
 impl VmRecord {
-    /// The pid of the VM's process, `None` for a VM without one (kwok).
+    /// The pid of the VM's process, `None` for a VM without one (kwok) or whose launch has
+    /// not finished.
     pub fn process_pid(&self) -> Option<i32> {
         (self.node == NodeKind::Process && self.pid > 0).then_some(self.pid)
     }
+
+    /// Whether this is the record of a process VM whose launch did not finish: it is written
+    /// (with pid 0) before the process starts and completed right after, so a crash in
+    /// between leaves this record, never an unrecorded process. The process may or may not
+    /// have started; see [`processes_with_arg`].
+    pub fn launch_pending(&self) -> bool {
+        self.node == NodeKind::Process && self.pid <= 0
+    }
+}
+
+/// The pids of the processes whose command line has the argument `arg` (exactly), read
+/// from `/proc`. A VM's agent is started with the path of its spec file, unique to the VM,
+/// so this finds the process of a launch that was interrupted before its pid was recorded.
+pub fn processes_with_arg(arg: &Path) -> Vec<i32> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return vec![];
+    };
+    let needle = arg.as_os_str().as_encoded_bytes();
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|raw| raw.split(|b| *b == 0).any(|a| a == needle))
+        })
+        .collect()
 }
 
 /// The provider id of a local VM: `local:///<machine-name>`.
@@ -140,8 +167,12 @@ pub fn liveness(record: &VmRecord, stat: Option<&ProcStat>) -> Liveness {
 
 /// Reads `/proc` and decides the liveness of a record.
 ///
-/// A VM without a process (kwok) lives as long as its record does.
+/// A VM without a process (kwok) lives as long as its record does; a process VM whose
+/// launch did not finish has no running process on record.
 pub fn check_liveness(record: &VmRecord) -> Liveness {
+    if record.launch_pending() {
+        return Liveness::Exited;
+    }
     let Some(pid) = record.process_pid() else {
         return Liveness::Alive;
     };

@@ -638,3 +638,60 @@ async fn fail_to_boot_and_crash_after_behave_as_documented() {
     crashing.delete(&name).await.expect("delete");
     delete_nodes(&client, &[name]).await;
 }
+
+/// A create that died between recording the VM and recording its process (the record is
+/// written first, with pid 0): status reports no VM, list still shows it, the next create
+/// stops the unrecorded process and launches one on record, and a delete of such a record
+/// stops the process too. No process is ever left without a record.
+#[tokio::test]
+async fn an_interrupted_launch_leaves_no_unrecorded_process() {
+    let TestNamespace { env, client, ns } = TestNamespace::new(Components::ALL, "launch").await;
+    let cloud = Cloud::on(&env, json!({}));
+    let name = format!("{ns}-vm");
+    let interrupt = |cloud: &Cloud| {
+        let mut record = cloud.state().read(&name).expect("read").expect("a record");
+        record.pid = 0;
+        record.start_time = 0;
+        cloud.state().write(&record).expect("write");
+        assert!(record.launch_pending());
+    };
+
+    cloud.create(&name).await.expect("create");
+    let first = cloud.pid(&name);
+    interrupt(&cloud);
+    assert_eq!(
+        agent_processes(&name),
+        [first],
+        "the process runs unrecorded"
+    );
+    let err = cloud.status(&name).await.expect_err("no finished VM");
+    assert_eq!(err.code, Code::NotFound);
+    let listed = cloud.list().await;
+    assert_eq!(
+        listed.resources[&mcm_provider_local::state::provider_id(&name)][0].state,
+        ResourceState::Stopped,
+        "the orphan collector still sees it"
+    );
+
+    cloud
+        .create(&name)
+        .await
+        .expect("create finishes the launch");
+    let second = cloud.pid(&name);
+    assert_ne!(second, first);
+    assert_eq!(
+        agent_processes(&name),
+        [second],
+        "only the recorded process runs"
+    );
+    cloud.status(&name).await.expect("a VM now");
+
+    interrupt(&cloud);
+    cloud.delete(&name).await.expect("delete");
+    assert!(
+        agent_processes(&name).is_empty(),
+        "the unrecorded process is stopped"
+    );
+    assert_eq!(cloud.state().read(&name).expect("read"), None);
+    delete_nodes(&client, &[name]).await;
+}

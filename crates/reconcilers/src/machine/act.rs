@@ -39,7 +39,7 @@ async fn patch_status(ctx: &Ctx, m: &Machine, patch: serde_json::Value) -> Resul
     machine_api(ctx)
         .patch_status(&name(m), &PatchParams::default(), &Patch::Merge(&patch))
         .await
-        .map(|_| ())
+        .map(|written| ctx.note_own_write(&written))
         .map_err(|e| Error::kube("update machine status", e))
 }
 
@@ -386,14 +386,7 @@ async fn try_create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Ac
         "metadata": { "labels": { labels::NODE: node_name } },
         "spec": { "providerID": provider_id },
     });
-    machine_api(ctx)
-        .patch(
-            &machine_name,
-            &PatchParams::default(),
-            &Patch::Merge(&patch),
-        )
-        .await
-        .map_err(|e| Error::kube("record the machine's providerID", e))?;
+    patch_machine(ctx, m, &patch, "record the machine's providerID").await?;
     let verb = if adopted {
         "Adopted existing"
     } else {
@@ -714,7 +707,7 @@ async fn patch_machine(
     machine_api(ctx)
         .patch(&name(m), &PatchParams::default(), &Patch::Merge(patch))
         .await
-        .map(|_| ())
+        .map(|written| ctx.note_own_write(&written))
         .map_err(|e| Error::kube(action, e))
 }
 

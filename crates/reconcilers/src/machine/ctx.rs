@@ -54,7 +54,15 @@ pub struct Ctx {
     retry_at: Mutex<HashMap<String, Instant>>,
     /// Names of deleted Nodes that were not managed by MCM (their Machines stay).
     unmanaged_gone: Mutex<HashSet<String>>,
+    /// The resourceVersion of this controller's last write to each Machine (by uid) and when
+    /// it was written: see [`Ctx::store_is_behind`].
+    own_writes: Mutex<HashMap<String, (u64, Instant)>>,
 }
+
+/// How long a write of our own is awaited in the store before a reconcile goes on without
+/// it (a watch that does not deliver it for this long has bigger problems; the reconcile
+/// then acts on what the store holds, as it would without this guard).
+pub const OWN_WRITE_WAIT: Duration = Duration::from_secs(30);
 
 impl Ctx {
     /// Builds a context.
@@ -86,6 +94,7 @@ impl Ctx {
             failures: Mutex::new(HashMap::new()),
             retry_at: Mutex::new(HashMap::new()),
             unmanaged_gone: Mutex::new(HashSet::new()),
+            own_writes: Mutex::new(HashMap::new()),
         }
     }
 
@@ -139,6 +148,38 @@ impl Ctx {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .contains(name)
+    }
+
+    /// Notes a write of this controller to a Machine: `written` is the object the API server
+    /// answered with.
+    pub(crate) fn note_own_write(&self, written: &Machine) {
+        let (Some(uid), Some(rv)) = (written.uid(), resource_version(written)) else {
+            return;
+        };
+        let now = Instant::now();
+        let mut writes = self.own_writes.lock().unwrap_or_else(|e| e.into_inner());
+        // Entries of machines whose store copy never caught up (deleted meanwhile).
+        writes.retain(|_, (_, at)| now.duration_since(*at) < OWN_WRITE_WAIT);
+        writes.insert(uid, (rv, now));
+    }
+
+    /// Whether the store's copy `m` predates this controller's own last write to it. Acting
+    /// on such a copy repeats a step that is already done: a reconcile woken by a Node
+    /// before the watch delivered the providerID patch would look for the VM again and count
+    /// a second creation. The watch event of the write wakes the machine once the store has
+    /// it. ResourceVersions are compared as the integers the API server issues (comparable
+    /// since Kubernetes 1.35); a copy whose version is not an integer is never held back.
+    pub(crate) fn store_is_behind(&self, m: &Machine) -> bool {
+        let Some(uid) = m.uid() else { return false };
+        let mut writes = self.own_writes.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(&(written, at)) = writes.get(&uid) else {
+            return false;
+        };
+        let behind = copy_is_behind(resource_version(m), written, at.elapsed());
+        if !behind {
+            writes.remove(&uid);
+        }
+        behind
     }
 
     pub(crate) fn node(&self, name: &str) -> Option<Arc<Node>> {
@@ -268,10 +309,39 @@ impl Ctx {
     }
 }
 
+/// The resourceVersion of `m` as the integer the API server issues.
+fn resource_version(m: &Machine) -> Option<u64> {
+    m.metadata.resource_version.as_deref()?.parse().ok()
+}
+
+/// Whether a store copy of version `copy` predates our write of version `written`, made
+/// `since` ago. Pure.
+pub fn copy_is_behind(copy: Option<u64>, written: u64, since: Duration) -> bool {
+    since < OWN_WRITE_WAIT && copy.is_some_and(|c| c < written)
+}
+
 impl std::ops::Deref for Ctx {
     type Target = Stores;
 
     fn deref(&self) -> &Stores {
         &self.stores
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_copy_is_held_back_only_while_it_predates_our_write() {
+        let recent = Duration::from_millis(10);
+        assert!(copy_is_behind(Some(41), 42, recent));
+        // The store has our write, or a later one of someone else.
+        assert!(!copy_is_behind(Some(42), 42, recent));
+        assert!(!copy_is_behind(Some(50), 42, recent));
+        // Not an integer: never held back.
+        assert!(!copy_is_behind(None, 42, recent));
+        // Awaited long enough: the reconcile goes on with what the store holds.
+        assert!(!copy_is_behind(Some(41), 42, OWN_WRITE_WAIT));
     }
 }

@@ -15,6 +15,10 @@ pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Action, E
     reconcile_once(&machine, &ctx).await
 }
 
+/// How long a reconcile whose store copy predates our own write waits before looking again
+/// (the watch event of the write normally wakes it sooner).
+const STORE_CATCH_UP: std::time::Duration = std::time::Duration::from_secs(2);
+
 /// The `controller` label of this controller's reconcile metrics.
 pub const CONTROLLER: &str = "machine";
 
@@ -30,6 +34,12 @@ async fn reconcile_once(m: &Machine, ctx: &Ctx) -> Result<Action, Error> {
         return Err(Error::Invariant(
             "the store readiness signal was dropped".into(),
         ));
+    }
+    // A copy older than our own last write would repeat what that write recorded; the
+    // watch event of the write wakes the machine again (the requeue only bounds the wait).
+    if ctx.store_is_behind(m) {
+        tracing::debug!("the store has not caught up with our last write yet");
+        return Ok(Action::requeue(STORE_CATCH_UP));
     }
     if node_was_deleted(m, ctx, ctx.freeze.is_frozen()) {
         return delete_machine_of_deleted_node(ctx, m).await;
