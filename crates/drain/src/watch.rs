@@ -47,7 +47,13 @@ where
     let (store, writer) = reflector::store();
     let (tx, changes) = watch::channel(0u64);
     let task = tokio::spawn(async move {
-        let stream = reflector::reflector(writer, watcher(api, config).default_backoff());
+        // Nothing here reads managedFields; a store holds every object of the kind.
+        let stream = reflector::reflector(
+            writer,
+            watcher(api, config)
+                .default_backoff()
+                .modify(|o: &mut K| o.meta_mut().managed_fields = None),
+        );
         futures::pin_mut!(stream);
         while let Some(event) = stream.next().await {
             match event {

@@ -48,6 +48,23 @@ where
     tap: DeletionTap<K>,
     synced: watch::Sender<bool>,
     wanted: bool,
+    slim: fn(&mut K),
+}
+
+/// Drops from a watched object what no controller reads: its `managedFields`, the
+/// server-side-apply bookkeeping of every writer, often the largest part of an object.
+/// Stores hold every Machine and Node of a cluster, so this is most of their memory.
+pub fn forget_managed_fields<K: Resource>(obj: &mut K) {
+    obj.meta_mut().managed_fields = None;
+}
+
+/// [`forget_managed_fields`], and a Node's list of container images (no controller reads
+/// it, and a real node lists dozens).
+pub fn slim_node(node: &mut Node) {
+    forget_managed_fields(node);
+    if let Some(status) = node.status.as_mut() {
+        status.images = None;
+    }
 }
 
 impl<K> Informer<K>
@@ -74,6 +91,13 @@ where
         Self::with_api(kind, Api::all(client.clone()), watcher::Config::default())
     }
 
+    /// What is dropped from each object before the store holds it (default:
+    /// [`forget_managed_fields`]).
+    fn slimmed_by(mut self, slim: fn(&mut K)) -> Self {
+        self.slim = slim;
+        self
+    }
+
     fn with_api(kind: &'static str, api: Api<K>, config: watcher::Config) -> Self {
         let (store, writer) = reflector::store_shared(BUFFER);
         Informer {
@@ -85,6 +109,7 @@ where
             writer: Some(writer),
             synced: watch::Sender::new(false),
             wanted: false,
+            slim: forget_managed_fields::<K>,
         }
     }
 
@@ -156,6 +181,7 @@ where
         Some(
             watcher(self.api.clone(), self.config.clone())
                 .default_backoff()
+                .modify(self.slim)
                 .reflect_shared(writer)
                 .inspect(move |event| match event {
                     Ok(event) => {
@@ -250,7 +276,7 @@ impl Informers {
                 ns("Secret"),
                 everything().labels(&format!("{CLASS_CREDENTIALS_LABEL}=true")),
             ),
-            nodes: Informer::cluster("Node", target),
+            nodes: Informer::cluster("Node", target).slimmed_by(slim_node),
             volume_attachments: Informer::cluster("VolumeAttachment", target),
         }
     }
@@ -519,5 +545,26 @@ mod tests {
             .collect()
             .await;
         assert_eq!(out, ["a", "b", "a", "c", "c"]);
+    }
+
+    #[test]
+    fn a_stored_node_keeps_what_controllers_read_without_managed_fields_or_images() {
+        let mut node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {
+                "name": "n", "labels": { "a": "b" },
+                "managedFields": [{ "manager": "kubelet", "operation": "Update" }]
+            },
+            "status": {
+                "conditions": [{ "type": "Ready", "status": "True" }],
+                "images": [{ "names": ["registry/x:1"], "sizeBytes": 1 }]
+            }
+        }))
+        .unwrap();
+        slim_node(&mut node);
+        assert_eq!(node.metadata.managed_fields, None);
+        let status = node.status.as_ref().unwrap();
+        assert_eq!(status.images, None);
+        assert_eq!(status.conditions.as_ref().unwrap().len(), 1);
+        assert_eq!(node.metadata.labels.as_ref().unwrap()["a"], "b");
     }
 }

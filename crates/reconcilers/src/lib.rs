@@ -23,6 +23,7 @@ pub mod machinedeployment;
 pub mod machineset;
 pub mod manager;
 pub mod metrics;
+pub mod pacer;
 pub mod runtime;
 pub mod safety;
 

@@ -108,15 +108,19 @@ fn check_kwok_dir(dir: &Path, source: &'static str) -> Result<(), TestEnvError> 
     if !dir.join(KWOK_STAGES_FILE).is_file() {
         missing.push(KWOK_STAGES_FILE);
     }
+    all_present(dir, &missing, source)
+}
+
+/// `Ok` when nothing is `missing` from `dir`, else the error that names what is.
+fn all_present(dir: &Path, missing: &[&str], source: &'static str) -> Result<(), TestEnvError> {
     if missing.is_empty() {
-        Ok(())
-    } else {
-        Err(TestEnvError::BinariesMissing {
-            dir: dir.to_path_buf(),
-            source_name: source,
-            missing: missing.join(", "),
-        })
+        return Ok(());
     }
+    Err(TestEnvError::BinariesMissing {
+        dir: dir.to_path_buf(),
+        source_name: source,
+        missing: missing.join(", "),
+    })
 }
 
 /// Finds the directory holding every binary in `needed`.
@@ -138,15 +142,7 @@ fn check_dir(dir: &Path, needed: &[Binary], source: &'static str) -> Result<(), 
         .filter(|b| !is_executable(&dir.join(b.file_name())))
         .map(|b| b.file_name())
         .collect();
-    if missing.is_empty() {
-        Ok(())
-    } else {
-        Err(TestEnvError::BinariesMissing {
-            dir: dir.to_path_buf(),
-            source_name: source,
-            missing: missing.join(", "),
-        })
-    }
+    all_present(dir, &missing, source)
 }
 
 fn is_executable(path: &Path) -> bool {

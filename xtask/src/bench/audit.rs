@@ -119,6 +119,52 @@ pub fn parse_lines<'a>(lines: impl IntoIterator<Item = &'a str>) -> Vec<Request>
     out
 }
 
+/// Follows a growing audit log: each [`AuditTail::poll`] reads what was appended since the
+/// last one.
+pub struct AuditTail {
+    path: std::path::PathBuf,
+    offset: u64,
+    partial: String,
+}
+
+impl AuditTail {
+    /// Follows `path` from its current end.
+    pub fn from_end(path: &Path) -> Result<AuditTail> {
+        let offset = std::fs::metadata(path)
+            .with_context(|| format!("reading the size of {}", path.display()))?
+            .len();
+        Ok(AuditTail {
+            path: path.to_path_buf(),
+            offset,
+            partial: String::new(),
+        })
+    }
+
+    /// The requests appended since the last poll (a line still being written is kept for
+    /// the next one).
+    pub fn poll(&mut self) -> Result<Vec<Request>> {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut file = std::fs::File::open(&self.path)
+            .with_context(|| format!("opening {}", self.path.display()))?;
+        file.seek(SeekFrom::Start(self.offset))
+            .with_context(|| format!("seeking in {}", self.path.display()))?;
+        let mut text = std::mem::take(&mut self.partial);
+        let read = file
+            .read_to_string(&mut text)
+            .with_context(|| format!("reading {}", self.path.display()))?;
+        self.offset += read as u64;
+        let complete = text.rfind('\n').map_or(0, |i| i + 1);
+        self.partial = text.split_off(complete);
+        Ok(parse_lines(text.lines()))
+    }
+}
+
+/// Whether a request is one of the controllers' own (a watch, which stays open, is not
+/// activity).
+pub fn is_controller_activity(r: &Request) -> bool {
+    !matches!(r.sender, Sender::Other(_)) && r.verb != "watch"
+}
+
 /// Reads the whole audit log.
 pub fn read(path: &Path) -> Result<Vec<Request>> {
     let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
@@ -233,6 +279,44 @@ mod tests {
             "requestReceivedTimestamp": at, "stageTimestamp": at,
         })
         .to_string()
+    }
+
+    #[test]
+    fn a_tail_reads_what_was_appended_and_keeps_a_partial_line() {
+        use std::io::Write;
+        let mc = "machine-controller-local/0.1.0 (linux/amd64) replica/a";
+        let t = "2026-01-01T00:00:01Z";
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("audit.log");
+        let mut log = std::fs::File::create(&path).expect("create");
+        writeln!(
+            log,
+            "{}",
+            line("0", "ResponseComplete", "get", mc, "machines", None, t)
+        )
+        .expect("write");
+        let mut tail = AuditTail::from_end(&path).expect("tail");
+        assert!(
+            tail.poll().expect("poll").is_empty(),
+            "only what comes after"
+        );
+        let patch = line("1", "ResponseComplete", "patch", mc, "machines", None, t);
+        let (head, rest) = patch.split_at(20);
+        write!(
+            log,
+            "{}",
+            line("2", "ResponseStarted", "watch", mc, "nodes", None, t)
+        )
+        .expect("write");
+        writeln!(log).expect("write");
+        write!(log, "{head}").expect("write");
+        let first = tail.poll().expect("poll");
+        assert_eq!(first.len(), 1);
+        assert!(!is_controller_activity(&first[0]), "a watch is no activity");
+        writeln!(log, "{rest}").expect("write");
+        let second = tail.poll().expect("poll");
+        assert_eq!(second.len(), 1, "the partial line, once complete");
+        assert!(is_controller_activity(&second[0]));
     }
 
     #[test]

@@ -120,6 +120,13 @@ struct Counts {
     ready: usize,
 }
 
+impl Counts {
+    /// Exactly `n` Machines, all Running, with `n` Ready Nodes.
+    fn fleet_of(&self, n: usize) -> bool {
+        self.machines == n && self.running == n && self.ready == n
+    }
+}
+
 impl Sampler {
     fn counts(&self, since: Timestamp) -> Counts {
         let machines = self.machines.state();
@@ -263,13 +270,16 @@ async fn run_phases(
             &sampler,
             timeout,
             || scale(n),
-            |c, _| c.machines == n && c.running == n && c.ready == n,
+            |c, _| c.fleet_of(n),
         )
         .await?,
     );
     match kind {
         Kind::Scale => {
-            phases.push(idle(args, n, &controllers, &sampler).await);
+            let audit_log = cp
+                .audit_log_path()
+                .context("the control plane has no audit log")?;
+            phases.push(idle(args, n, &controllers, &sampler, &audit_log).await?);
         }
         Kind::ScaleDown => {
             let down = Step {
@@ -300,7 +310,7 @@ async fn run_phases(
                     &sampler,
                     timeout,
                     || scale(n),
-                    |c, _| c.machines == n && c.running == n && c.ready == n,
+                    |c, _| c.fleet_of(n),
                 )
                 .await?,
             );
@@ -630,7 +640,41 @@ fn cpu_seconds(before: [ProcUsage; 2], after: [ProcUsage; 2]) -> [f64; 2] {
 }
 
 /// The controllers left alone at `n` machines for `--idle-seconds`: their CPU and requests.
-async fn idle(args: &ScaleArgs, n: usize, controllers: &Controllers, sampler: &Sampler) -> Phase {
+/// How long the controllers must have sent nothing before the idle window begins.
+const QUIET: Duration = Duration::from_secs(5);
+
+/// Waits (at most `limit`) until the controllers have sent no request (other than their
+/// open watches) for [`QUIET`]: the last machines of a scale-up still have writes in flight
+/// (their node template, their Running Event) when the fleet is counted complete, and those
+/// belong to the scale-up, not to the idle window. Returns how long it waited.
+async fn settle(audit_log: &Path, limit: Duration) -> Result<Duration> {
+    let mut tail = audit::AuditTail::from_end(audit_log)?;
+    let began = Instant::now();
+    let mut last_activity = Instant::now();
+    while began.elapsed() < limit {
+        if tail.poll()?.iter().any(audit::is_controller_activity) {
+            last_activity = Instant::now();
+        }
+        if last_activity.elapsed() >= QUIET {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(began.elapsed())
+}
+
+async fn idle(
+    args: &ScaleArgs,
+    n: usize,
+    controllers: &Controllers,
+    sampler: &Sampler,
+    audit_log: &Path,
+) -> Result<Phase> {
+    let settled = settle(audit_log, Duration::from_secs(args.idle_seconds)).await?;
+    eprintln!(
+        "the controllers went quiet {:.1}s after the fleet was complete",
+        settled.as_secs_f64()
+    );
     let pids = controllers.pids();
     let before = pids.map(usage);
     let from = Timestamp::now();
@@ -641,7 +685,7 @@ async fn idle(args: &ScaleArgs, n: usize, controllers: &Controllers, sampler: &S
     let to = Timestamp::now();
     let after = pids.map(usage);
     let c = sampler.counts(from);
-    Phase::new(
+    Ok(Phase::new(
         "idle",
         n,
         n,
@@ -657,7 +701,7 @@ async fn idle(args: &ScaleArgs, n: usize, controllers: &Controllers, sampler: &S
             new_running: c.new_running,
             ready_nodes: c.ready,
         }],
-    )
+    ))
 }
 
 /// The default plot path of a benchmark.

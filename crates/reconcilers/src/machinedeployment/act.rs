@@ -272,6 +272,30 @@ impl<'a> Actor<'a> {
         if self.d.status.as_ref() == Some(status) {
             return Ok(());
         }
+        self.write_status(status).await
+    }
+
+    /// Writes `status` when it changed; a change of counters only waits for `pacer`
+    /// (`Some`: how long; the reconcile comes back then).
+    pub async fn update_status_paced(
+        &self,
+        status: &MachineDeploymentStatus,
+        pacer: &crate::pacer::StatusPacer,
+    ) -> Result<Option<std::time::Duration>, Error> {
+        if self.d.status.as_ref() == Some(status) {
+            return Ok(None);
+        }
+        let significant = self.d.status.as_ref().is_none_or(|current| {
+            super::status::without_counters(current) != super::status::without_counters(status)
+        });
+        let uid = self.d.metadata.uid.as_deref().unwrap_or_default();
+        if let Some(wait) = pacer.hold_back(uid, significant) {
+            return Ok(Some(wait));
+        }
+        self.write_status(status).await.map(|()| None)
+    }
+
+    async fn write_status(&self, status: &MachineDeploymentStatus) -> Result<(), Error> {
         let patch = status_patch(status, &["conditions", "failedMachines"]);
         let _ = merge_patch(&self.deployments, Part::Status, &self.name, &patch)
             .await

@@ -61,6 +61,8 @@ pub struct Context {
     /// reconcile that reads the deployment before its own status write reached the store
     /// does not announce it again.
     pub announced: std::sync::Mutex<std::collections::HashMap<String, String>>,
+    /// Paces status writes that change only counters.
+    pub status_pacer: crate::pacer::StatusPacer,
 }
 
 /// The deployment owning a set, for watches.
@@ -155,15 +157,11 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
 
     let input = observe::status_input(&d, failed, !actions.is_empty(), now);
     let (status, recheck) = compute_status(&snapshot, &input);
-    act.update_status(&status).await?;
+    let held_back = act.update_status_paced(&status, &ctx.status_pacer).await?;
     let min_ready = d.spec.min_ready_seconds.unwrap_or(0);
     let complete = snapshot.is_complete();
-    Ok(Action::requeue(decide::requeue_after(
-        recheck,
-        RESYNC_PERIOD,
-        min_ready,
-        complete,
-    )))
+    let after = decide::requeue_after(recheck, RESYNC_PERIOD, min_ready, complete);
+    Ok(Action::requeue(held_back.map_or(after, |w| w.min(after))))
 }
 
 /// A deployment being deleted: deletes its sets, then (none left) removes the finalizer.

@@ -348,6 +348,24 @@ pub fn compute_status(
     (status_with(d, counters, conditions, input), recheck)
 }
 
+/// `status` without what changes as machines come and go: the replica counters, and the
+/// times and messages of conditions. Two statuses that differ only there differ only in
+/// counters ([`crate::pacer`]). Pure.
+pub fn without_counters(status: &MachineDeploymentStatus) -> MachineDeploymentStatus {
+    let mut s = status.clone();
+    s.replicas = None;
+    s.updated_replicas = None;
+    s.ready_replicas = None;
+    s.available_replicas = None;
+    s.unavailable_replicas = None;
+    for c in s.conditions.iter_mut().flatten() {
+        c.last_update_time = None;
+        c.last_transition_time = None;
+        c.message = None;
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -393,6 +411,26 @@ mod tests {
             &MachineDeploymentConditionType::Progressing,
         )
         .map(|c| (c.status.clone(), c.reason.clone().unwrap_or_default()))
+    }
+
+    #[test]
+    fn a_new_available_machine_changes_counters_only_a_missed_deadline_more() {
+        let (first, _) = compute_status(&snapshot(0), &input(None, 1_000));
+        // One more machine ready: counters and the condition's times change.
+        let mut more = first.clone();
+        more.ready_replicas = Some(1);
+        for c in more.conditions.iter_mut().flatten() {
+            c.last_update_time = Some(Time(Timestamp::from_second(1_010).expect("time")));
+            c.message = Some("one more".into());
+        }
+        assert_ne!(more, first);
+        assert_eq!(without_counters(&more), without_counters(&first));
+        // The deployment becomes available: significant.
+        let (available, _) = compute_status(&snapshot(1), &input(Some(&first), 1_010));
+        assert_ne!(without_counters(&available), without_counters(&first));
+        // The progress deadline passes: the condition's status and reason change.
+        let (late, _) = compute_status(&snapshot(0), &input(Some(&first), 1_061));
+        assert_ne!(without_counters(&late), without_counters(&first));
     }
 
     #[test]

@@ -119,6 +119,8 @@ pub struct Context {
     /// The selector-overlap warning announced per set (uid) by this process, so that it is
     /// published once per change, not on every reconcile.
     pub overlaps: std::sync::Mutex<std::collections::HashMap<String, String>>,
+    /// Paces status writes that change only counters.
+    pub status_pacer: crate::pacer::StatusPacer,
 }
 
 /// Reason of the Warning Event about a selector that matches others' machines.
@@ -254,14 +256,16 @@ pub async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action
     let manage = manage_replicas(&ctx, &machines_api, &set, &plan, &key).await;
 
     let counts = count_machines(&views, set.spec.min_ready_seconds.unwrap_or(0), now);
-    update_status(&sets, &set, &counts, manage.as_ref().err()).await?;
+    let held_back = update_status(&ctx, &sets, &set, &counts, manage.as_ref().err()).await?;
     manage?;
     // A Machine that disappears (also the last one of a deleting set) triggers this set
     // through the manager's deletion tap; no polling is needed for it.
-    Ok(match counts.recheck_after {
-        Some(after) => Action::requeue(after + Duration::from_secs(1)),
-        None => Action::requeue(RESYNC_PERIOD),
-    })
+    let recheck = counts
+        .recheck_after
+        .map_or(RESYNC_PERIOD, |after| after + Duration::from_secs(1));
+    Ok(Action::requeue(
+        held_back.map_or(recheck, |w| w.min(recheck)),
+    ))
 }
 
 /// What to do after a failed reconcile: conflicts are retried quickly, the rest after a
@@ -597,21 +601,96 @@ pub fn status_patch<T: serde::Serialize>(status: &T, clearable: &[&str]) -> Valu
     json!({ "status": value })
 }
 
+/// `status` without what changes as machines come and go: the replica counters, and the
+/// times and messages of conditions. Two statuses that differ only there differ only in
+/// counters ([`crate::pacer`]). Pure.
+pub fn without_counters(status: &MachineSetStatus) -> MachineSetStatus {
+    let mut s = status.clone();
+    s.replicas = None;
+    s.fully_labeled_replicas = None;
+    s.ready_replicas = None;
+    s.available_replicas = None;
+    for c in s.conditions.iter_mut().flatten() {
+        c.last_transition_time = None;
+        c.message = None;
+    }
+    s
+}
+
+/// Writes the set's status when it changed; a change of counters only waits for the pacer
+/// (`Some`: how long; the reconcile comes back then).
 async fn update_status(
+    ctx: &Context,
     api: &Api<MachineSet>,
     set: &MachineSet,
     counts: &SetCounts,
     failure: Option<&Error>,
-) -> Result<(), Error> {
+) -> Result<Option<Duration>, Error> {
     let status = desired_status(set, counts, failure);
     if set.status.as_ref() == Some(&status) {
-        return Ok(());
+        return Ok(None);
     }
-    let patch = status_patch(&status, &["machineSetCondition", "failedMachines"]);
+    let significant = set
+        .status
+        .as_ref()
+        .is_none_or(|current| without_counters(current) != without_counters(&status));
+    let uid = set.metadata.uid.as_deref().unwrap_or_default();
+    if let Some(wait) = ctx.status_pacer.hold_back(uid, significant) {
+        return Ok(Some(wait));
+    }
+    write_status(api, set, &status).await.map(|()| None)
+}
+
+async fn write_status(
+    api: &Api<MachineSet>,
+    set: &MachineSet,
+    status: &MachineSetStatus,
+) -> Result<(), Error> {
+    let patch = status_patch(status, &["machineSetCondition", "failedMachines"]);
     // A set gone meanwhile needs no status.
     let name = set.name_any();
     let _ = merge_patch(api, Part::Status, &name, &patch)
         .await
         .context("update status of", "MachineSet", &name)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(ready: i32, failure: Option<&str>) -> MachineSetStatus {
+        MachineSetStatus {
+            replicas: Some(3),
+            ready_replicas: Some(ready),
+            available_replicas: Some(ready),
+            observed_generation: Some(1),
+            conditions: failure.map(|m| {
+                vec![MachineSetCondition {
+                    type_: MachineSetConditionType::ReplicaFailure,
+                    status: ConditionStatus::True,
+                    last_transition_time: None,
+                    reason: Some("FailedCreate".into()),
+                    message: Some(m.into()),
+                }]
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn counters_and_messages_are_not_significant_a_new_failure_is() {
+        assert_eq!(
+            without_counters(&status(1, None)),
+            without_counters(&status(2, None))
+        );
+        assert_eq!(
+            without_counters(&status(1, Some("quota"))),
+            without_counters(&status(2, Some("quota again")))
+        );
+        assert_ne!(
+            without_counters(&status(1, None)),
+            without_counters(&status(1, Some("quota")))
+        );
+    }
 }

@@ -145,6 +145,7 @@ pub fn prepare(
         events: events.clone(),
         expectations: ms::Expectations::default(),
         overlaps: Default::default(),
+        status_pacer: Default::default(),
     });
     let sets_for_machines = sets.clone();
     let ms_controller = runner.run(
@@ -165,6 +166,7 @@ pub fn prepare(
         events: events.clone(),
         autoscaler_annotations: config.autoscaler_annotations,
         announced: Default::default(),
+        status_pacer: Default::default(),
     });
     let sets_for_md = sets.clone();
     let md_controller = runner.run(
