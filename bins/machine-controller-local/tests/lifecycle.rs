@@ -72,11 +72,18 @@ async fn a_machine_runs_with_its_bootstrap_token_consumed_and_is_deleted_cleanly
             .any(|c| c.type_ == "Ready" && c.status == "True"),
         "{conditions:?}"
     );
+    let running_notes = events_for(&h.client, &h.ns, "m1", "Running").await;
     assert!(
-        !events_for(&h.client, &h.ns, "m1", "Created")
+        running_notes
+            .iter()
+            .any(|n| n.contains("node m1") && n.contains("local:///m1")),
+        "a Running event naming the node and the VM: {running_notes:?}"
+    );
+    assert!(
+        events_for(&h.client, &h.ns, "m1", "Adopted")
             .await
             .is_empty(),
-        "a Created event"
+        "a created VM is not announced as adopted"
     );
 
     // Deletion: the VM, the Node and the finalizer go.

@@ -194,8 +194,8 @@ async fn creation_records_the_vm_and_its_node_then_runs() {
         m.phase() == Some(&MachinePhase::Running)
     })
     .await;
-    eventually(WAIT, "a Created event", || async {
-        !events_for(&w.client, &w.ns, "m1", "Created")
+    eventually(WAIT, "a Running event", || async {
+        !events_for(&w.client, &w.ns, "m1", "Running")
             .await
             .is_empty()
     })

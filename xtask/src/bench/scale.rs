@@ -2,6 +2,7 @@
 //! controllers in release builds, one MachineDeployment scaled and rolled; per phase the wall
 //! time, the controllers' requests counted at the API server, their CPU and peak RSS.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -128,7 +129,19 @@ impl Counts {
 }
 
 impl Sampler {
-    fn counts(&self, since: Timestamp) -> Counts {
+    /// The UIDs of the Machines the store holds now: what a phase starts from.
+    fn machine_uids(&self) -> HashSet<String> {
+        self.machines
+            .state()
+            .iter()
+            .filter_map(|m| m.metadata.uid.clone())
+            .collect()
+    }
+
+    /// The counts now; a Machine is new when its UID is not in `before`. (Not by its
+    /// creation timestamp: that has whole seconds, so a machine created in the second the
+    /// phase began would count as old, and a rollout's end would never be seen.)
+    fn counts(&self, before: &HashSet<String>) -> Counts {
         let machines = self.machines.state();
         let running = |m: &Arc<Machine>| {
             m.status
@@ -146,9 +159,9 @@ impl Sampler {
                 .filter(|m| running(m))
                 .filter(|m| {
                     m.metadata
-                        .creation_timestamp
+                        .uid
                         .as_ref()
-                        .is_some_and(|t| t.0 >= since)
+                        .is_some_and(|uid| !before.contains(uid))
                 })
                 .count(),
             nodes: nodes.len(),
@@ -559,13 +572,14 @@ where
         .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
     bar.set_prefix(step.name);
+    let before_uids = sampler.machine_uids();
     let from = Timestamp::now();
     let start = Instant::now();
     sampler.samples.lock().map(|mut s| s.clear()).ok();
     action().await?;
     loop {
         let elapsed = start.elapsed();
-        let c = sampler.counts(from);
+        let c = sampler.counts(&before_uids);
         let sample = Sample {
             seconds: elapsed.as_secs_f64(),
             machines: c.machines,
@@ -677,6 +691,7 @@ async fn idle(
     );
     let pids = controllers.pids();
     let before = pids.map(usage);
+    let before_uids = sampler.machine_uids();
     let from = Timestamp::now();
     let window = Duration::from_secs(args.idle_seconds);
     eprintln!("idle at {n} machines for {}s", window.as_secs());
@@ -684,7 +699,7 @@ async fn idle(
     tokio::time::sleep(window).await;
     let to = Timestamp::now();
     let after = pids.map(usage);
-    let c = sampler.counts(from);
+    let c = sampler.counts(&before_uids);
     Ok(Phase::new(
         "idle",
         n,

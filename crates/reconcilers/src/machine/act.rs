@@ -280,6 +280,10 @@ async fn warn_no_token_placeholder(ctx: &Ctx, m: &Machine, class: &MachineClass)
         .await;
 }
 
+/// Reason of the Event of an adopted VM (one found by `get_machine_status` before any
+/// `create_machine`, e.g. after a crash between the request and recording its providerID).
+pub const ADOPTED: &str = "Adopted";
+
 /// Reason of the Event of [`warn_no_token_placeholder`].
 pub const NO_TOKEN_PLACEHOLDER: &str = "NoBootstrapTokenPlaceholder";
 
@@ -387,19 +391,19 @@ async fn try_create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Ac
         "spec": { "providerID": provider_id },
     });
     patch_machine(ctx, m, &patch, "record the machine's providerID").await?;
-    let verb = if adopted {
-        "Adopted existing"
-    } else {
-        "Created"
-    };
-    ctx.events
-        .normal(
-            &m.object_ref(&()),
-            "Created",
-            "Create",
-            format!("{verb} VM {provider_id} for node {node_name}"),
-        )
-        .await;
+    // A created VM is announced by the Running Event that names it (an Event of its own
+    // would cost a request per machine under the same QPS budget and say what `Running`
+    // says); an adopted one has an Event: it tells of an earlier attempt.
+    if adopted {
+        ctx.events
+            .normal(
+                &m.object_ref(&()),
+                ADOPTED,
+                "Create",
+                format!("Adopted existing VM {provider_id} for node {node_name}"),
+            )
+            .await;
+    }
     ctx.metrics.created(adopted);
     // Pending is the next step (the patch above wakes the machine again).
     Ok(Action::requeue(cfg.creation_timeout.min(RECHECK)))
@@ -536,8 +540,19 @@ pub async fn mark_running(ctx: &Ctx, m: &Machine, node: Option<&Node>) -> Result
         );
     }
     patch_status(ctx, m, patch).await?;
+    let note = if from_unknown {
+        op.description
+    } else {
+        // The first Running Event also tells of the VM's creation.
+        format!(
+            "{} as node {} (VM {})",
+            op.description,
+            m.node_name().unwrap_or_default(),
+            m.spec.provider_id.as_deref().unwrap_or_default()
+        )
+    };
     ctx.events
-        .normal(&m.object_ref(&()), "Running", "HealthCheck", op.description)
+        .normal(&m.object_ref(&()), "Running", "HealthCheck", note)
         .await;
     Ok(Action::requeue(ctx.settings.resync))
 }

@@ -305,7 +305,13 @@ fn lifecycle_step(o: &Observed, cfg: &MachineConfig, now: Timestamp) -> Step {
     }
 
     match o.phase.clone() {
-        None | Some(MachinePhase::CrashLoopBackOff) => Step::MarkPending,
+        // A Node that joined before Pending was recorded (a VM that boots at once, or one
+        // adopted after a crash) goes straight to Running: Pending would be a status write
+        // that nobody sees.
+        None | Some(MachinePhase::CrashLoopBackOff) => match &o.node {
+            Some(n) if n.healthy() => Step::MarkRunning,
+            _ => Step::MarkPending,
+        },
         Some(MachinePhase::Pending) | Some(MachinePhase::Available) => match &o.node {
             Some(n) if n.healthy() => Step::MarkRunning,
             _ if in_phase >= cfg.creation_timeout => fail_unless_frozen(
@@ -598,6 +604,26 @@ mod tests {
                 "VM recorded but phase lost",
                 Observed {
                     phase: None,
+                    ..with_vm(MachinePhase::Pending)
+                },
+                0,
+                Step::MarkPending,
+            ),
+            (
+                "VM recorded and its node joined already: Running without Pending",
+                Observed {
+                    phase: None,
+                    node: healthy(),
+                    ..with_vm(MachinePhase::Pending)
+                },
+                0,
+                Step::MarkRunning,
+            ),
+            (
+                "VM recorded after a crash loop, node not Ready yet: Pending",
+                Observed {
+                    phase: Some(MachinePhase::CrashLoopBackOff),
+                    node: not_ready(0),
                     ..with_vm(MachinePhase::Pending)
                 },
                 0,

@@ -137,12 +137,11 @@ pub fn plan(node: &Node, want: &Applied) -> Option<serde_json::Value> {
         m.remove(LAST_APPLIED_ANNO_LABELS_TAINTS);
         m
     };
-    // The record is compared by meaning, not by its JSON text.
+    // The record is compared by meaning, not by its JSON text. A missing record means
+    // nothing was applied, which an empty template leaves as it is: like the Go MCM, the
+    // record is written only with a change (a Node of an empty template costs no write).
     let unchanged = &labels == node.labels()
         && without_record(&annotations) == without_record(node.annotations())
-        && node
-            .annotations()
-            .contains_key(LAST_APPLIED_ANNO_LABELS_TAINTS)
         && last == *want
         && taints == current_taints;
     if unchanged {
@@ -260,6 +259,32 @@ mod tests {
         assert_eq!(p["metadata"]["labels"]["third"], "party");
         let taints: Vec<Taint> = serde_json::from_value(p["spec"]["taints"].clone()).unwrap();
         assert_eq!(taints, vec![taint("foreign")]);
+    }
+
+    #[test]
+    fn an_empty_template_needs_no_patch_and_no_record() {
+        let node = node_with(
+            &[("kubernetes.io/hostname", "n")],
+            vec![taint("other")],
+            None,
+        );
+        assert_eq!(plan(&node, &Applied::default()), None);
+    }
+
+    #[test]
+    fn a_template_emptied_since_the_last_record_removes_its_keys_and_updates_the_record() {
+        let last = Applied {
+            labels: map(&[("pool", "a")]),
+            ..Default::default()
+        };
+        let node = node_with(&[("pool", "a")], vec![], Some(&last));
+        let p = plan(&node, &Applied::default()).unwrap();
+        assert_eq!(p["metadata"]["labels"]["pool"], serde_json::Value::Null);
+        let record = p["metadata"]["annotations"][LAST_APPLIED_ANNO_LABELS_TAINTS]
+            .as_str()
+            .unwrap();
+        let recorded: serde_json::Value = serde_json::from_str(record).unwrap();
+        assert_eq!(recorded["metadata"]["labels"], json!({}));
     }
 
     #[test]
