@@ -1,7 +1,97 @@
 //! Kubernetes Events for state transitions and failures.
+//!
+//! Events are rate-limited per object as client-go's recorder (which the Go MCM uses) does:
+//! a burst of [`SPAM_BURST`] Events per object and type, then one per [`SPAM_REFILL`]. A
+//! machine has a handful of Events in its life and is never limited; a MachineDeployment or
+//! MachineSet in a rollout of hundreds of machines would otherwise spend a request of the
+//! controller's QPS budget on every scaling step.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+
+/// Events an object may have at once (client-go's `defaultSpamBurst`).
+pub const SPAM_BURST: u32 = 25;
+/// The time in which one more Event per object becomes allowed after the burst (client-go's
+/// `defaultSpamQPS` of 1/300).
+pub const SPAM_REFILL: Duration = Duration::from_secs(300);
+
+/// A token bucket: `tokens` left as of `at`.
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+impl Bucket {
+    fn full(now: Instant) -> Self {
+        Bucket {
+            tokens: f64::from(SPAM_BURST),
+            at: now,
+        }
+    }
+
+    /// Refills for the time since the last look, then takes a token if there is one.
+    fn take(&mut self, now: Instant) -> bool {
+        let refilled =
+            now.saturating_duration_since(self.at).as_secs_f64() / SPAM_REFILL.as_secs_f64();
+        self.tokens = (self.tokens + refilled).min(f64::from(SPAM_BURST));
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Whether the bucket would be full at `now` (it can be forgotten).
+    fn refilled_by(&self, now: Instant) -> bool {
+        self.tokens
+            + now.saturating_duration_since(self.at).as_secs_f64() / SPAM_REFILL.as_secs_f64()
+            >= f64::from(SPAM_BURST)
+    }
+}
+
+/// The per-object Event budget of one publisher.
+#[derive(Debug, Default)]
+struct SpamFilter {
+    buckets: HashMap<String, Bucket>,
+}
+
+/// Buckets kept before full ones are forgotten.
+const SPAM_FORGET_ABOVE: usize = 1024;
+
+impl SpamFilter {
+    /// Whether an Event of `type_` on `reference` may be published at `now`.
+    fn allow(&mut self, reference: &ObjectReference, type_: EventType, now: Instant) -> bool {
+        if self.buckets.len() > SPAM_FORGET_ABOVE {
+            self.buckets.retain(|_, b| !b.refilled_by(now));
+        }
+        self.buckets
+            .entry(spam_key(reference, type_))
+            .or_insert_with(|| Bucket::full(now))
+            .take(now)
+    }
+}
+
+/// The object an Event is about (its identity, with the UID: a new object of the same name
+/// has a budget of its own) and the Event's type (a burst of Normal Events does not
+/// silence a Warning).
+fn spam_key(r: &ObjectReference, type_: EventType) -> String {
+    format!(
+        "{}/{}/{}/{}/{}/{:?}",
+        r.api_version.as_deref().unwrap_or_default(),
+        r.kind.as_deref().unwrap_or_default(),
+        r.namespace.as_deref().unwrap_or_default(),
+        r.name.as_deref().unwrap_or_default(),
+        r.uid.as_deref().unwrap_or_default(),
+        type_
+    )
+}
 
 /// `normal(reference, reason, action, note)` and `warning(...)`: [`EventPublisher::publish`]
 /// with the type fixed.
@@ -19,6 +109,7 @@ macro_rules! typed_events {
 #[derive(Clone)]
 pub struct EventPublisher {
     recorder: Recorder,
+    spam: Arc<Mutex<SpamFilter>>,
 }
 
 impl std::fmt::Debug for EventPublisher {
@@ -38,6 +129,7 @@ impl EventPublisher {
                     instance: std::env::var("POD_NAME").ok(),
                 },
             ),
+            spam: Arc::default(),
         }
     }
 
@@ -57,6 +149,19 @@ impl EventPublisher {
         action: &str,
         note: String,
     ) {
+        let allowed = self
+            .spam
+            .lock()
+            .map(|mut f| f.allow(reference, type_, Instant::now()))
+            .unwrap_or(true);
+        if !allowed {
+            tracing::debug!(
+                reason,
+                %note,
+                "event not published: the object's event budget is spent"
+            );
+            return;
+        }
         // The events API limits notes to 1 KiB.
         let note = truncate(note, 1024);
         let ev = Event {
@@ -86,6 +191,68 @@ fn truncate(mut s: String, max: usize) -> String {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    fn reference(name: &str, uid: &str) -> ObjectReference {
+        ObjectReference {
+            api_version: Some("machine.sapcloud.io/v1alpha1".into()),
+            kind: Some("MachineDeployment".into()),
+            namespace: Some("ns".into()),
+            name: Some(name.into()),
+            uid: Some(uid.into()),
+            ..ObjectReference::default()
+        }
+    }
+
+    #[test]
+    fn an_object_has_a_burst_of_events_then_one_per_refill_period() {
+        let mut f = SpamFilter::default();
+        let t0 = Instant::now();
+        let d = reference("d", "1");
+        let allowed = (0..40)
+            .filter(|_| f.allow(&d, EventType::Normal, t0))
+            .count();
+        assert_eq!(allowed, SPAM_BURST as usize);
+        // Just short of a refill: still nothing; after one: exactly one more.
+        assert!(!f.allow(&d, EventType::Normal, t0 + SPAM_REFILL / 2));
+        let later = t0 + SPAM_REFILL + Duration::from_secs(1);
+        assert!(f.allow(&d, EventType::Normal, later));
+        assert!(!f.allow(&d, EventType::Normal, later));
+    }
+
+    #[test]
+    fn budgets_are_per_object_and_type() {
+        let mut f = SpamFilter::default();
+        let t0 = Instant::now();
+        let d = reference("d", "1");
+        for _ in 0..SPAM_BURST {
+            assert!(f.allow(&d, EventType::Normal, t0));
+        }
+        assert!(!f.allow(&d, EventType::Normal, t0));
+        // A Warning on the same object, another object, and a new object of the same name.
+        assert!(f.allow(&d, EventType::Warning, t0));
+        assert!(f.allow(&reference("e", "2"), EventType::Normal, t0));
+        assert!(f.allow(&reference("d", "3"), EventType::Normal, t0));
+    }
+
+    #[test]
+    fn refilled_buckets_are_forgotten_once_there_are_many() {
+        let mut f = SpamFilter::default();
+        let t0 = Instant::now();
+        for i in 0..=SPAM_FORGET_ABOVE {
+            f.allow(&reference(&format!("m{i}"), "u"), EventType::Normal, t0);
+        }
+        let spent = reference("spent", "s");
+        for _ in 0..SPAM_BURST {
+            f.allow(&spent, EventType::Normal, t0);
+        }
+        // Long after, every bucket has refilled (the spent one too): the next look forgets
+        // them all and keeps only the new one.
+        let later = t0 + SPAM_REFILL * (SPAM_BURST + 1);
+        assert!(f.allow(&reference("fresh", "f"), EventType::Normal, later));
+        assert_eq!(f.buckets.len(), 1);
+    }
+
     #[test]
     fn long_notes_are_cut_on_a_char_boundary() {
         let s = "é".repeat(600);

@@ -85,6 +85,11 @@ pub struct ScaleArgs {
     /// Keep the logs directory.
     #[arg(long)]
     pub keep_logs: bool,
+    /// Fail (after printing the results) when a phase took longer than this many times the
+    /// bound its QPS budget sets: a stall, such as a scale-up queued behind a scale-down,
+    /// shows as a ratio far above 1 whatever the machine's speed.
+    #[arg(long)]
+    pub max_bound_ratio: Option<f64>,
 }
 
 /// Runs the chosen benchmark.

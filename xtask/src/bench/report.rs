@@ -159,6 +159,18 @@ fn opt(v: Option<f64>, precision: usize) -> String {
     v.map_or("-".into(), |v| format!("{v:.precision$}"))
 }
 
+/// The phases whose wall time exceeds `limit` times their QPS bound, as `name (ratio)`.
+pub fn phases_above_ratio(r: &Results, limit: f64) -> Vec<String> {
+    r.phases
+        .iter()
+        .filter_map(|p| {
+            p.bound_ratio
+                .filter(|ratio| *ratio > limit)
+                .map(|ratio| format!("{} ({ratio:.2}x: {:.1}s)", p.name, p.wall_seconds))
+        })
+        .collect()
+}
+
 /// The results table and, per phase, the requests by kind (most frequent first).
 pub fn table(r: &Results) -> String {
     let mut out = String::new();
@@ -357,6 +369,27 @@ mod tests {
         assert_eq!(p.requests_per_machine, Some(6.7));
         assert_eq!(p.manager_peak_rss_mib, 10.0);
         assert!((p.cpu_percent_of_a_core - 7.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn only_phases_beyond_the_ratio_limit_are_reported() {
+        let mut slow = phase("rescale", 50, 50, 60.0, [130, 530]);
+        slow.fill_bounds(20.0, 30);
+        let mut fine = phase("scale-up", 0, 100, 30.0, [130, 530]);
+        fine.fill_bounds(20.0, 30);
+        let r = Results {
+            bench: "scale-down".into(),
+            machines: 50,
+            qps: 20.0,
+            burst: 30,
+            vms: "kwok".into(),
+            phases: vec![fine, slow],
+        };
+        assert_eq!(
+            phases_above_ratio(&r, 2.0),
+            vec!["rescale (2.40x: 60.0s)".to_string()]
+        );
+        assert!(phases_above_ratio(&r, 2.5).is_empty());
     }
 
     #[test]

@@ -100,6 +100,15 @@ pub fn run(kind: Kind, args: ScaleArgs) -> Result<()> {
     } else {
         let _ = std::fs::remove_dir_all(&logs);
     }
+    if let Some(limit) = args.max_bound_ratio {
+        let over = report::phases_above_ratio(&results, limit);
+        if !over.is_empty() {
+            bail!(
+                "phases beyond {limit}x their QPS bound: {}",
+                over.join(", ")
+            );
+        }
+    }
     Ok(())
 }
 

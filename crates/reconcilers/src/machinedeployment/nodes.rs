@@ -4,7 +4,7 @@
 //! autoscaler must not remove nodes under the rollout's feet). The annotations are removed
 //! again when the rollout is over, but only where MCM set them (`...-by-mcm`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::api::{Patch, PatchParams};
@@ -64,9 +64,24 @@ pub fn autoscaler_patch(node: &Node, rollout: bool) -> Option<Value> {
     None
 }
 
+/// The one patch of a node's markers: the old-set taint (when `taint`) and the autoscaler
+/// annotations added (`annotate`) or removed; `None` when the node has them as wanted.
+pub fn markers_patch(node: &Node, taint: bool, annotate: bool) -> Option<Value> {
+    let taint = taint.then(|| taint_patch(node)).flatten();
+    let annotations = autoscaler_patch(node, annotate);
+    match (taint, annotations) {
+        (None, None) => None,
+        (Some(p), None) | (None, Some(p)) => Some(p),
+        (Some(mut p), Some(a)) => {
+            p["metadata"]["annotations"] = a["metadata"]["annotations"].clone();
+            Some(p)
+        }
+    }
+}
+
 /// Applies the markers: during a rollout, taints the nodes of `old` machines and (with
 /// `autoscaler_annotations`) annotates the nodes of `all` machines; afterwards removes MCM's
-/// annotations from the nodes of `all`.
+/// annotations from the nodes of `all`. One patch per node that needs one.
 /// Errors are logged and retried on the next reconcile: markers are advisory.
 pub async fn apply_markers(
     target: &Client,
@@ -77,18 +92,13 @@ pub async fn apply_markers(
     autoscaler_annotations: bool,
 ) {
     let api: Api<Node> = Api::all(target.clone());
-    let lookup = |m: &Machine| m.node_name().and_then(|n| nodes.get(&ObjectRef::new(n)));
-    if rollout {
-        for node in old.iter().filter_map(|m| lookup(m)) {
-            if let Some(p) = taint_patch(&node) {
-                patch(&api, &node.name_any(), &p).await;
-            }
-        }
-    }
+    let old_nodes: BTreeSet<&str> = old.iter().filter_map(|m| m.node_name()).collect();
     // Without the annotations enabled, only ever remove what MCM added earlier.
     let annotate = rollout && autoscaler_annotations;
-    for node in all.iter().filter_map(|m| lookup(m)) {
-        if let Some(p) = autoscaler_patch(&node, annotate) {
+    let all_nodes = all.iter().filter_map(|m| m.node_name());
+    for node in all_nodes.filter_map(|n| nodes.get(&ObjectRef::new(n))) {
+        let taint = rollout && old_nodes.contains(node.name_any().as_str());
+        if let Some(p) = markers_patch(&node, taint, annotate) {
             patch(&api, &node.name_any(), &p).await;
         }
     }
@@ -127,5 +137,51 @@ mod tests {
         // Set by someone else: neither added nor removed.
         assert!(autoscaler_patch(&node, true).is_none());
         assert!(autoscaler_patch(&node, false).is_none());
+    }
+
+    #[test]
+    fn an_old_node_gets_its_taint_and_annotations_in_one_patch() {
+        let mut node = Node {
+            metadata: ObjectMeta {
+                name: Some("n".into()),
+                resource_version: Some("7".into()),
+                ..ObjectMeta::default()
+            },
+            ..Node::default()
+        };
+        let p = markers_patch(&node, true, true).unwrap();
+        assert_eq!(p["metadata"]["resourceVersion"], "7");
+        assert_eq!(
+            p["spec"]["taints"][0]["key"],
+            taints::PREFER_NO_SCHEDULE,
+            "{p}"
+        );
+        assert_eq!(
+            p["metadata"]["annotations"]
+                [annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED_BY_MCM],
+            annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED_VALUE
+        );
+        // A new node: the annotations only; without the annotations enabled: the taint only.
+        let p = markers_patch(&node, false, true).unwrap();
+        assert!(p.get("spec").is_none(), "{p}");
+        let p = markers_patch(&node, true, false).unwrap();
+        assert!(p["metadata"].get("annotations").is_none(), "{p}");
+        // A node that has everything: no patch.
+        node.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+            taints: Some(vec![prefer_no_schedule_taint()]),
+            ..Default::default()
+        });
+        let v = annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED_VALUE.to_owned();
+        node.metadata.annotations = Some(BTreeMap::from([
+            (
+                annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED.to_owned(),
+                v.clone(),
+            ),
+            (
+                annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED_BY_MCM.to_owned(),
+                v,
+            ),
+        ]));
+        assert_eq!(markers_patch(&node, true, true), None);
     }
 }
