@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Node;
 use mcm_api::constants::annotations::progress;
 use mcm_api::constants::node_conditions;
 use mcm_api::{Machine, MachinePhase};
-use mcm_testenv::kit::{await_gone, await_object, process_alive, sigkill, within};
+use mcm_testenv::kit::{await_gone, await_object, events_for, process_alive, sigkill, within};
 use serde_json::json;
 
 fn node_terminating(n: &Node) -> bool {
@@ -207,6 +207,13 @@ async fn a_controller_killed_right_after_creating_a_vm_adopts_it_after_restart()
             1.0,
             "the VM is adopted"
         );
+        let adopted = events_for(&h.client, &h.ns, "adoptee", "Adopted").await;
+        assert!(
+            adopted
+                .iter()
+                .any(|n| n.contains(record.provider_id.as_str())),
+            "an Adopted event naming the VM: {adopted:?}"
+        );
     }
     let running: Machine = h.machines().get("adoptee").await.unwrap();
     assert_eq!(
@@ -278,6 +285,11 @@ async fn a_vm_created_before_a_crash_is_adopted_not_duplicated() {
     assert_eq!(pids, vec![pid], "exactly the first VM runs for the machine");
     assert_eq!(mc.metric("mcm_machine_vm_adoptions_total").await, 1.0);
     assert_eq!(mc.metric("mcm_machine_vm_creations_total").await, 0.0);
+    let adopted = events_for(&h.client, &h.ns, "orphaned", "Adopted").await;
+    assert!(
+        adopted.iter().any(|n| n.contains("local:///orphaned")),
+        "an Adopted event naming the VM: {adopted:?}"
+    );
 
     h.delete_machine("orphaned").await;
     h.await_gone("orphaned", WAIT).await;
