@@ -225,6 +225,9 @@ impl std::fmt::Debug for ControlPlane {
     }
 }
 
+/// `--audit-log-maxsize` in MB: large enough that the audit log is never rotated.
+const AUDIT_LOG_NEVER_ROTATED_MB: u32 = 1 << 20;
+
 /// Audit policy of [`Options::audit_writes`]: metadata of every write, no reads.
 const AUDIT_WRITES_POLICY: &str = "\
 apiVersion: audit.k8s.io/v1
@@ -526,6 +529,10 @@ impl ControlPlane {
                 format!("--audit-log-path={}", log.display()),
                 "--audit-log-format=json".into(),
                 "--audit-log-mode=blocking".into(),
+                // Never rotated: readers take the one file to be the whole log (unset, the
+                // log is rotated at 100 MB, which a benchmark of 1000 kwok Nodes, whose
+                // Lease renewals are audited too, reaches in ten minutes).
+                format!("--audit-log-maxsize={AUDIT_LOG_NEVER_ROTATED_MB}"),
             ];
         }
         let idx = self.spawn(

@@ -1,13 +1,12 @@
 //! The async half of the machine controller: one small action per [`Step`]. Every action is
 //! idempotent: it may run again after a crash at any point.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, Secret};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
@@ -1082,15 +1081,12 @@ pub async fn set_node_terminating(ctx: &Ctx, node: &Node, m: &Machine) -> Result
     Ok(())
 }
 
-/// Lists the Machines of the namespace straight from the API server (used where the store
+/// Whether a Machine of this name exists, read from the API server (used where the store
 /// could be stale, e.g. before deleting a VM as an orphan).
-pub async fn list_machines(ctx: &Ctx) -> Result<BTreeMap<String, Machine>, Error> {
+pub async fn machine_exists(ctx: &Ctx, name: &str) -> Result<bool, Error> {
     Ok(machine_api(ctx)
-        .list(&ListParams::default())
+        .get_opt(name)
         .await
-        .map_err(|e| Error::kube("list machines", e))?
-        .items
-        .into_iter()
-        .map(|m| (m.name_any(), m))
-        .collect())
+        .map_err(|e| Error::kube("read the machine", e))?
+        .is_some())
 }

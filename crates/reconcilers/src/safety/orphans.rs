@@ -65,11 +65,22 @@ pub async fn collect(ctx: &Ctx, class: &MachineClass) -> Result<usize, Error> {
     if listed.machines.is_empty() {
         return Ok(0);
     }
-    // Read the Machines from the API server, not the store: a stale store must never make a
-    // VM look orphaned.
-    let names = act::list_machines(ctx).await?.into_keys().collect();
+    // Candidates from the store; each one is confirmed by reading its Machine from the API
+    // server, since a store that lags behind must never make a VM look orphaned. (One read
+    // per candidate, and none in the usual pass that finds every VM owned: a list of all
+    // Machines after every deletion cost a LIST of the whole namespace per deleted machine,
+    // and its memory, during a scale-down of a thousand.)
+    let in_store: BTreeSet<String> = ctx.machines.state().iter().map(|m| m.name_any()).collect();
     let mut deleted = 0;
-    for (provider_id, machine_name) in orphans(&listed.machines, &names) {
+    for (provider_id, machine_name) in orphans(&listed.machines, &in_store) {
+        if act::machine_exists(ctx, machine_name).await? {
+            tracing::debug!(
+                %provider_id,
+                vm_machine = machine_name,
+                "not an orphan: its Machine exists (the store had not seen it yet)"
+            );
+            continue;
+        }
         let mut vm_machine = Machine::new(machine_name, Default::default());
         vm_machine.metadata.namespace = Some(ctx.settings.namespace.clone());
         vm_machine.spec.provider_id = Some(provider_id.to_string());
