@@ -662,21 +662,42 @@ fn cpu_seconds(before: [ProcUsage; 2], after: [ProcUsage; 2]) -> [f64; 2] {
     [0, 1].map(|i| after[i].ticks.saturating_sub(before[i].ticks) as f64 / TICKS_PER_SECOND)
 }
 
-/// The controllers left alone at `n` machines for `--idle-seconds`: their CPU and requests.
-/// How long the controllers must have sent nothing before the idle window begins.
+/// How long the controllers must have been quiet before the idle window begins.
 const QUIET: Duration = Duration::from_secs(5);
+/// CPU ticks per second of both controllers together that still count as quiet (1 % of a
+/// core).
+const QUIET_TICKS_PER_SECOND: f64 = 1.0;
 
-/// Waits (at most `limit`) until the controllers have sent no request (other than their
-/// open watches) for [`QUIET`]: the last machines of a scale-up still have writes in flight
-/// (their node template, their Running Event) when the fleet is counted complete, and those
-/// belong to the scale-up, not to the idle window. Returns how long it waited.
-async fn settle(audit_log: &Path, limit: Duration) -> Result<Duration> {
+/// Waits (at most `limit`) until the controllers have been quiet for [`QUIET`]: no request
+/// (other than their open watches) and CPU below [`QUIET_TICKS_PER_SECOND`]. The last
+/// machines of a scale-up still have writes in flight (their Running status and Event) when
+/// the fleet is counted complete, and the cluster keeps changing the new Nodes for a while
+/// after a burst of joins (kube-controller-manager's node lifecycle, kwok's own stages),
+/// which the machine controller looks at without a request: all of that belongs to the
+/// scale-up, not to the idle window. Returns how long it waited.
+async fn settle(audit_log: &Path, pids: [i32; 2], limit: Duration) -> Result<Duration> {
     let mut tail = audit::AuditTail::from_end(audit_log)?;
+    let ticks = || pids.map(usage).iter().map(|u| u.ticks).sum::<u64>();
     let began = Instant::now();
     let mut last_activity = Instant::now();
+    let mut window: std::collections::VecDeque<(Instant, u64)> = Default::default();
     while began.elapsed() < limit {
+        let now = Instant::now();
         if tail.poll()?.iter().any(audit::is_controller_activity) {
-            last_activity = Instant::now();
+            last_activity = now;
+        }
+        window.push_back((now, ticks()));
+        while window
+            .front()
+            .is_some_and(|(t, _)| now.duration_since(*t) > QUIET)
+        {
+            window.pop_front();
+        }
+        if let (Some((t0, first)), Some((t1, last))) = (window.front(), window.back()) {
+            let seconds = t1.duration_since(*t0).as_secs_f64();
+            if seconds >= 1.0 && (last - first) as f64 > QUIET_TICKS_PER_SECOND * seconds {
+                last_activity = now;
+            }
         }
         if last_activity.elapsed() >= QUIET {
             break;
@@ -686,6 +707,7 @@ async fn settle(audit_log: &Path, limit: Duration) -> Result<Duration> {
     Ok(began.elapsed())
 }
 
+/// The controllers left alone at `n` machines for `--idle-seconds`: their CPU and requests.
 async fn idle(
     args: &ScaleArgs,
     n: usize,
@@ -693,11 +715,23 @@ async fn idle(
     sampler: &Sampler,
     audit_log: &Path,
 ) -> Result<Phase> {
-    let settled = settle(audit_log, Duration::from_secs(args.idle_seconds)).await?;
-    eprintln!(
-        "the controllers went quiet {:.1}s after the fleet was complete",
-        settled.as_secs_f64()
-    );
+    let settled = settle(
+        audit_log,
+        controllers.pids(),
+        Duration::from_secs(args.idle_seconds),
+    )
+    .await?;
+    if settled >= Duration::from_secs(args.idle_seconds) {
+        eprintln!(
+            "the controllers were not quiet {:.1}s after the fleet was complete: idle from now",
+            settled.as_secs_f64()
+        );
+    } else {
+        eprintln!(
+            "the controllers went quiet {:.1}s after the fleet was complete",
+            settled.as_secs_f64()
+        );
+    }
     let pids = controllers.pids();
     let before = pids.map(usage);
     let before_uids = sampler.machine_uids();
