@@ -360,6 +360,18 @@ mod tests {
         p
     }
 
+    /// Results of kwok VMs at qps 20, burst 30.
+    fn results(bench: &str, machines: usize, phases: Vec<Phase>) -> Results {
+        Results {
+            bench: bench.into(),
+            machines,
+            qps: 20.0,
+            burst: 30,
+            vms: "kwok".into(),
+            phases,
+        }
+    }
+
     #[test]
     fn the_bound_is_the_busier_controllers_writes_beyond_its_burst() {
         let mut p = phase("scale-up", 0, 100, 40.0, [130, 530]);
@@ -377,14 +389,7 @@ mod tests {
         slow.fill_bounds(20.0, 30);
         let mut fine = phase("scale-up", 0, 100, 30.0, [130, 530]);
         fine.fill_bounds(20.0, 30);
-        let r = Results {
-            bench: "scale-down".into(),
-            machines: 50,
-            qps: 20.0,
-            burst: 30,
-            vms: "kwok".into(),
-            phases: vec![fine, slow],
-        };
+        let r = results("scale-down", 50, vec![fine, slow]);
         assert_eq!(
             phases_above_ratio(&r, 2.0),
             vec!["rescale (2.40x: 60.0s)".to_string()]
@@ -430,14 +435,7 @@ mod tests {
             .by_kind
             .insert("machine-controller patch machines/status".into(), 20);
         p.fill_bounds(20.0, 30);
-        let r = Results {
-            bench: "scale".into(),
-            machines: 10,
-            qps: 20.0,
-            burst: 30,
-            vms: "kwok".into(),
-            phases: vec![p],
-        };
+        let r = results("scale", 10, vec![p]);
         let t = table(&r);
         assert!(t.contains("scale-up") && t.contains("0→10"), "{t}");
         assert!(
