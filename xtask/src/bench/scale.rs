@@ -671,10 +671,10 @@ const QUIET_TICKS_PER_SECOND: f64 = 1.0;
 /// Waits (at most `limit`) until the controllers have been quiet for [`QUIET`]: no request
 /// (other than their open watches) and CPU below [`QUIET_TICKS_PER_SECOND`]. The last
 /// machines of a scale-up still have writes in flight (their Running status and Event) when
-/// the fleet is counted complete, and the cluster keeps changing the new Nodes for a while
-/// after a burst of joins (kube-controller-manager's node lifecycle, kwok's own stages),
-/// which the machine controller looks at without a request: all of that belongs to the
-/// scale-up, not to the idle window. Returns how long it waited.
+/// the fleet is counted complete, and the new Nodes keep changing for a while after a burst
+/// of joins (updates by the cluster's own components), which the machine controller looks at
+/// without a request: all of that belongs to the scale-up, not to the idle window. Returns
+/// how long it waited.
 async fn settle(audit_log: &Path, pids: [i32; 2], limit: Duration) -> Result<Duration> {
     let mut tail = audit::AuditTail::from_end(audit_log)?;
     let ticks = || pids.map(usage).iter().map(|u| u.ticks).sum::<u64>();
