@@ -203,6 +203,69 @@ impl<S> Layer<S> for RateLimitLayer {
 
 type Waiting = Pin<Box<dyn Future<Output = ()> + Send>>;
 
+/// Fencing of a leader that was stopped (e.g. `SIGSTOP`, a frozen VM) for longer than its
+/// lease could outlive: once [`arm`](Fence::arm)ed, a watchdog beats every
+/// [`FENCE_BEAT`]; a request is held back while the last beat is older than the limit, and
+/// the watchdog ends the process when it finds such a gap (another replica may hold the
+/// lease by now, and work that was in flight before the stop must not reach the API
+/// server). Like the Go MCM, which exits when it stops leading.
+#[derive(Debug)]
+pub struct Fence {
+    origin: std::time::Instant,
+    last_beat_ms: std::sync::atomic::AtomicU64,
+    limit_ms: std::sync::atomic::AtomicU64,
+}
+
+/// How often the armed fence's watchdog beats.
+pub const FENCE_BEAT: std::time::Duration = std::time::Duration::from_millis(100);
+
+impl Fence {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Whether requests may go: not armed, or the last beat is recent enough.
+    pub fn allows_requests(&self) -> bool {
+        use std::sync::atomic::Ordering::SeqCst;
+        let limit = self.limit_ms.load(SeqCst);
+        limit == 0 || self.now_ms().saturating_sub(self.last_beat_ms.load(SeqCst)) <= limit
+    }
+
+    /// Arms the fence with `limit` (the longest stop the lease is sure to survive) and runs
+    /// its watchdog until the process ends: a gap beyond `limit` exits the process.
+    pub fn arm(&'static self, limit: std::time::Duration) {
+        use std::sync::atomic::Ordering::SeqCst;
+        self.last_beat_ms.store(self.now_ms(), SeqCst);
+        let limit_ms = u64::try_from(limit.as_millis()).unwrap_or(u64::MAX).max(1);
+        self.limit_ms.store(limit_ms, SeqCst);
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(FENCE_BEAT);
+            loop {
+                tick.tick().await;
+                let gap = self.now_ms().saturating_sub(self.last_beat_ms.load(SeqCst));
+                if gap > limit_ms {
+                    eprintln!(
+                        "the process was stopped for {gap} ms, beyond the {limit_ms} ms its leader lease is sure to survive: exiting before any further request"
+                    );
+                    std::process::exit(1);
+                }
+                self.last_beat_ms.store(self.now_ms(), SeqCst);
+            }
+        });
+    }
+}
+
+/// The process's [`Fence`], checked by every client built by this module (unarmed, it lets
+/// everything through).
+pub fn fence() -> &'static Fence {
+    static FENCE: std::sync::OnceLock<Fence> = std::sync::OnceLock::new();
+    FENCE.get_or_init(|| Fence {
+        origin: std::time::Instant::now(),
+        last_beat_ms: std::sync::atomic::AtomicU64::new(0),
+        limit_ms: std::sync::atomic::AtomicU64::new(0),
+    })
+}
+
 /// The service of [`RateLimitLayer`]: not ready until a token was taken.
 pub struct RateLimit<S> {
     inner: S,
@@ -221,6 +284,16 @@ where
     type Future = S::Future;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        if !fence().allows_requests() {
+            // Held until the watchdog ends the process (it beats every 100 ms, so it finds
+            // the gap at once); woken again in case it was only the scheduler that lagged.
+            let waker = cx.waker().clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(FENCE_BEAT).await;
+                waker.wake();
+            });
+            return Poll::Pending;
+        }
         if !self.permitted {
             let bucket = self.bucket.clone();
             let waiting = self

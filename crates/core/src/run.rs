@@ -228,6 +228,9 @@ where
         }
     }
     tracing::info!(lease = %name, %identity, "became leader");
+    // A stop longer than the lease's grace may have let another replica take over: the
+    // fence holds every request after such a stop and ends the process.
+    clients::fence().arm(Duration::from_secs(grace));
     readiness.leader.store(true, Ordering::SeqCst);
     let work_cancel = cancel.child_token();
     let lost = {
