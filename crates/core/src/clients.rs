@@ -227,8 +227,11 @@ impl Fence {
     /// Whether requests may go: not armed, or the last beat is recent enough.
     pub fn allows_requests(&self) -> bool {
         use std::sync::atomic::Ordering::SeqCst;
-        let limit = self.limit_ms.load(SeqCst);
-        limit == 0 || self.now_ms().saturating_sub(self.last_beat_ms.load(SeqCst)) <= limit
+        fence_open(
+            self.limit_ms.load(SeqCst),
+            self.now_ms(),
+            self.last_beat_ms.load(SeqCst),
+        )
     }
 
     /// Arms the fence with `limit` (the longest stop the lease is sure to survive) and runs
@@ -253,6 +256,12 @@ impl Fence {
             }
         });
     }
+}
+
+/// Whether a fence armed with `limit_ms` (0: not armed) lets requests through at `now_ms`
+/// when it last beat at `last_beat_ms`. Pure.
+pub fn fence_open(limit_ms: u64, now_ms: u64, last_beat_ms: u64) -> bool {
+    limit_ms == 0 || now_ms.saturating_sub(last_beat_ms) <= limit_ms
 }
 
 /// The process's [`Fence`], checked by every client built by this module (unarmed, it lets
@@ -316,5 +325,26 @@ where
             sent.inc();
         }
         self.inner.call(req)
+    }
+}
+
+#[cfg(test)]
+mod fence_tests {
+    use super::fence_open;
+
+    #[test]
+    fn an_armed_fence_closes_after_a_gap_beyond_its_limit_only() {
+        // (limit, now, last beat) -> open
+        let cases = [
+            (0, 100_000, 0, true), // not armed
+            (1000, 5_000, 4_900, true),
+            (1000, 5_000, 4_000, true), // exactly the limit
+            (1000, 5_001, 4_000, false),
+            (1000, 12_000, 4_000, false), // a stop of 8 s
+            (1000, 4_000, 4_100, true),   // a beat stored after the clock was read
+        ];
+        for (limit, now, last, open) in cases {
+            assert_eq!(fence_open(limit, now, last), open, "{limit} {now} {last}");
+        }
     }
 }
