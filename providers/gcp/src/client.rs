@@ -161,7 +161,9 @@ impl Clients {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Instances>> {
-        self.by_credentials.lock().unwrap_or_else(|e| e.into_inner())
+        self.by_credentials
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -298,7 +300,11 @@ mod tests {
         assert_eq!(gce_request_id(&id), "01234567-89ab-cdef-0123-456789abcdef");
         let other = gce_request_id(&RequestId::from_string("r1"));
         assert_eq!(other.len(), 36);
-        assert_eq!(other, gce_request_id(&RequestId::from_string("r1")), "stable");
+        assert_eq!(
+            other,
+            gce_request_id(&RequestId::from_string("r1")),
+            "stable"
+        );
         assert_ne!(other, gce_request_id(&RequestId::from_string("r2")));
         let generated = gce_request_id(&RequestId::generate());
         assert_eq!(generated.matches('-').count(), 4);
@@ -323,7 +329,8 @@ mod tests {
             "operation operation-1 (insert of m-0) failed: QUOTA_EXCEEDED: Quota 'CPUS' exceeded."
         );
         let ok: Operation =
-            serde_json::from_value(serde_json::json!({"name": "operation-2", "status": "DONE"})).unwrap();
+            serde_json::from_value(serde_json::json!({"name": "operation-2", "status": "DONE"}))
+                .unwrap();
         assert!(finished(ok).is_ok());
     }
 }

@@ -62,10 +62,20 @@ fn region_of(spec: &ProviderSpec) -> String {
 
 /// Where the VM of a machine is: the machine's providerID when it names one in the project,
 /// else the class's zone and the machine's name.
-pub fn instance_ref(machine: &Machine, spec: &ProviderSpec, project: &str) -> Result<InstanceRef, DriverError> {
+pub fn instance_ref(
+    machine: &Machine,
+    spec: &ProviderSpec,
+    project: &str,
+) -> Result<InstanceRef, DriverError> {
     let name = machine_name(machine)?;
-    if let Some(p) = machine.spec.provider_id.as_deref().filter(|p| !p.is_empty()) {
-        let r = decode_provider_id(p).map_err(|e| DriverError::invalid_argument(e.to_string()).with_source(e))?;
+    if let Some(p) = machine
+        .spec
+        .provider_id
+        .as_deref()
+        .filter(|p| !p.is_empty())
+    {
+        let r = decode_provider_id(p)
+            .map_err(|e| DriverError::invalid_argument(e.to_string()).with_source(e))?;
         if r.project == project {
             return Ok(r);
         }
@@ -187,7 +197,13 @@ impl GcpDriver {
 
     /// Inserts the instance and waits for the operation; an instance of that name that is
     /// already the cluster's is taken as created.
-    async fn insert(&self, call: &Call, spec: &ProviderSpec, r: &InstanceRef, body: Instance) -> Result<(), DriverError> {
+    async fn insert(
+        &self,
+        call: &Call,
+        spec: &ProviderSpec,
+        r: &InstanceRef,
+        body: Instance,
+    ) -> Result<(), DriverError> {
         let context = format!("creating VM {}", r.provider_id());
         let tags = ClusterTags::from_tags(&spec.tags);
         let sent = call
@@ -258,20 +274,29 @@ impl Driver for GcpDriver {
             name: name.to_string(),
         };
         let user_data = String::from_utf8_lossy(req.secret.get(USER_DATA_KEY).unwrap_or_default());
-        let body = instance::to_model(instance::insert_body(&spec, &call.project, name, &user_data))
-            .map_err(|e| DriverError::internal(format!("building the instance of {name}: {e}")).with_source(e))?;
+        let body = instance::to_model(instance::insert_body(
+            &spec,
+            &call.project,
+            name,
+            &user_data,
+        ))
+        .map_err(|e| {
+            DriverError::internal(format!("building the instance of {name}: {e}")).with_source(e)
+        })?;
         self.insert(&call, &spec, &r, body).await?;
         let provider_id = r.provider_id();
-        let created = self
-            .get(&call, &r)
-            .await
-            .map_err(|e| e.into_driver_error(&format!("reading VM {provider_id}"), &call.request_id))?;
+        let created = self.get(&call, &r).await.map_err(|e| {
+            e.into_driver_error(&format!("reading VM {provider_id}"), &call.request_id)
+        })?;
         info!(machine = name, %provider_id, request_id = %req.request_id, "instance created");
         Ok(CreateMachineResponse {
             provider_id,
             node_name: name.to_string(),
             last_known_state: None,
-            addresses: created.as_ref().map(instance::addresses).unwrap_or_default(),
+            addresses: created
+                .as_ref()
+                .map(instance::addresses)
+                .unwrap_or_default(),
         })
     }
 
@@ -279,7 +304,9 @@ impl Driver for GcpDriver {
         &self,
         req: DeleteMachineRequest,
     ) -> Result<DeleteMachineResponse, DriverError> {
-        let (spec, tags, call) = self.lookup(&req.machine_class, &req.secret, &req.request_id).await?;
+        let (spec, tags, call) = self
+            .lookup(&req.machine_class, &req.secret, &req.request_id)
+            .await?;
         let r = instance_ref(&req.machine, &spec, &call.project)?;
         let context = format!("deleting VM {}", r.provider_id());
         match self
@@ -326,7 +353,9 @@ impl Driver for GcpDriver {
         &self,
         req: GetMachineStatusRequest,
     ) -> Result<GetMachineStatusResponse, DriverError> {
-        let (spec, tags, call) = self.lookup(&req.machine_class, &req.secret, &req.request_id).await?;
+        let (spec, tags, call) = self
+            .lookup(&req.machine_class, &req.secret, &req.request_id)
+            .await?;
         let r = instance_ref(&req.machine, &spec, &call.project)?;
         let i = self.our_instance(&call, &r, &tags).await?;
         Ok(GetMachineStatusResponse {
@@ -341,7 +370,9 @@ impl Driver for GcpDriver {
         &self,
         req: ListMachinesRequest,
     ) -> Result<ListMachinesResponse, DriverError> {
-        let (spec, tags, call) = self.lookup(&req.machine_class, &req.secret, &req.request_id).await?;
+        let (spec, tags, call) = self
+            .lookup(&req.machine_class, &req.secret, &req.request_id)
+            .await?;
         let region_prefix = format!("zones/{}-", region_of(&spec));
         let mut out = ListMachinesResponse::default();
         let mut page_token: Option<String> = None;
@@ -357,11 +388,14 @@ impl Driver for GcpDriver {
                 .send()
                 .await
                 .map_err(|e| {
-                    GcpError::api("instances.aggregatedList", e).into_driver_error("listing VMs", &req.request_id)
+                    GcpError::api("instances.aggregatedList", e)
+                        .into_driver_error("listing VMs", &req.request_id)
                 })?;
             pages += 1;
             for (scope, list) in &page.items {
-                let Some(zone) = scope.strip_prefix("zones/") else { continue };
+                let Some(zone) = scope.strip_prefix("zones/") else {
+                    continue;
+                };
                 if !scope.starts_with(&region_prefix) {
                     continue;
                 }
@@ -373,7 +407,8 @@ impl Driver for GcpDriver {
                         name: name.clone(),
                     }
                     .provider_id();
-                    out.resources.insert(provider_id.clone(), instance::resources(i));
+                    out.resources
+                        .insert(provider_id.clone(), instance::resources(i));
                     out.machines.insert(provider_id, name);
                 }
             }
@@ -413,8 +448,16 @@ mod tests {
             zone: "europe-west1-b".into(),
             ..Default::default()
         };
-        let r = instance_ref(&machine("m-0", Some("gce:///p/europe-west1-c/m-0")), &spec, "p").unwrap();
-        assert_eq!(r.zone, "europe-west1-c", "the zone the VM was created in, not the class's now");
+        let r = instance_ref(
+            &machine("m-0", Some("gce:///p/europe-west1-c/m-0")),
+            &spec,
+            "p",
+        )
+        .unwrap();
+        assert_eq!(
+            r.zone, "europe-west1-c",
+            "the zone the VM was created in, not the class's now"
+        );
         let r = instance_ref(&machine("m-0", None), &spec, "p").unwrap();
         assert_eq!(r.provider_id(), "gce:///p/europe-west1-b/m-0");
         let r = instance_ref(&machine("m-0", Some("gce:///other/z/m-0")), &spec, "p").unwrap();
@@ -429,7 +472,10 @@ mod tests {
             zone: zone.into(),
             ..Default::default()
         };
-        assert_eq!(region_of(&s("europe-west1", "europe-west1-b")), "europe-west1");
+        assert_eq!(
+            region_of(&s("europe-west1", "europe-west1-b")),
+            "europe-west1"
+        );
         assert_eq!(region_of(&s("", "us-central1-a")), "us-central1");
     }
 }

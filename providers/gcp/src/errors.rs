@@ -113,8 +113,12 @@ pub fn classify_operation(codes: &[String]) -> Classification {
         return Classification::code(Code::ResourceExhausted);
     }
     match last {
-        "RESOURCE_NOT_FOUND" | "INVALID_FIELD_VALUE" | "INVALID_USAGE" | "BAD_REQUEST"
-        | "REQUIRED_FIELD_MISSING" | "CONDITION_NOT_MET" => Classification::code(Code::InvalidArgument),
+        "RESOURCE_NOT_FOUND"
+        | "INVALID_FIELD_VALUE"
+        | "INVALID_USAGE"
+        | "BAD_REQUEST"
+        | "REQUIRED_FIELD_MISSING"
+        | "CONDITION_NOT_MET" => Classification::code(Code::InvalidArgument),
         "RESOURCE_ALREADY_EXISTS" | "ALREADY_EXISTS" => Classification::code(Code::AlreadyExists),
         "PERMISSIONS_ERROR" | "FORBIDDEN" => Classification::code(Code::PermissionDenied),
         "RATE_LIMIT_EXCEEDED" | "RESOURCE_NOT_READY" | "RESOURCE_IN_USE_BY_ANOTHER_RESOURCE" => {
@@ -241,7 +245,10 @@ impl GcpError {
     /// failure and the driver's request id, and this error as the source.
     pub fn into_driver_error(self, context: &str, request_id: &RequestId) -> DriverError {
         let c = self.classification();
-        let mut e = DriverError::new(c.code, format!("{context}: {self} (request id {request_id})"));
+        let mut e = DriverError::new(
+            c.code,
+            format!("{context}: {self} (request id {request_id})"),
+        );
         if let Some(after) = c.retry_after {
             e = e.with_retry_after(after);
         }
@@ -249,25 +256,60 @@ impl GcpError {
     }
 }
 
+/// The client error that carries the HTTP response: `e` itself, or, when the client's retry
+/// policy gave up ("exhausted"), the last attempt's error it wraps.
+fn response_error(e: &google_cloud_gax::error::Error) -> &google_cloud_gax::error::Error {
+    let mut current = e;
+    while current.http_status_code().is_none() {
+        let inner = std::error::Error::source(current)
+            .and_then(|s| s.downcast_ref::<google_cloud_gax::error::Error>());
+        match inner {
+            Some(i) => current = i,
+            None => return e,
+        }
+    }
+    current
+}
+
 /// Reads status, GCE reason, message and `Retry-After` from a client error.
+///
+/// GCE's own error bodies (`{"error": {"code", "message", "errors": [{"reason"}]}}`) reach the
+/// client's status with the first reason as an `ErrorInfo` detail (`notFound`,
+/// `quotaExceeded`, `resourceNotReady`); the API front end's (401, 429) carry their own
+/// `ErrorInfo` (`RATE_LIMIT_EXCEEDED`). A body that is not JSON is read as it is.
 pub fn http_failure(e: &google_cloud_gax::error::Error) -> HttpFailure {
-    let status = e.http_status_code();
-    let payload: Option<serde_json::Value> = e
+    use google_cloud_gax::error::rpc::StatusDetails;
+    let r = response_error(e);
+    let status = r.http_status_code();
+    let reason = r.status().and_then(|s| {
+        s.details.iter().find_map(|d| match d {
+            StatusDetails::ErrorInfo(info) if !info.reason.is_empty() => Some(info.reason.clone()),
+            _ => None,
+        })
+    });
+    let payload: Option<serde_json::Value> = r
         .http_payload()
         .and_then(|p| serde_json::from_slice(p).ok());
-    let reason = payload
-        .as_ref()
-        .and_then(|p| p.pointer("/error/errors/0/reason"))
-        .and_then(|r| r.as_str())
-        .map(str::to_string);
-    let message = payload
-        .as_ref()
-        .and_then(|p| p.pointer("/error/message"))
-        .and_then(|m| m.as_str())
-        .map(str::to_string)
-        .or_else(|| e.status().map(|s| s.message.clone()))
+    let reason = reason.or_else(|| {
+        payload
+            .as_ref()
+            .and_then(|p| p.pointer("/error/errors/0/reason"))
+            .and_then(|r| r.as_str())
+            .map(str::to_string)
+    });
+    let message = r
+        .status()
+        .map(|s| s.message.clone())
+        .filter(|m| !m.is_empty())
+        .or_else(|| {
+            payload
+                .as_ref()
+                .and_then(|p| p.pointer("/error/message"))
+                .and_then(|m| m.as_str())
+                .map(str::to_string)
+        })
         .unwrap_or_else(|| e.to_string());
-    let retry_after = e
+    let retry_after = r
         .http_headers()
         .and_then(|h| h.get("retry-after"))
         .and_then(|v| v.to_str().ok())
@@ -298,8 +340,16 @@ mod tests {
     fn http_errors() {
         let cases: &[(HttpFailure, Code, Option<u64>)] = &[
             (http(404, Some("notFound"), "x"), Code::NotFound, None),
-            (http(409, Some("alreadyExists"), "x"), Code::AlreadyExists, None),
-            (http(429, Some("rateLimitExceeded"), "x"), Code::Unavailable, Some(10)),
+            (
+                http(409, Some("alreadyExists"), "x"),
+                Code::AlreadyExists,
+                None,
+            ),
+            (
+                http(429, Some("rateLimitExceeded"), "x"),
+                Code::Unavailable,
+                Some(10),
+            ),
             (
                 HttpFailure {
                     retry_after: Some(Duration::from_secs(3)),
@@ -308,19 +358,51 @@ mod tests {
                 Code::Unavailable,
                 Some(3),
             ),
-            (http(403, Some("rateLimitExceeded"), "x"), Code::Unavailable, Some(10)),
-            (http(403, Some("userRateLimitExceeded"), "x"), Code::Unavailable, Some(10)),
-            (http(403, Some("quotaExceeded"), "Quota 'CPUS' exceeded"), Code::ResourceExhausted, None),
-            (http(403, Some("forbidden"), "x"), Code::PermissionDenied, None),
-            (http(401, None, "x"), Code::Unauthenticated, None),
-            (http(400, Some("invalid"), "Invalid value for field"), Code::InvalidArgument, None),
             (
-                http(400, Some("invalid"), "Machine type n9-x does not exist in zone z"),
+                http(403, Some("rateLimitExceeded"), "x"),
+                Code::Unavailable,
+                Some(10),
+            ),
+            (
+                http(403, Some("userRateLimitExceeded"), "x"),
+                Code::Unavailable,
+                Some(10),
+            ),
+            (
+                http(403, Some("quotaExceeded"), "Quota 'CPUS' exceeded"),
                 Code::ResourceExhausted,
                 None,
             ),
-            (http(400, Some("resourceNotReady"), "x"), Code::Unavailable, Some(5)),
-            (http(503, Some("backendError"), "x"), Code::Unavailable, Some(5)),
+            (
+                http(403, Some("forbidden"), "x"),
+                Code::PermissionDenied,
+                None,
+            ),
+            (http(401, None, "x"), Code::Unauthenticated, None),
+            (
+                http(400, Some("invalid"), "Invalid value for field"),
+                Code::InvalidArgument,
+                None,
+            ),
+            (
+                http(
+                    400,
+                    Some("invalid"),
+                    "Machine type n9-x does not exist in zone z",
+                ),
+                Code::ResourceExhausted,
+                None,
+            ),
+            (
+                http(400, Some("resourceNotReady"), "x"),
+                Code::Unavailable,
+                Some(5),
+            ),
+            (
+                http(503, Some("backendError"), "x"),
+                Code::Unavailable,
+                Some(5),
+            ),
             (http(500, None, "x"), Code::Internal, Some(5)),
             (HttpFailure::default(), Code::Unavailable, Some(5)),
         ];
@@ -339,12 +421,22 @@ mod tests {
         let c = |codes: &[&str]| {
             classify_operation(&codes.iter().map(|s| s.to_string()).collect::<Vec<_>>()).code
         };
-        assert_eq!(c(&["ZONE_RESOURCE_POOL_EXHAUSTED"]), Code::ResourceExhausted);
-        assert_eq!(c(&["ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS"]), Code::ResourceExhausted);
+        assert_eq!(
+            c(&["ZONE_RESOURCE_POOL_EXHAUSTED"]),
+            Code::ResourceExhausted
+        );
+        assert_eq!(
+            c(&["ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS"]),
+            Code::ResourceExhausted
+        );
         assert_eq!(c(&["QUOTA_EXCEEDED"]), Code::ResourceExhausted);
         assert_eq!(c(&["REGION_QUOTA_EXCEEDED"]), Code::ResourceExhausted);
         assert_eq!(c(&["RESOURCE_NOT_FOUND"]), Code::InvalidArgument);
-        assert_eq!(c(&["QUOTA_EXCEEDED", "RESOURCE_NOT_FOUND"]), Code::InvalidArgument, "the last one counts");
+        assert_eq!(
+            c(&["QUOTA_EXCEEDED", "RESOURCE_NOT_FOUND"]),
+            Code::InvalidArgument,
+            "the last one counts"
+        );
         assert_eq!(c(&["RATE_LIMIT_EXCEEDED"]), Code::Unavailable);
         assert_eq!(c(&["SOMETHING_NEW"]), Code::Internal);
         assert_eq!(c(&[]), Code::Internal);

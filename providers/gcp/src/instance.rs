@@ -81,7 +81,10 @@ pub fn insert_body(spec: &ProviderSpec, project: &str, name: &str, user_data: &s
             json!({ "enableNestedVirtualization": a.enable_nested_virtualization }),
         );
     }
-    body.insert("disks".into(), Value::Array(spec.disks.iter().map(|d| disk(d, zone)).collect()));
+    body.insert(
+        "disks".into(),
+        Value::Array(spec.disks.iter().map(|d| disk(d, zone)).collect()),
+    );
     let mut items = vec![json!({ "key": user_data_key(user_data), "value": user_data })];
     items.extend(
         spec.metadata
@@ -120,7 +123,10 @@ fn disk(d: &crate::spec::Disk, zone: &str) -> Value {
         out.insert("type".into(), json!(DISK_TYPE_SCRATCH));
         out.insert("boot".into(), json!(false));
         out.insert("interface".into(), json!(d.interface));
-        params.insert("diskType".into(), json!(format!("zones/{zone}/diskTypes/local-ssd")));
+        params.insert(
+            "diskType".into(),
+            json!(format!("zones/{zone}/diskTypes/local-ssd")),
+        );
     } else {
         out.insert("type".into(), json!("PERSISTENT"));
         out.insert("boot".into(), json!(d.boot));
@@ -128,7 +134,10 @@ fn disk(d: &crate::spec::Disk, zone: &str) -> Value {
             params.insert("diskSizeGb".into(), json!(d.size_gb.to_string()));
         }
         if !d.disk_type.is_empty() {
-            params.insert("diskType".into(), json!(format!("zones/{zone}/diskTypes/{}", d.disk_type)));
+            params.insert(
+                "diskType".into(),
+                json!(format!("zones/{zone}/diskTypes/{}", d.disk_type)),
+            );
         }
         if !d.image.is_empty() {
             params.insert("sourceImage".into(), json!(d.image));
@@ -137,7 +146,10 @@ fn disk(d: &crate::spec::Disk, zone: &str) -> Value {
             params.insert("labels".into(), json!(d.labels));
         }
         if d.provisioned_iops > 0 {
-            params.insert("provisionedIops".into(), json!(d.provisioned_iops.to_string()));
+            params.insert(
+                "provisionedIops".into(),
+                json!(d.provisioned_iops.to_string()),
+            );
         }
         if d.provisioned_throughput > 0 {
             params.insert(
@@ -247,10 +259,7 @@ pub fn resources(instance: &Instance) -> Vec<ResourceStatus> {
                 kind: ResourceKind::Disk,
                 id: last_segment(source).to_string(),
                 state: ResourceState::Running,
-                message: d
-                    .boot
-                    .unwrap_or(false)
-                    .then(|| "boot disk".to_string()),
+                message: d.boot.unwrap_or(false).then(|| "boot disk".to_string()),
             });
         }
     }
@@ -283,7 +292,11 @@ pub fn addresses(instance: &Instance) -> Vec<NodeAddress> {
 
 /// The network tags of an instance.
 pub fn network_tags(instance: &Instance) -> &[String] {
-    instance.tags.as_ref().map(|t| t.items.as_slice()).unwrap_or(&[])
+    instance
+        .tags
+        .as_ref()
+        .map(|t| t.items.as_slice())
+        .unwrap_or(&[])
 }
 
 #[cfg(test)]
@@ -335,7 +348,14 @@ mod tests {
             })
         );
         let model = to_model(body).expect("the client's model reads the body");
-        assert_eq!(model.disks[0].initialize_params.as_ref().unwrap().disk_size_gb, Some(50));
+        assert_eq!(
+            model.disks[0]
+                .initialize_params
+                .as_ref()
+                .unwrap()
+                .disk_size_gb,
+            Some(50)
+        );
         assert_eq!(model.metadata.unwrap().items.len(), 2);
     }
 
@@ -356,7 +376,11 @@ mod tests {
         assert_eq!(body["networkInterfaces"][0].get("accessConfigs"), None);
         assert_eq!(body["networkInterfaces"][0].get("aliasIpRanges"), None);
         assert_eq!(body["disks"][0]["autoDelete"], false);
-        assert_eq!(body["disks"][0]["initializeParams"].get("diskType"), None, "GCE's default type");
+        assert_eq!(
+            body["disks"][0]["initializeParams"].get("diskType"),
+            None,
+            "GCE's default type"
+        );
         assert_eq!(
             body["guestAccelerators"],
             json!([{"acceleratorType": "projects/proj/zones/europe-west1-b/acceleratorTypes/nvidia-tesla-t4",
@@ -374,7 +398,10 @@ mod tests {
             "tags": {"items": ["a"]}
         }))
         .unwrap();
-        let addrs: Vec<(String, String)> = addresses(&i).into_iter().map(|a| (a.type_, a.address)).collect();
+        let addrs: Vec<(String, String)> = addresses(&i)
+            .into_iter()
+            .map(|a| (a.type_, a.address))
+            .collect();
         assert_eq!(
             addrs,
             vec![
@@ -384,9 +411,15 @@ mod tests {
             ]
         );
         let r = resources(&i);
-        assert_eq!((r[0].kind.clone(), r[0].state), (ResourceKind::Vm, ResourceState::Stopped));
+        assert_eq!(
+            (r[0].kind.clone(), r[0].state),
+            (ResourceKind::Vm, ResourceState::Stopped)
+        );
         assert_eq!(r[0].message.as_deref(), Some("STOPPING"));
-        assert_eq!((r[1].kind.clone(), r[1].id.as_str()), (ResourceKind::Disk, "m-0"));
+        assert_eq!(
+            (r[1].kind.clone(), r[1].id.as_str()),
+            (ResourceKind::Disk, "m-0")
+        );
         assert_eq!(network_tags(&i), ["a".to_string()]);
         assert_eq!(vm_state(Some(&Status::Running)), ResourceState::Running);
         assert_eq!(vm_state(Some(&Status::Staging)), ResourceState::Creating);

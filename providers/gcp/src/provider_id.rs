@@ -73,7 +73,13 @@ mod tests {
         };
         assert_eq!(r.provider_id(), "gce:///p-1/europe-west1-b/m-0");
         assert_eq!(decode_provider_id(&r.provider_id()).unwrap(), r);
-        for bad in ["aws:///r/i-1", "gce:///p/z", "gce:///p//n", "gce:///p/z/n/x", ""] {
+        for bad in [
+            "aws:///r/i-1",
+            "gce:///p/z",
+            "gce:///p//n",
+            "gce:///p/z/n/x",
+            "",
+        ] {
             assert!(decode_provider_id(bad).is_err(), "{bad}");
         }
     }
@@ -96,7 +102,10 @@ mod tests {
             }),
             ..Default::default()
         };
-        assert_eq!(volume_id(&csi(PD_CSI_DRIVER)).as_deref(), Some("projects/p/zones/z/disks/d"));
+        assert_eq!(
+            volume_id(&csi(PD_CSI_DRIVER)).as_deref(),
+            Some("projects/p/zones/z/disks/d")
+        );
         assert_eq!(volume_id(&csi("ebs.csi.aws.com")), None);
         assert_eq!(volume_id(&PersistentVolumeSpec::default()), None);
     }

@@ -20,7 +20,11 @@ use mcm_driver::{SecretData, USER_DATA_KEY};
 use serde::{Deserialize, Serialize};
 
 /// Secret keys that may hold the credentials JSON, in the order they are looked up.
-pub const CREDENTIALS_KEYS: [&str; 3] = ["serviceAccountJSON", "serviceaccount.json", "credentialsConfig"];
+pub const CREDENTIALS_KEYS: [&str; 3] = [
+    "serviceAccountJSON",
+    "serviceaccount.json",
+    "credentialsConfig",
+];
 /// Secret key of the project, when the credentials JSON has no `project_id`.
 pub const PROJECT_ID_KEY: &str = "projectID";
 /// Prefix of the network tag naming the cluster.
@@ -42,14 +46,20 @@ pub const STS_TOKEN_URL: &str = "https://sts.googleapis.com/v1/token";
 /// The subject token type external-account credentials must use.
 pub const JWT_SUBJECT_TOKEN_TYPE: &str = "urn:ietf:params:oauth:token-type:jwt";
 /// The token file external-account credentials must read (Gardener's workload identity).
-pub const WORKLOAD_IDENTITY_TOKEN_FILE: &str = "/var/run/secrets/gardener.cloud/workload-identity/token";
+pub const WORKLOAD_IDENTITY_TOKEN_FILE: &str =
+    "/var/run/secrets/gardener.cloud/workload-identity/token";
 
 /// The providerSpec of a GCP MachineClass.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ProviderSpec {
     /// API version of the spec (informational; Gardener's field has no JSON tag).
-    #[serde(rename = "APIVersion", alias = "apiVersion", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "APIVersion",
+        alias = "apiVersion",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub api_version: Option<String>,
     /// Allow the instance to send and receive packets for other addresses.
     #[serde(default, alias = "canIPForward")]
@@ -76,7 +86,11 @@ pub struct ProviderSpec {
     #[serde(default)]
     pub metadata: Vec<MetadataItem>,
     /// The minimum CPU platform, e.g. `Intel Skylake`.
-    #[serde(default, alias = "minCPUPlatform", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        alias = "minCPUPlatform",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub min_cpu_platform: Option<String>,
     /// Network interfaces (at least one).
     #[serde(default)]
@@ -349,8 +363,7 @@ impl ClusterTags {
         let last = |prefix: &str| {
             tags.iter()
                 .map(AsRef::as_ref)
-                .filter(|t| t.contains(prefix))
-                .next_back()
+                .rfind(|t| t.contains(prefix))
                 .map(str::to_string)
         };
         Some(ClusterTags {
@@ -466,7 +479,10 @@ impl ProviderSpec {
                 ));
             }
             if gpu.count <= 0 {
-                out.push(SpecProblem::new(format!("{SPEC}.gpu.count"), "gpu count must be > 0"));
+                out.push(SpecProblem::new(
+                    format!("{SPEC}.gpu.count"),
+                    "gpu count must be > 0",
+                ));
             }
         }
         self.validate_scheduling(&mut out);
@@ -493,7 +509,10 @@ impl ProviderSpec {
 
     fn validate_disks(&self, out: &mut Vec<SpecProblem>) {
         if self.disks.is_empty() {
-            out.push(SpecProblem::new(format!("{SPEC}.disks"), "at least one disk is required"));
+            out.push(SpecProblem::new(
+                format!("{SPEC}.disks"),
+                "at least one disk is required",
+            ));
             return;
         }
         let boot = self.disks.iter().filter(|d| d.boot).count();
@@ -509,15 +528,24 @@ impl ProviderSpec {
                 if !SCRATCH_INTERFACES.contains(&d.interface.as_str()) {
                     out.push(SpecProblem::new(
                         at("interface"),
-                        format!("unsupported value {:?}: supported values: \"NVME\", \"SCSI\"", d.interface),
+                        format!(
+                            "unsupported value {:?}: supported values: \"NVME\", \"SCSI\"",
+                            d.interface
+                        ),
                     ));
                 }
                 if d.boot {
-                    out.push(SpecProblem::new(at("boot"), "a SCRATCH disk cannot be the boot disk"));
+                    out.push(SpecProblem::new(
+                        at("boot"),
+                        "a SCRATCH disk cannot be the boot disk",
+                    ));
                 }
             }
             if d.boot && d.image.trim().is_empty() {
-                out.push(SpecProblem::new(at("image"), "image is required for boot disk"));
+                out.push(SpecProblem::new(
+                    at("image"),
+                    "image is required for boot disk",
+                ));
             }
             for (value, field) in [
                 (d.size_gb, "sizeGb"),
@@ -525,7 +553,10 @@ impl ProviderSpec {
                 (d.provisioned_throughput, "provisionedThroughput"),
             ] {
                 if value < 0 {
-                    out.push(SpecProblem::new(at(field), format!("must not be negative, got {value}")));
+                    out.push(SpecProblem::new(
+                        at(field),
+                        format!("must not be negative, got {value}"),
+                    ));
                 }
             }
             if let Some(enc) = &d.encryption {
@@ -535,7 +566,9 @@ impl ProviderSpec {
                         "kmsKeyName is required to be specified",
                     ));
                 }
-                if !enc.kms_key_service_account.is_empty() && enc.kms_key_service_account.trim().is_empty() {
+                if !enc.kms_key_service_account.is_empty()
+                    && enc.kms_key_service_account.trim().is_empty()
+                {
                     out.push(SpecProblem::new(
                         at("encryption.kmsKeyServiceAccount"),
                         "kmsKeyServiceAccount should either be explicitly specified without spaces or left \
@@ -557,18 +590,27 @@ impl ProviderSpec {
         for (i, nic) in self.network_interfaces.iter().enumerate() {
             let at = |f: &str| format!("{SPEC}.networkInterfaces[{i}]{f}");
             if nic.network.is_empty() && nic.subnetwork.is_empty() {
-                out.push(SpecProblem::new(at(""), "either network or subnetwork or both is required"));
+                out.push(SpecProblem::new(
+                    at(""),
+                    "either network or subnetwork or both is required",
+                ));
             }
             if !["", "IPV4_IPV6", "IPV4_ONLY"].contains(&nic.stack_type.as_str()) {
                 out.push(SpecProblem::new(
                     at(".stackType"),
-                    format!("invalid value {:?}: must be either IPV4_IPV6 or IPV4_ONLY", nic.stack_type),
+                    format!(
+                        "invalid value {:?}: must be either IPV4_IPV6 or IPV4_ONLY",
+                        nic.stack_type
+                    ),
                 ));
             }
             if !["", "EXTERNAL", "INTERNAL"].contains(&nic.ipv6_access_type.as_str()) {
                 out.push(SpecProblem::new(
                     at(".ipv6AccessType"),
-                    format!("invalid value {:?}: must be either EXTERNAL or INTERNAL", nic.ipv6_access_type),
+                    format!(
+                        "invalid value {:?}: must be either EXTERNAL or INTERNAL",
+                        nic.ipv6_access_type
+                    ),
                 ));
             }
             if let Some(p) = cidr_size_problem(&nic.ip_cidr_range) {
@@ -599,7 +641,10 @@ impl ProviderSpec {
                 ));
             }
             if s.preemptible {
-                out.push(SpecProblem::new(&field, "preemptible VMs must use \"TERMINATE\""));
+                out.push(SpecProblem::new(
+                    &field,
+                    "preemptible VMs must use \"TERMINATE\"",
+                ));
             }
         }
         if s.preemptible && s.automatic_restart {
@@ -689,11 +734,19 @@ pub fn credentials(secret: &SecretData) -> Result<GcpCredentials, Vec<SpecProble
     let json: serde_json::Value = match serde_json::from_str(raw) {
         Ok(v) => v,
         Err(e) => {
-            return Err(vec![SpecProblem::new(field(key), format!("is not valid JSON: {e}"))]);
+            return Err(vec![SpecProblem::new(
+                field(key),
+                format!("is not valid JSON: {e}"),
+            )]);
         }
     };
     let mut problems = Vec::new();
-    let text = |name: &str| json.get(name).and_then(|v| v.as_str()).unwrap_or_default().to_string();
+    let text = |name: &str| {
+        json.get(name)
+            .and_then(|v| v.as_str())
+            .unwrap_or_default()
+            .to_string()
+    };
     let kind = match text("type").as_str() {
         "service_account" => {
             if let Some(obj) = json.as_object() {
@@ -707,20 +760,29 @@ pub fn credentials(secret: &SecretData) -> Result<GcpCredentials, Vec<SpecProble
                             ),
                         ));
                     } else if !v.is_string() {
-                        problems.push(SpecProblem::new(field(key), format!("field {k:?} must be a string")));
+                        problems.push(SpecProblem::new(
+                            field(key),
+                            format!("field {k:?} must be a string"),
+                        ));
                     }
                 }
             }
             for required in ["client_email", "private_key"] {
                 if text(required).is_empty() {
-                    problems.push(SpecProblem::new(field(key), format!("{required} is required")));
+                    problems.push(SpecProblem::new(
+                        field(key),
+                        format!("{required} is required"),
+                    ));
                 }
             }
             CredentialsKind::ServiceAccount
         }
         "external_account" => {
             if text("token_url") != STS_TOKEN_URL {
-                problems.push(SpecProblem::new(field(key), format!("token_url must be {STS_TOKEN_URL:?}")));
+                problems.push(SpecProblem::new(
+                    field(key),
+                    format!("token_url must be {STS_TOKEN_URL:?}"),
+                ));
             }
             let impersonation = text("service_account_impersonation_url");
             if !impersonation.is_empty() && !is_impersonation_url(&impersonation) {
@@ -758,7 +820,11 @@ pub fn credentials(secret: &SecretData) -> Result<GcpCredentials, Vec<SpecProble
     };
     let project = match text("project_id") {
         p if !p.is_empty() => p,
-        _ => secret.get_str(PROJECT_ID_KEY).unwrap_or_default().trim().to_string(),
+        _ => secret
+            .get_str(PROJECT_ID_KEY)
+            .unwrap_or_default()
+            .trim()
+            .to_string(),
     };
     if project.is_empty() {
         problems.push(SpecProblem::new(
@@ -831,7 +897,9 @@ pub fn lookup_spec(class: &MachineClass, secret: &SecretData) -> Result<Provider
     if ClusterTags::from_tags(&spec.tags).is_none() {
         problems.push(SpecProblem::new(
             format!("{SPEC}.tags"),
-            format!("a {CLUSTER_TAG_PREFIX}<cluster> and a {ROLE_TAG_PREFIX}<role> tag are required"),
+            format!(
+                "a {CLUSTER_TAG_PREFIX}<cluster> and a {ROLE_TAG_PREFIX}<role> tag are required"
+            ),
         ));
     }
     problems.extend(validate_secret(secret, false));
@@ -894,7 +962,10 @@ pub(crate) mod tests {
         // Go decodes case-insensitively; the spelling Gardener's own docs use is accepted too.
         let mut v = gardener_spec();
         v["networkInterfaces"][0] = json!({"network": "n", "ipv6AccessType": "INTERNAL"});
-        assert_eq!(spec_of(v).network_interfaces[0].ipv6_access_type, "INTERNAL");
+        assert_eq!(
+            spec_of(v).network_interfaces[0].ipv6_access_type,
+            "INTERNAL"
+        );
     }
 
     #[test]
@@ -945,9 +1016,11 @@ pub(crate) mod tests {
 
     #[test]
     fn structural_problems() {
-        let s = spec_of(json!({"machineType": "m", "region": "europe-west1", "zone": "us-east1-b",
+        let s = spec_of(
+            json!({"machineType": "m", "region": "europe-west1", "zone": "us-east1-b",
                                "scheduling": {"onHostMaintenance": ""},
-                               "tags": ["kubernetes-io-cluster-c", "kubernetes-io-role-node"]}));
+                               "tags": ["kubernetes-io-cluster-c", "kubernetes-io-role-node"]}),
+        );
         let got: Vec<String> = s.validate().into_iter().map(|p| p.to_string()).collect();
         assert_eq!(
             got,
@@ -960,10 +1033,16 @@ pub(crate) mod tests {
         );
         let mut v = gardener_spec();
         v["disks"][1]["boot"] = json!(false);
-        v["disks"].as_array_mut().unwrap().push(json!({"boot": true, "image": "i"}));
+        v["disks"]
+            .as_array_mut()
+            .unwrap()
+            .push(json!({"boot": true, "image": "i"}));
         assert_eq!(
             spec_of(v).validate(),
-            vec![SpecProblem::new("providerSpec.disks", "exactly one disk must have boot: true, found 2")]
+            vec![SpecProblem::new(
+                "providerSpec.disks",
+                "exactly one disk must have boot: true, found 2"
+            )]
         );
     }
 
@@ -971,8 +1050,14 @@ pub(crate) mod tests {
     fn cidr_sizes() {
         assert_eq!(cidr_size_problem(""), None);
         assert_eq!(cidr_size_problem("/24"), None);
-        assert_eq!(cidr_size_problem("/x").unwrap(), "invalid CIDR mask size: x");
-        assert_eq!(cidr_size_problem("/33").unwrap(), "CIDR mask size must be between 0 and 32");
+        assert_eq!(
+            cidr_size_problem("/x").unwrap(),
+            "invalid CIDR mask size: x"
+        );
+        assert_eq!(
+            cidr_size_problem("/33").unwrap(),
+            "CIDR mask size must be between 0 and 32"
+        );
     }
 
     #[test]
@@ -983,7 +1068,11 @@ pub(crate) mod tests {
         }
         assert_eq!(label_key_problem("name"), None);
         assert_eq!(label_key_problem("k8s-io_role"), None);
-        assert_eq!(label_key_problem("élan"), None, "GCE allows international lowercase letters");
+        assert_eq!(
+            label_key_problem("élan"),
+            None,
+            "GCE allows international lowercase letters"
+        );
         assert!(label_key_problem("9a").is_some());
         assert!(label_key_problem("a.b").is_some());
         assert_eq!(label_value_problem(""), None);
@@ -992,7 +1081,12 @@ pub(crate) mod tests {
 
     #[test]
     fn cluster_tags_are_the_last_of_each_kind() {
-        let tags = ["kubernetes-io-cluster-a", "x", "kubernetes-io-role-node", "kubernetes-io-cluster-b"];
+        let tags = [
+            "kubernetes-io-cluster-a",
+            "x",
+            "kubernetes-io-role-node",
+            "kubernetes-io-cluster-b",
+        ];
         let ct = ClusterTags::from_tags(&tags).unwrap();
         assert_eq!(ct.cluster, "kubernetes-io-cluster-b");
         assert!(ct.matches(&["kubernetes-io-role-node", "kubernetes-io-cluster-b"]));
@@ -1011,11 +1105,22 @@ pub(crate) mod tests {
                          "private_key": "-----BEGIN PRIVATE KEY-----\n", "private_key_id": "1"})
         .to_string();
         let c = credentials(&secret(&[("serviceaccount.json", &key)])).unwrap();
-        assert_eq!((c.key, c.kind, c.project.as_str()), ("serviceaccount.json", CredentialsKind::ServiceAccount, "p"));
-        assert!(!format!("{c:?}").contains("PRIVATE"), "the key is never printed");
+        assert_eq!(
+            (c.key, c.kind, c.project.as_str()),
+            ("serviceaccount.json", CredentialsKind::ServiceAccount, "p")
+        );
+        assert!(
+            !format!("{c:?}").contains("PRIVATE"),
+            "the key is never printed"
+        );
         // The project from the secret when the key has none.
-        let no_project = json!({"type": "service_account", "client_email": "e", "private_key": "k"}).to_string();
-        let c = credentials(&secret(&[("serviceAccountJSON", &no_project), ("projectID", "q")])).unwrap();
+        let no_project =
+            json!({"type": "service_account", "client_email": "e", "private_key": "k"}).to_string();
+        let c = credentials(&secret(&[
+            ("serviceAccountJSON", &no_project),
+            ("projectID", "q"),
+        ]))
+        .unwrap();
         assert_eq!(c.project, "q");
         assert_eq!(
             validate_secret(&secret(&[("serviceAccountJSON", &no_project)]), true)
@@ -1033,7 +1138,10 @@ pub(crate) mod tests {
     #[test]
     fn bad_credentials() {
         let p = |pairs: &[(&str, &str)]| -> Vec<String> {
-            validate_secret(&secret(pairs), true).into_iter().map(|p| p.to_string()).collect()
+            validate_secret(&secret(pairs), true)
+                .into_iter()
+                .map(|p| p.to_string())
+                .collect()
         };
         assert_eq!(
             p(&[]),
@@ -1043,13 +1151,21 @@ pub(crate) mod tests {
                 "secretRef.userData: secret userData is required field",
             ]
         );
-        assert!(p(&[("serviceAccountJSON", "{"), ("userData", "")])[0].contains("is not valid JSON"));
+        assert!(
+            p(&[("serviceAccountJSON", "{"), ("userData", "")])[0].contains("is not valid JSON")
+        );
         let extra = json!({"type": "service_account", "project_id": "p", "client_email": "e",
                            "private_key": "k", "extra": "x"})
         .to_string();
-        assert!(p(&[("serviceAccountJSON", &extra), ("userData", "")])[0].contains("forbidden field \"extra\""));
+        assert!(
+            p(&[("serviceAccountJSON", &extra), ("userData", "")])[0]
+                .contains("forbidden field \"extra\"")
+        );
         let other = json!({"type": "authorized_user", "project_id": "p"}).to_string();
-        assert!(p(&[("serviceAccountJSON", &other), ("userData", "")])[0].contains("forbidden credential type"));
+        assert!(
+            p(&[("serviceAccountJSON", &other), ("userData", "")])[0]
+                .contains("forbidden credential type")
+        );
         let ext = json!({"type": "external_account", "project_id": "p", "token_url": "https://evil/token",
                          "subject_token_type": JWT_SUBJECT_TOKEN_TYPE,
                          "credential_source": {"file": "/etc/shadow"}})
@@ -1061,6 +1177,9 @@ pub(crate) mod tests {
                             "https://iamcredentials.googleapis.com/v1/projects/-/serviceAccounts/a@b:generateAccessToken",
                         "credential_source": {"file": WORKLOAD_IDENTITY_TOKEN_FILE}})
         .to_string();
-        assert_eq!(p(&[("credentialsConfig", &ok), ("userData", "")]), Vec::<String>::new());
+        assert_eq!(
+            p(&[("credentialsConfig", &ok), ("userData", "")]),
+            Vec::<String>::new()
+        );
     }
 }
