@@ -1,0 +1,442 @@
+//! `machine-controller-gcp` end to end: the real control plane (mcm-testenv with
+//! kube-controller-manager and scheduler), the real binary with `--controllers=machine,manager`
+//! pointed at the fake Compute API of the provider's tests (`MCM_GCP_COMPUTE_ENDPOINT`,
+//! served from this test process), and a "VM player" that boots every RUNNING instance of the
+//! cluster as a `local-node` hollow kubelet (Node name = instance name, providerID
+//! `gce:///<project>/<zone>/<name>`, the instance's `user-data` metadata with its bootstrap
+//! token), and stops it when the instance is gone.
+//!
+//! Every process (controller, agents) runs in its own process group with `PR_SET_PDEATHSIG`
+//! through `mcm_testenv::process::ManagedProcess`, and is killed on drop, so nothing outlives a
+//! failing test.
+
+#[path = "../../../providers/gcp/tests/common/fake_compute.rs"]
+mod fake_compute;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fake_compute::{FakeCompute, Fault, service_account_json};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use mcm_api::{Machine, MachineDeployment, MachinePhase};
+use mcm_testenv::kit::{
+    MachineClassBuilder, MachineDeploymentBuilder, TestNamespace, binary_beside,
+    create_class_with_secret, events_for, eventually, free_port, secret,
+};
+use mcm_testenv::process::ManagedProcess;
+use mcm_testenv::{Components, ControlPlane};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(120);
+const PROJECT: &str = "mcm-e2e-project";
+const EMAIL: &str = "mcm@mcm-e2e-project.iam.gserviceaccount.com";
+const ZONE: &str = "europe-west1-b";
+const CLUSTER_TAG: &str = "kubernetes-io-cluster-shoot--e2e";
+const ROLE_TAG: &str = "kubernetes-io-role-node";
+const USER_DATA: &str = "#cloud-config\nbootstrapToken: <<BOOTSTRAP_TOKEN>>\n";
+
+/// `local-node`, next to the controller binary (built on demand when missing).
+fn node_binary() -> PathBuf {
+    binary_beside(
+        env!("CARGO_BIN_EXE_machine-controller-gcp"),
+        "local-node",
+        "mcm-provider-local",
+    )
+}
+
+fn is_ours(i: &Value) -> bool {
+    let tags = i["tags"]["items"].as_array().cloned().unwrap_or_default();
+    tags.contains(&json!(CLUSTER_TAG)) && tags.contains(&json!(ROLE_TAG))
+}
+
+/// The instances of the cluster in the fake, by name.
+fn our_instances(fake: &FakeCompute) -> BTreeMap<String, Value> {
+    fake.instances()
+        .into_iter()
+        .filter(is_ours)
+        .map(|i| (i["name"].as_str().unwrap_or_default().to_string(), i))
+        .collect()
+}
+
+/// Plays the booted VMs: one `local-node` per RUNNING instance of the cluster.
+struct VmPlayer {
+    task: tokio::task::JoinHandle<()>,
+    agents: Arc<Mutex<BTreeMap<String, ManagedProcess>>>,
+    dir: tempfile::TempDir,
+}
+
+impl VmPlayer {
+    fn start(fake: Arc<FakeCompute>, kubeconfig: PathBuf) -> VmPlayer {
+        let dir = tempfile::tempdir().unwrap();
+        let agents: Arc<Mutex<BTreeMap<String, ManagedProcess>>> = Default::default();
+        let (a, d, binary) = (agents.clone(), dir.path().to_path_buf(), node_binary());
+        std::fs::write(d.join("spec.json"), r#"{"heartbeatInterval":"1s"}"#).unwrap();
+        let task = tokio::spawn(async move {
+            loop {
+                let instances = our_instances(&fake);
+                for (name, i) in &instances {
+                    let running = i["status"] == "RUNNING";
+                    let known = a.lock().unwrap().contains_key(name);
+                    if running && !known {
+                        if let Some(agent) = boot(i, &d, &binary, &kubeconfig) {
+                            a.lock().unwrap().insert(name.clone(), agent);
+                        }
+                    } else if !running && known {
+                        // Stopping or being deleted: the VM is gone.
+                        a.lock().unwrap().remove(name);
+                    }
+                }
+                a.lock()
+                    .unwrap()
+                    .retain(|name, _| instances.contains_key(name));
+                // Wake on the fake's next change, or after a second at the latest.
+                fake.wait_for(Duration::from_secs(1), |f| our_instances(f) != instances)
+                    .await;
+            }
+        });
+        VmPlayer { task, agents, dir }
+    }
+
+    fn running(&self) -> usize {
+        self.agents.lock().unwrap().len()
+    }
+}
+
+impl Drop for VmPlayer {
+    fn drop(&mut self) {
+        self.task.abort();
+        let agents = std::mem::take(&mut *self.agents.lock().unwrap());
+        if std::thread::panicking() {
+            for (name, agent) in &agents {
+                eprintln!("--- agent of {name} ---\n{}", agent.log_tail(20));
+            }
+        }
+        drop(agents);
+        let _ = self.dir.path();
+    }
+}
+
+/// Boots one instance: its `user-data` (with the bootstrap token the controller put there) and
+/// a `local-node` registering the Node under the instance name.
+fn boot(i: &Value, dir: &Path, binary: &Path, kubeconfig: &Path) -> Option<ManagedProcess> {
+    let name = i["name"].as_str()?;
+    let zone = i["zone"].as_str()?.rsplit('/').next()?;
+    let user_data = i["metadata"]["items"]
+        .as_array()?
+        .iter()
+        .find(|m| m["key"] == "user-data")
+        .and_then(|m| m["value"].as_str())
+        .unwrap_or_default();
+    let user_data_file = dir.join(format!("{name}.user-data"));
+    std::fs::write(&user_data_file, user_data).ok()?;
+    let args: Vec<String> = vec![
+        "--machine-name".into(),
+        name.into(),
+        "--node-name".into(),
+        name.into(),
+        "--provider-id".into(),
+        format!("gce:///{PROJECT}/{zone}/{name}"),
+        "--kubeconfig".into(),
+        kubeconfig.display().to_string(),
+        "--user-data".into(),
+        user_data_file.display().to_string(),
+        "--spec".into(),
+        dir.join("spec.json").display().to_string(),
+    ];
+    let log = dir.join(format!("{name}.log"));
+    ManagedProcess::spawn(&format!("vm-{name}"), binary, &args, log, dir).ok()
+}
+
+fn provider_spec() -> Value {
+    json!({
+        "machineType": "n1-standard-2",
+        "region": "europe-west1",
+        "zone": ZONE,
+        "disks": [{"boot": true, "sizeGb": 20, "type": "pd-balanced",
+                   "image": "projects/debian-cloud/global/images/family/debian-12"}],
+        "networkInterfaces": [{"network": "shoot--e2e", "subnetwork": "shoot--e2e-nodes",
+                               "disableExternalIP": true}],
+        "scheduling": {"automaticRestart": true, "onHostMaintenance": "MIGRATE"},
+        "tags": [CLUSTER_TAG, ROLE_TAG],
+    })
+}
+
+/// The world of the test: control plane, namespace, fake Compute API, class and secret.
+struct Env {
+    cp: Arc<ControlPlane>,
+    client: kube::Client,
+    ns: String,
+    fake: Arc<FakeCompute>,
+    logs: tempfile::TempDir,
+}
+
+impl Env {
+    async fn new(prefix: &str) -> Env {
+        let TestNamespace {
+            env: cp,
+            client,
+            ns,
+        } = TestNamespace::new(Components::ALL, prefix).await;
+        let fake = Arc::new(FakeCompute::start(PROJECT, EMAIL).await);
+        let class = MachineClassBuilder::new("gcp")
+            .provider("GCP")
+            .spec(provider_spec())
+            .secret(&ns, "gcp-secret")
+            .build();
+        let key = service_account_json(PROJECT, EMAIL).to_string();
+        let credentials = secret(
+            "gcp-secret",
+            &[
+                ("serviceAccountJSON", key.as_str()),
+                ("userData", USER_DATA),
+            ],
+        );
+        create_class_with_secret(&client, &ns, &class, &credentials).await;
+        Env {
+            cp,
+            client,
+            ns,
+            fake,
+            logs: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn machines(&self) -> Api<Machine> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// Starts `machine-controller-gcp --controllers=machine,manager` against the fake.
+    fn spawn_controller(&self) -> Controller {
+        let kc = self.cp.kubeconfig_path().display().to_string();
+        let log = self.logs.path().join("controller.log");
+        let mut args = vec![
+            format!("MCM_GCP_COMPUTE_ENDPOINT={}", self.fake.url()),
+            "RUST_LOG=info,mcm_reconcilers=debug,mcm_provider_gcp=debug".into(),
+            env!("CARGO_BIN_EXE_machine-controller-gcp").into(),
+        ];
+        args.extend([
+            format!("--control-kubeconfig={kc}"),
+            format!("--target-kubeconfig={kc}"),
+            format!("--namespace={}", self.ns),
+            format!("--port={}", free_port()),
+            "--address=127.0.0.1".into(),
+            "--leader-elect=false".into(),
+            "--controllers=machine,manager".into(),
+            "--machine-creation-timeout=90s".into(),
+            "--machine-health-timeout=90s".into(),
+            "--machine-drain-timeout=30s".into(),
+            "--machine-safety-orphan-vms-period=2s".into(),
+            "--machine-backoff-max=2s".into(),
+            // Long enough to see the error on the Machine, short enough to recover in the test.
+            "--resource-exhausted-retry=4s".into(),
+            "--machine-pv-detach-timeout=5s".into(),
+            "--machine-resync-period=5s".into(),
+            "--kube-api-qps=200".into(),
+            "--kube-api-burst=400".into(),
+        ]);
+        // `env` execs the controller, so the pid (and its death signal) is the controller's.
+        let process = ManagedProcess::spawn(
+            "machine-controller-gcp",
+            Path::new("/usr/bin/env"),
+            &args,
+            log,
+            self.logs.path(),
+        )
+        .expect("the controller starts");
+        Controller { process }
+    }
+
+    async fn machine_list(&self) -> Vec<Machine> {
+        self.machines()
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+    }
+}
+
+struct Controller {
+    process: ManagedProcess,
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "--- machine-controller-gcp ---\n{}",
+                self.process.log_tail(80)
+            );
+        }
+    }
+}
+
+fn provider_id(name: &str) -> String {
+    format!("gce:///{PROJECT}/{ZONE}/{name}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_deployment_runs_on_the_fake_compute_api_through_quota_scale_down_and_orphans() {
+    let env = Env::new("gcp-e2e").await;
+    let player = VmPlayer::start(env.fake.clone(), env.cp.kubeconfig_path().to_path_buf());
+    // The first insert runs out of capacity in its zone operation.
+    env.fake.fail_next_inserts(1, Fault::ZoneExhausted);
+    let controller = env.spawn_controller();
+
+    let md = MachineDeploymentBuilder::new("workers")
+        .replicas(3)
+        .class("gcp")
+        .match_label("pool", "workers")
+        .rolling(1, 0)
+        .build();
+    let mds: Api<MachineDeployment> = Api::namespaced(env.client.clone(), &env.ns);
+    mds.create(&PostParams::default(), &md).await.unwrap();
+
+    // The machine whose VM could not be made says why, in its status and an Event.
+    let exhausted = eventually(WAIT, "a Machine reporting ResourceExhausted", || async {
+        env.machine_list().await.into_iter().find(|m| {
+            m.status
+                .as_ref()
+                .and_then(|s| s.last_operation.as_ref())
+                .and_then(|op| op.error_code.as_deref())
+                == Some("ResourceExhausted")
+        })
+    })
+    .await;
+    let status = exhausted.status.clone().unwrap_or_default();
+    assert_eq!(
+        status
+            .current_status
+            .as_ref()
+            .and_then(|c| c.phase.as_ref()),
+        Some(&MachinePhase::CrashLoopBackOff)
+    );
+    let description = status
+        .last_operation
+        .unwrap_or_default()
+        .description
+        .unwrap_or_default();
+    assert!(
+        description.contains("ZONE_RESOURCE_POOL_EXHAUSTED"),
+        "{description}"
+    );
+    let name = exhausted.metadata.name.clone().unwrap();
+    let events = events_for(&env.client, &env.ns, &name, "CreationFailed").await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.contains("ZONE_RESOURCE_POOL_EXHAUSTED")),
+        "{events:?}"
+    );
+
+    // Capacity is back: three machines Running, each backed by one instance whose Node joined.
+    let running = eventually(WAIT, "3 machines Running", || async {
+        let ms = env.machine_list().await;
+        (ms.len() == 3 && ms.iter().all(|m| m.phase() == Some(&MachinePhase::Running)))
+            .then_some(ms)
+    })
+    .await;
+    let live = our_instances(&env.fake);
+    assert_eq!(live.len(), 3, "one instance per machine: {:?}", live.keys());
+    let mut machine_ids: Vec<String> = running
+        .iter()
+        .map(|m| m.spec.provider_id.clone().unwrap_or_default())
+        .collect();
+    machine_ids.sort();
+    let mut instance_ids: Vec<String> = live.keys().map(|n| provider_id(n)).collect();
+    instance_ids.sort();
+    assert_eq!(machine_ids, instance_ids);
+    // One insert per machine, and a second one for the machine whose first failed.
+    let mut counts = env.fake.insert_counts();
+    assert_eq!(counts.remove(&name), Some(2), "{counts:?}");
+    assert!(counts.values().all(|n| *n == 1), "{counts:?}");
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    for name in live.keys() {
+        let node = nodes.get(name).await.unwrap();
+        assert_eq!(
+            node.spec.and_then(|s| s.provider_id),
+            Some(provider_id(name))
+        );
+    }
+    assert_eq!(player.running(), 3);
+
+    // Scale down to 1: two instances are deleted, their machines and Nodes go.
+    mds.patch(
+        "workers",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": { "replicas": 1 } })),
+    )
+    .await
+    .unwrap();
+    let (remaining, left) = eventually(WAIT, "scale-down to 1 instance", || async {
+        let ms = env.machine_list().await;
+        let live = our_instances(&env.fake);
+        (ms.len() == 1 && live.len() == 1).then_some((ms, live))
+    })
+    .await;
+    let kept = left.keys().next().unwrap().clone();
+    assert_eq!(
+        remaining[0].spec.provider_id.clone().unwrap_or_default(),
+        provider_id(&kept)
+    );
+    for name in live.keys().filter(|n| **n != kept) {
+        eventually(WAIT, "the Node of a deleted instance to go", || async {
+            nodes.get_opt(name).await.unwrap().is_none().then_some(())
+        })
+        .await;
+    }
+    assert!(
+        env.fake.disks().len() == 1,
+        "the deleted instances' boot disks went with them: {:?}",
+        env.fake.disks()
+    );
+
+    // An orphan: an instance with the class's cluster and role tags but no Machine.
+    env.fake.insert_instance_directly(
+        ZONE,
+        json!({
+            "name": "orphan-vm",
+            "machineType": format!("zones/{ZONE}/machineTypes/n1-standard-2"),
+            "disks": [{"boot": true, "autoDelete": true,
+                       "initializeParams": {"sourceImage": "projects/debian-cloud/global/images/family/debian-12"}}],
+            "networkInterfaces": [{"network": "global/networks/shoot--e2e"}],
+            "tags": {"items": [CLUSTER_TAG, ROLE_TAG]},
+        }),
+    );
+    // Another cluster's instance in the same zone is never touched.
+    env.fake.insert_instance_directly(
+        ZONE,
+        json!({
+            "name": "someone-elses-vm",
+            "machineType": format!("zones/{ZONE}/machineTypes/n1-standard-2"),
+            "disks": [{"boot": true, "autoDelete": true,
+                       "initializeParams": {"sourceImage": "projects/debian-cloud/global/images/family/debian-12"}}],
+            "networkInterfaces": [{"network": "global/networks/other"}],
+            "tags": {"items": ["kubernetes-io-cluster-other", ROLE_TAG]},
+        }),
+    );
+    eventually(WAIT, "the orphan instance to be deleted", || async {
+        env.fake.instance(ZONE, "orphan-vm").is_none().then_some(())
+    })
+    .await;
+    assert_eq!(
+        our_instances(&env.fake).len(),
+        1,
+        "the machine's instance stays"
+    );
+    assert!(env.fake.instance(ZONE, "someone-elses-vm").is_some());
+
+    // Deleting the deployment deletes the last instance.
+    mds.delete("workers", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(WAIT, "all machines and instances to go", || async {
+        let ms = env.machine_list().await;
+        (ms.is_empty() && our_instances(&env.fake).is_empty()).then_some(())
+    })
+    .await;
+    drop(controller);
+    drop(player);
+}
