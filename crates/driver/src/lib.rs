@@ -139,6 +139,7 @@ mod fake;
 mod fault;
 mod instrumented;
 mod ratelimit;
+pub mod spec;
 mod types;
 
 use std::sync::Arc;
@@ -150,6 +151,7 @@ pub use fake::{FakeDriver, FakeVm};
 pub use fault::{FaultConfigError, FaultInjecting, FaultSpec};
 pub use instrumented::{DriverMetrics, Instrumented};
 pub use ratelimit::{RateLimited, TokenBucket};
+pub use spec::{SpecError, SpecProblem};
 pub use types::*;
 
 /// The interface a cloud provider implements. All methods must be idempotent: the

@@ -25,8 +25,9 @@ use crate::client::{self, AwsDriverConfig};
 use crate::errors::from_sdk;
 use crate::launch;
 use crate::provider_id::{decode_provider_id, encode_provider_id, volume_id};
-use crate::spec::{self, ProviderSpec, SpecError, SpecProblem};
+use crate::spec::{self, ProviderSpec};
 use crate::tags::{self, ClusterTags};
+use mcm_driver::{SpecError, SpecProblem};
 
 /// The AWS driver. Cheap to share: one SDK configuration and HTTP connection pool; each call
 /// builds a client with the class's region and the secret's credentials.
@@ -91,7 +92,10 @@ impl AwsDriver {
             });
         }
         if !problems.is_empty() {
-            return Err(invalid(SpecError::Invalid(problems)));
+            return Err(invalid(SpecError::Invalid {
+                provider: spec::PROVIDER,
+                problems: problems,
+            }));
         }
         self.call_with(spec, secret, request_id)
     }
@@ -103,10 +107,14 @@ impl AwsDriver {
         request_id: &'a RequestId,
     ) -> Result<Call<'a>, DriverError> {
         let tags = ClusterTags::from_tags(&spec.tags).ok_or_else(|| {
-            invalid(SpecError::Invalid(vec![SpecProblem {
-                field: "providerSpec.tags".into(),
-                detail: "kubernetes.io/cluster/* and kubernetes.io/role/* tags are required".into(),
-            }]))
+            invalid(SpecError::Invalid {
+                provider: spec::PROVIDER,
+                problems: vec![SpecProblem {
+                    field: "providerSpec.tags".into(),
+                    detail: "kubernetes.io/cluster/* and kubernetes.io/role/* tags are required"
+                        .into(),
+                }],
+            })
         })?;
         let key = spec::access_key(secret).ok_or_else(|| {
             DriverError::invalid_argument("the secret has no AWS access key".to_string())
@@ -274,7 +282,7 @@ impl AwsDriver {
 }
 
 fn invalid(e: SpecError) -> DriverError {
-    DriverError::invalid_argument(e.to_string()).with_source(e)
+    e.into_driver_error()
 }
 
 fn ids(instances: &[Instance]) -> Vec<String> {

@@ -32,5 +32,6 @@ pub mod tags;
 pub use client::{AwsDriverConfig, REQUEST_ID_HEADER};
 pub use driver::AwsDriver;
 pub use errors::classify;
+pub use mcm_driver::{SpecError, SpecProblem};
 pub use provider_id::{decode_provider_id, encode_provider_id, volume_id};
-pub use spec::{ProviderSpec, SpecError, SpecProblem, parse_provider_spec};
+pub use spec::{ProviderSpec, parse_provider_spec};

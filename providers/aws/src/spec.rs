@@ -8,7 +8,10 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use mcm_api::MachineClass;
-use mcm_driver::SecretData;
+use mcm_driver::{SecretData, SpecError, SpecProblem};
+
+/// The provider name in error messages.
+pub const PROVIDER: &str = "AWS";
 use serde::{Deserialize, Serialize};
 
 use crate::tags::{CLUSTER_TAG_PREFIX, ROLE_TAG_PREFIX};
@@ -277,62 +280,12 @@ pub struct Placement {
     pub availability_zone: Option<String>,
 }
 
-/// One problem of a providerSpec or secret, naming its field.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SpecProblem {
-    /// The field path, e.g. `providerSpec.blockDevices[0].ebs.volumeSize`.
-    pub field: String,
-    /// What is wrong.
-    pub detail: String,
-}
-
-impl SpecProblem {
-    fn new(field: impl Into<String>, detail: impl Into<String>) -> Self {
-        SpecProblem {
-            field: field.into(),
-            detail: detail.into(),
-        }
-    }
-}
-
-impl fmt::Display for SpecProblem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.field, self.detail)
-    }
-}
-
-/// A providerSpec or secret that cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum SpecError {
-    /// The providerSpec is not the expected JSON shape.
-    #[error("providerSpec is not a valid AWS providerSpec")]
-    Decode(#[source] serde_json::Error),
-    /// The spec decoded but has problems.
-    #[error("invalid AWS machine class: {}", join(.0))]
-    Invalid(Vec<SpecProblem>),
-}
-
-fn join(problems: &[SpecProblem]) -> String {
-    problems
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join("; ")
-}
-
-impl SpecError {
-    /// The problems (empty for a decode error).
-    pub fn problems(&self) -> &[SpecProblem] {
-        match self {
-            SpecError::Decode(_) => &[],
-            SpecError::Invalid(p) => p,
-        }
-    }
-}
-
 /// Decodes the providerSpec of `class` (no validation).
 pub fn parse_provider_spec(class: &MachineClass) -> Result<ProviderSpec, SpecError> {
-    serde_json::from_value(class.provider_spec.clone()).map_err(SpecError::Decode)
+    serde_json::from_value(class.provider_spec.clone()).map_err(|source| SpecError::Decode {
+        provider: PROVIDER,
+        source,
+    })
 }
 
 const SPEC: &str = "providerSpec";
@@ -720,7 +673,10 @@ pub fn checked_spec(
     if problems.is_empty() {
         Ok(spec)
     } else {
-        Err(SpecError::Invalid(problems))
+        Err(SpecError::Invalid {
+            provider: PROVIDER,
+            problems: problems,
+        })
     }
 }
 
@@ -947,7 +903,7 @@ mod tests {
         let bad = class(json!({ "ami": 5 }));
         assert!(matches!(
             parse_provider_spec(&bad),
-            Err(SpecError::Decode(_))
+            Err(SpecError::Decode { .. })
         ));
     }
 }

@@ -26,7 +26,8 @@ use crate::client::{Call, Clients, GcpDriverConfig, gce_request_id};
 use crate::errors::GcpError;
 use crate::instance;
 use crate::provider_id::{InstanceRef, decode_provider_id, volume_id};
-use crate::spec::{self, ClusterTags, ProviderSpec, SpecError, SpecProblem};
+use crate::spec::{self, ClusterTags, ProviderSpec};
+use mcm_driver::{SpecError, SpecProblem};
 
 /// The GCP driver. Cheap to clone: the Compute clients (one per distinct credentials) are
 /// shared.
@@ -37,7 +38,7 @@ pub struct GcpDriver {
 }
 
 fn invalid(e: SpecError) -> DriverError {
-    DriverError::invalid_argument(e.to_string()).with_source(e)
+    e.into_driver_error()
 }
 
 fn machine_name(machine: &Machine) -> Result<&str, DriverError> {
@@ -113,7 +114,12 @@ impl GcpDriver {
     }
 
     async fn call(&self, secret: &SecretData, request_id: &RequestId) -> Result<Call, DriverError> {
-        let creds = spec::credentials(secret).map_err(|p| invalid(SpecError::Invalid(p)))?;
+        let creds = spec::credentials(secret).map_err(|p| {
+            invalid(SpecError::Invalid {
+                provider: spec::PROVIDER,
+                problems: p,
+            })
+        })?;
         let client = self
             .clients
             .get(&self.config, &creds)
@@ -135,10 +141,13 @@ impl GcpDriver {
     ) -> Result<(ProviderSpec, ClusterTags, Call), DriverError> {
         let spec = spec::lookup_spec(class, secret).map_err(invalid)?;
         let tags = ClusterTags::from_tags(&spec.tags).ok_or_else(|| {
-            invalid(SpecError::Invalid(vec![SpecProblem::new(
-                "providerSpec.tags",
-                "cluster and role tags are required",
-            )]))
+            invalid(SpecError::Invalid {
+                provider: spec::PROVIDER,
+                problems: vec![SpecProblem::new(
+                    "providerSpec.tags",
+                    "cluster and role tags are required",
+                )],
+            })
         })?;
         let call = self.call(secret, request_id).await?;
         Ok((spec, tags, call))

@@ -35,5 +35,6 @@ pub mod spec;
 pub use client::{ENDPOINT_ENV, GcpDriverConfig};
 pub use driver::GcpDriver;
 pub use errors::{classify_http, classify_operation};
+pub use mcm_driver::{SpecError, SpecProblem};
 pub use provider_id::{InstanceRef, decode_provider_id, volume_id};
-pub use spec::{ProviderSpec, SpecError, SpecProblem, parse_provider_spec};
+pub use spec::{ProviderSpec, parse_provider_spec};

@@ -16,7 +16,10 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use mcm_api::MachineClass;
-use mcm_driver::{SecretData, USER_DATA_KEY};
+use mcm_driver::{SecretData, SpecError, SpecProblem, USER_DATA_KEY};
+
+/// The provider name in error messages.
+pub const PROVIDER: &str = "GCP";
 use serde::{Deserialize, Serialize};
 
 /// Secret keys that may hold the credentials JSON, in the order they are looked up.
@@ -286,63 +289,12 @@ pub struct AdvancedMachineFeatures {
     pub enable_nested_virtualization: bool,
 }
 
-/// One problem of a spec or secret.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SpecProblem {
-    /// The field path, e.g. `providerSpec.disks[0].image`.
-    pub field: String,
-    /// What is wrong.
-    pub detail: String,
-}
-
-impl SpecProblem {
-    /// A problem of `field`.
-    pub fn new(field: impl Into<String>, detail: impl Into<String>) -> Self {
-        SpecProblem {
-            field: field.into(),
-            detail: detail.into(),
-        }
-    }
-}
-
-impl fmt::Display for SpecProblem {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.field, self.detail)
-    }
-}
-
-/// A providerSpec or secret that cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum SpecError {
-    /// The providerSpec is not the expected JSON shape.
-    #[error("providerSpec is not a valid GCP providerSpec")]
-    Decode(#[source] serde_json::Error),
-    /// The spec decoded but has problems.
-    #[error("invalid GCP machine class: {}", join(.0))]
-    Invalid(Vec<SpecProblem>),
-}
-
-fn join(problems: &[SpecProblem]) -> String {
-    problems
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join("; ")
-}
-
-impl SpecError {
-    /// The problems (empty for a decode error).
-    pub fn problems(&self) -> &[SpecProblem] {
-        match self {
-            SpecError::Decode(_) => &[],
-            SpecError::Invalid(p) => p,
-        }
-    }
-}
-
 /// Decodes the providerSpec of `class` (no validation).
 pub fn parse_provider_spec(class: &MachineClass) -> Result<ProviderSpec, SpecError> {
-    serde_json::from_value(class.provider_spec.clone()).map_err(SpecError::Decode)
+    serde_json::from_value(class.provider_spec.clone()).map_err(|source| SpecError::Decode {
+        provider: PROVIDER,
+        source,
+    })
 }
 
 const SPEC: &str = "providerSpec";
@@ -882,7 +834,10 @@ pub fn checked_spec(class: &MachineClass, secret: &SecretData) -> Result<Provide
     if problems.is_empty() {
         Ok(spec)
     } else {
-        Err(SpecError::Invalid(problems))
+        Err(SpecError::Invalid {
+            provider: PROVIDER,
+            problems: problems,
+        })
     }
 }
 
@@ -906,7 +861,10 @@ pub fn lookup_spec(class: &MachineClass, secret: &SecretData) -> Result<Provider
     if problems.is_empty() {
         Ok(spec)
     } else {
-        Err(SpecError::Invalid(problems))
+        Err(SpecError::Invalid {
+            provider: PROVIDER,
+            problems: problems,
+        })
     }
 }
 
