@@ -1,0 +1,5 @@
+//! The Azure provider of mcm-rs.
+#![warn(missing_docs)]
+
+pub mod resources;
+pub mod spec;

@@ -1,0 +1,348 @@
+//! The resources of a machine: names, ids and the ARM bodies of its NIC and VM.
+//!
+//! A machine `m` is a NIC `m-nic`, a VM `m`, an OS disk `m-os-disk` and data disks
+//! `m-<name>-<lun>-data-disk` (`m-<lun>-data-disk` without a name), as Gardener's provider names
+//! them, so every step of a create finds what an earlier attempt made, and a delete finds every
+//! leftover even when the VM is gone. The bodies are pure functions of the spec, written in
+//! ARM's JSON shape.
+
+use base64::Engine as _;
+use k8s_openapi::api::core::v1::PersistentVolumeSpec;
+use serde_json::{Map, Value, json};
+
+use crate::spec::{DataDisk, ProviderSpec};
+
+/// The name of the Azure Disk CSI driver.
+pub const DISK_CSI_DRIVER: &str = "disk.csi.azure.com";
+/// Suffix of a machine's NIC.
+pub const NIC_SUFFIX: &str = "-nic";
+/// Suffix of a machine's OS disk.
+pub const OS_DISK_SUFFIX: &str = "-os-disk";
+/// Suffix of a machine's data disks.
+pub const DATA_DISK_SUFFIX: &str = "-data-disk";
+
+/// The NIC of machine `vm`.
+pub fn nic_name(vm: &str) -> String {
+    format!("{vm}{NIC_SUFFIX}")
+}
+
+/// The OS disk of machine `vm`.
+pub fn os_disk_name(vm: &str) -> String {
+    format!("{vm}{OS_DISK_SUFFIX}")
+}
+
+/// A data disk of machine `vm`.
+pub fn data_disk_name(vm: &str, disk: &DataDisk) -> String {
+    if disk.name.trim().is_empty() {
+        format!("{vm}-{}{DATA_DISK_SUFFIX}", disk.lun)
+    } else {
+        format!("{vm}-{}-{}{DATA_DISK_SUFFIX}", disk.name, disk.lun)
+    }
+}
+
+/// Every disk name of machine `vm` under `spec`.
+pub fn disk_names(vm: &str, spec: &ProviderSpec) -> Vec<String> {
+    let mut out = vec![os_disk_name(vm)];
+    out.extend(
+        spec.properties
+            .storage_profile
+            .data_disks
+            .iter()
+            .map(|d| data_disk_name(vm, d)),
+    );
+    out
+}
+
+/// What a resource of the cluster belongs to: the machine a VM, NIC or disk name is derived
+/// from (`None` for names this driver does not make).
+pub fn machine_of(kind: ResourceType, name: &str, spec: &ProviderSpec) -> Option<String> {
+    match kind {
+        ResourceType::Vm => Some(name.to_string()),
+        ResourceType::Nic => name.strip_suffix(NIC_SUFFIX).map(str::to_string),
+        ResourceType::Disk => {
+            if let Some(vm) = name.strip_suffix(OS_DISK_SUFFIX) {
+                return Some(vm.to_string());
+            }
+            spec.properties.storage_profile.data_disks.iter().find_map(|d| {
+                let suffix = data_disk_name("", d);
+                name.strip_suffix(&suffix).map(str::to_string)
+            })
+        }
+    }
+    .filter(|m| !m.is_empty())
+}
+
+/// The ARM resource types of a machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ResourceType {
+    /// `Microsoft.Compute/virtualMachines`.
+    Vm,
+    /// `Microsoft.Network/networkInterfaces`.
+    Nic,
+    /// `Microsoft.Compute/disks`.
+    Disk,
+}
+
+/// The ARM id of a resource.
+pub fn resource_id(subscription: &str, group: &str, kind: ResourceType, name: &str) -> String {
+    let t = match kind {
+        ResourceType::Vm => "Microsoft.Compute/virtualMachines",
+        ResourceType::Nic => "Microsoft.Network/networkInterfaces",
+        ResourceType::Disk => "Microsoft.Compute/disks",
+    };
+    format!("/subscriptions/{subscription}/resourceGroups/{group}/providers/{t}/{name}")
+}
+
+/// The provider id of machine `vm`: `azure:///<location>/<vm>` (as Gardener's provider writes it).
+pub fn provider_id(location: &str, vm: &str) -> String {
+    format!("azure:///{location}/{vm}")
+}
+
+/// The ARM id of the subnet of the machines' NICs.
+pub fn subnet_id(subscription: &str, spec: &ProviderSpec) -> String {
+    format!(
+        "/subscriptions/{subscription}/resourceGroups/{}/providers/Microsoft.Network/virtualNetworks/{}/subnets/{}",
+        spec.vnet_resource_group(),
+        spec.subnet_info.vnet_name,
+        spec.subnet_info.subnet_name
+    )
+}
+
+/// The body of the NIC PUT.
+pub fn nic_body(spec: &ProviderSpec, subscription: &str, vm: &str) -> Value {
+    let name = nic_name(vm);
+    let mut props = Map::new();
+    if let Some(a) = spec.properties.network_profile.accelerated_networking {
+        props.insert("enableAcceleratedNetworking".into(), json!(a));
+    }
+    props.insert("enableIPForwarding".into(), json!(true));
+    props.insert("nicType".into(), json!("Standard"));
+    props.insert(
+        "ipConfigurations".into(),
+        json!([{
+            "name": name,
+            "properties": {
+                "privateIPAllocationMethod": "Dynamic",
+                "subnet": { "id": subnet_id(subscription, spec) },
+            }
+        }]),
+    );
+    json!({ "location": spec.location, "tags": spec.tags, "properties": Value::Object(props) })
+}
+
+/// The image reference of a storage profile or disk.
+fn image_reference(r: &crate::spec::ImageReference) -> Value {
+    if !r.id.trim().is_empty() {
+        return json!({ "id": r.id });
+    }
+    if let Some(id) = r.community_gallery_image_id.as_deref().filter(|s| !s.trim().is_empty()) {
+        return json!({ "communityGalleryImageId": id });
+    }
+    if let Some(id) = r.shared_gallery_image_id.as_deref().filter(|s| !s.trim().is_empty()) {
+        return json!({ "sharedGalleryImageId": id });
+    }
+    match r.urn_parts() {
+        Some(u) => json!({ "publisher": u.publisher, "offer": u.offer, "sku": u.sku, "version": u.version }),
+        None => json!({}),
+    }
+}
+
+/// The body of the VM PUT: the spec, the machine's NIC, OS disk and data disks (deleted with
+/// the VM), the user data as `customData`.
+pub fn vm_body(spec: &ProviderSpec, subscription: &str, vm: &str, user_data: &[u8]) -> Value {
+    let p = &spec.properties;
+    let sp = &p.storage_profile;
+    let nic_id = resource_id(subscription, &spec.resource_group, ResourceType::Nic, &nic_name(vm));
+    let mut os_disk = json!({
+        "name": os_disk_name(vm),
+        "createOption": sp.os_disk.create_option,
+        "caching": sp.os_disk.caching,
+        "deleteOption": "Delete",
+        "diskSizeGB": sp.os_disk.disk_size_gb,
+        "managedDisk": { "storageAccountType": sp.os_disk.managed_disk.storage_account_type },
+    });
+    if let Some(t) = sp
+        .os_disk
+        .managed_disk
+        .security_profile
+        .as_ref()
+        .and_then(|s| s.security_encryption_type.as_deref())
+        .filter(|t| !t.trim().is_empty())
+    {
+        os_disk["managedDisk"]["securityProfile"] = json!({ "securityEncryptionType": t });
+    }
+    let data_disks: Vec<Value> = sp
+        .data_disks
+        .iter()
+        .map(|d| {
+            json!({
+                "name": data_disk_name(vm, d),
+                "lun": d.lun,
+                "createOption": "Empty",
+                "caching": if d.caching.is_empty() { "None" } else { d.caching.as_str() },
+                "deleteOption": "Delete",
+                "diskSizeGB": d.disk_size_gb,
+                "managedDisk": { "storageAccountType": d.storage_account_type },
+            })
+        })
+        .collect();
+    let mut storage = json!({
+        "imageReference": image_reference(&sp.image_reference),
+        "osDisk": os_disk,
+        "dataDisks": data_disks,
+    });
+    if !sp.disk_controller_type.is_empty() {
+        storage["diskControllerType"] = json!(sp.disk_controller_type);
+    }
+    let ssh = &p.os_profile.linux_configuration.ssh.public_keys;
+    let mut linux = json!({
+        "disablePasswordAuthentication": p.os_profile.linux_configuration.disable_password_authentication,
+    });
+    if !ssh.key_data.trim().is_empty() {
+        linux["ssh"] = json!({ "publicKeys": [{ "path": ssh.path, "keyData": ssh.key_data }] });
+    }
+    let mut props = json!({
+        "hardwareProfile": { "vmSize": p.hardware_profile.vm_size },
+        "networkProfile": { "networkInterfaces": [{
+            "id": nic_id, "properties": { "primary": true, "deleteOption": "Delete" } }] },
+        "osProfile": {
+            "adminUsername": p.os_profile.admin_username,
+            "computerName": vm,
+            "customData": base64::engine::general_purpose::STANDARD.encode(user_data),
+            "linuxConfiguration": linux,
+        },
+        "storageProfile": storage,
+    });
+    if let Some(a) = p.availability_set.as_ref().filter(|a| !a.id.trim().is_empty()) {
+        props["availabilitySet"] = json!({ "id": a.id });
+    }
+    if let Some(s) = p.virtual_machine_scale_set.as_ref().filter(|s| !s.id.trim().is_empty()) {
+        props["virtualMachineScaleSet"] = json!({ "id": s.id });
+    }
+    if let Some(d) = &p.diagnostics_profile {
+        let mut b = json!({ "enabled": d.enabled });
+        if let Some(uri) = &d.storage_uri {
+            b["storageUri"] = json!(uri);
+        }
+        props["diagnosticsProfile"] = json!({ "bootDiagnostics": b });
+    }
+    if let Some(s) = &p.security_profile {
+        let mut sec = Map::new();
+        if let Some(t) = &s.security_type {
+            sec.insert("securityType".into(), json!(t));
+        }
+        if let Some(u) = &s.uefi_settings {
+            let mut uefi = Map::new();
+            if let Some(b) = u.secure_boot_enabled {
+                uefi.insert("secureBootEnabled".into(), json!(b));
+            }
+            if let Some(b) = u.vtpm_enabled {
+                uefi.insert("vTpmEnabled".into(), json!(b));
+            }
+            sec.insert("uefiSettings".into(), Value::Object(uefi));
+        }
+        props["securityProfile"] = Value::Object(sec);
+    }
+    if let Some(id) = p
+        .capacity_reservation
+        .as_ref()
+        .and_then(|c| c.capacity_reservation_group_id.as_deref())
+    {
+        props["capacityReservation"] = json!({ "capacityReservationGroup": { "id": id } });
+    }
+    let mut body = json!({ "location": spec.location, "tags": spec.tags, "properties": props });
+    if let Some(zone) = p.zone {
+        body["zones"] = json!([zone.to_string()]);
+    }
+    if let Some(id) = p.identity_id.as_deref().filter(|s| !s.trim().is_empty()) {
+        body["identity"] = json!({ "type": "UserAssigned", "userAssignedIdentities": { id: {} } });
+    }
+    body
+}
+
+/// The Azure disk id of a PersistentVolume, if it is an Azure disk: in-tree
+/// `azureDisk.diskName`, or a `disk.csi.azure.com` CSI `volumeHandle` as it is.
+pub fn volume_id(spec: &PersistentVolumeSpec) -> Option<String> {
+    if let Some(d) = &spec.azure_disk {
+        return (!d.disk_name.is_empty()).then(|| d.disk_name.clone());
+    }
+    spec.csi
+        .as_ref()
+        .filter(|csi| csi.driver == DISK_CSI_DRIVER && !csi.volume_handle.trim().is_empty())
+        .map(|csi| csi.volume_handle.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::spec::parse_provider_spec;
+    use crate::spec::tests::gardener_spec;
+    use pretty_assertions::assert_eq;
+
+    fn spec() -> ProviderSpec {
+        let class = serde_json::from_value(json!({"metadata": {"name": "c"}, "providerSpec": gardener_spec()}))
+            .unwrap();
+        parse_provider_spec(&class).unwrap()
+    }
+
+    #[test]
+    fn names_and_ids() {
+        let s = spec();
+        assert_eq!(nic_name("m-0"), "m-0-nic");
+        assert_eq!(disk_names("m-0", &s), vec!["m-0-os-disk", "m-0-data-0-data-disk"]);
+        let unnamed = DataDisk { lun: 3, ..Default::default() };
+        assert_eq!(data_disk_name("m-0", &unnamed), "m-0-3-data-disk");
+        assert_eq!(provider_id("westeurope", "m-0"), "azure:///westeurope/m-0");
+        assert_eq!(
+            resource_id("sub", "rg", ResourceType::Nic, "m-0-nic"),
+            "/subscriptions/sub/resourceGroups/rg/providers/Microsoft.Network/networkInterfaces/m-0-nic"
+        );
+        assert_eq!(machine_of(ResourceType::Nic, "m-0-nic", &s).as_deref(), Some("m-0"));
+        assert_eq!(machine_of(ResourceType::Disk, "m-0-os-disk", &s).as_deref(), Some("m-0"));
+        assert_eq!(machine_of(ResourceType::Disk, "m-0-data-0-data-disk", &s).as_deref(), Some("m-0"));
+        assert_eq!(machine_of(ResourceType::Disk, "someone-elses-disk", &s), None);
+        assert_eq!(machine_of(ResourceType::Nic, "-nic", &s), None);
+    }
+
+    #[test]
+    fn the_nic_and_vm_bodies_are_what_gardeners_provider_sends() {
+        let s = spec();
+        let nic = nic_body(&s, "sub", "m-0");
+        assert_eq!(
+            nic["properties"]["ipConfigurations"][0]["properties"]["subnet"]["id"],
+            "/subscriptions/sub/resourceGroups/shoot--a--b/providers/Microsoft.Network/virtualNetworks/shoot--a--b/subnets/shoot--a--b-nodes"
+        );
+        assert_eq!(nic["properties"]["enableAcceleratedNetworking"], true);
+        assert_eq!(nic["tags"]["kubernetes.io-role-node"], "1");
+        let vm = vm_body(&s, "sub", "m-0", b"#cloud-config\n");
+        assert_eq!(vm["zones"], json!(["2"]));
+        assert_eq!(vm["identity"]["type"], "UserAssigned");
+        let p = &vm["properties"];
+        assert_eq!(p["osProfile"]["customData"], "I2Nsb3VkLWNvbmZpZwo=");
+        assert_eq!(p["osProfile"]["computerName"], "m-0");
+        assert_eq!(
+            p["storageProfile"]["imageReference"],
+            json!({"publisher": "sap", "offer": "gardenlinux", "sku": "greatest", "version": "1443.3.0"})
+        );
+        assert_eq!(p["storageProfile"]["osDisk"]["name"], "m-0-os-disk");
+        assert_eq!(p["storageProfile"]["osDisk"]["deleteOption"], "Delete");
+        assert_eq!(p["storageProfile"]["dataDisks"][0]["name"], "m-0-data-0-data-disk");
+        assert_eq!(p["networkProfile"]["networkInterfaces"][0]["properties"]["deleteOption"], "Delete");
+        assert_eq!(
+            p["osProfile"]["linuxConfiguration"]["ssh"]["publicKeys"][0]["path"],
+            "/home/core/.ssh/authorized_keys"
+        );
+    }
+
+    #[test]
+    fn volume_ids() {
+        let pvs: Vec<PersistentVolumeSpec> = serde_json::from_value(json!([
+            {"azureDisk": {"diskName": "d1", "diskURI": "/subscriptions/s/d1"}},
+            {"csi": {"driver": "disk.csi.azure.com", "volumeHandle": "/subscriptions/s/disks/d2"}},
+            {"csi": {"driver": "pd.csi.storage.gke.io", "volumeHandle": "x"}}
+        ]))
+        .unwrap();
+        let ids: Vec<String> = pvs.iter().filter_map(volume_id).collect();
+        assert_eq!(ids, vec!["d1", "/subscriptions/s/disks/d2"]);
+    }
+}
