@@ -63,10 +63,14 @@ pub fn machine_of(kind: ResourceType, name: &str, spec: &ProviderSpec) -> Option
             if let Some(vm) = name.strip_suffix(OS_DISK_SUFFIX) {
                 return Some(vm.to_string());
             }
-            spec.properties.storage_profile.data_disks.iter().find_map(|d| {
-                let suffix = data_disk_name("", d);
-                name.strip_suffix(&suffix).map(str::to_string)
-            })
+            spec.properties
+                .storage_profile
+                .data_disks
+                .iter()
+                .find_map(|d| {
+                    let suffix = data_disk_name("", d);
+                    name.strip_suffix(&suffix).map(str::to_string)
+                })
         }
     }
     .filter(|m| !m.is_empty())
@@ -135,14 +139,24 @@ fn image_reference(r: &crate::spec::ImageReference) -> Value {
     if !r.id.trim().is_empty() {
         return json!({ "id": r.id });
     }
-    if let Some(id) = r.community_gallery_image_id.as_deref().filter(|s| !s.trim().is_empty()) {
+    if let Some(id) = r
+        .community_gallery_image_id
+        .as_deref()
+        .filter(|s| !s.trim().is_empty())
+    {
         return json!({ "communityGalleryImageId": id });
     }
-    if let Some(id) = r.shared_gallery_image_id.as_deref().filter(|s| !s.trim().is_empty()) {
+    if let Some(id) = r
+        .shared_gallery_image_id
+        .as_deref()
+        .filter(|s| !s.trim().is_empty())
+    {
         return json!({ "sharedGalleryImageId": id });
     }
     match r.urn_parts() {
-        Some(u) => json!({ "publisher": u.publisher, "offer": u.offer, "sku": u.sku, "version": u.version }),
+        Some(u) => {
+            json!({ "publisher": u.publisher, "offer": u.offer, "sku": u.sku, "version": u.version })
+        }
         None => json!({}),
     }
 }
@@ -152,7 +166,12 @@ fn image_reference(r: &crate::spec::ImageReference) -> Value {
 pub fn vm_body(spec: &ProviderSpec, subscription: &str, vm: &str, user_data: &[u8]) -> Value {
     let p = &spec.properties;
     let sp = &p.storage_profile;
-    let nic_id = resource_id(subscription, &spec.resource_group, ResourceType::Nic, &nic_name(vm));
+    let nic_id = resource_id(
+        subscription,
+        &spec.resource_group,
+        ResourceType::Nic,
+        &nic_name(vm),
+    );
     let mut os_disk = json!({
         "name": os_disk_name(vm),
         "createOption": sp.os_disk.create_option,
@@ -213,10 +232,18 @@ pub fn vm_body(spec: &ProviderSpec, subscription: &str, vm: &str, user_data: &[u
         },
         "storageProfile": storage,
     });
-    if let Some(a) = p.availability_set.as_ref().filter(|a| !a.id.trim().is_empty()) {
+    if let Some(a) = p
+        .availability_set
+        .as_ref()
+        .filter(|a| !a.id.trim().is_empty())
+    {
         props["availabilitySet"] = json!({ "id": a.id });
     }
-    if let Some(s) = p.virtual_machine_scale_set.as_ref().filter(|s| !s.id.trim().is_empty()) {
+    if let Some(s) = p
+        .virtual_machine_scale_set
+        .as_ref()
+        .filter(|s| !s.id.trim().is_empty())
+    {
         props["virtualMachineScaleSet"] = json!({ "id": s.id });
     }
     if let Some(d) = &p.diagnostics_profile {
@@ -280,8 +307,10 @@ mod tests {
     use pretty_assertions::assert_eq;
 
     fn spec() -> ProviderSpec {
-        let class = serde_json::from_value(json!({"metadata": {"name": "c"}, "providerSpec": gardener_spec()}))
-            .unwrap();
+        let class = serde_json::from_value(
+            json!({"metadata": {"name": "c"}, "providerSpec": gardener_spec()}),
+        )
+        .unwrap();
         parse_provider_spec(&class).unwrap()
     }
 
@@ -289,18 +318,36 @@ mod tests {
     fn names_and_ids() {
         let s = spec();
         assert_eq!(nic_name("m-0"), "m-0-nic");
-        assert_eq!(disk_names("m-0", &s), vec!["m-0-os-disk", "m-0-data-0-data-disk"]);
-        let unnamed = DataDisk { lun: 3, ..Default::default() };
+        assert_eq!(
+            disk_names("m-0", &s),
+            vec!["m-0-os-disk", "m-0-data-0-data-disk"]
+        );
+        let unnamed = DataDisk {
+            lun: 3,
+            ..Default::default()
+        };
         assert_eq!(data_disk_name("m-0", &unnamed), "m-0-3-data-disk");
         assert_eq!(provider_id("westeurope", "m-0"), "azure:///westeurope/m-0");
         assert_eq!(
             resource_id("sub", "rg", ResourceType::Nic, "m-0-nic"),
             "/subscriptions/sub/resourceGroups/rg/providers/Microsoft.Network/networkInterfaces/m-0-nic"
         );
-        assert_eq!(machine_of(ResourceType::Nic, "m-0-nic", &s).as_deref(), Some("m-0"));
-        assert_eq!(machine_of(ResourceType::Disk, "m-0-os-disk", &s).as_deref(), Some("m-0"));
-        assert_eq!(machine_of(ResourceType::Disk, "m-0-data-0-data-disk", &s).as_deref(), Some("m-0"));
-        assert_eq!(machine_of(ResourceType::Disk, "someone-elses-disk", &s), None);
+        assert_eq!(
+            machine_of(ResourceType::Nic, "m-0-nic", &s).as_deref(),
+            Some("m-0")
+        );
+        assert_eq!(
+            machine_of(ResourceType::Disk, "m-0-os-disk", &s).as_deref(),
+            Some("m-0")
+        );
+        assert_eq!(
+            machine_of(ResourceType::Disk, "m-0-data-0-data-disk", &s).as_deref(),
+            Some("m-0")
+        );
+        assert_eq!(
+            machine_of(ResourceType::Disk, "someone-elses-disk", &s),
+            None
+        );
         assert_eq!(machine_of(ResourceType::Nic, "-nic", &s), None);
     }
 
@@ -326,8 +373,14 @@ mod tests {
         );
         assert_eq!(p["storageProfile"]["osDisk"]["name"], "m-0-os-disk");
         assert_eq!(p["storageProfile"]["osDisk"]["deleteOption"], "Delete");
-        assert_eq!(p["storageProfile"]["dataDisks"][0]["name"], "m-0-data-0-data-disk");
-        assert_eq!(p["networkProfile"]["networkInterfaces"][0]["properties"]["deleteOption"], "Delete");
+        assert_eq!(
+            p["storageProfile"]["dataDisks"][0]["name"],
+            "m-0-data-0-data-disk"
+        );
+        assert_eq!(
+            p["networkProfile"]["networkInterfaces"][0]["properties"]["deleteOption"],
+            "Delete"
+        );
         assert_eq!(
             p["osProfile"]["linuxConfiguration"]["ssh"]["publicKeys"][0]["path"],
             "/home/core/.ssh/authorized_keys"

@@ -91,7 +91,12 @@ pub struct VmProperties {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub availability_set: Option<SubResource>,
     /// A user-assigned managed identity (resource id).
-    #[serde(default, rename = "identityID", alias = "identityId", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "identityID",
+        alias = "identityId",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub identity_id: Option<String>,
     /// The availability zone (a number).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -136,7 +141,11 @@ pub struct MachineSetConfig {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CapacityReservation {
     /// The capacity reservation group's resource id.
-    #[serde(default, rename = "capacityReservationGroupID", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "capacityReservationGroupID",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub capacity_reservation_group_id: Option<String>,
 }
 
@@ -171,7 +180,11 @@ pub struct DiagnosticsProfile {
     #[serde(default)]
     pub enabled: bool,
     /// The storage account URI (managed storage when absent).
-    #[serde(default, rename = "storageURI", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "storageURI",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub storage_uri: Option<String>,
 }
 
@@ -216,10 +229,18 @@ pub struct ImageReference {
     #[serde(default)]
     pub skip_marketplace_agreement: bool,
     /// A community gallery image id.
-    #[serde(default, rename = "communityGalleryImageID", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "communityGalleryImageID",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub community_gallery_image_id: Option<String>,
     /// A shared gallery image id.
-    #[serde(default, rename = "sharedGalleryImageID", skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        rename = "sharedGalleryImageID",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub shared_gallery_image_id: Option<String>,
 }
 
@@ -260,10 +281,18 @@ impl ImageReference {
         if self.urn.as_deref().is_some_and(|u| !u.trim().is_empty()) {
             out.push("urn");
         }
-        if self.community_gallery_image_id.as_deref().is_some_and(|u| !u.trim().is_empty()) {
+        if self
+            .community_gallery_image_id
+            .as_deref()
+            .is_some_and(|u| !u.trim().is_empty())
+        {
             out.push("communityGalleryImageID");
         }
-        if self.shared_gallery_image_id.as_deref().is_some_and(|u| !u.trim().is_empty()) {
+        if self
+            .shared_gallery_image_id
+            .as_deref()
+            .is_some_and(|u| !u.trim().is_empty())
+        {
             out.push("sharedGalleryImageID");
         }
         out
@@ -291,7 +320,10 @@ impl ImageReference {
             } else {
                 for (part, name) in parts.iter().zip(["publisher", "offer", "sku", "version"]) {
                     if part.trim().is_empty() {
-                        out.push(SpecProblem::new(format!("{at}.urn"), format!("urn must have {name}")));
+                        out.push(SpecProblem::new(
+                            format!("{at}.urn"),
+                            format!("urn must have {name}"),
+                        ));
                     }
                 }
             }
@@ -419,8 +451,11 @@ pub struct NetworkProfile {
 /// Decodes the providerSpec of `class` (no validation), moving a deprecated `machineSet` into
 /// `availabilitySet` (kind `availabilityset`) or `virtualMachineScaleSet` (kind `vmo`).
 pub fn parse_provider_spec(class: &MachineClass) -> Result<ProviderSpec, SpecError> {
-    let mut spec: ProviderSpec = serde_json::from_value(class.provider_spec.clone())
-        .map_err(|e| SpecError::Decode { provider: PROVIDER, source: e })?;
+    let mut spec: ProviderSpec =
+        serde_json::from_value(class.provider_spec.clone()).map_err(|e| SpecError::Decode {
+            provider: PROVIDER,
+            source: e,
+        })?;
     let p = &mut spec.properties;
     if let Some(ms) = p.machine_set.clone() {
         match ms.kind.as_str() {
@@ -449,8 +484,15 @@ pub struct ClusterTags {
 
 impl ClusterTags {
     /// The cluster and role tag keys among `tags`, or `None` if either is missing.
-    pub fn from_tags<'a>(tags: impl IntoIterator<Item = &'a String> + Clone) -> Option<ClusterTags> {
-        let first = |prefix: &str| tags.clone().into_iter().find(|k| k.starts_with(prefix)).cloned();
+    pub fn from_tags<'a>(
+        tags: impl IntoIterator<Item = &'a String> + Clone,
+    ) -> Option<ClusterTags> {
+        let first = |prefix: &str| {
+            tags.clone()
+                .into_iter()
+                .find(|k| k.starts_with(prefix))
+                .cloned()
+        };
         Some(ClusterTags {
             cluster: first(CLUSTER_TAG_PREFIX)?,
             role: first(ROLE_TAG_PREFIX)?,
@@ -470,16 +512,28 @@ impl ProviderSpec {
         let mut out = Vec::new();
         let required = |v: &str| v.trim().is_empty();
         if required(&self.location) {
-            out.push(SpecProblem::new(format!("{SPEC}.location"), "must provide a location"));
+            out.push(SpecProblem::new(
+                format!("{SPEC}.location"),
+                "must provide a location",
+            ));
         }
         if required(&self.resource_group) {
-            out.push(SpecProblem::new(format!("{SPEC}.resourceGroup"), "must provide a resourceGroup"));
+            out.push(SpecProblem::new(
+                format!("{SPEC}.resourceGroup"),
+                "must provide a resourceGroup",
+            ));
         }
         if required(&self.subnet_info.vnet_name) {
-            out.push(SpecProblem::new(format!("{SPEC}.subnetInfo.vnetName"), "must provide vnetName"));
+            out.push(SpecProblem::new(
+                format!("{SPEC}.subnetInfo.vnetName"),
+                "must provide vnetName",
+            ));
         }
         if required(&self.subnet_info.subnet_name) {
-            out.push(SpecProblem::new(format!("{SPEC}.subnetInfo.subnetName"), "must provide subnetName"));
+            out.push(SpecProblem::new(
+                format!("{SPEC}.subnetInfo.subnetName"),
+                "must provide subnetName",
+            ));
         }
         let p = &self.properties;
         let props = format!("{SPEC}.properties");
@@ -488,11 +542,17 @@ impl ProviderSpec {
         {
             out.push(SpecProblem::new(
                 format!("{props}.machineSet.kind"),
-                format!("unsupported value {:?}: supported values: \"availabilityset\", \"vmo\"", ms.kind),
+                format!(
+                    "unsupported value {:?}: supported values: \"availabilityset\", \"vmo\"",
+                    ms.kind
+                ),
             ));
         }
         if required(&p.hardware_profile.vm_size) {
-            out.push(SpecProblem::new(format!("{props}.hardwareProfile.vmSize"), "must provide vmSize"));
+            out.push(SpecProblem::new(
+                format!("{props}.hardwareProfile.vmSize"),
+                "must provide vmSize",
+            ));
         }
         let storage = format!("{props}.storageProfile");
         p.storage_profile
@@ -507,7 +567,10 @@ impl ProviderSpec {
         }
         let os = &p.storage_profile.os_disk;
         if required(&os.create_option) {
-            out.push(SpecProblem::new(format!("{storage}.osDisk.createOption"), "must provide createOption"));
+            out.push(SpecProblem::new(
+                format!("{storage}.osDisk.createOption"),
+                "must provide createOption",
+            ));
         }
         if os.disk_size_gb <= 0 {
             out.push(SpecProblem::new(
@@ -536,10 +599,16 @@ impl ProviderSpec {
             }
             *luns.entry(d.lun).or_default() += 1;
             if d.disk_size_gb <= 0 {
-                out.push(SpecProblem::new(at("diskSizeGB"), "DataDisk size must be positive and greater than 0"));
+                out.push(SpecProblem::new(
+                    at("diskSizeGB"),
+                    "DataDisk size must be positive and greater than 0",
+                ));
             }
             if required(&d.storage_account_type) {
-                out.push(SpecProblem::new(at("storageAccountType"), "must provide storageAccountType"));
+                out.push(SpecProblem::new(
+                    at("storageAccountType"),
+                    "must provide storageAccountType",
+                ));
             }
             if let Some(r) = &d.image_ref {
                 r.validate(&at("imageRef"), &mut out);
@@ -559,8 +628,12 @@ impl ProviderSpec {
         }
         let placements = [
             p.zone.is_some(),
-            p.availability_set.as_ref().is_some_and(|s| !s.id.trim().is_empty()),
-            p.virtual_machine_scale_set.as_ref().is_some_and(|s| !s.id.trim().is_empty()),
+            p.availability_set
+                .as_ref()
+                .is_some_and(|s| !s.id.trim().is_empty()),
+            p.virtual_machine_scale_set
+                .as_ref()
+                .is_some_and(|s| !s.id.trim().is_empty()),
         ];
         if placements.iter().filter(|x| **x).count() != 1 {
             out.push(SpecProblem::new(
@@ -572,11 +645,15 @@ impl ProviderSpec {
             .capacity_reservation
             .as_ref()
             .and_then(|c| c.capacity_reservation_group_id.as_deref())
-            && !id.to_ascii_lowercase().contains("/providers/microsoft.compute/capacityreservationgroups/")
+            && !id
+                .to_ascii_lowercase()
+                .contains("/providers/microsoft.compute/capacityreservationgroups/")
         {
             out.push(SpecProblem::new(
                 format!("{props}.capacityReservation.capacityReservationGroupID"),
-                format!("provided resource ID must be of type 'CapacityReservationGroups', got {id:?}"),
+                format!(
+                    "provided resource ID must be of type 'CapacityReservationGroups', got {id:?}"
+                ),
             ));
         }
         if let Some(t) = p
@@ -660,29 +737,54 @@ fn first_present(secret: &SecretData, keys: &[&str]) -> Option<String> {
 
 /// Reads the service principal of `secret`, or every problem with it (and with `userData`
 /// when `need_user_data`).
-pub fn credentials(secret: &SecretData, need_user_data: bool) -> Result<Credentials, Vec<SpecProblem>> {
+pub fn credentials(
+    secret: &SecretData,
+    need_user_data: bool,
+) -> Result<Credentials, Vec<SpecProblem>> {
     let mut problems = Vec::new();
     let mut take = |keys: &[&str], field: &str, what: &str| {
         let v = first_present(secret, keys).unwrap_or_default();
         if v.is_empty() {
-            problems.push(SpecProblem::new(format!("secretRef.{field}"), what.to_string()));
+            problems.push(SpecProblem::new(
+                format!("secretRef.{field}"),
+                what.to_string(),
+            ));
         }
         v
     };
-    let client_id = take(&["clientID", "azureClientId"], "clientID", "must provide clientID");
-    let subscription_id = take(&["subscriptionID", "azureSubscriptionId"], "subscriptionID", "must provide subscriptionID");
-    let tenant_id = take(&["tenantID", "azureTenantId"], "tenantID", "must provide tenantID");
-    let client_secret = first_present(secret, &["clientSecret", "azureClientSecret"]).unwrap_or_default();
+    let client_id = take(
+        &["clientID", "azureClientId"],
+        "clientID",
+        "must provide clientID",
+    );
+    let subscription_id = take(
+        &["subscriptionID", "azureSubscriptionId"],
+        "subscriptionID",
+        "must provide subscriptionID",
+    );
+    let tenant_id = take(
+        &["tenantID", "azureTenantId"],
+        "tenantID",
+        "must provide tenantID",
+    );
+    let client_secret =
+        first_present(secret, &["clientSecret", "azureClientSecret"]).unwrap_or_default();
     if secret.get("workloadIdentityTokenFile").is_some() {
         problems.push(SpecProblem::new(
             "secretRef.workloadIdentityTokenFile",
             "workload identity is not supported by this driver yet: use clientSecret",
         ));
     } else if client_secret.is_empty() {
-        problems.push(SpecProblem::new("secretRef.clientSecret", "must provide clientSecret"));
+        problems.push(SpecProblem::new(
+            "secretRef.clientSecret",
+            "must provide clientSecret",
+        ));
     }
     if need_user_data && secret.get(USER_DATA_KEY).is_none() {
-        problems.push(SpecProblem::new(format!("secretRef.{USER_DATA_KEY}"), "must provide userData"));
+        problems.push(SpecProblem::new(
+            format!("secretRef.{USER_DATA_KEY}"),
+            "must provide userData",
+        ));
     }
     if problems.is_empty() {
         Ok(Credentials {
@@ -701,23 +803,34 @@ fn provider_problem(class: &MachineClass) -> Option<SpecProblem> {
     (!p.eq_ignore_ascii_case(PROVIDER)).then(|| {
         SpecProblem::new(
             "provider",
-            format!("Request for provider {p} cannot be fulfilled. Only Azure provider is supported."),
+            format!(
+                "Request for provider {p} cannot be fulfilled. Only Azure provider is supported."
+            ),
         )
     })
 }
 
 /// Decodes and validates a class and its secret for creating a machine (every problem).
-pub fn checked_spec(class: &MachineClass, secret: &SecretData) -> Result<(ProviderSpec, Credentials), SpecError> {
+pub fn checked_spec(
+    class: &MachineClass,
+    secret: &SecretData,
+) -> Result<(ProviderSpec, Credentials), SpecError> {
     let spec = parse_provider_spec(class)?;
     let mut problems: Vec<SpecProblem> = provider_problem(class).into_iter().collect();
     problems.extend(spec.validate());
     let creds = credentials(secret, true);
     match creds {
         Ok(c) if problems.is_empty() => Ok((spec, c)),
-        Ok(_) => Err(SpecError::Invalid { provider: PROVIDER, problems }),
+        Ok(_) => Err(SpecError::Invalid {
+            provider: PROVIDER,
+            problems,
+        }),
         Err(p) => {
             problems.extend(p);
-            Err(SpecError::Invalid { provider: PROVIDER, problems })
+            Err(SpecError::Invalid {
+                provider: PROVIDER,
+                problems,
+            })
         }
     }
 }
@@ -732,10 +845,16 @@ pub fn lookup_spec(
     let spec = parse_provider_spec(class)?;
     let mut problems: Vec<SpecProblem> = provider_problem(class).into_iter().collect();
     if spec.location.trim().is_empty() {
-        problems.push(SpecProblem::new(format!("{SPEC}.location"), "must provide a location"));
+        problems.push(SpecProblem::new(
+            format!("{SPEC}.location"),
+            "must provide a location",
+        ));
     }
     if spec.resource_group.trim().is_empty() {
-        problems.push(SpecProblem::new(format!("{SPEC}.resourceGroup"), "must provide a resourceGroup"));
+        problems.push(SpecProblem::new(
+            format!("{SPEC}.resourceGroup"),
+            "must provide a resourceGroup",
+        ));
     }
     let tags = ClusterTags::from_tags(spec.tags.keys());
     if tags.is_none() {
@@ -744,10 +863,15 @@ pub fn lookup_spec(
             format!("tags starting with {CLUSTER_TAG_PREFIX} and {ROLE_TAG_PREFIX} must be set"),
         ));
     }
-    let creds = credentials(secret, false).map_err(|p| problems.extend(p)).ok();
+    let creds = credentials(secret, false)
+        .map_err(|p| problems.extend(p))
+        .ok();
     match (tags, creds) {
         (Some(t), Some(c)) if problems.is_empty() => Ok((spec, t, c)),
-        _ => Err(SpecError::Invalid { provider: PROVIDER, problems }),
+        _ => Err(SpecError::Invalid {
+            provider: PROVIDER,
+            problems,
+        }),
     }
 }
 
@@ -785,7 +909,10 @@ pub(crate) mod tests {
     }
 
     fn class(spec: serde_json::Value) -> MachineClass {
-        serde_json::from_value(json!({"metadata": {"name": "c"}, "provider": "Azure", "providerSpec": spec})).unwrap()
+        serde_json::from_value(
+            json!({"metadata": {"name": "c"}, "provider": "Azure", "providerSpec": spec}),
+        )
+        .unwrap()
     }
 
     #[test]
@@ -794,11 +921,27 @@ pub(crate) mod tests {
         assert_eq!(s.properties.zone, Some(2));
         assert_eq!(s.properties.storage_profile.os_disk.disk_size_gb, 50);
         assert_eq!(s.properties.storage_profile.data_disks[0].lun, 0);
-        assert_eq!(s.properties.os_profile.linux_configuration.ssh.public_keys.path, "/home/core/.ssh/authorized_keys");
+        assert_eq!(
+            s.properties
+                .os_profile
+                .linux_configuration
+                .ssh
+                .public_keys
+                .path,
+            "/home/core/.ssh/authorized_keys"
+        );
         assert!(s.properties.identity_id.is_some());
         assert_eq!(s.vnet_resource_group(), "shoot--a--b");
-        let urn = s.properties.storage_profile.image_reference.urn_parts().unwrap();
-        assert_eq!((urn.publisher.as_str(), urn.version.as_str()), ("sap", "1443.3.0"));
+        let urn = s
+            .properties
+            .storage_profile
+            .image_reference
+            .urn_parts()
+            .unwrap();
+        assert_eq!(
+            (urn.publisher.as_str(), urn.version.as_str()),
+            ("sap", "1443.3.0")
+        );
         assert_eq!(s.validate(), vec![]);
         let tags = ClusterTags::from_tags(s.tags.keys()).unwrap();
         assert_eq!(tags.cluster, "kubernetes.io-cluster-shoot--a--b");
@@ -811,7 +954,10 @@ pub(crate) mod tests {
         v["properties"].as_object_mut().unwrap().remove("zone");
         v["properties"]["machineSet"] = json!({"id": "/subscriptions/s/vmss", "kind": "vmo"});
         let s = parse_provider_spec(&class(v)).unwrap();
-        assert_eq!(s.properties.virtual_machine_scale_set.as_ref().unwrap().id, "/subscriptions/s/vmss");
+        assert_eq!(
+            s.properties.virtual_machine_scale_set.as_ref().unwrap().id,
+            "/subscriptions/s/vmss"
+        );
         assert_eq!(s.validate(), vec![]);
     }
 
@@ -859,7 +1005,8 @@ pub(crate) mod tests {
             ]
         );
         let mut v = gardener_spec();
-        v["properties"]["storageProfile"]["imageReference"] = json!({"id": "/img", "urn": "a:b:c:d"});
+        v["properties"]["storageProfile"]["imageReference"] =
+            json!({"id": "/img", "urn": "a:b:c:d"});
         let got = parse_provider_spec(&class(v)).unwrap().validate();
         assert_eq!(got.len(), 1);
         assert!(got[0].detail.contains("got id, urn"), "{got:?}");
@@ -872,13 +1019,24 @@ pub(crate) mod tests {
     #[test]
     fn credentials_with_either_key_spelling() {
         let c = credentials(
-            &secret(&[("azureClientId", "c"), ("azureClientSecret", "s"), ("azureTenantId", "t"),
-                      ("azureSubscriptionId", "sub"), ("userData", "x")]),
+            &secret(&[
+                ("azureClientId", "c"),
+                ("azureClientSecret", "s"),
+                ("azureTenantId", "t"),
+                ("azureSubscriptionId", "sub"),
+                ("userData", "x"),
+            ]),
             true,
         )
         .unwrap();
-        assert_eq!((c.client_id.as_str(), c.subscription_id.as_str()), ("c", "sub"));
-        assert!(!format!("{c:?}").contains("\"s\""), "the secret is never printed");
+        assert_eq!(
+            (c.client_id.as_str(), c.subscription_id.as_str()),
+            ("c", "sub")
+        );
+        assert!(
+            !format!("{c:?}").contains("\"s\""),
+            "the secret is never printed"
+        );
         let p: Vec<String> = credentials(&secret(&[("clientID", " ")]), true)
             .unwrap_err()
             .into_iter()

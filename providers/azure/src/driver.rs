@@ -1,0 +1,602 @@
+//! [`AzureDriver`]: the [`Driver`] of Azure VMs with their NIC and managed disks.
+//!
+//! | operation | ARM calls |
+//! |---|---|
+//! | `create_machine` | GET NIC, PUT NIC (when missing or failed) and wait; GET VM, PUT VM (when missing or failed) and wait; a capacity or quota failure removes the VM, NIC and disks again |
+//! | `get_machine_status` | GET VM (another cluster's → `NotFound`), GET NIC; reports VM, NIC and disks |
+//! | `delete_machine` | GET VM, DELETE VM and wait; DELETE NIC, OS disk, data disks (each when present, even when the VM is gone) and wait |
+//! | `list_machines` | list VMs, NICs and disks of the resource group (`nextLink` pages); everything with the cluster and role tags, by machine |
+//! | `get_volume_ids` | none (disk ids from the PersistentVolume specs) |
+//! | `initialize_machine` | none (`Unimplemented`, as Gardener's provider) |
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use futures::StreamExt as _;
+use mcm_api::Machine;
+use mcm_driver::{
+    CreateMachineRequest, CreateMachineResponse, DeleteMachineRequest, DeleteMachineResponse,
+    Driver, DriverError, GetMachineStatusRequest, GetMachineStatusResponse, GetVolumeIdsRequest,
+    GetVolumeIdsResponse, ListMachinesRequest, ListMachinesResponse, ResourceKind, ResourceState,
+    ResourceStatus, SpecError, USER_DATA_KEY,
+};
+use serde_json::Value;
+use tracing::{debug, info, warn};
+
+use crate::client::{AzureDriverConfig, Call, Clients, Poll};
+use crate::errors::AzureError;
+use crate::resources::{self, ResourceType};
+use crate::spec::{self, ClusterTags, ProviderSpec};
+
+/// The Azure driver. Cheap to clone: the HTTP client and the credentials (with their token
+/// caches) are shared.
+#[derive(Debug, Clone)]
+pub struct AzureDriver {
+    config: AzureDriverConfig,
+    clients: Arc<Clients>,
+}
+
+fn invalid(e: SpecError) -> DriverError {
+    e.into_driver_error()
+}
+
+fn machine_name(machine: &Machine) -> Result<&str, DriverError> {
+    machine
+        .metadata
+        .name
+        .as_deref()
+        .filter(|n| !n.is_empty())
+        .ok_or_else(|| DriverError::invalid_argument("the machine has no name"))
+}
+
+/// The provisioning state of an ARM resource (JSON).
+fn provisioning_state(r: &Value) -> &str {
+    r.pointer("/properties/provisioningState")
+        .and_then(|s| s.as_str())
+        .unwrap_or_default()
+}
+
+/// The state of a resource in the SPI's terms.
+pub fn resource_state(provisioning_state: &str) -> ResourceState {
+    match provisioning_state.to_ascii_lowercase().as_str() {
+        "succeeded" => ResourceState::Running,
+        "creating" | "updating" | "migrating" => ResourceState::Creating,
+        "failed" | "canceled" => ResourceState::Failed,
+        "deleting" => ResourceState::Deleting,
+        _ => ResourceState::Unknown,
+    }
+}
+
+fn status_of(kind: ResourceKind, name: &str, r: &Value) -> ResourceStatus {
+    let state = provisioning_state(r);
+    ResourceStatus {
+        kind,
+        id: name.to_string(),
+        state: resource_state(state),
+        message: (!state.is_empty()).then(|| format!("provisioningState {state}")),
+    }
+}
+
+fn tag_keys(r: &Value) -> Vec<String> {
+    r.get("tags")
+        .and_then(|t| t.as_object())
+        .map(|t| t.keys().cloned().collect())
+        .unwrap_or_default()
+}
+
+fn ours(r: &Value, tags: &ClusterTags) -> bool {
+    tags.matches(tag_keys(r).iter())
+}
+
+async fn json_of(response: azure_core::Response) -> azure_core::Result<Value> {
+    let bytes = response.into_body().collect().await?;
+    Ok(serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+}
+
+impl AzureDriver {
+    /// A driver with explicit settings (e.g. endpoint overrides for tests).
+    pub fn new(config: AzureDriverConfig) -> AzureDriver {
+        AzureDriver {
+            config,
+            clients: Arc::default(),
+        }
+    }
+
+    /// A driver with default settings; endpoints follow `MCM_AZURE_ARM_ENDPOINT` and
+    /// `AZURE_AUTHORITY_HOST`.
+    pub fn from_env() -> AzureDriver {
+        AzureDriver::new(AzureDriverConfig::from_env())
+    }
+
+    /// The settings of this driver.
+    pub fn config(&self) -> &AzureDriverConfig {
+        &self.config
+    }
+
+    fn call(
+        &self,
+        creds: &spec::Credentials,
+        request_id: &mcm_driver::RequestId,
+    ) -> Result<Call, DriverError> {
+        self.clients
+            .call(&self.config, creds, request_id)
+            .map_err(|e| e.into_driver_error("preparing the Azure clients", request_id))
+    }
+
+    async fn get(
+        &self,
+        call: &Call,
+        group: &str,
+        kind: ResourceType,
+        name: &str,
+    ) -> Result<Option<Value>, AzureError> {
+        let what = format!("GET {} {name}", kind_name(kind));
+        let sent = match kind {
+            ResourceType::Vm => call
+                .compute
+                .virtual_machines_client()
+                .get(group, name, &call.subscription)
+                .send()
+                .await
+                .map(|r| r.into_raw_response()),
+            ResourceType::Nic => call
+                .network
+                .network_interfaces_client()
+                .get(group, name, &call.subscription)
+                .send()
+                .await
+                .map(|r| r.into_raw_response()),
+            ResourceType::Disk => call
+                .compute
+                .disks_client()
+                .get(&call.subscription, group, name)
+                .send()
+                .await
+                .map(|r| r.into_raw_response()),
+        };
+        match sent {
+            Ok(r) => json_of(r)
+                .await
+                .map(Some)
+                .map_err(|e| call.api_error(what, e)),
+            Err(e) => {
+                let e = call.api_error(what, e);
+                if e.is_not_found() { Ok(None) } else { Err(e) }
+            }
+        }
+    }
+
+    /// Deletes a resource and waits; one that is not there is a success.
+    async fn delete(
+        &self,
+        call: &Call,
+        group: &str,
+        kind: ResourceType,
+        name: &str,
+    ) -> Result<bool, AzureError> {
+        let what = format!("DELETE {} {name}", kind_name(kind));
+        let sent = match kind {
+            ResourceType::Vm => call
+                .compute
+                .virtual_machines_client()
+                .delete(group, name, &call.subscription)
+                .send()
+                .await
+                .map(|r| r.into_raw_response()),
+            ResourceType::Nic => call
+                .network
+                .network_interfaces_client()
+                .delete(group, name, &call.subscription)
+                .send()
+                .await
+                .map(|r| r.into_raw_response()),
+            ResourceType::Disk => call
+                .compute
+                .disks_client()
+                .delete(&call.subscription, group, name)
+                .send()
+                .await
+                .map(|r| r.into_raw_response()),
+        };
+        let response = match sent {
+            Ok(r) => r,
+            Err(e) => {
+                let e = call.api_error(what, e);
+                return if e.is_not_found() { Ok(false) } else { Err(e) };
+            }
+        };
+        let status = u16::from(response.status());
+        if status == 204 {
+            return Ok(false);
+        }
+        call.wait(&self.config, &what, Poll::of(status, response.headers()))
+            .await?;
+        Ok(true)
+    }
+
+    async fn put_nic(&self, call: &Call, spec: &ProviderSpec, vm: &str) -> Result<(), AzureError> {
+        let name = resources::nic_name(vm);
+        let what = format!("PUT networkInterfaces {name}");
+        let model: azure_mgmt_network::models::NetworkInterface =
+            serde_json::from_value(resources::nic_body(spec, &call.subscription, vm))
+                .map_err(|e| AzureError::Client(Box::new(e.into())))?;
+        let response = call
+            .network
+            .network_interfaces_client()
+            .create_or_update(&spec.resource_group, &name, model, &call.subscription)
+            .send()
+            .await
+            .map_err(|e| call.api_error(what.clone(), e))?
+            .into_raw_response();
+        let status = u16::from(response.status());
+        call.wait(&self.config, &what, Poll::of(status, response.headers()))
+            .await
+    }
+
+    async fn put_vm(
+        &self,
+        call: &Call,
+        spec: &ProviderSpec,
+        vm: &str,
+        user_data: &[u8],
+    ) -> Result<(), AzureError> {
+        let what = format!("PUT virtualMachines {vm}");
+        let model: azure_mgmt_compute::models::VirtualMachine =
+            serde_json::from_value(resources::vm_body(spec, &call.subscription, vm, user_data))
+                .map_err(|e| AzureError::Client(Box::new(e.into())))?;
+        let response = call
+            .compute
+            .virtual_machines_client()
+            .create_or_update(&spec.resource_group, vm, model, &call.subscription)
+            .send()
+            .await
+            .map_err(|e| call.api_error(what.clone(), e))?
+            .into_raw_response();
+        let status = u16::from(response.status());
+        call.wait(&self.config, &what, Poll::of(status, response.headers()))
+            .await
+    }
+
+    /// Removes the VM, then its NIC and disks, each when present. Returns what was deleted.
+    async fn remove_all(
+        &self,
+        call: &Call,
+        spec: &ProviderSpec,
+        vm: &str,
+    ) -> Result<Vec<String>, AzureError> {
+        let group = &spec.resource_group;
+        let mut deleted = Vec::new();
+        if self.delete(call, group, ResourceType::Vm, vm).await? {
+            deleted.push(vm.to_string());
+        }
+        let nic = resources::nic_name(vm);
+        if self.delete(call, group, ResourceType::Nic, &nic).await? {
+            deleted.push(nic);
+        }
+        for disk in resources::disk_names(vm, spec) {
+            if self.delete(call, group, ResourceType::Disk, &disk).await? {
+                deleted.push(disk);
+            }
+        }
+        Ok(deleted)
+    }
+
+    async fn list_all(
+        &self,
+        call: &Call,
+        group: &str,
+    ) -> Result<Vec<(ResourceType, Value)>, AzureError> {
+        let mut out = Vec::new();
+        let mut vms = call
+            .compute
+            .virtual_machines_client()
+            .list(group, &call.subscription)
+            .into_stream();
+        while let Some(page) = vms.next().await {
+            let page = page.map_err(|e| call.api_error("list virtualMachines", e))?;
+            for vm in page.value {
+                out.push((
+                    ResourceType::Vm,
+                    serde_json::to_value(vm).unwrap_or(Value::Null),
+                ));
+            }
+        }
+        let mut nics = call
+            .network
+            .network_interfaces_client()
+            .list(group, &call.subscription)
+            .into_stream();
+        while let Some(page) = nics.next().await {
+            let page = page.map_err(|e| call.api_error("list networkInterfaces", e))?;
+            for nic in page.value {
+                out.push((
+                    ResourceType::Nic,
+                    serde_json::to_value(nic).unwrap_or(Value::Null),
+                ));
+            }
+        }
+        let mut disks = call
+            .compute
+            .disks_client()
+            .list_by_resource_group(&call.subscription, group)
+            .into_stream();
+        while let Some(page) = disks.next().await {
+            let page = page.map_err(|e| call.api_error("list disks", e))?;
+            for disk in page.value {
+                out.push((
+                    ResourceType::Disk,
+                    serde_json::to_value(disk).unwrap_or(Value::Null),
+                ));
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn kind_name(kind: ResourceType) -> &'static str {
+    match kind {
+        ResourceType::Vm => "virtualMachines",
+        ResourceType::Nic => "networkInterfaces",
+        ResourceType::Disk => "disks",
+    }
+}
+
+fn resource_kind(kind: ResourceType) -> ResourceKind {
+    match kind {
+        ResourceType::Vm => ResourceKind::Vm,
+        ResourceType::Nic => ResourceKind::NetworkInterface,
+        ResourceType::Disk => ResourceKind::Disk,
+    }
+}
+
+/// The private IPs of a NIC.
+fn nic_addresses(nic: &Value) -> Vec<k8s_openapi::api::core::v1::NodeAddress> {
+    nic.pointer("/properties/ipConfigurations")
+        .and_then(|c| c.as_array())
+        .into_iter()
+        .flatten()
+        .filter_map(|c| {
+            c.pointer("/properties/privateIPAddress")
+                .and_then(|a| a.as_str())
+        })
+        .map(|a| k8s_openapi::api::core::v1::NodeAddress {
+            type_: "InternalIP".into(),
+            address: a.to_string(),
+        })
+        .collect()
+}
+
+#[async_trait::async_trait]
+impl Driver for AzureDriver {
+    async fn create_machine(
+        &self,
+        req: CreateMachineRequest,
+    ) -> Result<CreateMachineResponse, DriverError> {
+        let vm = machine_name(&req.machine)?;
+        let (spec, creds) = spec::checked_spec(&req.machine_class, &req.secret).map_err(invalid)?;
+        let call = self.call(&creds, &req.request_id)?;
+        let group = &spec.resource_group;
+        let context = format!("creating VM {vm}");
+        let err = |e: AzureError| e.into_driver_error(&context, &req.request_id);
+
+        // The NIC: made when missing, made again when an earlier attempt left it failed.
+        let nic_name = resources::nic_name(vm);
+        let nic = self
+            .get(&call, group, ResourceType::Nic, &nic_name)
+            .await
+            .map_err(err)?;
+        if nic
+            .as_ref()
+            .is_none_or(|n| resource_state(provisioning_state(n)) == ResourceState::Failed)
+        {
+            self.put_nic(&call, &spec, vm).await.map_err(err)?;
+            debug!(machine = vm, nic = %nic_name, request_id = %req.request_id, "NIC created");
+        }
+
+        // The VM: taken as it is when an earlier attempt made it, made (again) otherwise.
+        let existing = self
+            .get(&call, group, ResourceType::Vm, vm)
+            .await
+            .map_err(err)?;
+        match existing {
+            Some(v) if resource_state(provisioning_state(&v)) != ResourceState::Failed => {
+                info!(machine = vm, request_id = %req.request_id, "VM exists already");
+            }
+            _ => {
+                let user_data = req.secret.get(USER_DATA_KEY).unwrap_or_default();
+                if let Err(e) = self.put_vm(&call, &spec, vm, user_data).await {
+                    let class = e.classification();
+                    if class.code == mcm_driver::Code::ResourceExhausted {
+                        // No capacity: leave nothing behind, as Gardener's provider does, so
+                        // the retry (or another zone's machine) starts clean.
+                        match self.remove_all(&call, &spec, vm).await {
+                            Ok(removed) => {
+                                info!(machine = vm, ?removed, request_id = %req.request_id, "cleaned up after capacity failure")
+                            }
+                            Err(cleanup) => {
+                                warn!(machine = vm, error = %cleanup, request_id = %req.request_id, "cleanup after capacity failure failed")
+                            }
+                        }
+                    }
+                    return Err(err(e));
+                }
+            }
+        }
+        let nic = self
+            .get(&call, group, ResourceType::Nic, &nic_name)
+            .await
+            .map_err(err)?;
+        let provider_id = resources::provider_id(&spec.location, vm);
+        info!(machine = vm, %provider_id, request_id = %req.request_id, "VM created");
+        Ok(CreateMachineResponse {
+            provider_id,
+            node_name: vm.to_string(),
+            last_known_state: None,
+            addresses: nic.as_ref().map(nic_addresses).unwrap_or_default(),
+        })
+    }
+
+    async fn delete_machine(
+        &self,
+        req: DeleteMachineRequest,
+    ) -> Result<DeleteMachineResponse, DriverError> {
+        let vm = machine_name(&req.machine)?;
+        let (spec, tags, creds) =
+            spec::lookup_spec(&req.machine_class, &req.secret).map_err(invalid)?;
+        let call = self.call(&creds, &req.request_id)?;
+        let context = format!("deleting VM {vm}");
+        let err = |e: AzureError| e.into_driver_error(&context, &req.request_id);
+        if let Some(v) = self
+            .get(&call, &spec.resource_group, ResourceType::Vm, vm)
+            .await
+            .map_err(err)?
+            && !ours(&v, &tags)
+        {
+            return Err(DriverError::not_found(format!(
+                "{context}: the VM does not carry the tags {} and {}; it is not deleted (request id {})",
+                tags.cluster, tags.role, req.request_id
+            )));
+        }
+        let removed = self.remove_all(&call, &spec, vm).await.map_err(err)?;
+        info!(machine = vm, ?removed, request_id = %req.request_id, "machine resources deleted");
+        Ok(DeleteMachineResponse::default())
+    }
+
+    async fn get_machine_status(
+        &self,
+        req: GetMachineStatusRequest,
+    ) -> Result<GetMachineStatusResponse, DriverError> {
+        let vm = machine_name(&req.machine)?;
+        let (spec, tags, creds) =
+            spec::lookup_spec(&req.machine_class, &req.secret).map_err(invalid)?;
+        let call = self.call(&creds, &req.request_id)?;
+        let context = format!("reading VM {vm}");
+        let err = |e: AzureError| e.into_driver_error(&context, &req.request_id);
+        let group = &spec.resource_group;
+        let v = match self
+            .get(&call, group, ResourceType::Vm, vm)
+            .await
+            .map_err(err)?
+        {
+            Some(v) if ours(&v, &tags) => v,
+            Some(_) => {
+                return Err(DriverError::not_found(format!(
+                    "VM: [ResourceGroup: {group}, Name: {vm}] does not carry the tags {} and {} (request id {})",
+                    tags.cluster, tags.role, req.request_id
+                )));
+            }
+            None => {
+                return Err(DriverError::not_found(format!(
+                    "VM: [ResourceGroup: {group}, Name: {vm}] is not found (request id {})",
+                    req.request_id
+                )));
+            }
+        };
+        let nic_name = resources::nic_name(vm);
+        let nic = self
+            .get(&call, group, ResourceType::Nic, &nic_name)
+            .await
+            .map_err(err)?;
+        let mut statuses = vec![status_of(ResourceKind::Vm, vm, &v)];
+        match &nic {
+            Some(n) => statuses.push(status_of(ResourceKind::NetworkInterface, &nic_name, n)),
+            None => statuses.push(ResourceStatus {
+                kind: ResourceKind::NetworkInterface,
+                id: nic_name,
+                state: ResourceState::Failed,
+                message: Some("the VM's NIC is missing".into()),
+            }),
+        }
+        for disk in resources::disk_names(vm, &spec) {
+            statuses.push(ResourceStatus {
+                kind: ResourceKind::Disk,
+                id: disk,
+                state: resource_state(provisioning_state(&v)),
+                message: Some("managed by the VM".into()),
+            });
+        }
+        Ok(GetMachineStatusResponse {
+            provider_id: resources::provider_id(&spec.location, vm),
+            node_name: vm.to_string(),
+            addresses: nic.as_ref().map(nic_addresses).unwrap_or_default(),
+            resources: statuses,
+        })
+    }
+
+    async fn list_machines(
+        &self,
+        req: ListMachinesRequest,
+    ) -> Result<ListMachinesResponse, DriverError> {
+        let (spec, tags, creds) =
+            spec::lookup_spec(&req.machine_class, &req.secret).map_err(invalid)?;
+        let call = self.call(&creds, &req.request_id)?;
+        let all = self
+            .list_all(&call, &spec.resource_group)
+            .await
+            .map_err(|e| e.into_driver_error("listing VMs, NICs and disks", &req.request_id))?;
+        let mut by_machine: BTreeMap<String, Vec<ResourceStatus>> = BTreeMap::new();
+        for (kind, r) in all.iter().filter(|(_, r)| ours(r, &tags)) {
+            let name = r.get("name").and_then(|n| n.as_str()).unwrap_or_default();
+            if let Some(machine) = resources::machine_of(*kind, name, &spec) {
+                by_machine.entry(machine).or_default().push(status_of(
+                    resource_kind(*kind),
+                    name,
+                    r,
+                ));
+            }
+        }
+        let mut out = ListMachinesResponse::default();
+        for (machine, statuses) in by_machine {
+            let provider_id = resources::provider_id(&spec.location, &machine);
+            out.machines.insert(provider_id.clone(), machine);
+            out.resources.insert(provider_id, statuses);
+        }
+        debug!(class = ?req.machine_class.metadata.name, count = out.machines.len(), request_id = %req.request_id, "listed machines");
+        Ok(out)
+    }
+
+    async fn get_volume_ids(
+        &self,
+        req: GetVolumeIdsRequest,
+    ) -> Result<GetVolumeIdsResponse, DriverError> {
+        Ok(GetVolumeIdsResponse {
+            volume_ids: req
+                .pv_specs
+                .iter()
+                .filter_map(resources::volume_id)
+                .collect(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn states_and_tags() {
+        assert_eq!(resource_state("Succeeded"), ResourceState::Running);
+        assert_eq!(resource_state("Creating"), ResourceState::Creating);
+        assert_eq!(resource_state("Failed"), ResourceState::Failed);
+        assert_eq!(resource_state("Deleting"), ResourceState::Deleting);
+        assert_eq!(resource_state(""), ResourceState::Unknown);
+        let tags = ClusterTags {
+            cluster: "kubernetes.io-cluster-a".into(),
+            role: "kubernetes.io-role-node".into(),
+        };
+        let r = json!({"tags": {"kubernetes.io-cluster-a": "1", "kubernetes.io-role-node": "1"},
+                       "properties": {"provisioningState": "Succeeded",
+                                      "ipConfigurations": [{"properties": {"privateIPAddress": "10.0.0.4"}}]}});
+        assert!(ours(&r, &tags));
+        assert!(!ours(
+            &json!({"tags": {"kubernetes.io-cluster-a": "1"}}),
+            &tags
+        ));
+        assert_eq!(nic_addresses(&r)[0].address, "10.0.0.4");
+        assert_eq!(
+            status_of(ResourceKind::Vm, "m", &r).state,
+            ResourceState::Running
+        );
+    }
+}

@@ -1,0 +1,453 @@
+//! The Azure driver through the Azure SDK against the fake ARM (`common/fake_arm.rs`, one
+//! server per test).
+
+#[path = "common/fake_arm.rs"]
+mod fake_arm;
+
+use std::time::Duration;
+
+use fake_arm::{FakeArm, allocation_failed_message, sku_not_available_message};
+use mcm_api::{Machine, MachineClass};
+use mcm_driver::{
+    Code, CreateMachineRequest, CreateMachineResponse, DeleteMachineRequest, Driver, DriverError,
+    GetMachineStatusRequest, GetMachineStatusResponse, GetVolumeIdsRequest, ListMachinesRequest,
+    RequestId, ResourceKind, ResourceState, SecretData,
+};
+use mcm_provider_azure::{AzureDriver, AzureDriverConfig};
+use serde_json::{Value, json};
+
+const SUB: &str = "00000000-0000-0000-0000-00000000000a";
+const TENANT: &str = "00000000-0000-0000-0000-00000000000b";
+const CLIENT: &str = "00000000-0000-0000-0000-00000000000c";
+const SECRET: &str = "s3cret";
+const RG: &str = "shoot--test";
+const CLUSTER_TAG: &str = "kubernetes.io-cluster-shoot--test";
+const ROLE_TAG: &str = "kubernetes.io-role-node";
+const USER_DATA: &str = "#cloud-config\nbootstrap: token\n";
+
+async fn fake() -> FakeArm {
+    let f = FakeArm::start(SUB, TENANT, CLIENT, SECRET).await;
+    f.add_subnet(RG, "shoot--test", "shoot--test-nodes");
+    f
+}
+
+fn config(fake: &FakeArm) -> AzureDriverConfig {
+    AzureDriverConfig {
+        arm_endpoint: Some(fake.url()),
+        authority_host: Some(fake.url()),
+        operation_timeout: Duration::from_secs(20),
+        poll_interval: Duration::from_millis(50),
+        max_poll_interval: Duration::from_millis(200),
+    }
+}
+
+fn driver(fake: &FakeArm) -> AzureDriver {
+    AzureDriver::new(config(fake))
+}
+
+fn spec() -> Value {
+    json!({
+        "location": "westeurope",
+        "resourceGroup": RG,
+        "subnetInfo": {"vnetName": "shoot--test", "subnetName": "shoot--test-nodes"},
+        "tags": {"Name": "shoot--test", CLUSTER_TAG: "1", ROLE_TAG: "1"},
+        "properties": {
+            "hardwareProfile": {"vmSize": "Standard_D2s_v5"},
+            "storageProfile": {
+                "imageReference": {"urn": "sap:gardenlinux:greatest:1443.3.0", "skipMarketplaceAgreement": true},
+                "osDisk": {"caching": "None", "diskSizeGB": 50, "createOption": "FromImage",
+                           "managedDisk": {"storageAccountType": "Premium_LRS"}},
+                "dataDisks": [{"name": "data", "lun": 0, "storageAccountType": "StandardSSD_LRS", "diskSizeGB": 10}]
+            },
+            "osProfile": {"adminUsername": "core", "linuxConfiguration": {
+                "disablePasswordAuthentication": true,
+                "ssh": {"publicKeys": {"path": "/home/core/.ssh/authorized_keys", "keyData": "ssh-rsa AAAAB3NzaC1yc2E test"}}}},
+            "zone": 1
+        }
+    })
+}
+
+fn class(spec: Value) -> MachineClass {
+    serde_json::from_value(json!({
+        "metadata": { "name": "azure" },
+        "provider": "Azure",
+        "providerSpec": spec,
+    }))
+    .unwrap()
+}
+
+fn secret_with(client_secret: &str) -> SecretData {
+    SecretData::from_pairs([
+        ("clientID", CLIENT),
+        ("clientSecret", client_secret),
+        ("tenantID", TENANT),
+        ("subscriptionID", SUB),
+        ("userData", USER_DATA),
+    ])
+}
+
+fn secret() -> SecretData {
+    secret_with(SECRET)
+}
+
+fn machine(name: &str) -> Machine {
+    Machine::new(name, Default::default())
+}
+
+async fn create_with(
+    d: &AzureDriver,
+    c: &MachineClass,
+    name: &str,
+    request_id: RequestId,
+) -> Result<CreateMachineResponse, DriverError> {
+    d.create_machine(CreateMachineRequest {
+        machine: machine(name),
+        machine_class: c.clone(),
+        secret: secret(),
+        request_id,
+    })
+    .await
+}
+
+async fn create(
+    d: &AzureDriver,
+    c: &MachineClass,
+    name: &str,
+) -> Result<CreateMachineResponse, DriverError> {
+    create_with(d, c, name, RequestId::generate()).await
+}
+
+async fn status(
+    d: &AzureDriver,
+    c: &MachineClass,
+    name: &str,
+) -> Result<GetMachineStatusResponse, DriverError> {
+    d.get_machine_status(GetMachineStatusRequest {
+        machine: machine(name),
+        machine_class: c.clone(),
+        secret: secret(),
+        request_id: RequestId::generate(),
+    })
+    .await
+}
+
+async fn delete(d: &AzureDriver, c: &MachineClass, name: &str) -> Result<(), DriverError> {
+    d.delete_machine(DeleteMachineRequest {
+        machine: machine(name),
+        machine_class: c.clone(),
+        secret: secret(),
+        request_id: RequestId::generate(),
+    })
+    .await
+    .map(drop)
+}
+
+async fn list(d: &AzureDriver, c: &MachineClass) -> Vec<(String, String)> {
+    d.list_machines(ListMachinesRequest {
+        machine_class: c.clone(),
+        secret: secret(),
+        request_id: RequestId::generate(),
+    })
+    .await
+    .unwrap()
+    .machines
+    .into_iter()
+    .collect()
+}
+
+fn names(resources: Vec<Value>) -> Vec<String> {
+    resources
+        .iter()
+        .map(|r| r["name"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+fn nothing_left(fake: &FakeArm) -> bool {
+    fake.vms(RG).is_empty() && fake.nics(RG).is_empty() && fake.disks(RG).is_empty()
+}
+
+#[tokio::test]
+async fn create_status_list_delete() {
+    let fake = fake().await;
+    let d = driver(&fake);
+    let c = class(spec());
+    let id = RequestId::generate();
+    let created = create_with(&d, &c, "m-0", id.clone()).await.unwrap();
+    assert_eq!(created.provider_id, "azure:///westeurope/m-0");
+    assert_eq!(created.node_name, "m-0");
+    assert!(
+        created.addresses.iter().any(|a| a.type_ == "InternalIP"),
+        "{:?}",
+        created.addresses
+    );
+    // NIC, VM and its disks, named after the machine; the VM carries the user data.
+    assert_eq!(names(fake.nics(RG)), vec!["m-0-nic"]);
+    assert_eq!(names(fake.vms(RG)), vec!["m-0"]);
+    let mut disks = names(fake.disks(RG));
+    disks.sort();
+    assert_eq!(disks, vec!["m-0-data-0-data-disk", "m-0-os-disk"]);
+    let vm = fake.vm(RG, "m-0").unwrap();
+    assert_eq!(vm["properties"]["provisioningState"], "Succeeded");
+    assert_eq!(vm["tags"][CLUSTER_TAG], "1");
+    // Every ARM request of the call carried its request id.
+    let arm: Vec<_> = fake
+        .request_log()
+        .into_iter()
+        .filter(|r| !r.is_token_request())
+        .collect();
+    assert!(!arm.is_empty());
+    for r in &arm {
+        assert_eq!(
+            r.header("x-ms-client-request-id"),
+            Some(id.as_str()),
+            "{} {}",
+            r.method,
+            r.path
+        );
+    }
+
+    let s = status(&d, &c, "m-0").await.unwrap();
+    assert_eq!(s.provider_id, created.provider_id);
+    let kinds: Vec<(ResourceKind, ResourceState)> = s
+        .resources
+        .iter()
+        .map(|r| (r.kind.clone(), r.state))
+        .collect();
+    assert_eq!(kinds[0], (ResourceKind::Vm, ResourceState::Running));
+    assert_eq!(
+        kinds[1],
+        (ResourceKind::NetworkInterface, ResourceState::Running)
+    );
+    assert!(kinds.iter().any(|k| k.0 == ResourceKind::Disk));
+
+    assert_eq!(
+        list(&d, &c).await,
+        vec![("azure:///westeurope/m-0".to_string(), "m-0".to_string())]
+    );
+
+    delete(&d, &c, "m-0").await.unwrap();
+    assert!(
+        nothing_left(&fake),
+        "vms {:?} nics {:?} disks {:?}",
+        fake.vms(RG),
+        fake.nics(RG),
+        fake.disks(RG)
+    );
+    assert_eq!(
+        status(&d, &c, "m-0").await.unwrap_err().code,
+        Code::NotFound
+    );
+    delete(&d, &c, "m-0").await.unwrap();
+}
+
+#[tokio::test]
+async fn create_is_idempotent() {
+    let fake = fake().await;
+    let d = driver(&fake);
+    let c = class(spec());
+    let first = create(&d, &c, "m-1").await.unwrap();
+    let again = create(&d, &c, "m-1").await.unwrap();
+    assert_eq!(again.provider_id, first.provider_id);
+    assert_eq!(fake.creates_of("m-1"), 1);
+    assert_eq!(fake.nic_creates_of("m-1-nic"), 1);
+}
+
+#[tokio::test]
+async fn capacity_failures_are_resource_exhausted_and_leave_nothing() {
+    let fake = fake().await;
+    let d = driver(&fake);
+    let c = class(spec());
+    fake.fail_next_vm_creates(1, "AllocationFailed", &allocation_failed_message());
+    let e = create(&d, &c, "m-2").await.unwrap_err();
+    assert_eq!(e.code, Code::ResourceExhausted, "{e}");
+    assert!(e.message.contains("AllocationFailed"), "{e}");
+    assert!(e.message.contains("request id"), "{e}");
+    assert!(
+        nothing_left(&fake),
+        "vms {:?} nics {:?}",
+        names(fake.vms(RG)),
+        names(fake.nics(RG))
+    );
+
+    fake.reject_next_vm_creates(
+        1,
+        409,
+        "SkuNotAvailable",
+        &sku_not_available_message("Standard_D2s_v5", "westeurope"),
+    );
+    let e = create(&d, &c, "m-2").await.unwrap_err();
+    assert_eq!(e.code, Code::ResourceExhausted, "{e}");
+    assert!(
+        e.message.contains("x-ms-request-id"),
+        "names ARM's request id: {e}"
+    );
+    assert!(nothing_left(&fake));
+    create(&d, &c, "m-2").await.unwrap();
+}
+
+#[tokio::test]
+async fn a_half_made_machine_is_visible_and_deleted_completely() {
+    let fake = fake().await;
+    let d = driver(&fake);
+    let c = class(spec());
+    // The VM's operation fails for a reason that is not capacity: the NIC exists, the VM is
+    // left Failed (as Azure leaves it) and says so.
+    fake.fail_next_vm_creates(
+        1,
+        "InternalExecutionError",
+        "An internal execution error occurred.",
+    );
+    let e = create(&d, &c, "m-3").await.unwrap_err();
+    assert_eq!(e.code, Code::Internal, "{e}");
+    let s = status(&d, &c, "m-3").await.unwrap();
+    assert_eq!(
+        s.resources[0].state,
+        ResourceState::Failed,
+        "{:?}",
+        s.resources
+    );
+    // Deleting removes the VM, the NIC it still uses, and the disks.
+    delete(&d, &c, "m-3").await.unwrap();
+    assert!(
+        nothing_left(&fake),
+        "vms {:?} nics {:?} disks {:?}",
+        names(fake.vms(RG)),
+        names(fake.nics(RG)),
+        names(fake.disks(RG))
+    );
+
+    // A NIC whose VM never came: deleted without a VM.
+    fake.reject_next_vm_creates(
+        1,
+        400,
+        "InvalidParameter",
+        "The value of parameter imageReference is invalid.",
+    );
+    let e = create(&d, &c, "m-4").await.unwrap_err();
+    assert_eq!(e.code, Code::InvalidArgument, "{e}");
+    assert_eq!(names(fake.nics(RG)), vec!["m-4-nic"]);
+    delete(&d, &c, "m-4").await.unwrap();
+    assert!(nothing_left(&fake));
+}
+
+#[tokio::test]
+async fn orphan_nics_are_listed_as_their_machine_and_another_clusters_vm_is_left_alone() {
+    let fake = fake().await;
+    let d = driver(&fake);
+    fake.set_page_size(2);
+    let c = class(spec());
+    for i in 0..3 {
+        create(&d, &c, &format!("m-{i}")).await.unwrap();
+    }
+    let subnet = fake.subnet_id(RG, "shoot--test", "shoot--test-nodes");
+    fake.put_nic_directly(
+        RG,
+        json!({"name": "gone-nic", "location": "westeurope", "tags": {CLUSTER_TAG: "1", ROLE_TAG: "1"},
+               "properties": {"ipConfigurations": [{"name": "ip", "properties": {"subnet": {"id": subnet}}}]}}),
+    );
+    fake.put_nic_directly(
+        RG,
+        json!({"name": "other-nic", "location": "westeurope", "tags": {"kubernetes.io-cluster-other": "1", ROLE_TAG: "1"},
+               "properties": {"ipConfigurations": [{"name": "ip", "properties": {"subnet": {"id": subnet}}}]}}),
+    );
+    let got = list(&d, &c).await;
+    let machines: Vec<&str> = got.iter().map(|(_, m)| m.as_str()).collect();
+    assert_eq!(machines, vec!["gone", "m-0", "m-1", "m-2"]);
+    let pages = fake
+        .request_log()
+        .iter()
+        .filter(|r| r.method == "GET" && r.path.ends_with("/networkInterfaces"))
+        .count();
+    assert!(pages >= 3, "5 NICs at 2 per page: {pages}");
+    // The orphan collector deletes "gone": its NIC goes.
+    delete(&d, &c, "gone").await.unwrap();
+    assert!(fake.nic(RG, "gone-nic").is_none());
+    assert!(fake.nic(RG, "other-nic").is_some());
+
+    // A VM of another cluster in the same group is neither read as ours nor deleted.
+    let mut other = spec();
+    other["tags"] = json!({"kubernetes.io-cluster-other": "1", ROLE_TAG: "1"});
+    create(&d, &class(other), "foreign").await.unwrap();
+    assert_eq!(
+        status(&d, &c, "foreign").await.unwrap_err().code,
+        Code::NotFound
+    );
+    assert_eq!(
+        delete(&d, &c, "foreign").await.unwrap_err().code,
+        Code::NotFound
+    );
+    assert!(fake.vm(RG, "foreign").is_some());
+}
+
+#[tokio::test]
+async fn throttling_and_bad_input() {
+    let fake = fake().await;
+    let d = driver(&fake);
+    let c = class(spec());
+    create(&d, &c, "m-5").await.unwrap();
+    fake.throttle_next(1, 7);
+    let e = status(&d, &c, "m-5").await.unwrap_err();
+    assert_eq!(
+        (e.code, e.retry_after),
+        (Code::Unavailable, Some(Duration::from_secs(7))),
+        "{e}"
+    );
+
+    fake.clear_request_log();
+    let mut bad = spec();
+    bad["location"] = json!("");
+    bad["properties"].as_object_mut().unwrap().remove("zone");
+    bad["tags"] = json!({});
+    let e = create(&d, &class(bad), "m-6").await.unwrap_err();
+    assert_eq!(e.code, Code::InvalidArgument);
+    for field in [
+        "providerSpec.location",
+        "providerSpec.properties.zone",
+        "providerSpec.tags.kubernetes.io-cluster-",
+    ] {
+        assert!(e.message.contains(field), "{field} in {e}");
+    }
+    assert!(fake.request_log().is_empty(), "nothing was sent");
+
+    let e = d
+        .get_machine_status(GetMachineStatusRequest {
+            machine: machine("m-5"),
+            machine_class: c.clone(),
+            secret: secret_with("wrong"),
+            request_id: RequestId::generate(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, Code::Unauthenticated, "{e}");
+    assert!(
+        !e.full_message().contains(SECRET),
+        "the secret is never in a message"
+    );
+}
+
+#[tokio::test]
+async fn volume_ids_of_azure_disks() {
+    let fake = fake().await;
+    let d = driver(&fake);
+    let pvs: Vec<k8s_openapi::api::core::v1::PersistentVolumeSpec> = serde_json::from_value(json!([
+        {"azureDisk": {"diskName": "d1", "diskURI": "/subscriptions/s/resourceGroups/g/providers/Microsoft.Compute/disks/d1"}},
+        {"csi": {"driver": "disk.csi.azure.com", "volumeHandle": "/subscriptions/s/resourceGroups/g/providers/Microsoft.Compute/disks/d2"}},
+        {"csi": {"driver": "ebs.csi.aws.com", "volumeHandle": "vol-1"}}
+    ]))
+    .unwrap();
+    let ids = d
+        .get_volume_ids(GetVolumeIdsRequest {
+            pv_specs: pvs,
+            request_id: RequestId::generate(),
+        })
+        .await
+        .unwrap()
+        .volume_ids;
+    assert_eq!(
+        ids,
+        vec![
+            "d1",
+            "/subscriptions/s/resourceGroups/g/providers/Microsoft.Compute/disks/d2"
+        ]
+    );
+}
