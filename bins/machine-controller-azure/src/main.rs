@@ -16,7 +16,10 @@ async fn main() -> std::process::ExitCode {
     match mcm_core::run_machine_controller(options, driver).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("machine-controller-azure: {}", mcm_core::run::error_chain(&e));
+            eprintln!(
+                "machine-controller-azure: {}",
+                mcm_core::run::error_chain(&e)
+            );
             std::process::ExitCode::FAILURE
         }
     }

@@ -3,7 +3,7 @@
 //! | operation | ARM calls |
 //! |---|---|
 //! | `create_machine` | GET NIC, PUT NIC (when missing or failed) and wait; GET VM, PUT VM (when missing or failed) and wait; a capacity or quota failure removes the VM, NIC and disks again |
-//! | `get_machine_status` | GET VM (another cluster's → `NotFound`), GET NIC; reports VM, NIC and disks |
+//! | `get_machine_status` | GET VM (another cluster's, or one a failed create left `Failed` → `NotFound`), GET NIC; reports VM, NIC and disks |
 //! | `delete_machine` | GET VM, DELETE VM and wait; DELETE NIC, OS disk, data disks (each when present, even when the VM is gone) and wait |
 //! | `list_machines` | list VMs, NICs and disks of the resource group (`nextLink` pages); everything with the cluster and role tags, by machine |
 //! | `get_volume_ids` | none (disk ids from the PersistentVolume specs) |
@@ -478,6 +478,19 @@ impl Driver for AzureDriver {
             .await
             .map_err(err)?
         {
+            // A create that failed leaves the VM behind in provisioningState Failed (its NIC
+            // and disks with it): there is no machine to wait for, and creating it again
+            // repairs it in place (create_machine puts a failed VM again).
+            Some(v)
+                if ours(&v, &tags)
+                    && resource_state(provisioning_state(&v)) == ResourceState::Failed =>
+            {
+                return Err(DriverError::not_found(format!(
+                    "VM: [ResourceGroup: {group}, Name: {vm}] is in provisioningState Failed; creating it again \
+                     repairs it (request id {})",
+                    req.request_id
+                )));
+            }
             Some(v) if ours(&v, &tags) => v,
             Some(_) => {
                 return Err(DriverError::not_found(format!(

@@ -299,14 +299,33 @@ async fn a_half_made_machine_is_visible_and_deleted_completely() {
     );
     let e = create(&d, &c, "m-3").await.unwrap_err();
     assert_eq!(e.code, Code::Internal, "{e}");
-    let s = status(&d, &c, "m-3").await.unwrap();
     assert_eq!(
-        s.resources[0].state,
-        ResourceState::Failed,
-        "{:?}",
-        s.resources
+        fake.vm(RG, "m-3").unwrap()["properties"]["provisioningState"],
+        "Failed"
     );
-    // Deleting removes the VM, the NIC it still uses, and the disks.
+    // The status says there is no machine to wait for, so the controller creates it again,
+    // which repairs the failed VM in place.
+    let e = status(&d, &c, "m-3").await.unwrap_err();
+    assert_eq!(e.code, Code::NotFound, "{e}");
+    assert!(e.message.contains("provisioningState Failed"), "{e}");
+    create(&d, &c, "m-3").await.unwrap();
+    assert_eq!(
+        status(&d, &c, "m-3").await.unwrap().resources[0].state,
+        ResourceState::Running
+    );
+    assert_eq!(
+        fake.creates_of("m-3"),
+        1,
+        "repaired in place, not made twice"
+    );
+    // A failed VM is deleted completely too: the VM, the NIC it still uses, and the disks.
+    fake.fail_next_vm_creates(
+        1,
+        "InternalExecutionError",
+        "An internal execution error occurred.",
+    );
+    create(&d, &c, "m-3b").await.unwrap_err();
+    delete(&d, &c, "m-3b").await.unwrap();
     delete(&d, &c, "m-3").await.unwrap();
     assert!(
         nothing_left(&fake),

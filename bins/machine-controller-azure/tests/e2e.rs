@@ -1,0 +1,454 @@
+//! `machine-controller-azure` end to end: the real control plane (mcm-testenv with
+//! kube-controller-manager and scheduler), the real binary with `--controllers=machine,manager`
+//! pointed at the fake ARM of the provider's tests (`MCM_AZURE_ARM_ENDPOINT` and
+//! `AZURE_AUTHORITY_HOST`, served from this test process), and a "VM player" that boots every
+//! provisioned VM of the cluster as a `local-node` hollow kubelet (Node name = VM name,
+//! providerID `azure:///<location>/<name>`, the VM's `customData` with its bootstrap token), and
+//! stops it when the VM is gone.
+//!
+//! Every process (controller, agents) runs in its own process group with `PR_SET_PDEATHSIG`
+//! through `mcm_testenv::process::ManagedProcess`, and is killed on drop, so nothing outlives a
+//! failing test.
+
+#[path = "../../../providers/azure/tests/common/fake_arm.rs"]
+mod fake_arm;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::Engine as _;
+use fake_arm::{FakeArm, zonal_allocation_failed_message};
+use k8s_openapi::api::core::v1::Node;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use mcm_api::{Machine, MachineDeployment, MachinePhase};
+use mcm_testenv::kit::{
+    MachineClassBuilder, MachineDeploymentBuilder, TestNamespace, binary_beside,
+    create_class_with_secret, events_for, eventually, free_port, secret,
+};
+use mcm_testenv::process::ManagedProcess;
+use mcm_testenv::{Components, ControlPlane};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(120);
+const SUB: &str = "00000000-0000-0000-0000-0000000000e2";
+const TENANT: &str = "00000000-0000-0000-0000-0000000000e3";
+const CLIENT: &str = "00000000-0000-0000-0000-0000000000e4";
+const CLIENT_SECRET: &str = "e2e-secret";
+const RG: &str = "shoot--e2e";
+const LOCATION: &str = "westeurope";
+const CLUSTER_TAG: &str = "kubernetes.io-cluster-shoot--e2e";
+const ROLE_TAG: &str = "kubernetes.io-role-node";
+const USER_DATA: &str = "#cloud-config\nbootstrapToken: <<BOOTSTRAP_TOKEN>>\n";
+
+/// `local-node`, next to the controller binary (built on demand when missing).
+fn node_binary() -> PathBuf {
+    binary_beside(
+        env!("CARGO_BIN_EXE_machine-controller-azure"),
+        "local-node",
+        "mcm-provider-local",
+    )
+}
+
+fn is_ours(r: &Value) -> bool {
+    let tags = r["tags"].as_object().cloned().unwrap_or_default();
+    tags.contains_key(CLUSTER_TAG) && tags.contains_key(ROLE_TAG)
+}
+
+fn by_name(resources: Vec<Value>) -> BTreeMap<String, Value> {
+    resources
+        .into_iter()
+        .filter(is_ours)
+        .map(|r| (r["name"].as_str().unwrap_or_default().to_string(), r))
+        .collect()
+}
+
+/// The VMs of the cluster in the fake, by name.
+fn our_vms(fake: &FakeArm) -> BTreeMap<String, Value> {
+    by_name(fake.vms(RG))
+}
+
+/// The NICs of the cluster in the fake, by name.
+fn our_nics(fake: &FakeArm) -> BTreeMap<String, Value> {
+    by_name(fake.nics(RG))
+}
+
+/// The user data a VM was created with: the `customData` of its last PUT (ARM never returns it).
+fn custom_data(fake: &FakeArm, name: &str) -> Option<Vec<u8>> {
+    fake.request_log()
+        .into_iter()
+        .rev()
+        .filter(|r| r.method == "PUT" && r.path.ends_with(&format!("/virtualMachines/{name}")))
+        .find_map(|r| {
+            let data = r
+                .body?
+                .pointer("/properties/osProfile/customData")?
+                .as_str()?
+                .to_string();
+            base64::engine::general_purpose::STANDARD.decode(data).ok()
+        })
+}
+
+/// Plays the booted VMs: one `local-node` per provisioned VM of the cluster.
+struct VmPlayer {
+    task: tokio::task::JoinHandle<()>,
+    agents: Arc<Mutex<BTreeMap<String, ManagedProcess>>>,
+    dir: tempfile::TempDir,
+}
+
+impl VmPlayer {
+    fn start(fake: Arc<FakeArm>, kubeconfig: PathBuf) -> VmPlayer {
+        let dir = tempfile::tempdir().unwrap();
+        let agents: Arc<Mutex<BTreeMap<String, ManagedProcess>>> = Default::default();
+        let (a, d, binary) = (agents.clone(), dir.path().to_path_buf(), node_binary());
+        std::fs::write(d.join("spec.json"), r#"{"heartbeatInterval":"1s"}"#).unwrap();
+        let task = tokio::spawn(async move {
+            loop {
+                let vms = our_vms(&fake);
+                for (name, vm) in &vms {
+                    let running = vm["properties"]["provisioningState"] == "Succeeded";
+                    let known = a.lock().unwrap().contains_key(name);
+                    if running && !known {
+                        let user_data = custom_data(&fake, name).unwrap_or_default();
+                        if let Some(agent) = boot(name, &user_data, &d, &binary, &kubeconfig) {
+                            a.lock().unwrap().insert(name.clone(), agent);
+                        }
+                    } else if !running && known {
+                        a.lock().unwrap().remove(name);
+                    }
+                }
+                a.lock().unwrap().retain(|name, _| vms.contains_key(name));
+                // Wake on the fake's next change, or after a second at the latest.
+                fake.wait_for(Duration::from_secs(1), |f| our_vms(f) != vms)
+                    .await;
+            }
+        });
+        VmPlayer { task, agents, dir }
+    }
+
+    fn running(&self) -> usize {
+        self.agents.lock().unwrap().len()
+    }
+}
+
+impl Drop for VmPlayer {
+    fn drop(&mut self) {
+        self.task.abort();
+        let agents = std::mem::take(&mut *self.agents.lock().unwrap());
+        if std::thread::panicking() {
+            for (name, agent) in &agents {
+                eprintln!("--- agent of {name} ---\n{}", agent.log_tail(20));
+            }
+        }
+        drop(agents);
+        let _ = self.dir.path();
+    }
+}
+
+/// Boots one VM: its user data and a `local-node` registering the Node under the VM name.
+fn boot(
+    name: &str,
+    user_data: &[u8],
+    dir: &Path,
+    binary: &Path,
+    kubeconfig: &Path,
+) -> Option<ManagedProcess> {
+    let user_data_file = dir.join(format!("{name}.user-data"));
+    std::fs::write(&user_data_file, user_data).ok()?;
+    let args: Vec<String> = vec![
+        "--machine-name".into(),
+        name.into(),
+        "--node-name".into(),
+        name.into(),
+        "--provider-id".into(),
+        format!("azure:///{LOCATION}/{name}"),
+        "--kubeconfig".into(),
+        kubeconfig.display().to_string(),
+        "--user-data".into(),
+        user_data_file.display().to_string(),
+        "--spec".into(),
+        dir.join("spec.json").display().to_string(),
+    ];
+    let log = dir.join(format!("{name}.log"));
+    ManagedProcess::spawn(&format!("vm-{name}"), binary, &args, log, dir).ok()
+}
+
+fn provider_spec() -> Value {
+    json!({
+        "location": LOCATION,
+        "resourceGroup": RG,
+        "subnetInfo": {"vnetName": "shoot--e2e", "subnetName": "shoot--e2e-nodes"},
+        "tags": {"Name": "shoot--e2e", CLUSTER_TAG: "1", ROLE_TAG: "1"},
+        "properties": {
+            "hardwareProfile": {"vmSize": "Standard_D2s_v5"},
+            "storageProfile": {
+                "imageReference": {"urn": "sap:gardenlinux:greatest:1443.3.0", "skipMarketplaceAgreement": true},
+                "osDisk": {"caching": "None", "diskSizeGB": 50, "createOption": "FromImage",
+                           "managedDisk": {"storageAccountType": "Premium_LRS"}}
+            },
+            "osProfile": {"adminUsername": "core", "linuxConfiguration": {
+                "disablePasswordAuthentication": true,
+                "ssh": {"publicKeys": {"path": "/home/core/.ssh/authorized_keys", "keyData": "ssh-rsa AAAAB3NzaC1yc2E e2e"}}}},
+            "zone": 1
+        }
+    })
+}
+
+/// The world of the test: control plane, namespace, fake ARM, class and secret.
+struct Env {
+    cp: Arc<ControlPlane>,
+    client: kube::Client,
+    ns: String,
+    fake: Arc<FakeArm>,
+    logs: tempfile::TempDir,
+}
+
+impl Env {
+    async fn new(prefix: &str) -> Env {
+        let TestNamespace {
+            env: cp,
+            client,
+            ns,
+        } = TestNamespace::new(Components::ALL, prefix).await;
+        let fake = Arc::new(FakeArm::start(SUB, TENANT, CLIENT, CLIENT_SECRET).await);
+        fake.add_subnet(RG, "shoot--e2e", "shoot--e2e-nodes");
+        let class = MachineClassBuilder::new("azure")
+            .provider("Azure")
+            .spec(provider_spec())
+            .secret(&ns, "azure-secret")
+            .build();
+        let credentials = secret(
+            "azure-secret",
+            &[
+                ("clientID", CLIENT),
+                ("clientSecret", CLIENT_SECRET),
+                ("tenantID", TENANT),
+                ("subscriptionID", SUB),
+                ("userData", USER_DATA),
+            ],
+        );
+        create_class_with_secret(&client, &ns, &class, &credentials).await;
+        Env {
+            cp,
+            client,
+            ns,
+            fake,
+            logs: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn machines(&self) -> Api<Machine> {
+        Api::namespaced(self.client.clone(), &self.ns)
+    }
+
+    /// Starts `machine-controller-azure --controllers=machine,manager` against the fake.
+    fn spawn_controller(&self) -> Controller {
+        let kc = self.cp.kubeconfig_path().display().to_string();
+        let log = self.logs.path().join("controller.log");
+        let mut args = vec![
+            format!("MCM_AZURE_ARM_ENDPOINT={}", self.fake.url()),
+            format!("AZURE_AUTHORITY_HOST={}", self.fake.url()),
+            "RUST_LOG=info,mcm_reconcilers=debug,mcm_provider_azure=debug".into(),
+            env!("CARGO_BIN_EXE_machine-controller-azure").into(),
+        ];
+        args.extend([
+            format!("--control-kubeconfig={kc}"),
+            format!("--target-kubeconfig={kc}"),
+            format!("--namespace={}", self.ns),
+            format!("--port={}", free_port()),
+            "--address=127.0.0.1".into(),
+            "--leader-elect=false".into(),
+            "--controllers=machine,manager".into(),
+            "--machine-creation-timeout=90s".into(),
+            "--machine-health-timeout=90s".into(),
+            "--machine-drain-timeout=30s".into(),
+            "--machine-safety-orphan-vms-period=2s".into(),
+            "--machine-backoff-max=2s".into(),
+            // Long enough to see the error on the Machine, short enough to recover in the test.
+            "--resource-exhausted-retry=4s".into(),
+            "--machine-pv-detach-timeout=5s".into(),
+            "--machine-resync-period=5s".into(),
+            "--kube-api-qps=200".into(),
+            "--kube-api-burst=400".into(),
+        ]);
+        // `env` execs the controller, so the pid (and its death signal) is the controller's.
+        let process = ManagedProcess::spawn(
+            "machine-controller-azure",
+            Path::new("/usr/bin/env"),
+            &args,
+            log,
+            self.logs.path(),
+        )
+        .expect("the controller starts");
+        Controller { process }
+    }
+
+    async fn machine_list(&self) -> Vec<Machine> {
+        self.machines()
+            .list(&Default::default())
+            .await
+            .unwrap()
+            .items
+    }
+}
+
+struct Controller {
+    process: ManagedProcess,
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "--- machine-controller-azure ---\n{}",
+                self.process.log_tail(80)
+            );
+        }
+    }
+}
+
+fn provider_id(name: &str) -> String {
+    format!("azure:///{LOCATION}/{name}")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_deployment_runs_on_the_fake_arm_through_failures_scale_down_and_orphans() {
+    let env = Env::new("azure-e2e").await;
+    let player = VmPlayer::start(env.fake.clone(), env.cp.kubeconfig_path().to_path_buf());
+    // The first VM runs out of zonal capacity; the second fails for another reason and is left
+    // half-made (VM Failed, its NIC and disk attached), as Azure leaves it.
+    env.fake.fail_next_vm_creates(
+        1,
+        "ZonalAllocationFailed",
+        &zonal_allocation_failed_message(),
+    );
+    env.fake.fail_next_vm_creates(
+        1,
+        "InternalExecutionError",
+        "An internal execution error occurred. Please retry later.",
+    );
+    let controller = env.spawn_controller();
+
+    let md = MachineDeploymentBuilder::new("workers")
+        .replicas(3)
+        .class("azure")
+        .match_label("pool", "workers")
+        .rolling(1, 0)
+        .build();
+    let mds: Api<MachineDeployment> = Api::namespaced(env.client.clone(), &env.ns);
+    mds.create(&PostParams::default(), &md).await.unwrap();
+
+    // The machine whose VM could not be made says why, in its status and an Event.
+    let exhausted = eventually(WAIT, "a Machine reporting ResourceExhausted", || async {
+        env.machine_list().await.into_iter().find(|m| {
+            m.status
+                .as_ref()
+                .and_then(|s| s.last_operation.as_ref())
+                .and_then(|op| op.error_code.as_deref())
+                == Some("ResourceExhausted")
+        })
+    })
+    .await;
+    let name = exhausted.metadata.name.clone().unwrap();
+    let events = events_for(&env.client, &env.ns, &name, "CreationFailed").await;
+    assert!(
+        events.iter().any(|e| e.contains("ZonalAllocationFailed")),
+        "{events:?}"
+    );
+
+    // Both recover: three machines Running, each backed by one VM and one NIC.
+    let running = eventually(WAIT, "3 machines Running", || async {
+        let ms = env.machine_list().await;
+        (ms.len() == 3 && ms.iter().all(|m| m.phase() == Some(&MachinePhase::Running)))
+            .then_some(ms)
+    })
+    .await;
+    let vms = our_vms(&env.fake);
+    assert_eq!(vms.len(), 3, "one VM per machine: {:?}", vms.keys());
+    let mut machine_ids: Vec<String> = running
+        .iter()
+        .map(|m| m.spec.provider_id.clone().unwrap_or_default())
+        .collect();
+    machine_ids.sort();
+    let vm_ids: Vec<String> = vms.keys().map(|n| provider_id(n)).collect();
+    assert_eq!(machine_ids, vm_ids);
+    let nic_names: Vec<String> = our_nics(&env.fake).into_keys().collect();
+    let want: Vec<String> = vms.keys().map(|n| format!("{n}-nic")).collect();
+    assert_eq!(nic_names, want);
+    let nodes: Api<Node> = Api::all(env.client.clone());
+    for name in vms.keys() {
+        let node = nodes.get(name).await.unwrap();
+        assert_eq!(
+            node.spec.and_then(|s| s.provider_id),
+            Some(provider_id(name))
+        );
+    }
+    assert_eq!(player.running(), 3);
+
+    // Scale down to 1: two VMs go with their NICs and disks.
+    mds.patch(
+        "workers",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": { "replicas": 1 } })),
+    )
+    .await
+    .unwrap();
+    let kept = eventually(WAIT, "scale-down to 1 VM", || async {
+        let ms = env.machine_list().await;
+        let vms = our_vms(&env.fake);
+        (ms.len() == 1 && vms.len() == 1).then(|| vms.into_keys().next().unwrap())
+    })
+    .await;
+    eventually(
+        WAIT,
+        "the deleted machines' NICs and disks to go",
+        || async {
+            let nics: Vec<String> = our_nics(&env.fake).into_keys().collect();
+            let disks: Vec<String> = env
+                .fake
+                .disks(RG)
+                .iter()
+                .map(|d| d["name"].as_str().unwrap_or_default().to_string())
+                .collect();
+            (nics == vec![format!("{kept}-nic")] && disks == vec![format!("{kept}-os-disk")])
+                .then_some(())
+        },
+    )
+    .await;
+
+    // An orphan NIC (a machine whose VM never came) is collected; another cluster's is not.
+    let subnet = env.fake.subnet_id(RG, "shoot--e2e", "shoot--e2e-nodes");
+    for (name, cluster) in [
+        ("orphan-nic", CLUSTER_TAG),
+        ("other-nic", "kubernetes.io-cluster-other"),
+    ] {
+        env.fake.put_nic_directly(
+            RG,
+            json!({"name": name, "location": LOCATION, "tags": {cluster: "1", ROLE_TAG: "1"},
+                   "properties": {"ipConfigurations": [{"name": "ip", "properties": {"subnet": {"id": subnet}}}]}}),
+        );
+    }
+    eventually(WAIT, "the orphan NIC to be deleted", || async {
+        env.fake.nic(RG, "orphan-nic").is_none().then_some(())
+    })
+    .await;
+    assert!(env.fake.nic(RG, "other-nic").is_some());
+    assert_eq!(our_vms(&env.fake).len(), 1, "the machine's VM stays");
+
+    // Deleting the deployment deletes the last VM, NIC and disk.
+    mds.delete("workers", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(WAIT, "all machines and their resources to go", || async {
+        let ms = env.machine_list().await;
+        (ms.is_empty()
+            && our_vms(&env.fake).is_empty()
+            && our_nics(&env.fake).is_empty()
+            && env.fake.disks(RG).is_empty())
+        .then_some(())
+    })
+    .await;
+    drop(controller);
+    drop(player);
+}
