@@ -610,8 +610,11 @@ impl ProviderSpec {
                     "must provide storageAccountType",
                 ));
             }
-            if let Some(r) = &d.image_ref {
-                r.validate(&at("imageRef"), &mut out);
+            if d.image_ref.is_some() {
+                out.push(SpecProblem::new(
+                    at("imageRef"),
+                    "data disks made from an image are not supported by this driver yet",
+                ));
             }
         }
         for (lun, n) in luns.iter().filter(|(_, n)| **n > 1) {
@@ -1010,6 +1013,31 @@ pub(crate) mod tests {
         let got = parse_provider_spec(&class(v)).unwrap().validate();
         assert_eq!(got.len(), 1);
         assert!(got[0].detail.contains("got id, urn"), "{got:?}");
+    }
+
+    #[test]
+    fn what_this_driver_does_not_make_yet_is_refused() {
+        let mut v = gardener_spec();
+        v["properties"]["storageProfile"]["dataDisks"][0]["imageRef"] = json!({"id": "/img"});
+        let got = parse_provider_spec(&class(v)).unwrap().validate();
+        assert_eq!(
+            got,
+            vec![SpecProblem::new(
+                "providerSpec.properties.storageProfile.dataDisks[0].imageRef",
+                "data disks made from an image are not supported by this driver yet"
+            )]
+        );
+        let p = credentials(
+            &secret(&[
+                ("clientID", "c"),
+                ("tenantID", "t"),
+                ("subscriptionID", "s"),
+                ("workloadIdentityTokenFile", "/var/run/token"),
+            ]),
+            false,
+        )
+        .unwrap_err();
+        assert_eq!(p[0].field, "secretRef.workloadIdentityTokenFile");
     }
 
     fn secret(pairs: &[(&str, &str)]) -> SecretData {
