@@ -23,8 +23,8 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use mcm_api::{Machine, MachineDeployment, MachinePhase};
 use mcm_testenv::kit::{
-    MachineClassBuilder, MachineDeploymentBuilder, TestNamespace, binary_beside,
-    create_class_with_secret, eventually, free_port, secret,
+    MachineClassBuilder, MachineDeploymentBuilder, ProviderController, TestNamespace,
+    binary_beside, create_class_with_secret, eventually, secret,
 };
 use mcm_testenv::process::ManagedProcess;
 use mcm_testenv::{Components, ControlPlane};
@@ -209,44 +209,24 @@ impl Env {
         Api::namespaced(self.client.clone(), &self.ns)
     }
 
-    /// Starts `machine-controller-aws --controllers=machine,manager` against moto.
-    fn spawn_controller(&self) -> Controller {
-        let kc = self.cp.kubeconfig_path().display().to_string();
-        let log = self.logs.path().join("controller.log");
-        let mut args = vec![
-            format!("AWS_ENDPOINT_URL={}", moto().url),
-            "AWS_EC2_METADATA_DISABLED=true".into(),
-            "RUST_LOG=info,mcm_reconcilers=debug,mcm_provider_aws=debug".into(),
-            env!("CARGO_BIN_EXE_machine-controller-aws").into(),
+    /// Starts `machine-controller-aws --controllers=machine,manager` against the fake.
+    fn spawn_controller(&self) -> ProviderController {
+        let env: Vec<(String, String)> = vec![
+            ("AWS_ENDPOINT_URL".into(), moto().url.clone()),
+            ("AWS_EC2_METADATA_DISABLED".into(), "true".into()),
+            (
+                "RUST_LOG".into(),
+                "info,mcm_reconcilers=debug,mcm_provider_aws=debug".into(),
+            ),
         ];
-        args.extend([
-            format!("--control-kubeconfig={kc}"),
-            format!("--target-kubeconfig={kc}"),
-            format!("--namespace={}", self.ns),
-            format!("--port={}", free_port()),
-            "--address=127.0.0.1".into(),
-            "--leader-elect=false".into(),
-            "--controllers=machine,manager".into(),
-            "--machine-creation-timeout=90s".into(),
-            "--machine-health-timeout=90s".into(),
-            "--machine-drain-timeout=30s".into(),
-            "--machine-safety-orphan-vms-period=2s".into(),
-            "--machine-backoff-max=2s".into(),
-            "--machine-pv-detach-timeout=5s".into(),
-            "--machine-resync-period=5s".into(),
-            "--kube-api-qps=200".into(),
-            "--kube-api-burst=400".into(),
-        ]);
-        // `env` execs the controller, so the pid (and its death signal) is the controller's.
-        let process = ManagedProcess::spawn(
+        ProviderController::spawn(
             "machine-controller-aws",
-            Path::new("/usr/bin/env"),
-            &args,
-            log,
+            env!("CARGO_BIN_EXE_machine-controller-aws"),
+            &env,
+            self.cp.kubeconfig_path(),
+            &self.ns,
             self.logs.path(),
         )
-        .expect("the controller starts");
-        Controller { process }
     }
 
     async fn machine_list(&self) -> Vec<Machine> {
@@ -255,21 +235,6 @@ impl Env {
             .await
             .unwrap()
             .items
-    }
-}
-
-struct Controller {
-    process: ManagedProcess,
-}
-
-impl Drop for Controller {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            eprintln!(
-                "--- machine-controller-aws ---\n{}",
-                self.process.log_tail(80)
-            );
-        }
     }
 }
 

@@ -94,7 +94,7 @@ impl AwsDriver {
         if !problems.is_empty() {
             return Err(invalid(SpecError::Invalid {
                 provider: spec::PROVIDER,
-                problems: problems,
+                problems,
             }));
         }
         self.call_with(spec, secret, request_id)

@@ -675,7 +675,7 @@ pub fn checked_spec(
     } else {
         Err(SpecError::Invalid {
             provider: PROVIDER,
-            problems: problems,
+            problems,
         })
     }
 }

@@ -836,7 +836,7 @@ pub fn checked_spec(class: &MachineClass, secret: &SecretData) -> Result<Provide
     } else {
         Err(SpecError::Invalid {
             provider: PROVIDER,
-            problems: problems,
+            problems,
         })
     }
 }
@@ -863,7 +863,7 @@ pub fn lookup_spec(class: &MachineClass, secret: &SecretData) -> Result<Provider
     } else {
         Err(SpecError::Invalid {
             provider: PROVIDER,
-            problems: problems,
+            problems,
         })
     }
 }

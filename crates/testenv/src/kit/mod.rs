@@ -43,7 +43,8 @@ pub use fixtures::{
 };
 pub use metrics::{metric, metric_with, sample, scrape};
 pub use process::{
-    ServedProcess, binary_beside, free_port, http_get, http_status, process_alive, sigkill,
+    ProviderController, ServedProcess, binary_beside, free_port, http_get, http_status,
+    process_alive, sigkill,
 };
 pub use proxy::Proxy;
 pub use wait::{

@@ -164,3 +164,70 @@ mod tests {
         .await;
     }
 }
+
+/// A provider binary (`machine-controller-<provider>`) run as both halves
+/// (`--controllers=machine,manager`) against the test control plane, with leader election off,
+/// the short timeouts of end-to-end tests and a cloud endpoint in `env`. Killed with its process
+/// group on drop; its log tail is printed when the test panics.
+#[derive(Debug)]
+pub struct ProviderController {
+    /// The process.
+    pub process: crate::process::ManagedProcess,
+}
+
+impl ProviderController {
+    /// Starts binary `exe` (named `name` in logs) for namespace `ns` with `kubeconfig` as control
+    /// and target cluster, `env` added to its environment, its log in `logs`.
+    pub fn spawn(
+        name: &str,
+        exe: &str,
+        env: &[(String, String)],
+        kubeconfig: &Path,
+        ns: &str,
+        logs: &Path,
+    ) -> ProviderController {
+        let kc = kubeconfig.display().to_string();
+        let args: Vec<String> = vec![
+            format!("--control-kubeconfig={kc}"),
+            format!("--target-kubeconfig={kc}"),
+            format!("--namespace={ns}"),
+            format!("--port={}", free_port()),
+            "--address=127.0.0.1".into(),
+            "--leader-elect=false".into(),
+            "--controllers=machine,manager".into(),
+            "--machine-creation-timeout=90s".into(),
+            "--machine-health-timeout=90s".into(),
+            "--machine-drain-timeout=30s".into(),
+            "--machine-safety-orphan-vms-period=2s".into(),
+            "--machine-backoff-max=2s".into(),
+            // Long enough to see a capacity error on the Machine, short enough to recover.
+            "--resource-exhausted-retry=4s".into(),
+            "--machine-pv-detach-timeout=5s".into(),
+            "--machine-resync-period=5s".into(),
+            "--kube-api-qps=200".into(),
+            "--kube-api-burst=400".into(),
+        ];
+        let process = crate::process::ManagedProcess::spawn_with_env(
+            name,
+            Path::new(exe),
+            &args,
+            env,
+            logs.join(format!("{name}.log")),
+            logs,
+        )
+        .unwrap_or_else(|e| panic!("{name} starts: {e}"));
+        ProviderController { process }
+    }
+}
+
+impl Drop for ProviderController {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "--- {} ---\n{}",
+                self.process.name(),
+                self.process.log_tail(80)
+            );
+        }
+    }
+}
