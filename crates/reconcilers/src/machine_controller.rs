@@ -157,18 +157,24 @@ pub fn prepare(
         let (for_nodes, for_deleted_nodes, for_classes) =
             (machines.clone(), machines.clone(), machines.clone());
         let (ns_nodes, ns_deleted_nodes) = (ns.clone(), ns.clone());
-        let gone_ctx = ctx.clone();
+        let (seen_ctx, gone_ctx) = (ctx.clone(), ctx.clone());
         runner.run(
             Controller::for_shared_stream(informers.machines.subscribe(), machines.clone())
                 .watches_shared_stream(
-                    changed_only(informers.nodes.subscribe(), node_fingerprint),
+                    changed_only(
+                        informers
+                            .nodes
+                            .subscribe()
+                            .inspect(move |node| seen_ctx.note_node(node)),
+                        node_fingerprint,
+                    ),
                     move |node: Arc<Node>| machine_of_node(&node, &for_nodes, &ns_nodes),
                 )
                 .watches_shared_stream(
                     informers
                         .nodes
                         .deletions()
-                        .inspect(move |node| gone_ctx.note_node_deleted(node)),
+                        .inspect(move |node| gone_ctx.note_node(node)),
                     move |node: Arc<Node>| {
                         machine_of_node(&node, &for_deleted_nodes, &ns_deleted_nodes)
                     },

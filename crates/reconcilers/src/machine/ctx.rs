@@ -127,10 +127,11 @@ impl Ctx {
             .map_err(|e| super::Error::kube("read a class secret", e))
     }
 
-    /// Notes a Node that was deleted (seen by the Node watch's deletion tap before the
-    /// Machine is reconciled): the deletion of a Node annotated not-managed-by-MCM does not
-    /// delete its Machine.
-    pub fn note_node_deleted(&self, node: &Node) {
+    /// Notes a Node as the Node watch delivers it, changed or deleted: the deletion of a Node
+    /// last seen annotated not-managed-by-MCM does not delete its Machine. Noting every change
+    /// (not only the deletion) matters: a reconcile may see the Node gone from the store before
+    /// the deletion tap ran, and then only the annotated update it saw earlier tells.
+    pub fn note_node(&self, node: &Node) {
         let mut gone = self
             .unmanaged_gone
             .lock()
@@ -142,7 +143,7 @@ impl Ctx {
         }
     }
 
-    /// Whether the Node `name` was deleted while not managed by MCM.
+    /// Whether the Node `name` was last seen not managed by MCM (asked when it is gone).
     pub fn unmanaged_node_deleted(&self, name: &str) -> bool {
         self.unmanaged_gone
             .lock()
