@@ -93,6 +93,37 @@ async fn json_of(response: azure_core::Response) -> azure_core::Result<Value> {
     Ok(serde_json::from_slice(&bytes).unwrap_or(Value::Null))
 }
 
+/// Sends `get` or `delete` of the resource of `kind` through its SDK client (the disks client
+/// takes the subscription first) and returns the raw response.
+macro_rules! by_kind {
+    ($verb:ident, $call:expr, $kind:expr, $group:expr, $name:expr) => {{
+        let (call, group, name) = ($call, $group, $name);
+        match $kind {
+            ResourceType::Vm => call
+                .compute
+                .virtual_machines_client()
+                .$verb(group, name, &call.subscription)
+                .send()
+                .await
+                .map(|r| r.into_raw_response()),
+            ResourceType::Nic => call
+                .network
+                .network_interfaces_client()
+                .$verb(group, name, &call.subscription)
+                .send()
+                .await
+                .map(|r| r.into_raw_response()),
+            ResourceType::Disk => call
+                .compute
+                .disks_client()
+                .$verb(&call.subscription, group, name)
+                .send()
+                .await
+                .map(|r| r.into_raw_response()),
+        }
+    }};
+}
+
 impl AzureDriver {
     /// A driver with explicit settings (e.g. endpoint overrides for tests).
     pub fn new(config: AzureDriverConfig) -> AzureDriver {
@@ -131,29 +162,7 @@ impl AzureDriver {
         name: &str,
     ) -> Result<Option<Value>, AzureError> {
         let what = format!("GET {} {name}", kind_name(kind));
-        let sent = match kind {
-            ResourceType::Vm => call
-                .compute
-                .virtual_machines_client()
-                .get(group, name, &call.subscription)
-                .send()
-                .await
-                .map(|r| r.into_raw_response()),
-            ResourceType::Nic => call
-                .network
-                .network_interfaces_client()
-                .get(group, name, &call.subscription)
-                .send()
-                .await
-                .map(|r| r.into_raw_response()),
-            ResourceType::Disk => call
-                .compute
-                .disks_client()
-                .get(&call.subscription, group, name)
-                .send()
-                .await
-                .map(|r| r.into_raw_response()),
-        };
+        let sent = by_kind!(get, call, kind, group, name);
         match sent {
             Ok(r) => json_of(r)
                 .await
@@ -175,29 +184,7 @@ impl AzureDriver {
         name: &str,
     ) -> Result<bool, AzureError> {
         let what = format!("DELETE {} {name}", kind_name(kind));
-        let sent = match kind {
-            ResourceType::Vm => call
-                .compute
-                .virtual_machines_client()
-                .delete(group, name, &call.subscription)
-                .send()
-                .await
-                .map(|r| r.into_raw_response()),
-            ResourceType::Nic => call
-                .network
-                .network_interfaces_client()
-                .delete(group, name, &call.subscription)
-                .send()
-                .await
-                .map(|r| r.into_raw_response()),
-            ResourceType::Disk => call
-                .compute
-                .disks_client()
-                .delete(&call.subscription, group, name)
-                .send()
-                .await
-                .map(|r| r.into_raw_response()),
-        };
+        let sent = by_kind!(delete, call, kind, group, name);
         let response = match sent {
             Ok(r) => r,
             Err(e) => {

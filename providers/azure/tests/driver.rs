@@ -445,6 +445,22 @@ async fn throttling_and_bad_input() {
 }
 
 #[tokio::test]
+async fn initialize_is_unimplemented_as_in_gardeners_provider() {
+    let fake = fake().await;
+    let e = driver(&fake)
+        .initialize_machine(mcm_driver::InitializeMachineRequest {
+            machine: machine("m-0"),
+            machine_class: class(spec()),
+            secret: secret(),
+            request_id: RequestId::generate(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, Code::Unimplemented);
+    assert!(fake.request_log().is_empty());
+}
+
+#[tokio::test]
 async fn volume_ids_of_azure_disks() {
     let fake = fake().await;
     let d = driver(&fake);

@@ -547,6 +547,22 @@ async fn operations_that_outlive_the_wait_are_unavailable_and_the_retry_finds_th
 }
 
 #[tokio::test]
+async fn initialize_is_unimplemented_as_in_gardeners_provider() {
+    let fake = FakeCompute::start(PROJECT, EMAIL).await;
+    let e = driver(&fake)
+        .initialize_machine(mcm_driver::InitializeMachineRequest {
+            machine: machine("m-0", None),
+            machine_class: class(spec()),
+            secret: secret(),
+            request_id: RequestId::generate(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, Code::Unimplemented);
+    assert!(fake.request_log().is_empty());
+}
+
+#[tokio::test]
 async fn volume_ids_of_gce_disks() {
     let fake = FakeCompute::start(PROJECT, EMAIL).await;
     let d = driver(&fake);
