@@ -722,13 +722,30 @@ pub async fn shared(components: Components) -> Result<Arc<ControlPlane>, TestEnv
     Ok(cp)
 }
 
+/// A port on 127.0.0.1 that was free when asked, taken from 20000..32000: below Linux's
+/// ephemeral range (32768 and up), so an outgoing connection of any process cannot be given it
+/// between this check and the bind of the process it is meant for (a port the kernel picks for
+/// `bind(0)` is an ephemeral one, and was seen taken that way). Each call moves on to the next
+/// port, from a start that differs per process, so two calls never hand out the same port.
 fn free_port() -> Result<u16, TestEnvError> {
-    let listener =
-        TcpListener::bind(("127.0.0.1", 0)).map_err(|e| TestEnvError::io("bind a free port", e))?;
-    listener
-        .local_addr()
-        .map(|a| a.port())
-        .map_err(|e| TestEnvError::io("read a bound port", e))
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = std::process::id().wrapping_mul(7_919) % SPAN;
+    let mut last = None;
+    for _ in 0..SPAN {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (LOW + (start + n) % SPAN) as u16;
+        match TcpListener::bind(("127.0.0.1", port)) {
+            Ok(_) => return Ok(port),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(TestEnvError::io(
+        "find a free port in 20000..32000",
+        last.unwrap_or_else(|| std::io::Error::other("no port tried")),
+    ))
 }
 
 fn admin_kubeconfig(pki: &Pki, server: &str) -> String {
