@@ -493,3 +493,88 @@ async fn invalid_strategy_is_a_condition_until_fixed() {
     );
     h.stop().await;
 }
+
+/// The Events of `reason` about the deployment `md`.
+async fn events_of(h: &Harness, reason: &str) -> Vec<Event> {
+    Api::<Event>::namespaced(h.client.clone(), &h.ns)
+        .list(&ListParams::default())
+        .await
+        .expect("list events")
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some(reason)
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("md")
+        })
+        .collect()
+}
+
+/// Waits until `md` has no `rollbackTo` and its template names `class`.
+async fn wait_rollback_done(h: &Harness, class: &str) {
+    wait_list(h.deployments(), "rollbackTo cleared", |d| {
+        d.first().is_some_and(|d| {
+            d.spec.rollback_to.is_none()
+                && d.spec
+                    .template
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.class.as_ref())
+                    .and_then(|c| c.name.as_deref())
+                    == Some(class)
+        })
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollback_to_restores_a_revision_and_is_cleared() {
+    let h = Harness::start("md-rollback").await;
+    start_with_3_c1(&h).await;
+    roll_to(&h, "c2").await;
+    wait_only(&h, 3, "c2").await;
+
+    // Revision 0: the previous one (c1), rolled out again with its old set.
+    patch_deployment(&h, "md", json!({"spec": {"rollbackTo": {"revision": 0}}})).await;
+    wait_rollback_done(&h, "c1").await;
+    wait_only(&h, 3, "c1").await;
+    let sets = h
+        .sets()
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items;
+    assert_eq!(sets.len(), 2, "the c1 set was reused, no third set");
+    let done = events_of(&h, "DeploymentRollback").await;
+    assert_eq!(done.len(), 1, "{done:#?}");
+    assert_eq!(
+        done[0].note.as_deref(),
+        Some("Rolled back deployment \"md\" to revision 1")
+    );
+
+    // A revision that does not exist: a Warning, the template stays.
+    patch_deployment(&h, "md", json!({"spec": {"rollbackTo": {"revision": 42}}})).await;
+    wait_rollback_done(&h, "c1").await;
+    let missing = events_of(&h, "DeploymentRollbackRevisionNotFound").await;
+    assert_eq!(missing.len(), 1, "{missing:#?}");
+    assert_eq!(missing[0].type_.as_deref(), Some("Warning"));
+    assert_eq!(
+        missing[0].note.as_deref(),
+        Some("Unable to find the revision to rollback to.")
+    );
+
+    // The current revision: unchanged, said so.
+    let d = h.deployments().get("md").await.expect("get");
+    let current: i64 = d.annotations()["deployment.kubernetes.io/revision"]
+        .parse()
+        .expect("revision");
+    patch_deployment(
+        &h,
+        "md",
+        json!({"spec": {"rollbackTo": {"revision": current}}}),
+    )
+    .await;
+    wait_rollback_done(&h, "c1").await;
+    let unchanged = events_of(&h, "DeploymentRollbackTemplateUnchanged").await;
+    assert_eq!(unchanged.len(), 1, "{unchanged:#?}");
+    h.stop().await;
+}

@@ -3,6 +3,7 @@
 //! crash at any point.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -14,7 +15,7 @@ use mcm_api::{Machine, MachineDeployment, MachineDeploymentStatus, MachineSet, M
 use serde_json::{Value, json};
 
 use super::controller::{Context, DeploymentProblem, Error};
-use super::decide::{RevisionPlan, SetState, TriggerPlan};
+use super::decide::{RevisionPlan, RollbackPlan, SetState, TriggerPlan};
 use super::hash::{template_hash, templates_equal};
 use super::status::{is_invalid_strategy, reasons};
 use crate::kube_api::{
@@ -116,6 +117,76 @@ impl<'a> Actor<'a> {
             let _ = self.delete_set("prune", name).await?;
         }
         Ok(())
+    }
+
+    /// Carries out a rollback plan: the template of the chosen set becomes the deployment's
+    /// (its hash label dropped) and `spec.rollbackTo` is cleared, in one update guarded by the
+    /// deployment's resourceVersion; each outcome has upstream's Event.
+    pub async fn rollback(
+        &self,
+        plan: &RollbackPlan,
+        sets: &[Arc<MachineSet>],
+    ) -> Result<(), Error> {
+        let mut d = self.d.clone();
+        d.spec.rollback_to = None;
+        match plan {
+            RollbackPlan::NotFound { message } => {
+                self.warning_event(
+                    "DeploymentRollbackRevisionNotFound",
+                    "Rollback",
+                    (*message).into(),
+                )
+                .await;
+            }
+            RollbackPlan::Unchanged { .. } => {
+                let note = format!(
+                    "The rollback revision contains the same template as current deployment {:?}",
+                    self.name
+                );
+                self.warning_event("DeploymentRollbackTemplateUnchanged", "Rollback", note)
+                    .await;
+            }
+            RollbackPlan::To { set, .. } => {
+                let Some(template) = sets
+                    .iter()
+                    .find(|s| s.name_any() == *set)
+                    .and_then(|s| s.spec.template.clone())
+                else {
+                    return Err(Error::Problem(
+                        DeploymentProblem::RollbackSetWithoutTemplate(set.clone()),
+                    ));
+                };
+                d.spec.template = template;
+                if let Some(l) = d
+                    .spec
+                    .template
+                    .metadata
+                    .as_mut()
+                    .and_then(|m| m.labels.as_mut())
+                {
+                    l.remove(labels::MACHINE_TEMPLATE_HASH);
+                }
+            }
+        }
+        d.metadata.managed_fields = None;
+        self.deployments
+            .replace(&self.name, &PostParams::default(), &d)
+            .await
+            .context("clear rollbackTo of", MachineDeployment::KIND, &self.name)?;
+        if let RollbackPlan::To { revision, .. } = plan {
+            let note = format!(
+                "Rolled back deployment {:?} to revision {revision}",
+                self.name
+            );
+            self.normal_event("DeploymentRollback", "Rollback", note)
+                .await;
+        }
+        Ok(())
+    }
+
+    async fn warning_event(&self, reason: &str, action: &str, note: String) {
+        let events = &self.ctx.events;
+        events.warning(&self.reference, reason, action, note).await;
     }
 
     /// Warns that the deployment selects every machine (nothing else is done until it

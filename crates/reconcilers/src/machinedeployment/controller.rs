@@ -16,11 +16,12 @@ use mcm_api::{Machine, MachineDeployment, MachineSet};
 
 use super::act::{self, Actor};
 use super::decide::{self, Action as RolloutAction, Snapshot};
-use super::nodes::apply_markers;
+use super::hash::templates_equal;
+use super::nodes::{apply_markers, remove_old_set_taint};
 use super::observe::{self, Observed, annotation_i64};
 use super::status::{Counters, compute_status, invalid_strategy_status};
 use crate::events::EventPublisher;
-use crate::kube_api::{self, ReconcileFailure, RetryPolicy};
+use crate::kube_api::{self, ApiResultExt, ReconcileFailure, RetryPolicy};
 
 pub use super::act::new_machine_set;
 pub use super::decide::{TriggerEntry, parse_trigger_deletion};
@@ -36,6 +37,9 @@ pub enum DeploymentProblem {
     /// A MachineSet with the new set's name exists with another template.
     #[error("hash collision for MachineSet {0}")]
     HashCollision(String),
+    /// The MachineSet a rollback chose has no template to roll back to.
+    #[error("MachineSet {0} of the rollback revision has no template")]
+    RollbackSetWithoutTemplate(String),
 }
 
 /// Errors of the MachineDeployment reconciler. Each keeps the underlying error.
@@ -107,6 +111,17 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
     if handle_trigger_deletion(&d, &act, &observed).await? {
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
+    // As upstream: a paused deployment rolls back once it is resumed, and nothing else is
+    // done in the reconcile that rolls back (the next one sees the new template).
+    if let Some(to) = d
+        .spec
+        .rollback_to
+        .as_ref()
+        .filter(|_| d.spec.paused != Some(true))
+    {
+        rollback(&ctx, &d, &act, &observed, to.revision.unwrap_or(0)).await?;
+        return Ok(Action::await_change());
+    }
 
     let now = Timestamp::now();
     let facts = observe::facts(&observed, now);
@@ -162,6 +177,45 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
     let complete = snapshot.is_complete();
     let after = decide::requeue_after(recheck, RESYNC_PERIOD, min_ready, complete);
     Ok(Action::requeue(held_back.map_or(after, |w| w.min(after))))
+}
+
+/// Handles `spec.rollbackTo`: plans it from the sets' revisions, removes the old-set taint
+/// from the Nodes of the chosen set's machines, and updates the deployment.
+async fn rollback(
+    ctx: &Context,
+    d: &MachineDeployment,
+    act: &Actor<'_>,
+    observed: &Observed,
+    requested: i64,
+) -> Result<(), Error> {
+    let candidates: Vec<decide::RollbackCandidate> = observed
+        .sets
+        .iter()
+        .map(|s| decide::RollbackCandidate {
+            name: s.name_any(),
+            revision: annotation_i64(s.as_ref(), annotations::REVISION).unwrap_or(0),
+            same_template: s
+                .spec
+                .template
+                .as_ref()
+                .is_some_and(|t| templates_equal(t, &d.spec.template)),
+        })
+        .collect();
+    let plan = decide::plan_rollback(requested, &candidates);
+    tracing::info!(?plan, requested, "rollback requested");
+    if let decide::RollbackPlan::To { set, .. } = &plan
+        && let Some(s) = observed.sets.iter().find(|s| s.name_any() == *set)
+    {
+        let machines: Vec<&Machine> = observed.machines_of(s).iter().map(AsRef::as_ref).collect();
+        remove_old_set_taint(&ctx.target, &ctx.nodes, &machines)
+            .await
+            .context(
+                "remove the old-set taint from the nodes of",
+                MachineSet::KIND,
+                set,
+            )?;
+    }
+    act.rollback(&plan, &observed.sets).await
 }
 
 /// A deployment being deleted: deletes its sets, then (none left) removes the finalizer.

@@ -564,6 +564,86 @@ pub fn plan_revision(
     }
 }
 
+/// One set of a deployment as a rollback sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RollbackCandidate {
+    /// The set's name.
+    pub name: String,
+    /// Its revision annotation (0 when absent, as upstream reads it).
+    pub revision: i64,
+    /// Its template equals the deployment's (the hash label aside).
+    pub same_template: bool,
+}
+
+/// What `spec.rollbackTo` leads to. Every outcome clears `rollbackTo`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RollbackPlan {
+    /// No set has the revision: Warning `DeploymentRollbackRevisionNotFound` with `message`.
+    NotFound {
+        /// Upstream's message.
+        message: &'static str,
+    },
+    /// The set of the revision has the deployment's template already: Warning
+    /// `DeploymentRollbackTemplateUnchanged`.
+    Unchanged {
+        /// The set.
+        set: String,
+        /// Its revision.
+        revision: i64,
+    },
+    /// Copy the template of `set` into the deployment: Normal `DeploymentRollback`.
+    To {
+        /// The set.
+        set: String,
+        /// Its revision.
+        revision: i64,
+    },
+}
+
+/// The revision before the newest one (upstream's `LastRevision`: the second highest
+/// revision among the sets, 0 when there is none).
+pub fn last_revision(revisions: impl IntoIterator<Item = i64>) -> i64 {
+    let (mut max, mut second) = (0, 0);
+    for v in revisions {
+        if v >= max {
+            second = max;
+            max = v;
+        } else if v > second {
+            second = v;
+        }
+    }
+    second
+}
+
+/// Decides a rollback to `requested` (0: the previous revision) among the deployment's sets.
+pub fn plan_rollback(requested: i64, sets: &[RollbackCandidate]) -> RollbackPlan {
+    let revision = if requested == 0 {
+        match last_revision(sets.iter().map(|s| s.revision)) {
+            0 => {
+                return RollbackPlan::NotFound {
+                    message: "Unable to find last revision.",
+                };
+            }
+            r => r,
+        }
+    } else {
+        requested
+    };
+    match sets.iter().find(|s| s.revision == revision) {
+        None => RollbackPlan::NotFound {
+            message: "Unable to find the revision to rollback to.",
+        },
+        Some(s) if s.same_template => RollbackPlan::Unchanged {
+            set: s.name.clone(),
+            revision,
+        },
+        Some(s) => RollbackPlan::To {
+            set: s.name.clone(),
+            revision,
+        },
+    }
+}
+
 /// One entry of the trigger-deletion annotation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TriggerEntry {
@@ -848,6 +928,65 @@ mod tests {
                     time: Some("2024-01-01T00:00:00Z".into())
                 },
             ]
+        );
+    }
+
+    fn candidate(name: &str, revision: i64, same_template: bool) -> RollbackCandidate {
+        RollbackCandidate {
+            name: name.into(),
+            revision,
+            same_template,
+        }
+    }
+
+    #[test]
+    fn rollback_zero_means_the_second_highest_revision() {
+        assert_eq!(last_revision([3, 1, 2]), 2);
+        assert_eq!(last_revision([5, 5]), 5);
+        assert_eq!(last_revision([4]), 0);
+        assert_eq!(last_revision([]), 0);
+        let sets = [
+            candidate("d-a", 1, false),
+            candidate("d-b", 2, false),
+            candidate("d-c", 3, true),
+        ];
+        assert_eq!(
+            plan_rollback(0, &sets),
+            RollbackPlan::To {
+                set: "d-b".into(),
+                revision: 2
+            }
+        );
+        assert_eq!(
+            plan_rollback(1, &sets),
+            RollbackPlan::To {
+                set: "d-a".into(),
+                revision: 1
+            }
+        );
+    }
+
+    #[test]
+    fn rollback_gives_up_or_reports_an_unchanged_template() {
+        let sets = [candidate("d-a", 1, true)];
+        assert_eq!(
+            plan_rollback(0, &sets),
+            RollbackPlan::NotFound {
+                message: "Unable to find last revision."
+            }
+        );
+        assert_eq!(
+            plan_rollback(7, &sets),
+            RollbackPlan::NotFound {
+                message: "Unable to find the revision to rollback to."
+            }
+        );
+        assert_eq!(
+            plan_rollback(1, &sets),
+            RollbackPlan::Unchanged {
+                set: "d-a".into(),
+                revision: 1
+            }
         );
     }
 }

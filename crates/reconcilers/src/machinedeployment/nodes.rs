@@ -41,6 +41,41 @@ pub fn taint_patch(node: &Node) -> Option<Value> {
     }))
 }
 
+/// The patch removing the old-set taint from a node, `None` if it does not have it.
+pub fn untaint_patch(node: &Node) -> Option<Value> {
+    let list: Vec<Taint> = node.spec.as_ref()?.taints.clone()?;
+    if !list.iter().any(|t| t.key == taints::PREFER_NO_SCHEDULE) {
+        return None;
+    }
+    let kept: Vec<Taint> = list
+        .into_iter()
+        .filter(|t| t.key != taints::PREFER_NO_SCHEDULE)
+        .collect();
+    Some(json!({
+        "metadata": {"resourceVersion": node.resource_version()},
+        "spec": {"taints": kept},
+    }))
+}
+
+/// Removes the old-set taint from the Nodes of `machines` (a rollback makes their set the
+/// new one again). Unlike the advisory markers, a failure is returned: the rollback is
+/// retried.
+pub async fn remove_old_set_taint(
+    target: &Client,
+    nodes: &Store<Node>,
+    machines: &[&Machine],
+) -> Result<(), kube::Error> {
+    let api: Api<Node> = Api::all(target.clone());
+    let names = machines.iter().filter_map(|m| m.node_name());
+    for node in names.filter_map(|n| nodes.get(&ObjectRef::new(n))) {
+        if let Some(p) = untaint_patch(&node) {
+            api.patch(&node.name_any(), &PatchParams::default(), &Patch::Merge(&p))
+                .await?;
+        }
+    }
+    Ok(())
+}
+
 /// The patch adding (`rollout`) or removing the cluster-autoscaler annotations, `None` when
 /// nothing changes. Annotations set by someone else (no `-by-mcm` marker) are left alone.
 pub fn autoscaler_patch(node: &Node, rollout: bool) -> Option<Value> {
@@ -183,5 +218,23 @@ mod tests {
             ),
         ]));
         assert_eq!(markers_patch(&node, true, true), None);
+        // A rollback removes the taint and keeps the others.
+        let other = Taint {
+            key: "dedicated".into(),
+            effect: "NoSchedule".into(),
+            ..Taint::default()
+        };
+        node.spec
+            .as_mut()
+            .unwrap()
+            .taints
+            .as_mut()
+            .unwrap()
+            .push(other);
+        let p = untaint_patch(&node).unwrap();
+        assert_eq!(p["spec"]["taints"].as_array().unwrap().len(), 1, "{p}");
+        assert_eq!(p["spec"]["taints"][0]["key"], "dedicated");
+        node.spec.as_mut().unwrap().taints = None;
+        assert_eq!(untaint_patch(&node), None);
     }
 }
