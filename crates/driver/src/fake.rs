@@ -30,6 +30,7 @@ struct State {
     vms: BTreeMap<String, FakeVm>,
     scripted: BTreeMap<Operation, VecDeque<DriverError>>,
     calls: Vec<(Operation, RequestId)>,
+    states_seen: Vec<(Operation, Option<String>)>,
     require_initialization: bool,
 }
 
@@ -81,6 +82,16 @@ impl FakeDriver {
         self.with(|s| s.calls.clone())
     }
 
+    /// The `status.lastKnownState` each call about a machine carried, in call order.
+    pub fn states_seen(&self) -> Vec<(Operation, Option<String>)> {
+        self.with(|s| s.states_seen.clone())
+    }
+
+    fn note_state(&self, op: Operation, m: &mcm_api::Machine) {
+        let state = m.status.as_ref().and_then(|s| s.last_known_state.clone());
+        self.with(|s| s.states_seen.push((op, state)));
+    }
+
     /// How many times `op` was called.
     pub fn call_count(&self, op: Operation) -> usize {
         self.with(|s| s.calls.iter().filter(|(o, _)| *o == op).count())
@@ -127,6 +138,7 @@ impl Driver for FakeDriver {
         &self,
         req: CreateMachineRequest,
     ) -> Result<CreateMachineResponse, DriverError> {
+        self.note_state(Operation::CreateMachine, &req.machine);
         self.enter(Operation::CreateMachine, &req.request_id)?;
         let name = name_of(&req.machine);
         let class = req.machine_class.metadata.name.clone().unwrap_or_default();
@@ -143,9 +155,9 @@ impl Driver for FakeDriver {
                 .clone()
         });
         Ok(CreateMachineResponse {
+            last_known_state: Some(format!("created {}", vm.provider_id)),
             provider_id: vm.provider_id,
             node_name: name,
-            last_known_state: None,
             addresses: vec![],
         })
     }
@@ -154,6 +166,7 @@ impl Driver for FakeDriver {
         &self,
         req: InitializeMachineRequest,
     ) -> Result<InitializeMachineResponse, DriverError> {
+        self.note_state(Operation::InitializeMachine, &req.machine);
         self.enter(Operation::InitializeMachine, &req.request_id)?;
         let name = name_of(&req.machine);
         self.with(|s| match s.vms.get_mut(&name) {
@@ -172,6 +185,7 @@ impl Driver for FakeDriver {
         &self,
         req: DeleteMachineRequest,
     ) -> Result<DeleteMachineResponse, DriverError> {
+        self.note_state(Operation::DeleteMachine, &req.machine);
         self.enter(Operation::DeleteMachine, &req.request_id)?;
         let name = name_of(&req.machine);
         self.with(|s| s.vms.remove(&name));
@@ -182,6 +196,7 @@ impl Driver for FakeDriver {
         &self,
         req: GetMachineStatusRequest,
     ) -> Result<GetMachineStatusResponse, DriverError> {
+        self.note_state(Operation::GetMachineStatus, &req.machine);
         self.enter(Operation::GetMachineStatus, &req.request_id)?;
         let name = name_of(&req.machine);
         let vm = self

@@ -187,6 +187,14 @@ async fn creation_records_the_vm_and_its_node_then_runs() {
     );
     assert_eq!(w.fake().call_count(Operation::CreateMachine), 1);
     assert_ne!(m.phase(), Some(&MachinePhase::Running), "no Node yet");
+    // The driver's opaque state is kept in the status.
+    w.await_machine("m1", "the driver's lastKnownState", |m| {
+        m.status
+            .as_ref()
+            .and_then(|s| s.last_known_state.as_deref())
+            == Some("created fake:///m1")
+    })
+    .await;
 
     // The "kubelet" registers the Node: the machine runs.
     create_ready_node(&w.client, "m1", "fake:///m1", &[]).await;
@@ -283,6 +291,14 @@ async fn deletion_removes_the_vm_and_the_finalizer() {
     await_gone(w.machines(), "d1", WAIT).await;
     assert!(w.fake().vms().is_empty(), "VM left: {:?}", w.fake().vms());
     assert!(w.fake().call_count(Operation::DeleteMachine) >= 1);
+    // The state create returned came back to the driver with the deletion.
+    let seen = w.fake().states_seen();
+    assert!(
+        seen.iter()
+            .any(|(op, state)| *op == Operation::DeleteMachine
+                && state.as_deref() == Some("created fake:///d1")),
+        "{seen:?}"
+    );
     w.stop().await;
 }
 

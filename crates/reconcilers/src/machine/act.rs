@@ -342,10 +342,10 @@ async fn try_create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Ac
     let request_id = RequestId::generate();
     tracing::info!(%request_id, "looking for the machine's VM");
     let found = vm_status(ctx, m, &class, &secret, &request_id).await;
-    let (provider_id, node_name, adopted) = match found {
+    let (provider_id, node_name, adopted, last_known_state) = match found {
         Ok(s) => {
             record_vm_request(ctx, m, false).await?;
-            (s.provider_id, s.node_name, true)
+            (s.provider_id, s.node_name, true, None)
         }
         Err(e) if matches!(e.code, Code::NotFound | Code::Unimplemented) => {
             record_vm_request(ctx, m, first_request).await?;
@@ -372,7 +372,12 @@ async fn try_create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Ac
                 }
             };
             initialize(ctx, m, &class, &secret, &request_id).await?;
-            (created.provider_id, created.node_name, false)
+            (
+                created.provider_id,
+                created.node_name,
+                false,
+                created.last_known_state,
+            )
         }
         Err(e) if e.code == Code::Uninitialized => {
             record_vm_request(ctx, m, false).await?;
@@ -380,7 +385,7 @@ async fn try_create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Ac
             let s = vm_status(ctx, m, &class, &secret, &request_id)
                 .await
                 .map_err(|source| Error::driver("get_machine_status", source))?;
-            (s.provider_id, s.node_name, true)
+            (s.provider_id, s.node_name, true, None)
         }
         Err(e) => return Err(Error::driver("get_machine_status", e)),
     };
@@ -390,6 +395,9 @@ async fn try_create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Ac
         "spec": { "providerID": provider_id },
     });
     patch_machine(ctx, m, &patch, "record the machine's providerID").await?;
+    if let Some(p) = status::driver_state_patch(m, last_known_state.as_deref(), None) {
+        patch_status(ctx, m, p).await?;
+    }
     // A created VM is announced by the Running Event that names it (an Event of its own
     // would cost a request per machine under the same QPS budget and say what `Running`
     // says); an adopted one has an Event: it tells of an earlier attempt.
@@ -951,7 +959,12 @@ pub async fn delete_vm(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
         })
         .await;
     match deleted {
-        Ok(_) => {}
+        Ok(response) => {
+            let state = response.last_known_state.as_deref();
+            if let Some(p) = status::driver_state_patch(m, state, None) {
+                patch_status(ctx, m, p).await?;
+            }
+        }
         Err(e) if e.is_not_found() => {}
         Err(e) if e.code == Code::InvalidArgument => {
             let problem = ClassProblem::Invalid {

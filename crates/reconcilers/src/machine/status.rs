@@ -144,6 +144,30 @@ pub fn node_status_patch(conditions: &[NodeCondition], addresses: &[NodeAddress]
     json!({ "status": { "conditions": conditions, "addresses": addresses } })
 }
 
+/// A merge patch recording what the driver returned about the VM: its opaque
+/// `lastKnownState` (given back to the driver with the Machine on the next call) and, when
+/// given, its addresses. `None` when the Machine shows them already, or the driver returned
+/// no state and no addresses are to be recorded.
+pub fn driver_state_patch(
+    machine: &Machine,
+    state: Option<&str>,
+    addresses: Option<&[NodeAddress]>,
+) -> Option<Value> {
+    let current = machine.status.as_ref();
+    let mut status = serde_json::Map::new();
+    if let Some(state) = state
+        && current.and_then(|s| s.last_known_state.as_deref()) != Some(state)
+    {
+        status.insert("lastKnownState".into(), json!(state));
+    }
+    if let Some(addresses) = addresses
+        && current.and_then(|s| s.addresses.as_deref()).unwrap_or(&[]) != addresses
+    {
+        status.insert("addresses".into(), json!(addresses));
+    }
+    (!status.is_empty()).then(|| json!({ "status": status }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -252,5 +276,29 @@ mod tests {
             &[c("False", "2026-01-01T00:00:00Z")]
         ));
         assert!(conditions_differ(None, &a));
+    }
+
+    #[test]
+    fn driver_state_is_written_only_when_it_changes() {
+        let mut m = Machine::new("m", MachineSpec::default());
+        assert_eq!(driver_state_patch(&m, None, None), None);
+        let p = driver_state_patch(&m, Some("s1"), None).unwrap();
+        assert_eq!(p, json!({"status": {"lastKnownState": "s1"}}));
+        m.status = Some(MachineStatus {
+            last_known_state: Some("s1".into()),
+            ..MachineStatus::default()
+        });
+        assert_eq!(driver_state_patch(&m, Some("s1"), None), None);
+        let ip = NodeAddress {
+            type_: "InternalIP".into(),
+            address: "10.0.0.1".into(),
+        };
+        let p = driver_state_patch(&m, Some("s1"), Some(std::slice::from_ref(&ip))).unwrap();
+        assert_eq!(
+            p,
+            json!({"status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.1"}]}})
+        );
+        m.status.as_mut().unwrap().addresses = Some(vec![ip.clone()]);
+        assert_eq!(driver_state_patch(&m, Some("s1"), Some(&[ip])), None);
     }
 }
