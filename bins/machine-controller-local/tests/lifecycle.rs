@@ -27,10 +27,45 @@ fn token_secret_name(h: &Harness, machine: &str) -> String {
 #[tokio::test]
 async fn a_machine_runs_with_its_bootstrap_token_consumed_and_is_deleted_cleanly() {
     let h = Harness::new("create", json!({ "labels": { "pool": "a" } })).await;
-    let _mc = h.spawn_controller("mc", &[]);
-    h.create_machine("m1", "local").await;
+    let mc = h.spawn_controller("mc", &[]);
+    // The `name` label names the machine's deployment in the duration metrics.
+    let m1 = MachineBuilder::new("m1")
+        .class("local")
+        .label("name", "md1");
+    create(&h.machines(), &m1.build()).await;
 
     let running = h.await_phase("m1", MachinePhase::Running, WAIT).await;
+    // How long it took to join: on the Machine, in its lastOperation and in the metrics.
+    let joined = running
+        .annotations()
+        .get("node.machine.sapcloud.io/machine-join-duration")
+        .cloned()
+        .expect("the join duration annotation");
+    mcm_api::duration::parse_go_duration(&joined).expect("a Go duration");
+    let description = running
+        .status
+        .as_ref()
+        .and_then(|s| s.last_operation.as_ref())
+        .and_then(|o| o.description.clone())
+        .unwrap_or_default();
+    assert_eq!(
+        description,
+        format!("Machine m1 successfully joined the cluster in {joined}")
+    );
+    let text = mc.metrics().await;
+    for name in [
+        "mcm_machine_create_duration_seconds",
+        "mcm_machine_join_duration_seconds",
+    ] {
+        let sample = format!(
+            "{name}{{namespace=\"{}\",machine_deployment=\"md1\",instance_type=\"\",zone=\"\"}}",
+            h.ns
+        );
+        assert!(
+            text.contains(&format!("# TYPE {name} gauge")) && text.contains(&sample),
+            "{sample} in:\n{text}"
+        );
+    }
     assert_eq!(running.spec.provider_id.as_deref(), Some("local:///m1"));
     assert_eq!(
         running
@@ -98,6 +133,19 @@ async fn a_machine_runs_with_its_bootstrap_token_consumed_and_is_deleted_cleanly
         h.nodes().get_opt("m1").await.unwrap().is_none(),
         "node left"
     );
+    let text = mc.metrics().await;
+    for name in [
+        "mcm_machine_drain_duration_seconds",
+        "mcm_machine_delete_duration_seconds",
+    ] {
+        assert!(
+            text.contains(&format!(
+                "{name}{{namespace=\"{}\",machine_deployment=\"md1\"",
+                h.ns
+            )),
+            "{name} in:\n{text}"
+        );
+    }
 }
 
 use kube::ResourceExt;

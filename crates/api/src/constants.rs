@@ -68,6 +68,14 @@ pub mod annotations {
     pub const DEPRECATED_ROLLBACK_TO: &str = "deprecated.deployment.rollback.to";
     /// Annotation asking the safety controller to unfreeze a MachineSet/MachineDeployment.
     pub const UNFREEZE: &str = "safety.machine.sapcloud.io/unfreeze";
+    /// MachineDeployment annotation (a Go duration) that overrides the creation timeout of
+    /// the machines it creates from now on; copied to its new MachineSet and to each new
+    /// Machine (whose `spec.creationTimeout` it also sets).
+    pub const EFFECTIVE_CREATION_TIMEOUT: &str =
+        "node.machine.sapcloud.io/effective-creation-timeout";
+    /// Machine annotation: how long the machine took from creation to its Node joining (a Go
+    /// duration).
+    pub const MACHINE_JOIN_DURATION: &str = "node.machine.sapcloud.io/machine-join-duration";
     /// Machine/Node annotation requesting preservation (values in [`preserve_values`]).
     pub const PRESERVE: &str = "node.machine.sapcloud.io/preserve";
     /// Node annotation holding the preserve value last applied by the controller.

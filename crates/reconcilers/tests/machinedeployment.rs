@@ -578,3 +578,38 @@ async fn rollback_to_restores_a_revision_and_is_cleared() {
     assert_eq!(unchanged.len(), 1, "{unchanged:#?}");
     h.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_effective_creation_timeout_reaches_new_machines() {
+    let h = Harness::start("md-creation-timeout").await;
+    let mut d = md(1).build();
+    d.metadata.annotations = Some(BTreeMap::from([(
+        "node.machine.sapcloud.io/effective-creation-timeout".to_owned(),
+        "7m".to_owned(),
+    )]));
+    create_deployment(&h, &d).await;
+    let ms = wait_machines(&h, "1 running", |m| running_of_class(m, "c1") == 1).await;
+    let timeout = ms[0].spec.configuration.creation_timeout.map(|g| g.0);
+    assert_eq!(timeout, Some(Duration::from_secs(420)));
+    assert_eq!(
+        ms[0].annotations()["node.machine.sapcloud.io/effective-creation-timeout"],
+        "7m"
+    );
+    // A changed value reaches the set and the machines created from then on.
+    patch_deployment(
+        &h,
+        "md",
+        json!({"metadata": {"annotations": {
+            "node.machine.sapcloud.io/effective-creation-timeout": "9m"
+        }}, "spec": {"replicas": 2}}),
+    )
+    .await;
+    let ms = wait_machines(&h, "2 running", |m| running_of_class(m, "c1") == 2).await;
+    let mut timeouts: Vec<_> = ms
+        .iter()
+        .map(|m| m.spec.configuration.creation_timeout.map(|g| g.0.as_secs()))
+        .collect();
+    timeouts.sort();
+    assert_eq!(timeouts, vec![Some(420), Some(540)]);
+    h.stop().await;
+}

@@ -11,7 +11,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use mcm_api::constants::annotations::progress;
-use mcm_api::constants::{finalizers, labels, node_conditions};
+use mcm_api::constants::{annotations, finalizers, labels, node_conditions};
 use mcm_api::{Machine, MachineClass, MachineOperationType, MachinePhase};
 use mcm_driver::{
     Code, CreateMachineRequest, DeleteMachineRequest, DriverError, GetMachineStatusRequest,
@@ -20,6 +20,7 @@ use mcm_driver::{
 use serde_json::json;
 
 use super::decide::{ClassProblem, MachineConfig};
+use super::metrics::{DeploymentLabels, PlacementLabels, Timed};
 use super::status::{self, Operation};
 use super::{Ctx, Error, token};
 use crate::kube_api::{self, ApiErrorExt, Part};
@@ -32,6 +33,53 @@ fn machine_api(ctx: &Ctx) -> Api<Machine> {
 
 fn name(m: &Machine) -> String {
     m.name_any()
+}
+
+/// The labels of upstream's duration metrics for `m`; `None` without its deployment's `name`
+/// label (upstream records nothing then).
+fn placement_labels(ctx: &Ctx, m: &Machine) -> Option<PlacementLabels> {
+    let deployment = deployment_labels(m)?;
+    let instance_type = m
+        .class_name()
+        .and_then(|c| ctx.class(c))
+        .and_then(|c| c.node_template)
+        .map(|t| t.instance_type)
+        .unwrap_or_default();
+    let zone = m
+        .spec
+        .node_template
+        .as_ref()
+        .and_then(|t| t.metadata.as_ref())
+        .and_then(|meta| meta.labels.as_ref())
+        .and_then(|l| l.get("topology.kubernetes.io/zone").cloned())
+        .unwrap_or_default();
+    Some(PlacementLabels {
+        namespace: deployment.namespace,
+        machine_deployment: deployment.machine_deployment,
+        instance_type,
+        zone,
+    })
+}
+
+fn deployment_labels(m: &Machine) -> Option<DeploymentLabels> {
+    let deployment = m.labels().get(labels::NAME).filter(|n| !n.is_empty())?;
+    Some(DeploymentLabels {
+        namespace: m.namespace().unwrap_or_default(),
+        machine_deployment: deployment.clone(),
+    })
+}
+
+/// Time since `since` (zero for a time in the future).
+fn since(since: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>) -> Duration {
+    since
+        .and_then(|t| Timestamp::now().duration_since(t.0).try_into().ok())
+        .unwrap_or(Duration::ZERO)
+}
+
+fn record_duration(ctx: &Ctx, m: &Machine, step: Timed, took: Duration) {
+    if let Some(labels) = placement_labels(ctx, m) {
+        ctx.metrics.timed(step, &labels, took);
+    }
 }
 
 async fn patch_status(ctx: &Ctx, m: &Machine, patch: serde_json::Value) -> Result<(), Error> {
@@ -371,6 +419,8 @@ async fn try_create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Ac
                     return Err(Error::driver("create_machine", source));
                 }
             };
+            let created_after = since(m.metadata.creation_timestamp.as_ref());
+            record_duration(ctx, m, Timed::Create, created_after);
             initialize(ctx, m, &class, &secret, &request_id).await?;
             (
                 created.provider_id,
@@ -464,6 +514,7 @@ async fn initialize(
     secret: &SecretData,
     request_id: &RequestId,
 ) -> Result<(), Error> {
+    let started = std::time::Instant::now();
     match ctx
         .driver
         .initialize_machine(InitializeMachineRequest {
@@ -474,7 +525,10 @@ async fn initialize(
         })
         .await
     {
-        Ok(_) => Ok(()),
+        Ok(_) => {
+            record_duration(ctx, m, Timed::Initialize, started.elapsed());
+            Ok(())
+        }
         Err(e) if e.code == Code::Unimplemented => Ok(()),
         Err(e) => Err(Error::driver("initialize_machine", e)),
     }
@@ -519,6 +573,7 @@ pub async fn mark_pending(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
 /// The Node is Ready and healthy: Running (and the bootstrap token is no longer needed).
 pub async fn mark_running(ctx: &Ctx, m: &Machine, node: Option<&Node>) -> Result<Action, Error> {
     let from_unknown = m.phase() == Some(&MachinePhase::Unknown);
+    let joined_after = since(m.metadata.creation_timestamp.as_ref());
     let (kind, description) = if from_unknown {
         (
             MachineOperationType::HealthCheck,
@@ -527,11 +582,18 @@ pub async fn mark_running(ctx: &Ctx, m: &Machine, node: Option<&Node>) -> Result
     } else {
         (
             MachineOperationType::Create,
-            format!("Machine {} successfully joined the cluster", name(m)),
+            format!(
+                "Machine {} successfully joined the cluster in {}",
+                name(m),
+                mcm_api::duration::format_go_duration(Duration::from_secs(joined_after.as_secs()))
+            ),
         )
     };
     // The token goes before Running is recorded, so a crash in between cannot skip it.
     delete_bootstrap_token(ctx, m).await?;
+    if !from_unknown {
+        record_join_duration(ctx, m, joined_after).await?;
+    }
     let op = Operation::successful(kind, description);
     // Running, the operation and the node's conditions and addresses in one status write.
     let mut patch = status::status_patch(m, Some(&MachinePhase::Running), &op, Timestamp::now());
@@ -562,6 +624,21 @@ pub async fn mark_running(ctx: &Ctx, m: &Machine, node: Option<&Node>) -> Result
         .normal(&m.object_ref(&()), "Running", "HealthCheck", note)
         .await;
     Ok(Action::requeue(ctx.settings.resync))
+}
+
+/// Records on the Machine how long it took to join (the annotation
+/// `node.machine.sapcloud.io/machine-join-duration`, once) and in the join metric.
+async fn record_join_duration(ctx: &Ctx, m: &Machine, took: Duration) -> Result<(), Error> {
+    if m.annotations()
+        .contains_key(annotations::MACHINE_JOIN_DURATION)
+    {
+        return Ok(());
+    }
+    let value = mcm_api::duration::format_go_duration(Duration::from_secs(took.as_secs()));
+    let patch = json!({"metadata": {"annotations": {annotations::MACHINE_JOIN_DURATION: value}}});
+    patch_machine(ctx, m, &patch, "record the join duration").await?;
+    record_duration(ctx, m, Timed::Join, took);
+    Ok(())
 }
 
 /// Healthy and Running: copy Node conditions when they changed and apply the node template.
@@ -653,6 +730,16 @@ pub async fn mark_failed(ctx: &Ctx, m: &Machine, reason: &str) -> Result<Action,
     let notice = Notice::warning("Failed", "HealthCheck");
     announce(ctx, m, Some(&MachinePhase::Failed), op, notice).await?;
     ctx.metrics.failed();
+    // A VM that never joined within the creation timeout.
+    if m.node_name().is_some()
+        && matches!(
+            m.phase(),
+            Some(MachinePhase::Pending | MachinePhase::Available)
+        )
+        && let Some(labels) = placement_labels(ctx, m)
+    {
+        ctx.metrics.failed_join(&labels);
+    }
     Ok(Action::await_change())
 }
 
@@ -804,6 +891,7 @@ pub async fn drain_pass(
     node_name: &str,
     plan: PassPlan<'_>,
 ) -> Result<Action, Error> {
+    let pass_started = std::time::Instant::now();
     let options = drain_options(ctx, m, cfg, plan.force);
     if let Some(why) = plan.force_reason {
         tracing::info!(node = node_name, why, "force-draining");
@@ -845,6 +933,12 @@ pub async fn drain_pass(
         _ => {}
     }
     set_progress_keys(ctx, m, &progress_keys).await?;
+    if progress_keys.contains(&progress::DRAINED)
+        && let Some(labels) = deployment_labels(m)
+    {
+        ctx.metrics
+            .drained(&labels, plan.elapsed + pass_started.elapsed());
+    }
     if plan.first {
         // One Event on the node says why it is cordoned; the Machine's lastOperation has
         // every step.
@@ -976,6 +1070,12 @@ pub async fn delete_vm(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
         Err(source) => return Err(Error::driver("delete_machine", source)),
     }
     tracing::info!(%request_id, "VM deleted");
+    record_duration(
+        ctx,
+        m,
+        Timed::Delete,
+        since(m.metadata.deletion_timestamp.as_ref()),
+    );
     ctx.reset_backoff(m);
     set_progress(ctx, m, progress::VM_DELETED).await?;
     let what = vm_description(m);

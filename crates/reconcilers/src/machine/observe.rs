@@ -32,15 +32,26 @@ pub fn machine_config(machine: &Machine, d: &Defaults) -> MachineConfig {
         _ => d.bad_conditions.clone(),
     };
     MachineConfig {
-        creation_timeout: c
-            .creation_timeout
-            .map(|g| g.0)
+        creation_timeout: effective_creation_timeout(machine)
+            .or(c.creation_timeout.map(|g| g.0))
             .unwrap_or(d.creation_timeout),
         health_timeout: c.health_timeout.map(|g| g.0).unwrap_or(d.health_timeout),
         drain_timeout: c.drain_timeout.map(|g| g.0).unwrap_or(d.drain_timeout),
         disable_health_timeout: c.disable_health_timeout.unwrap_or(false),
         bad_conditions,
     }
+}
+
+/// The Machine's `node.machine.sapcloud.io/effective-creation-timeout` annotation, when it
+/// is a duration: it wins over `spec.creationTimeout` (upstream's order; a value that does
+/// not parse is ignored, and the MachineSet that copied it warned about it).
+pub fn effective_creation_timeout(machine: &Machine) -> Option<Duration> {
+    let value = machine
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(annotations::EFFECTIVE_CREATION_TIMEOUT)?;
+    mcm_api::duration::parse_go_duration(value).ok()
 }
 
 /// Splits a comma-separated flag value, dropping blanks.
@@ -272,6 +283,39 @@ mod tests {
         assert_eq!(c.health_timeout, Duration::from_secs(30));
         assert_eq!(c.creation_timeout, Duration::from_secs(1200));
         assert_eq!(c.bad_conditions, vec!["DiskPressure".to_string()]);
+    }
+
+    #[test]
+    fn the_effective_creation_timeout_annotation_wins() {
+        let mut m = Machine::new("m", MachineSpec::default());
+        m.spec.configuration.creation_timeout = Some(GoDuration(Duration::from_secs(300)));
+        assert_eq!(
+            machine_config(&m, &defaults()).creation_timeout,
+            Duration::from_secs(300)
+        );
+        m.metadata.annotations = Some(
+            [(
+                annotations::EFFECTIVE_CREATION_TIMEOUT.to_owned(),
+                "1h30m".to_owned(),
+            )]
+            .into(),
+        );
+        assert_eq!(
+            machine_config(&m, &defaults()).creation_timeout,
+            Duration::from_secs(5400)
+        );
+        // Not a duration: ignored.
+        m.metadata.annotations = Some(
+            [(
+                annotations::EFFECTIVE_CREATION_TIMEOUT.to_owned(),
+                "soon".to_owned(),
+            )]
+            .into(),
+        );
+        assert_eq!(
+            machine_config(&m, &defaults()).creation_timeout,
+            Duration::from_secs(300)
+        );
     }
 
     #[test]

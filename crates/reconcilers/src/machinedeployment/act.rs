@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Resource, ResourceExt};
-use mcm_api::constants::{annotations, finalizers, labels};
+use mcm_api::constants::{annotations, finalizers, labels, taints};
 use mcm_api::owner::controller_reference;
 use mcm_api::{Machine, MachineDeployment, MachineDeploymentStatus, MachineSet, MachineSetSpec};
 use serde_json::{Value, json};
@@ -237,21 +237,27 @@ impl<'a> Actor<'a> {
     }
 
     /// Records the revision of `plan` on the new set (raising it above the old sets', with
-    /// the replaced revision in its history) and on the deployment.
+    /// the replaced revision in its history) and on the deployment, and copies the
+    /// deployment's annotations the set lacks ([`annotations_to_copy`]), in one patch.
     pub async fn sync_revision(
         &self,
         new_set: &MachineSet,
         plan: &RevisionPlan,
     ) -> Result<(), Error> {
         let revision = plan.revision.to_string();
+        let mut anns = serde_json::Map::new();
+        for (k, v) in annotations_to_copy(self.d, new_set) {
+            anns.insert(k, json!(v));
+        }
         if let Some(history) = &plan.bump {
-            let mut anns = serde_json::Map::new();
             anns.insert(annotations::REVISION.into(), json!(revision));
             if let Some(history) = history {
                 anns.insert(annotations::REVISION_HISTORY.into(), json!(history));
             }
+        }
+        if !anns.is_empty() {
             let update = json!({"metadata": {"annotations": anns}});
-            self.patch_set("update revision of", &new_set.name_any(), &update)
+            self.patch_set("update annotations of", &new_set.name_any(), &update)
                 .await?;
         }
         if plan.update_deployment {
@@ -408,6 +414,38 @@ impl<'a> Actor<'a> {
     }
 }
 
+/// Deployment annotations that are never copied to its MachineSets (upstream's list).
+pub const NOT_COPIED_TO_SETS: &[&str] = &[
+    "kubectl.kubernetes.io/last-applied-configuration",
+    annotations::REVISION,
+    annotations::REVISION_HISTORY,
+    annotations::DESIRED_REPLICAS,
+    annotations::MAX_REPLICAS,
+    taints::PREFER_NO_SCHEDULE,
+    annotations::UNFREEZE,
+    annotations::TRIGGER_DELETION_BY_MCM,
+];
+
+/// The deployment's annotations that its new MachineSet carries too (e.g.
+/// `node.machine.sapcloud.io/effective-creation-timeout`), as upstream copies them.
+pub fn copied_annotations(d: &MachineDeployment) -> BTreeMap<String, String> {
+    d.annotations()
+        .iter()
+        .filter(|(k, _)| !NOT_COPIED_TO_SETS.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect()
+}
+
+/// The copied annotations the set lacks or has with another value (added or overwritten,
+/// never removed, as upstream).
+pub fn annotations_to_copy(d: &MachineDeployment, set: &MachineSet) -> BTreeMap<String, String> {
+    let have = set.annotations();
+    copied_annotations(d)
+        .into_iter()
+        .filter(|(k, v)| have.get(k) != Some(v))
+        .collect()
+}
+
 /// The annotations a set of the deployment carries about the deployment's size: desired
 /// replicas and the most machines allowed (`replicas + max_surge`).
 pub fn replica_annotations(d: &MachineDeployment, max_surge: i32) -> BTreeMap<String, String> {
@@ -445,7 +483,8 @@ pub fn new_machine_set(
         .match_labels
         .get_or_insert_with(BTreeMap::new)
         .insert(labels::MACHINE_TEMPLATE_HASH.to_owned(), hash.clone());
-    let mut annotations_map = replica_annotations(d, max_surge);
+    let mut annotations_map = copied_annotations(d);
+    annotations_map.extend(replica_annotations(d, max_surge));
     annotations_map.insert(annotations::REVISION.to_owned(), revision.to_string());
     MachineSet {
         metadata: ObjectMeta {
@@ -465,5 +504,47 @@ pub fn new_machine_set(
             ..MachineSetSpec::default()
         },
         ..MachineSet::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn deployment_annotations_reach_the_set_except_upstreams_list() {
+        let mut d = MachineDeployment::default();
+        d.metadata.annotations = Some(BTreeMap::from([
+            (
+                annotations::EFFECTIVE_CREATION_TIMEOUT.to_owned(),
+                "5m".to_owned(),
+            ),
+            (annotations::REVISION.to_owned(), "4".to_owned()),
+            (
+                annotations::TRIGGER_DELETION_BY_MCM.to_owned(),
+                "m1".to_owned(),
+            ),
+        ]));
+        let copied = copied_annotations(&d);
+        assert_eq!(
+            copied.keys().collect::<Vec<_>>(),
+            vec![annotations::EFFECTIVE_CREATION_TIMEOUT]
+        );
+        let mut set = new_machine_set(&d, 1, 5, 1);
+        assert_eq!(
+            set.annotations()[annotations::EFFECTIVE_CREATION_TIMEOUT],
+            "5m"
+        );
+        assert_eq!(set.annotations()[annotations::REVISION], "5");
+        assert!(annotations_to_copy(&d, &set).is_empty());
+        set.annotations_mut()
+            .insert(annotations::EFFECTIVE_CREATION_TIMEOUT.into(), "1m".into());
+        assert_eq!(
+            annotations_to_copy(&d, &set),
+            BTreeMap::from([(
+                annotations::EFFECTIVE_CREATION_TIMEOUT.to_owned(),
+                "5m".to_owned()
+            )])
+        );
     }
 }

@@ -12,7 +12,7 @@ use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
-use mcm_api::constants::{finalizers, labels};
+use mcm_api::constants::{annotations, finalizers, labels};
 use mcm_api::owner::{controller_of, controller_reference};
 use mcm_api::{
     ConditionStatus, Machine, MachineSet, MachineSetCondition, MachineSetConditionType,
@@ -314,21 +314,50 @@ async fn manage_replicas(
     result
 }
 
+/// The set's `node.machine.sapcloud.io/effective-creation-timeout` annotation, parsed
+/// (`None` without one).
+pub fn effective_creation_timeout(
+    set: &MachineSet,
+) -> Option<Result<Duration, mcm_api::duration::DurationError>> {
+    let value = set
+        .annotations()
+        .get(annotations::EFFECTIVE_CREATION_TIMEOUT)?;
+    Some(mcm_api::duration::parse_go_duration(value))
+}
+
 /// The Machine a set creates: template labels, annotations and spec, `generateName:
 /// <set>-`, the set as controller, no finalizers (the machine controller adds its own).
+/// The set's effective-creation-timeout annotation goes onto the Machine, and when it parses
+/// it is the Machine's `spec.creationTimeout` too (upstream's rule).
 pub fn machine_from_template(set: &MachineSet) -> Machine {
     let template = set.spec.template.clone().unwrap_or_default();
     let meta = template.metadata.unwrap_or_default();
+    let mut machine_annotations = meta.annotations;
+    let mut spec = template.spec.unwrap_or_default();
+    if let Some(value) = set
+        .annotations()
+        .get(annotations::EFFECTIVE_CREATION_TIMEOUT)
+    {
+        machine_annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(
+                annotations::EFFECTIVE_CREATION_TIMEOUT.into(),
+                value.clone(),
+            );
+        if let Some(Ok(timeout)) = effective_creation_timeout(set) {
+            spec.configuration.creation_timeout = Some(mcm_api::GoDuration(timeout));
+        }
+    }
     Machine {
         metadata: ObjectMeta {
             generate_name: Some(format!("{}-", set.name_any())),
             namespace: set.namespace(),
             labels: meta.labels,
-            annotations: meta.annotations,
+            annotations: machine_annotations,
             owner_references: Some(vec![controller_reference(set)]),
             ..ObjectMeta::default()
         },
-        spec: template.spec.unwrap_or_default(),
+        spec,
         ..Machine::default()
     }
 }
@@ -346,6 +375,21 @@ async fn create_machines(
     }
     let reference = set_reference(set);
     let template = machine_from_template(set);
+    if let Some(Err(e)) = effective_creation_timeout(set) {
+        let note = format!(
+            "annotation {} is not a duration ({e}); new machines keep the creation timeout of \
+             their template",
+            annotations::EFFECTIVE_CREATION_TIMEOUT
+        );
+        ctx.events
+            .warning(
+                &reference,
+                "InvalidEffectiveCreationTimeout",
+                "Create",
+                note,
+            )
+            .await;
+    }
     for batch in slow_start_batches(count, SLOW_START_INITIAL_BATCH_SIZE) {
         let results = join_all(
             (0..batch).map(|_| async { api.create(&PostParams::default(), &template).await }),
@@ -512,8 +556,17 @@ pub fn machine_spec_patch(set: &MachineSet, machine: &Machine) -> Option<Value> 
             serde_json::to_value(&template.node_template).unwrap_or(Value::Null),
         );
     }
-    if template.configuration != machine.spec.configuration {
-        let want = serde_json::to_value(&template.configuration).unwrap_or(Value::Null);
+    // A machine created under an effective creation timeout keeps it.
+    let mut configuration = template.configuration.clone();
+    if let Some(timeout) = machine
+        .annotations()
+        .get(annotations::EFFECTIVE_CREATION_TIMEOUT)
+        .and_then(|v| mcm_api::duration::parse_go_duration(v).ok())
+    {
+        configuration.creation_timeout = Some(mcm_api::GoDuration(timeout));
+    }
+    if configuration != machine.spec.configuration {
+        let want = serde_json::to_value(&configuration).unwrap_or(Value::Null);
         let have = serde_json::to_value(&machine.spec.configuration).unwrap_or(Value::Null);
         if let (Value::Object(want), Value::Object(have)) = (want, have) {
             for k in have.keys() {
@@ -727,5 +780,47 @@ mod tests {
             without_counters(&status(1, None)),
             without_counters(&status(1, Some("quota")))
         );
+    }
+
+    #[test]
+    fn a_set_passes_its_effective_creation_timeout_to_new_machines() {
+        let mut set = MachineSet::default();
+        set.metadata.name = Some("s".into());
+        let mut template = mcm_api::MachineTemplateSpec::default();
+        let mut spec = mcm_api::MachineSpec::default();
+        spec.configuration.creation_timeout = Some(mcm_api::GoDuration(Duration::from_secs(60)));
+        template.spec = Some(spec);
+        set.spec.template = Some(template);
+        let m = machine_from_template(&set);
+        assert_eq!(
+            m.spec.configuration.creation_timeout,
+            Some(mcm_api::GoDuration(Duration::from_secs(60)))
+        );
+        set.metadata.annotations = Some(BTreeMap::from([(
+            annotations::EFFECTIVE_CREATION_TIMEOUT.to_owned(),
+            "7m".to_owned(),
+        )]));
+        let m = machine_from_template(&set);
+        assert_eq!(
+            m.spec.configuration.creation_timeout,
+            Some(mcm_api::GoDuration(Duration::from_secs(420)))
+        );
+        assert_eq!(
+            m.annotations()[annotations::EFFECTIVE_CREATION_TIMEOUT],
+            "7m"
+        );
+        // The spec sync of the set keeps it.
+        assert_eq!(machine_spec_patch(&set, &m), None);
+        // A value that is no duration is copied but sets nothing.
+        set.metadata.annotations = Some(BTreeMap::from([(
+            annotations::EFFECTIVE_CREATION_TIMEOUT.to_owned(),
+            "7 minutes".to_owned(),
+        )]));
+        let m = machine_from_template(&set);
+        assert_eq!(
+            m.spec.configuration.creation_timeout.map(|g| g.0.as_secs()),
+            Some(60)
+        );
+        assert!(matches!(effective_creation_timeout(&set), Some(Err(_))));
     }
 }

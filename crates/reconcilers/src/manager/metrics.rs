@@ -334,6 +334,17 @@ const DEPLOYMENTS: KindMetrics<MachineDeployment> = KindMetrics {
             |d| i64::from(d.spec.revision_history_limit.unwrap_or(0)),
         ),
         (
+            "mcm_machine_deployment_info_spec_rollback_to_revision",
+            "Information of the Machinedeployments spec rollback to revision.",
+            |d| {
+                d.spec
+                    .rollback_to
+                    .as_ref()
+                    .and_then(|r| r.revision)
+                    .unwrap_or(0)
+            },
+        ),
+        (
             "mcm_machine_deployment_info_spec_progress_deadline_seconds",
             "Information of the Machinedeployments spec deadline seconds.",
             |d| i64::from(d.spec.progress_deadline_seconds.unwrap_or(0)),
