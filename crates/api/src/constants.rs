@@ -159,8 +159,18 @@ pub mod node_conditions {
     pub const READY: &str = "Ready";
     /// Condition tracking an in-place update of the Node.
     pub const IN_PLACE_UPDATE: &str = "InPlaceUpdate";
-    /// Condition showing that the Node is preserved.
-    pub const NODE_PRESERVED: &str = "NodePreserved";
+    /// Condition showing that the Node is preserved (upstream's type name).
+    pub const NODE_PRESERVED: &str = "Preserved";
+    /// Reason of [`NODE_PRESERVED`]: preserved automatically (`auto-preserved`).
+    pub const PRESERVED_BY_MCM: &str = "Preserved by MCM.";
+    /// Reason of [`NODE_PRESERVED`]: preserved by a user's annotation.
+    pub const PRESERVED_BY_USER: &str = "Preserved by user.";
+    /// Reason of [`NODE_PRESERVED`] `False`: preservation ended.
+    pub const PRESERVATION_STOPPED: &str = "Preservation stopped.";
+    /// Message prefix of [`NODE_PRESERVED`] when the Failed machine's node was drained.
+    pub const PRESERVED_NODE_DRAIN_SUCCESSFUL: &str = "Preserved node drained successfully.";
+    /// Message prefix of [`NODE_PRESERVED`] when the drain failed.
+    pub const PRESERVED_NODE_DRAIN_UNSUCCESSFUL: &str = "Preserved node could not be drained.";
     /// The default of `--node-conditions`: types that make a machine unhealthy when `True`.
     pub const DEFAULT_UNHEALTHY: &[&str] = &[
         KERNEL_DEADLOCK,

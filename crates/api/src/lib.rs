@@ -25,6 +25,7 @@ pub mod machine_class;
 pub mod machine_deployment;
 pub mod machine_set;
 pub mod owner;
+pub mod preservation;
 pub mod quantity;
 mod resource;
 mod schema;

@@ -159,4 +159,8 @@ pub struct MachineSetStatus {
     /// Number of failed machines of the set that are currently auto-preserved.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub auto_preserve_failed_machine_count: Option<i32>,
+    /// Number of machines of the set that are Failed and preserved (kept, not replaced, until
+    /// their `preserveExpiryTime`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preserved_failed_replicas: Option<i32>,
 }

@@ -127,6 +127,10 @@ pub struct MachineControllerOptions {
     /// deleted.
     #[arg(long, default_value = "2h", value_parser = go_duration)]
     pub machine_drain_timeout: Duration,
+    /// Duration for which a failed machine should be preserved if it has the appropriate
+    /// preserve annotation set (`spec.machinePreserveTimeout` overrides it per machine).
+    #[arg(long = "machine-preserve-timeout", default_value = "96h", value_parser = go_duration)]
+    pub machine_preserve_timeout: Duration,
     /// Timeout used while in-place updating a machine (accepted; in-place updates are not
     /// implemented).
     #[arg(long = "machine-inplace-update-timeout", default_value = "20m", value_parser = go_duration)]
