@@ -264,6 +264,7 @@ impl MachineControllerOptions {
                     drain_timeout: self.machine_drain_timeout,
                     max_evict_retries: self.machine_max_evict_retries,
                     bad_conditions: split_list(&self.node_conditions),
+                    preserve_timeout: self.machine_preserve_timeout,
                 },
                 pv_detach_timeout: self.machine_pv_detach_timeout,
                 pv_reattach_timeout: self.machine_pv_reattach_timeout,

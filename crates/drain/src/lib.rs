@@ -107,6 +107,11 @@ pub struct Options {
     pub parallelism: usize,
     /// Maps PersistentVolume specs to volume ids.
     pub driver: Arc<dyn Driver>,
+    /// Cordon the node first (the default). Without it a pass only checks that the node
+    /// exists: for a drain whose caller keeps new pods off the node by other means (a
+    /// preserved machine's `NoSchedule` taint), so that a user's cordon stays the user's.
+    /// Only [`drain_pass`] honours it.
+    pub cordon: bool,
     /// Called after every eviction a PodDisruptionBudget refused, with the block so far, so
     /// a caller can show a long block (e.g. on the Machine) while the drain keeps waiting.
     pub on_pdb_block: Option<PdbBlockHook>,
@@ -131,6 +136,7 @@ impl Options {
             force: false,
             parallelism: 10,
             driver,
+            cordon: true,
             on_pdb_block: None,
         }
     }
@@ -147,6 +153,7 @@ impl std::fmt::Debug for Options {
             .field("wait_for_reattach", &self.wait_for_reattach)
             .field("force", &self.force)
             .field("parallelism", &self.parallelism)
+            .field("cordon", &self.cordon)
             .finish_non_exhaustive()
     }
 }

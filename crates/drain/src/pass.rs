@@ -289,11 +289,17 @@ pub async fn drain_pass(
     };
     let nodes: Api<Node> = Api::all(client.clone());
     let known = stores.node(node_name);
-    let cordoned = match &known {
-        Some(node) => cordon::cordon_known(&nodes, node).await?,
-        None => cordon::cordon(&nodes, node_name).await?,
+    let present = match (&known, options.cordon) {
+        (Some(node), true) => cordon::cordon_known(&nodes, node).await?.is_some(),
+        (None, true) => cordon::cordon(&nodes, node_name).await?.is_some(),
+        (Some(_), false) => true,
+        (None, false) => nodes
+            .get_opt(node_name)
+            .await
+            .map_err(|e| DrainError::kube(format!("read node {node_name}"), e))?
+            .is_some(),
     };
-    if cordoned.is_none() {
+    if !present {
         report.state = Some(PassState::NodeGone);
         return Ok(report);
     }

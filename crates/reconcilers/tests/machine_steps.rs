@@ -133,6 +133,7 @@ fn config(ns: &str) -> MachineControllerConfig {
                 drain_timeout: Duration::from_secs(30),
                 max_evict_retries: 10,
                 bad_conditions: vec![],
+                preserve_timeout: Duration::from_secs(3600),
             },
             pv_detach_timeout: Duration::from_secs(5),
             pv_reattach_timeout: Duration::from_secs(5),

@@ -82,7 +82,11 @@ fn record_duration(ctx: &Ctx, m: &Machine, step: Timed, took: Duration) {
     }
 }
 
-async fn patch_status(ctx: &Ctx, m: &Machine, patch: serde_json::Value) -> Result<(), Error> {
+pub(crate) async fn patch_status(
+    ctx: &Ctx,
+    m: &Machine,
+    patch: serde_json::Value,
+) -> Result<(), Error> {
     machine_api(ctx)
         .patch_status(&name(m), &PatchParams::default(), &Patch::Merge(&patch))
         .await
@@ -572,7 +576,11 @@ pub async fn mark_pending(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
 
 /// The Node is Ready and healthy: Running (and the bootstrap token is no longer needed).
 pub async fn mark_running(ctx: &Ctx, m: &Machine, node: Option<&Node>) -> Result<Action, Error> {
-    let from_unknown = m.phase() == Some(&MachinePhase::Unknown);
+    // Unknown, or a preserved Failed machine whose node recovered.
+    let from_unknown = matches!(
+        m.phase(),
+        Some(MachinePhase::Unknown | MachinePhase::Failed)
+    );
     let joined_after = since(m.metadata.creation_timestamp.as_ref());
     let (kind, description) = if from_unknown {
         (
@@ -807,7 +815,7 @@ async fn clear_progress(ctx: &Ctx, m: &Machine, key: &str) -> Result<(), Error> 
     patch_machine(ctx, m, &patch, "clear the machine's progress record").await
 }
 
-async fn patch_machine(
+pub(crate) async fn patch_machine(
     ctx: &Ctx,
     m: &Machine,
     patch: &serde_json::Value,
@@ -863,7 +871,12 @@ pub struct PassPlan<'a> {
     pub pods_gone_for: Option<Duration>,
 }
 
-fn drain_options(ctx: &Ctx, m: &Machine, cfg: &MachineConfig, force: bool) -> mcm_drain::Options {
+pub(crate) fn drain_options(
+    ctx: &Ctx,
+    m: &Machine,
+    cfg: &MachineConfig,
+    force: bool,
+) -> mcm_drain::Options {
     let mut options = mcm_drain::Options::new(ctx.driver.clone());
     options.force = force;
     options.timeout = cfg.drain_timeout;

@@ -145,6 +145,9 @@ pub struct Observed {
     /// `vm-requested` progress annotation). Without either, the Machine never asked for a
     /// VM and is deleted without touching the driver (or needing its class).
     pub vm_requested: bool,
+    /// The machine is preserved (`preserveExpiryTime` set): a Failed one whose node is
+    /// healthy again goes back to Running.
+    pub preserved: bool,
     /// What deletion has done so far (only meaningful while deleting).
     pub deletion: DeletionFacts,
 }
@@ -359,6 +362,11 @@ fn lifecycle_step(o: &Observed, cfg: &MachineConfig, now: Timestamp) -> Step {
                 remaining: Some(cfg.health_timeout - in_phase),
             },
         },
+        // A preserved Failed machine recovers when its node is healthy again.
+        Some(MachinePhase::Failed) if o.preserved => match &o.node {
+            Some(n) if n.healthy() => Step::MarkRunning,
+            _ => Step::Nothing,
+        },
         // Failed machines are replaced by their MachineSet; Terminating without a deletion
         // timestamp and in-place phases are not ours to change here.
         Some(_) => Step::Nothing,
@@ -514,6 +522,7 @@ mod tests {
             failure_protected: None,
             replacement_throttled: None,
             vm_requested: false,
+            preserved: false,
             deletion: DeletionFacts::default(),
         }
     }
@@ -524,6 +533,7 @@ mod tests {
             provider_id: Some("local:///m".into()),
             node_name: Some("m".into()),
             vm_requested: true,
+            preserved: false,
             ..fresh()
         }
     }
@@ -1021,5 +1031,16 @@ mod tests {
         for (name, o, minute, want) in cases {
             assert_eq!(next_step(&o, &cfg(), at(minute)), want, "{name}");
         }
+    }
+
+    #[test]
+    fn a_preserved_failed_machine_runs_again_when_its_node_recovers() {
+        let mut o = with_vm(MachinePhase::Failed);
+        o.node = healthy();
+        assert_eq!(next_step(&o, &cfg(), at(1)), Step::Nothing, "not preserved");
+        o.preserved = true;
+        assert_eq!(next_step(&o, &cfg(), at(1)), Step::MarkRunning);
+        o.node = not_ready(0);
+        assert_eq!(next_step(&o, &cfg(), at(1)), Step::Nothing);
     }
 }

@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod nodetemplate;
 pub mod observe;
 pub mod policy;
+pub mod preserve;
 pub mod reconcile;
 pub mod settings;
 pub mod status;

@@ -22,6 +22,8 @@ pub struct Defaults {
     pub max_evict_retries: i32,
     /// `--node-conditions`
     pub bad_conditions: Vec<String>,
+    /// `--machine-preserve-timeout`
+    pub preserve_timeout: Duration,
 }
 
 /// The effective configuration of one machine: its `spec` overrides the defaults.
@@ -224,6 +226,7 @@ pub fn observe(machine: &Machine, cfg: &MachineConfig, ctx: Context<'_>) -> Obse
         failure_protected: ctx.failure_protected.map(String::from),
         replacement_throttled: ctx.replacement_throttled.map(String::from),
         vm_requested: vm_requested(machine),
+        preserved: mcm_api::preservation::expiry(machine).is_some(),
         deletion: DeletionFacts {
             drain_started: progress(machine, annotations::progress::DRAIN_STARTED),
             pods_drained: progress(machine, annotations::progress::PODS_DRAINED),
@@ -239,10 +242,10 @@ pub fn observe(machine: &Machine, cfg: &MachineConfig, ctx: Context<'_>) -> Obse
 /// protection.
 pub fn is_being_replaced(machine: &Machine) -> bool {
     machine.metadata.deletion_timestamp.is_some()
-        || matches!(
-            machine.phase(),
-            Some(MachinePhase::Failed) | Some(MachinePhase::Terminating)
-        )
+        || machine.phase() == Some(&MachinePhase::Terminating)
+        // A preserved Failed machine is kept, not replaced (upstream's rule).
+        || (machine.phase() == Some(&MachinePhase::Failed)
+            && mcm_api::preservation::expiry(machine).is_none())
 }
 
 #[cfg(test)]
@@ -258,6 +261,7 @@ mod tests {
             drain_timeout: Duration::from_secs(7200),
             max_evict_retries: 10,
             bad_conditions: split_list("KernelDeadlock,ReadonlyFilesystem"),
+            preserve_timeout: Duration::from_secs(96 * 3600),
         }
     }
 

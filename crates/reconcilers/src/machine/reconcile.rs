@@ -8,7 +8,7 @@ use kube::runtime::controller::Action;
 use mcm_api::{Machine, MachinePhase};
 
 use super::decide::{self, ClassProblem, Step};
-use super::{Ctx, Error, act, observe};
+use super::{Ctx, Error, act, observe, preserve};
 
 /// One reconcile of a Machine: observe, decide, act.
 pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Action, Error> {
@@ -55,6 +55,27 @@ async fn reconcile_once(m: &Machine, ctx: &Ctx) -> Result<Action, Error> {
     let node = observe::node_name(m)
         .and_then(|n| ctx.node(n))
         .filter(|n| !observe::node_not_managed(n));
+    // Preservation's step comes before the lifecycle's (one of them per reconcile; both
+    // converge). Not while frozen: the API servers may be unreachable.
+    if !ctx.freeze.is_frozen() {
+        let health = node
+            .as_deref()
+            .map(|n| observe::node_health(n, &cfg.bad_conditions));
+        let facts = preserve::facts(
+            m,
+            node.as_deref(),
+            health.as_ref(),
+            &cfg,
+            ctx.settings.defaults.preserve_timeout,
+        );
+        let step = preserve::next(&facts, Timestamp::now());
+        if step != preserve::PreserveStep::Nothing {
+            tracing::debug!(?step, "preservation step");
+        }
+        if let Some(result) = preserve::run(ctx, m, &cfg, node.as_deref(), step).await {
+            return result;
+        }
+    }
     let protection = ctx.failure_protection(m);
     let deleting = m.metadata.deletion_timestamp.is_some();
     // The replacement budget is counted only where a failure can be decided.

@@ -657,6 +657,7 @@ pub fn desired_status(
         last_operation: prev.last_operation,
         failed_machines: (!counts.failed.is_empty()).then(|| counts.failed.clone()),
         auto_preserve_failed_machine_count: prev.auto_preserve_failed_machine_count,
+        preserved_failed_replicas: prev.preserved_failed_replicas,
     }
 }
 

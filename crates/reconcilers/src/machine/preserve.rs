@@ -1,0 +1,818 @@
+//! Machine preservation in the machine controller (upstream's `manageMachinePreservation`):
+//! a machine whose preserve value asks for it gets a `preserveExpiryTime`; its Node gets the
+//! cluster-autoscaler's scale-down-disabled annotations and the `Preserved` condition, and,
+//! once the machine is Failed, the `node.machine.sapcloud.io/preserved:NoSchedule` taint and a
+//! drain that leaves DaemonSet pods (the node is not cordoned: a user's cordon stays the
+//! user's). Preservation stops when the value is withdrawn, when the expiry passes, when a
+//! `when-failed` or `auto-preserved` machine recovers; the MachineSet replaces a Failed machine
+//! only once it is no longer preserved.
+//!
+//! [`next`] decides one step from the Machine and its Node (pure); [`run`] carries it out.
+//! Each reconcile runs at most one preservation step before the lifecycle step, so both
+//! converge side by side.
+
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::{Node, NodeCondition, Taint};
+use kube::api::Api;
+use kube::runtime::controller::Action;
+use kube::{Resource, ResourceExt};
+use mcm_api::constants::{annotations, node_conditions, taints};
+use mcm_api::preservation::{self, Effective, PreserveValue};
+use mcm_api::{Machine, MachinePhase};
+use serde_json::{Value, json};
+
+use super::decide::{FORCE_DRAIN_NOT_READY_AFTER, MachineConfig, NodeHealth};
+use super::{Ctx, Error};
+use crate::kube_api::{self, Part};
+
+/// How soon a reconcile comes back after a preservation step (the next step, or the next
+/// drain pass).
+const NEXT_STEP: Duration = Duration::from_secs(2);
+
+/// What preservation does next.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PreserveStep {
+    /// Nothing (not preserved, or everything is in place).
+    Nothing,
+    /// The Node carries a preserve value upstream does not allow: nothing is changed.
+    InvalidNodeValue(String),
+    /// Start: record `preserveExpiryTime`.
+    Start {
+        /// The expiry (now + the effective preserve timeout).
+        until: Timestamp,
+        /// The value that asked for it.
+        value: PreserveValue,
+    },
+    /// Bring the Node in line with a preservation in progress.
+    Node(NodeWork),
+    /// The machine recovered while preserved with `now`: the preserved taint goes, the
+    /// preservation stays.
+    Untaint,
+    /// Stop: condition `False`, autoscaler annotations and taint removed, expiry cleared;
+    /// with `remove_annotations` the preserve annotations of Machine and Node go too.
+    Stop {
+        /// Also remove the preserve annotations (expiry, or an `auto-preserved` machine that
+        /// recovered).
+        remove_annotations: bool,
+        /// Why, for the Event.
+        why: &'static str,
+    },
+    /// The Node's value was applied: the Machine records it and drops its own value.
+    SyncFromNode {
+        /// The Node's value (empty when the Node's annotation was removed).
+        node_value: String,
+    },
+}
+
+/// What the Node of a preserved machine still needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NodeWork {
+    /// The value in effect.
+    pub value: PreserveValue,
+    /// Add the cluster-autoscaler scale-down-disabled annotations.
+    pub annotate: bool,
+    /// The machine is Failed and its node not drained yet: taint and drain.
+    pub drain: bool,
+    /// Force the drain (delete pods): the node has been NotReady for 5 minutes or the drain
+    /// timeout since the failure passed.
+    pub force: bool,
+    /// The node is unreachable: pods whose deletion was requested are not waited for.
+    pub unreachable: bool,
+    /// Until when (for the condition's message).
+    pub until: Timestamp,
+}
+
+/// The facts [`next`] decides from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Facts<'a> {
+    /// The machine is being deleted (preservation never holds a deletion).
+    pub deleting: bool,
+    /// Its phase.
+    pub phase: Option<&'a MachinePhase>,
+    /// When the phase began.
+    pub phase_since: Timestamp,
+    /// `preserveExpiryTime`.
+    pub expiry: Option<Timestamp>,
+    /// The preserve annotations of Machine and Node.
+    pub annotations: preservation::Annotations<'a>,
+    /// The Node, when the machine has one.
+    pub node: Option<&'a Node>,
+    /// The Node's health.
+    pub health: Option<&'a NodeHealth>,
+    /// The effective preserve timeout.
+    pub timeout: Duration,
+    /// The effective drain timeout.
+    pub drain_timeout: Duration,
+}
+
+/// Decides the next preservation step. Pure.
+pub fn next(f: &Facts<'_>, now: Timestamp) -> PreserveStep {
+    let a = &f.annotations;
+    let bound = f.expiry.is_some()
+        || a.node.is_some()
+        || a.machine.is_some()
+        || a.last_applied_node.is_some_and(|v| !v.is_empty());
+    if f.deleting || !bound {
+        return PreserveStep::Nothing;
+    }
+    let expired = f.expiry.is_some_and(|t| t <= now);
+    let failed = f.phase == Some(&MachinePhase::Failed);
+    let step = match preservation::effective(a) {
+        Effective::InvalidOnNode(v) => return PreserveStep::InvalidNodeValue(v),
+        Effective::Unset | Effective::Value(PreserveValue::False) => stop(f, false, "withdrawn"),
+        Effective::Value(PreserveValue::WhenFailed) if expired => stop(f, true, "expired"),
+        Effective::Value(PreserveValue::WhenFailed) if !failed => {
+            stop(f, false, "the machine is no longer Failed")
+        }
+        Effective::Value(PreserveValue::Now) if expired => stop(f, true, "expired"),
+        Effective::Value(PreserveValue::AutoPreserved) if expired => stop(f, true, "expired"),
+        Effective::Value(PreserveValue::AutoPreserved) if !failed => {
+            stop(f, true, "the machine is no longer Failed")
+        }
+        Effective::Value(value) => preserve(f, value, now),
+    };
+    if step != PreserveStep::Nothing {
+        return step;
+    }
+    sync_from_node(a)
+}
+
+fn stop(f: &Facts<'_>, remove_annotations: bool, why: &'static str) -> PreserveStep {
+    if f.expiry.is_none() {
+        return PreserveStep::Nothing;
+    }
+    PreserveStep::Stop {
+        remove_annotations,
+        why,
+    }
+}
+
+fn preserve(f: &Facts<'_>, value: PreserveValue, now: Timestamp) -> PreserveStep {
+    let Some(until) = f.expiry else {
+        let secs = i64::try_from(f.timeout.as_secs()).unwrap_or(i64::MAX / 4);
+        return PreserveStep::Start {
+            until: now
+                .saturating_add(jiff::SignedDuration::from_secs(secs))
+                .unwrap_or(Timestamp::MAX),
+            value,
+        };
+    };
+    let Some(node) = f.node else {
+        return PreserveStep::Nothing;
+    };
+    let failed = f.phase == Some(&MachinePhase::Failed);
+    if !failed && has_preserved_taint(node) {
+        return PreserveStep::Untaint;
+    }
+    let condition = preserved_condition(node);
+    let drained = condition.is_some_and(|c| {
+        c.message
+            .as_deref()
+            .is_some_and(|m| m.contains(node_conditions::PRESERVED_NODE_DRAIN_SUCCESSFUL))
+    });
+    let drain = failed && !drained;
+    let complete = condition.is_some_and(|c| c.status == "True");
+    if complete && !drain && !needs_autoscaler_annotation(node) {
+        return PreserveStep::Nothing;
+    }
+    let not_ready_long = f
+        .health
+        .and_then(|h| h.not_ready_since)
+        .is_some_and(|t| elapsed(t, now) >= FORCE_DRAIN_NOT_READY_AFTER);
+    PreserveStep::Node(NodeWork {
+        value,
+        annotate: needs_autoscaler_annotation(node),
+        drain,
+        force: drain && (not_ready_long || elapsed(f.phase_since, now) >= f.drain_timeout),
+        unreachable: f.health.is_some_and(|h| h.unreachable),
+        until,
+    })
+}
+
+/// Upstream's `shouldAnnotationsBeUpdatedOnMachine`: once the Node has (or had) a value, the
+/// Machine records the Node's value and drops its own.
+fn sync_from_node(a: &preservation::Annotations<'_>) -> PreserveStep {
+    let node = a.node.unwrap_or("");
+    let last = a.last_applied_node.unwrap_or("");
+    if a.node.is_none() && last.is_empty() {
+        return PreserveStep::Nothing;
+    }
+    if node == last && a.machine.is_none() {
+        return PreserveStep::Nothing;
+    }
+    PreserveStep::SyncFromNode {
+        node_value: node.to_string(),
+    }
+}
+
+fn elapsed(since: Timestamp, now: Timestamp) -> Duration {
+    now.duration_since(since)
+        .try_into()
+        .unwrap_or(Duration::ZERO)
+}
+
+/// The Node's `Preserved` condition.
+pub fn preserved_condition(node: &Node) -> Option<&NodeCondition> {
+    super::observe::node_conditions_of(node)
+        .iter()
+        .find(|c| c.type_ == node_conditions::NODE_PRESERVED)
+}
+
+/// The Node carries the preserved taint.
+pub fn has_preserved_taint(node: &Node) -> bool {
+    taints_of(node)
+        .iter()
+        .any(|t| t.key == taints::NODE_PRESERVED)
+}
+
+fn taints_of(node: &Node) -> &[Taint] {
+    node.spec
+        .as_ref()
+        .and_then(|s| s.taints.as_deref())
+        .unwrap_or(&[])
+}
+
+fn needs_autoscaler_annotation(node: &Node) -> bool {
+    !node
+        .annotations()
+        .contains_key(annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED)
+}
+
+/// The `Preserved` condition a node of a preservation in progress shows: `True` with the
+/// expiry, and for a Failed machine whether its drain succeeded (`False` when it failed).
+pub fn condition_for(
+    value: PreserveValue,
+    failed: bool,
+    drain_failed: bool,
+    until: Timestamp,
+) -> (bool, String, String) {
+    let reason = if value == PreserveValue::AutoPreserved {
+        node_conditions::PRESERVED_BY_MCM
+    } else {
+        node_conditions::PRESERVED_BY_USER
+    };
+    let until = format!("Machine preserved until {until}.");
+    let (status, message) = match (failed, drain_failed) {
+        (true, false) => (
+            true,
+            format!(
+                "{} {until}",
+                node_conditions::PRESERVED_NODE_DRAIN_SUCCESSFUL
+            ),
+        ),
+        (true, true) => (
+            false,
+            format!(
+                "{} {until}",
+                node_conditions::PRESERVED_NODE_DRAIN_UNSUCCESSFUL
+            ),
+        ),
+        (false, _) => (true, until),
+    };
+    (status, reason.to_string(), message)
+}
+
+/// The facts of `m` for [`next`].
+pub fn facts<'a>(
+    m: &'a Machine,
+    node: Option<&'a Node>,
+    health: Option<&'a NodeHealth>,
+    cfg: &MachineConfig,
+    default_timeout: Duration,
+) -> Facts<'a> {
+    let node_value = node.and_then(|n| {
+        n.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(annotations::PRESERVE))
+            .map(String::as_str)
+    });
+    Facts {
+        deleting: m.metadata.deletion_timestamp.is_some(),
+        phase: m.phase(),
+        phase_since: super::observe::phase_since(m),
+        expiry: preservation::expiry(m),
+        annotations: preservation::Annotations::of(m, node_value),
+        node,
+        health,
+        timeout: m
+            .spec
+            .configuration
+            .machine_preserve_timeout
+            .map(|g| g.0)
+            .unwrap_or(default_timeout),
+        drain_timeout: cfg.drain_timeout,
+    }
+}
+
+/// Carries out a preservation step; `None` for [`PreserveStep::Nothing`] (the lifecycle
+/// step goes on).
+pub async fn run(
+    ctx: &Ctx,
+    m: &Machine,
+    cfg: &MachineConfig,
+    node: Option<&Node>,
+    step: PreserveStep,
+) -> Option<Result<Action, Error>> {
+    let result = match step {
+        PreserveStep::Nothing => return None,
+        PreserveStep::InvalidNodeValue(value) => {
+            invalid_node_value(ctx, m, &value).await;
+            return None;
+        }
+        PreserveStep::Start { until, value } => start(ctx, m, until, value).await,
+        PreserveStep::Node(work) => match node {
+            Some(node) => {
+                return Some(
+                    node_work(ctx, m, cfg, node, &work)
+                        .await
+                        .map(Action::requeue),
+                );
+            }
+            None => Ok(()),
+        },
+        PreserveStep::Untaint => match node {
+            Some(node) => remove_taint(ctx, node).await,
+            None => Ok(()),
+        },
+        PreserveStep::Stop {
+            remove_annotations,
+            why,
+        } => stop_preservation(ctx, m, node, remove_annotations, why).await,
+        PreserveStep::SyncFromNode { node_value } => {
+            let patch = json!({"metadata": {"annotations": {
+                annotations::PRESERVE: null,
+                annotations::LAST_APPLIED_NODE_PRESERVE_VALUE: node_value,
+            }}});
+            super::act::patch_machine(ctx, m, &patch, "record the node's preserve value").await
+        }
+    };
+    Some(result.map(|()| Action::requeue(NEXT_STEP)))
+}
+
+async fn invalid_node_value(ctx: &Ctx, m: &Machine, value: &str) {
+    let note = format!(
+        "annotation {}={value:?} on node {} is not one of now, when-failed, auto-preserved, \
+         false: preservation is left as it is",
+        annotations::PRESERVE,
+        m.node_name().unwrap_or_default()
+    );
+    ctx.events
+        .warning(&m.object_ref(&()), "InvalidPreserveValue", "Preserve", note)
+        .await;
+}
+
+async fn start(
+    ctx: &Ctx,
+    m: &Machine,
+    until: Timestamp,
+    value: PreserveValue,
+) -> Result<(), Error> {
+    let patch = json!({"status": {"currentStatus": {"preserveExpiryTime": until.to_string()}}});
+    super::act::patch_status(ctx, m, patch).await?;
+    let note = format!(
+        "preserved until {until} ({}={})",
+        annotations::PRESERVE,
+        value.as_str()
+    );
+    ctx.events
+        .normal(&m.object_ref(&()), "Preserved", "Preserve", note)
+        .await;
+    Ok(())
+}
+
+fn nodes(ctx: &Ctx) -> Api<Node> {
+    Api::all(ctx.target.clone())
+}
+
+async fn patch_node(ctx: &Ctx, node: &str, part: Part, patch: &Value) -> Result<(), Error> {
+    // A node gone meanwhile needs nothing.
+    let _ = kube_api::merge_patch(&nodes(ctx), part, node, patch)
+        .await
+        .map_err(|e| Error::kube("update the preserved node", e))?;
+    Ok(())
+}
+
+/// The Node's part of a preservation in progress; returns when to come back (the next drain
+/// pass, or later after a failed or blocked one).
+async fn node_work(
+    ctx: &Ctx,
+    m: &Machine,
+    cfg: &MachineConfig,
+    node: &Node,
+    work: &NodeWork,
+) -> Result<Duration, Error> {
+    let name = node.name_any();
+    if work.annotate {
+        let v = annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED_VALUE;
+        let patch = json!({"metadata": {"annotations": {
+            annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED: v,
+            annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED_BY_MCM: v,
+        }}});
+        patch_node(ctx, &name, Part::Object, &patch).await?;
+    }
+    let failed = m.phase() == Some(&MachinePhase::Failed);
+    let mut drain_failed = false;
+    if work.drain {
+        if !has_preserved_taint(node) {
+            let mut list = taints_of(node).to_vec();
+            list.push(Taint {
+                key: taints::NODE_PRESERVED.into(),
+                value: None,
+                effect: "NoSchedule".into(),
+                time_added: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    Timestamp::now(),
+                )),
+            });
+            let patch = json!({
+                "metadata": {"resourceVersion": node.resource_version()},
+                "spec": {"taints": list},
+            });
+            patch_node(ctx, &name, Part::Object, &patch).await?;
+        }
+        let mut options = super::act::drain_options(ctx, m, cfg, work.force);
+        options.cordon = false;
+        let input = mcm_drain::PassInput {
+            elapsed: Duration::ZERO,
+            pods_gone_for: None,
+            unreachable: work.unreachable,
+        };
+        let report = mcm_drain::drain_pass(
+            ctx.target.clone(),
+            &name,
+            &options,
+            &input,
+            &ctx.drain_stores,
+        )
+        .await
+        .map_err(Error::Drain)?;
+        match report.state() {
+            // Volumes are not waited for: the VM stays.
+            mcm_drain::PassState::Done
+            | mcm_drain::PassState::Volumes
+            | mcm_drain::PassState::NodeGone => {}
+            mcm_drain::PassState::Pods => {
+                if report.failed.is_empty() && report.misconfigured.is_empty() {
+                    // In progress: the next pass comes back (after the retry interval when a
+                    // PodDisruptionBudget refused an eviction).
+                    if report.blocked.is_empty() {
+                        return Ok(NEXT_STEP);
+                    }
+                    return Ok(ctx.settings.eviction_retry_interval);
+                }
+                drain_failed = true;
+            }
+        }
+    }
+    write_condition(
+        ctx,
+        node,
+        condition_for(work.value, failed, drain_failed, work.until),
+    )
+    .await?;
+    Ok(if drain_failed {
+        ctx.settings.eviction_retry_interval
+    } else {
+        NEXT_STEP
+    })
+}
+
+async fn write_condition(
+    ctx: &Ctx,
+    node: &Node,
+    (status, reason, message): (bool, String, String),
+) -> Result<(), Error> {
+    let status = if status { "True" } else { "False" };
+    let existing = preserved_condition(node);
+    if existing.is_some_and(|c| {
+        c.status == status
+            && c.reason.as_deref() == Some(reason.as_str())
+            && c.message.as_deref() == Some(message.as_str())
+    }) {
+        return Ok(());
+    }
+    let now = Timestamp::now().to_string();
+    let transition = match existing {
+        Some(c) if c.status == status => c
+            .last_transition_time
+            .as_ref()
+            .map_or(now.clone(), |t| t.0.to_string()),
+        _ => now.clone(),
+    };
+    let mut conditions: Vec<Value> = super::observe::node_conditions_of(node)
+        .iter()
+        .filter(|c| c.type_ != node_conditions::NODE_PRESERVED)
+        .map(|c| serde_json::to_value(c).unwrap_or_default())
+        .collect();
+    conditions.push(json!({
+        "type": node_conditions::NODE_PRESERVED,
+        "status": status,
+        "reason": reason,
+        "message": message,
+        "lastHeartbeatTime": now,
+        "lastTransitionTime": transition,
+    }));
+    let patch = json!({ "status": { "conditions": conditions } });
+    patch_node(ctx, &node.name_any(), Part::Status, &patch).await
+}
+
+async fn remove_taint(ctx: &Ctx, node: &Node) -> Result<(), Error> {
+    if !has_preserved_taint(node) {
+        return Ok(());
+    }
+    let kept: Vec<&Taint> = taints_of(node)
+        .iter()
+        .filter(|t| t.key != taints::NODE_PRESERVED)
+        .collect();
+    let patch = json!({
+        "metadata": {"resourceVersion": node.resource_version()},
+        "spec": {"taints": kept},
+    });
+    patch_node(ctx, &node.name_any(), Part::Object, &patch).await
+}
+
+async fn stop_preservation(
+    ctx: &Ctx,
+    m: &Machine,
+    node: Option<&Node>,
+    remove_annotations: bool,
+    why: &str,
+) -> Result<(), Error> {
+    if let Some(node) = node {
+        write_condition(
+            ctx,
+            node,
+            (
+                false,
+                node_conditions::PRESERVATION_STOPPED.to_string(),
+                String::new(),
+            ),
+        )
+        .await?;
+        let anns = node.annotations();
+        let mut remove = serde_json::Map::new();
+        if anns.contains_key(annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED_BY_MCM) {
+            remove.insert(
+                annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED.into(),
+                Value::Null,
+            );
+            remove.insert(
+                annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED_BY_MCM.into(),
+                Value::Null,
+            );
+        }
+        if remove_annotations && anns.contains_key(annotations::PRESERVE) {
+            remove.insert(annotations::PRESERVE.into(), Value::Null);
+        }
+        if !remove.is_empty() {
+            let patch = json!({"metadata": {"annotations": remove}});
+            patch_node(ctx, &node.name_any(), Part::Object, &patch).await?;
+        }
+        remove_taint(ctx, node).await?;
+    }
+    if remove_annotations {
+        let patch = json!({"metadata": {"annotations": {
+            annotations::PRESERVE: null,
+            annotations::LAST_APPLIED_NODE_PRESERVE_VALUE: null,
+        }}});
+        super::act::patch_machine(ctx, m, &patch, "remove the preserve annotations").await?;
+    }
+    let patch = json!({"status": {"currentStatus": {"preserveExpiryTime": null}}});
+    super::act::patch_status(ctx, m, patch).await?;
+    ctx.events
+        .normal(
+            &m.object_ref(&()),
+            "PreservationStopped",
+            "Preserve",
+            format!("preservation stopped: {why}"),
+        )
+        .await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: &str) -> Timestamp {
+        s.parse().unwrap()
+    }
+
+    const NOW: &str = "2026-01-01T12:00:00Z";
+
+    fn node(cond: Option<(&str, &str)>, tainted: bool, annotated: bool) -> Node {
+        let mut n: Node = serde_json::from_value(json!({"metadata": {"name": "n"}})).unwrap();
+        if let Some((status, message)) = cond {
+            n.status = Some(k8s_openapi::api::core::v1::NodeStatus {
+                conditions: Some(vec![NodeCondition {
+                    type_: node_conditions::NODE_PRESERVED.into(),
+                    status: status.into(),
+                    message: Some(message.into()),
+                    ..NodeCondition::default()
+                }]),
+                ..Default::default()
+            });
+        }
+        if tainted {
+            n.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
+                taints: Some(vec![Taint {
+                    key: taints::NODE_PRESERVED.into(),
+                    effect: "NoSchedule".into(),
+                    ..Taint::default()
+                }]),
+                ..Default::default()
+            });
+        }
+        if annotated {
+            n.metadata.annotations = Some(
+                [(
+                    annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED.to_string(),
+                    "true".to_string(),
+                )]
+                .into(),
+            );
+        }
+        n
+    }
+
+    fn facts<'a>(
+        phase: &'a MachinePhase,
+        expiry: Option<&str>,
+        machine: Option<&'a str>,
+        node: Option<&'a Node>,
+    ) -> Facts<'a> {
+        Facts {
+            deleting: false,
+            phase: Some(phase),
+            phase_since: t("2026-01-01T11:59:00Z"),
+            expiry: expiry.map(t),
+            annotations: preservation::Annotations {
+                machine,
+                node: None,
+                last_applied_node: None,
+            },
+            node,
+            health: None,
+            timeout: Duration::from_secs(3600),
+            drain_timeout: Duration::from_secs(7200),
+        }
+    }
+
+    #[test]
+    fn a_value_starts_preservation_with_the_timeout() {
+        let running = MachinePhase::Running;
+        let failed = MachinePhase::Failed;
+        assert_eq!(
+            next(&facts(&running, None, Some("now"), None), t(NOW)),
+            PreserveStep::Start {
+                until: t("2026-01-01T13:00:00Z"),
+                value: PreserveValue::Now
+            }
+        );
+        // when-failed waits for the failure; auto-preserved only ever comes on Failed ones.
+        assert_eq!(
+            next(&facts(&running, None, Some("when-failed"), None), t(NOW)),
+            PreserveStep::Nothing
+        );
+        assert!(matches!(
+            next(&facts(&failed, None, Some("when-failed"), None), t(NOW)),
+            PreserveStep::Start { .. }
+        ));
+        assert_eq!(
+            next(&facts(&running, None, None, None), t(NOW)),
+            PreserveStep::Nothing
+        );
+    }
+
+    #[test]
+    fn a_failed_preserved_machine_gets_its_node_tainted_and_drained() {
+        let failed = MachinePhase::Failed;
+        let until = Some("2026-01-02T00:00:00Z");
+        let n = node(None, false, false);
+        let PreserveStep::Node(work) = next(&facts(&failed, until, Some("now"), Some(&n)), t(NOW))
+        else {
+            panic!("node work expected");
+        };
+        assert!(work.drain && work.annotate && !work.force);
+        // Drained and annotated: nothing more.
+        let msg = format!(
+            "{} Machine preserved until x.",
+            node_conditions::PRESERVED_NODE_DRAIN_SUCCESSFUL
+        );
+        let n = node(Some(("True", &msg)), true, true);
+        assert_eq!(
+            next(&facts(&failed, until, Some("now"), Some(&n)), t(NOW)),
+            PreserveStep::Nothing
+        );
+        // A Running preserved machine: annotations and condition, no drain.
+        let running = MachinePhase::Running;
+        let n = node(None, false, false);
+        let PreserveStep::Node(work) = next(&facts(&running, until, Some("now"), Some(&n)), t(NOW))
+        else {
+            panic!("node work expected");
+        };
+        assert!(!work.drain && work.annotate);
+        // Recovered with `now`: the taint goes, the preservation stays.
+        let n = node(Some(("True", &msg)), true, true);
+        assert_eq!(
+            next(&facts(&running, until, Some("now"), Some(&n)), t(NOW)),
+            PreserveStep::Untaint
+        );
+    }
+
+    #[test]
+    fn preservation_stops_on_expiry_withdrawal_and_recovery() {
+        let failed = MachinePhase::Failed;
+        let running = MachinePhase::Running;
+        let past = Some("2026-01-01T11:00:00Z");
+        let future = Some("2026-01-02T00:00:00Z");
+        let stop = |remove| PreserveStep::Stop {
+            remove_annotations: remove,
+            why: "",
+        };
+        let same = |a: PreserveStep, b: PreserveStep| match (a, b) {
+            (
+                PreserveStep::Stop {
+                    remove_annotations: x,
+                    ..
+                },
+                PreserveStep::Stop {
+                    remove_annotations: y,
+                    ..
+                },
+            ) => x == y,
+            (a, b) => a == b,
+        };
+        assert!(same(
+            next(&facts(&failed, past, Some("now"), None), t(NOW)),
+            stop(true)
+        ));
+        assert!(same(
+            next(&facts(&failed, future, Some("false"), None), t(NOW)),
+            stop(false)
+        ));
+        assert!(same(
+            next(&facts(&failed, future, None, None), t(NOW)),
+            stop(false)
+        ));
+        assert!(same(
+            next(&facts(&running, future, Some("when-failed"), None), t(NOW)),
+            stop(false)
+        ));
+        assert!(same(
+            next(
+                &facts(&running, future, Some("auto-preserved"), None),
+                t(NOW)
+            ),
+            stop(true)
+        ));
+        // Being deleted: never in the way.
+        let mut f = facts(&failed, future, Some("now"), None);
+        f.deleting = true;
+        assert_eq!(next(&f, t(NOW)), PreserveStep::Nothing);
+    }
+
+    #[test]
+    fn the_nodes_value_is_recorded_on_the_machine() {
+        let running = MachinePhase::Running;
+        let mut f = facts(&running, None, Some("now"), None);
+        f.annotations.node = Some("false");
+        assert_eq!(
+            next(&f, t(NOW)),
+            PreserveStep::SyncFromNode {
+                node_value: "false".into()
+            }
+        );
+        f.annotations.machine = None;
+        f.annotations.last_applied_node = Some("false");
+        assert_eq!(next(&f, t(NOW)), PreserveStep::Nothing);
+        // An invalid value on the Node: nothing changes.
+        f.annotations.node = Some("soon");
+        assert_eq!(
+            next(&f, t(NOW)),
+            PreserveStep::InvalidNodeValue("soon".into())
+        );
+    }
+
+    #[test]
+    fn the_condition_says_who_preserved_and_whether_the_drain_worked() {
+        let until = t("2026-01-02T00:00:00Z");
+        let (status, reason, message) =
+            condition_for(PreserveValue::AutoPreserved, true, false, until);
+        assert!(status);
+        assert_eq!(reason, "Preserved by MCM.");
+        assert_eq!(
+            message,
+            "Preserved node drained successfully. Machine preserved until 2026-01-02T00:00:00Z."
+        );
+        let (status, reason, message) = condition_for(PreserveValue::Now, true, true, until);
+        assert!(!status);
+        assert_eq!(reason, "Preserved by user.");
+        assert!(message.starts_with("Preserved node could not be drained."));
+        let (status, _, message) = condition_for(PreserveValue::Now, false, false, until);
+        assert!(status);
+        assert_eq!(message, "Machine preserved until 2026-01-02T00:00:00Z.");
+    }
+}
