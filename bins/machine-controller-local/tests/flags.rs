@@ -28,6 +28,8 @@ const GARDENER_FLAGS: &[&str] = &[
     "machine-health-timeout",
     "machine-drain-timeout",
     "machine-inplace-update-timeout",
+    "machine-preserve-timeout",
+    "resource-exhausted-retry",
     "machine-max-evict-retries",
     "machine-pv-detach-timeout",
     "machine-pv-reattach-timeout",
@@ -103,6 +105,24 @@ async fn an_invalid_duration_names_the_flag() {
     let msg = text(&out);
     assert!(msg.contains("--machine-drain-timeout"), "{msg}");
     assert!(msg.contains("soon"), "{msg}");
+}
+
+#[tokio::test]
+async fn no_target_cluster_needs_an_explicit_control_kubeconfig() {
+    let port = free_port().to_string();
+    let out = run(&[
+        "--target-kubeconfig=none",
+        "--leader-elect=false",
+        "--address=127.0.0.1",
+        &format!("--port={port}"),
+    ])
+    .await;
+    assert!(!out.status.success());
+    let msg = text(&out);
+    assert!(
+        msg.contains("--control-kubeconfig") && msg.contains("--target-kubeconfig=none"),
+        "{msg}"
+    );
 }
 
 #[tokio::test]

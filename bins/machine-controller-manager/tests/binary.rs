@@ -74,20 +74,39 @@ fn a_bad_kubeconfig_is_a_readable_error() {
 
 #[tokio::test]
 async fn the_process_reconciles_a_deployment_and_serves_its_endpoints() {
+    reconciles_a_deployment("mcm-bin", false).await;
+}
+
+/// `--target-kubeconfig=none`: the manager runs on the control cluster alone and never asks
+/// a target cluster.
+#[tokio::test]
+async fn the_process_runs_without_a_target_cluster() {
+    let metrics = reconciles_a_deployment("mcm-bin-none", true).await;
+    assert!(!metrics.contains("cluster=\"target\""), "{metrics}");
+}
+
+/// Runs the binary, creates a deployment, waits for its set and 2 machines, checks the
+/// endpoints; returns the metrics text.
+async fn reconciles_a_deployment(prefix: &str, no_target: bool) -> String {
     let TestNamespace { env, client, ns } = TestNamespace::new(
         Components {
             controller_manager: true,
             scheduler: false,
         },
-        "mcm-bin",
+        prefix,
     )
     .await;
     let kc = env.kubeconfig_path().display().to_string();
     let port = free_port();
+    let target = if no_target {
+        "none".to_string()
+    } else {
+        kc.clone()
+    };
     let _child = tokio::process::Command::new(BIN)
         .args([
             format!("--control-kubeconfig={kc}"),
-            format!("--target-kubeconfig={kc}"),
+            format!("--target-kubeconfig={target}"),
             format!("--namespace={ns}"),
             format!("--port={port}"),
             "--address=127.0.0.1".into(),
@@ -144,6 +163,7 @@ async fn the_process_reconciles_a_deployment_and_serves_its_endpoints() {
         );
         assert!(metrics.contains(&line), "no {line} in {metrics}");
     }
+    metrics
 }
 
 /// The manifests in deploy/ are accepted by a real API server (server-side dry run).

@@ -348,3 +348,58 @@ mod fence_tests {
         }
     }
 }
+
+/// The error of every request of [`no_target_client`].
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "there is no target cluster (--target-kubeconfig=none): {method} {path} needs one and was \
+     not sent"
+)]
+pub struct NoTargetCluster {
+    /// The request's method.
+    pub method: String,
+    /// The request's path.
+    pub path: String,
+}
+
+/// The service behind [`no_target_client`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoTarget;
+
+impl Service<http::Request<kube::client::Body>> for NoTarget {
+    type Response = http::Response<kube::client::Body>;
+    type Error = NoTargetCluster;
+    type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<kube::client::Body>) -> Self::Future {
+        std::future::ready(Err(NoTargetCluster {
+            method: req.method().to_string(),
+            path: req.uri().path().to_string(),
+        }))
+    }
+}
+
+/// The target client of `--target-kubeconfig=none`: every request fails with
+/// [`NoTargetCluster`]. The controllers do not use the target cluster in that mode; should a
+/// path still try, it fails with that message instead of reaching some other cluster.
+pub fn no_target_client() -> kube::Client {
+    kube::Client::new(NoTarget, "default")
+}
+
+#[cfg(test)]
+mod no_target_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn every_request_of_the_no_target_client_fails_clearly() {
+        let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(no_target_client());
+        let err = nodes.get("n").await.expect_err("no target cluster");
+        let text = format!("{err}: {:?}", std::error::Error::source(&err));
+        assert!(text.contains("--target-kubeconfig=none"), "{text}");
+        assert!(text.contains("/api/v1/nodes/n"), "{text}");
+    }
+}

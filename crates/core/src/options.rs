@@ -275,6 +275,7 @@ impl MachineControllerOptions {
                 eviction_retry_interval: self.machine_eviction_retry_interval,
                 drain_parallelism: self.machine_drain_parallelism.max(1),
                 resync: self.machine_resync_period,
+                target_cluster: self.common.target_kubeconfig != crate::clients::NONE,
             },
             safety: SafetySettings {
                 orphan_vms_period: self.machine_safety_orphan_vms_period,

@@ -109,21 +109,29 @@ pub fn shutdown_on_signals() -> CancellationToken {
 }
 
 /// Builds the control and target clients from the flags (`--control-kubeconfig` defaults to
-/// `--target-kubeconfig`).
+/// `--target-kubeconfig`); no target client for `--target-kubeconfig=none`, which needs an
+/// explicit `--control-kubeconfig` (upstream's rule).
 pub async fn clients(
     common: &CommonOptions,
-    target_required: bool,
 ) -> Result<(kube::Client, Option<kube::Client>), RunError> {
-    clients_counted(common, target_required, &ClientMetrics::default()).await
+    clients_counted(common, &ClientMetrics::default()).await
 }
 
 /// [`clients`] whose requests are counted in `metrics` (`cluster="control"|"target"`).
 pub async fn clients_counted(
     common: &CommonOptions,
-    target_required: bool,
     metrics: &ClientMetrics,
 ) -> Result<(kube::Client, Option<kube::Client>), RunError> {
     let target_flag = common.target_kubeconfig.as_str();
+    if target_flag == clients::NONE && common.control_kubeconfig.is_empty() {
+        return Err(RunError::Flag {
+            flag: "--control-kubeconfig",
+            reason: format!(
+                "cannot be empty if --target-kubeconfig={} is specified",
+                clients::NONE
+            ),
+        });
+    }
     let control_flag = if common.control_kubeconfig.is_empty() && target_flag != clients::NONE {
         target_flag
     } else {
@@ -147,12 +155,6 @@ pub async fn clients_counted(
             })?;
     let control = build(control_cfg, "control")?;
     if target_flag == clients::NONE {
-        if target_required {
-            return Err(RunError::Flag {
-                flag: "--target-kubeconfig",
-                reason: "the machine controller needs the target cluster; `none` is only valid for the manager".into(),
-            });
-        }
         return Ok((control, None));
     }
     let target_cfg =
@@ -307,11 +309,11 @@ pub async fn run_machine_controller_until(
 ) -> Result<(), RunError> {
     let mut registry = Registry::default();
     let client_metrics = ClientMetrics::register(&mut registry);
-    let (control, target) = clients_counted(&options.common, true, &client_metrics).await?;
-    let target = target.ok_or_else(|| RunError::Flag {
-        flag: "--target-kubeconfig",
-        reason: "required".into(),
-    })?;
+    let (control, target) = clients_counted(&options.common, &client_metrics).await?;
+    // `--target-kubeconfig=none`: machines are Available without Nodes, and nothing that
+    // needs a target cluster is watched or asked (a request would fail with that reason).
+    let target_cluster = target.is_some();
+    let target = target.unwrap_or_else(clients::no_target_client);
     let driver_metrics = DriverMetrics::register(&mut registry);
     let provider = provider_name(&options);
     let driver: Arc<dyn Driver> = Arc::new(Instrumented::new(driver, &provider, driver_metrics));
@@ -327,6 +329,7 @@ pub async fn run_machine_controller_until(
             .manager_config(&options.common.namespace, options.concurrent_syncs);
         // One set of reconcile metrics for both halves.
         config.reconciles = Some(reconciles.clone());
+        config.target_cluster = target_cluster;
         config
     });
     if run_machine {
@@ -353,7 +356,11 @@ pub async fn run_machine_controller_until(
         cancel.clone(),
         |work_cancel| async move {
             // One set of informers for both halves: one watch per kind in the process.
-            let mut informers = Informers::new(&control, &target, &namespace);
+            let mut informers = if target_cluster {
+                Informers::new(&control, &target, &namespace)
+            } else {
+                Informers::without_target(&control, &namespace)
+            };
             let manager = manager_config.map(|mc| {
                 let mut r = registry.lock().unwrap_or_else(|e| e.into_inner());
                 mcm_reconcilers::manager::prepare(
@@ -411,14 +418,14 @@ pub async fn run_manager_until(
 ) -> Result<(), RunError> {
     let mut registry = Registry::default();
     let client_metrics = ClientMetrics::register(&mut registry);
-    let (control, target) = clients_counted(&options.common, false, &client_metrics).await?;
-    let target = target.ok_or_else(|| RunError::Flag {
-        flag: "--target-kubeconfig",
-        reason: "`none` (no target cluster) is not supported yet: the manager taints and annotates the nodes of rolling deployments".into(),
-    })?;
-    let config = options
+    let (control, target) = clients_counted(&options.common, &client_metrics).await?;
+    let mut config = options
         .manager
         .manager_config(&options.common.namespace, options.concurrent_syncs);
+    // Without a target cluster the manager watches no Nodes; machines then have no `node`
+    // label, so the rollout markers and rollback untainting have nothing to do.
+    config.target_cluster = target.is_some();
+    let target = target.unwrap_or_else(clients::no_target_client);
     let readiness = Readiness {
         leader: Default::default(),
         synced: vec![config.ready.clone()],

@@ -48,6 +48,7 @@ where
     tap: DeletionTap<K>,
     synced: watch::Sender<bool>,
     wanted: bool,
+    disabled: bool,
     slim: fn(&mut K),
 }
 
@@ -91,6 +92,14 @@ where
         Self::with_api(kind, Api::all(client.clone()), watcher::Config::default())
     }
 
+    /// Never watched: the store stays empty and counts as synced, subscriptions never
+    /// deliver (the kind's cluster does not exist, e.g. `--target-kubeconfig=none`).
+    fn disabled(mut self) -> Self {
+        self.disabled = true;
+        self.synced.send_replace(true);
+        self
+    }
+
     /// What is dropped from each object before the store holds it (default:
     /// [`forget_managed_fields`]).
     fn slimmed_by(mut self, slim: fn(&mut K)) -> Self {
@@ -109,6 +118,7 @@ where
             writer: Some(writer),
             synced: watch::Sender::new(false),
             wanted: false,
+            disabled: false,
             slim: forget_managed_fields::<K>,
         }
     }
@@ -158,7 +168,7 @@ where
 
     /// Adds [`Informer::synced`] to `all` if the kind is watched.
     fn push_synced(&self, all: &mut Vec<BoxFuture<'static, ()>>) {
-        if self.wanted {
+        if self.wanted && !self.disabled {
             all.push(self.synced().boxed());
         }
     }
@@ -171,7 +181,7 @@ where
     /// The watch, feeding the store, the subscribers and the deletion tap; `None` when it
     /// was started already.
     fn watch(&mut self) -> Option<BoxFuture<'static, ()>> {
-        if !self.wanted {
+        if !self.wanted || self.disabled {
             return None;
         }
         let writer = self.writer.take()?;
@@ -279,6 +289,16 @@ impl Informers {
             nodes: Informer::cluster("Node", target).slimmed_by(slim_node),
             volume_attachments: Informer::cluster("VolumeAttachment", target),
         }
+    }
+
+    /// [`Informers::new`] for a process without a target cluster (`--target-kubeconfig=none`):
+    /// Nodes and VolumeAttachments are never watched, their stores stay empty and count as
+    /// synced. `control` only names the (unused) API of those kinds.
+    pub fn without_target(control: &Client, namespace: &str) -> Self {
+        let mut informers = Informers::new(control, control, namespace);
+        informers.nodes = Informer::cluster("Node", control).disabled();
+        informers.volume_attachments = Informer::cluster("VolumeAttachment", control).disabled();
+        informers
     }
 
     /// Starts the watch of every kind some controller asked for (and not started yet); they

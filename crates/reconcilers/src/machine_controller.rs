@@ -105,8 +105,12 @@ pub struct MachineSide {
 impl MachineSide {
     /// Runs the machine-controller side on informers of its own until `cancel` fires.
     pub async fn run(self, cancel: CancellationToken) {
-        let mut informers =
-            Informers::new(&self.control, &self.target, &self.config.machine.namespace);
+        let ns = &self.config.machine.namespace;
+        let mut informers = if self.config.machine.target_cluster {
+            Informers::new(&self.control, &self.target, ns)
+        } else {
+            Informers::without_target(&self.control, ns)
+        };
         let work = prepare(&mut informers, self, cancel.clone());
         informers.start(cancel);
         work.await

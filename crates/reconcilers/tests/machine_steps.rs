@@ -144,6 +144,7 @@ fn config(ns: &str) -> MachineControllerConfig {
             eviction_retry_interval: Duration::from_secs(1),
             drain_parallelism: 4,
             resync: Duration::from_secs(5),
+            target_cluster: true,
         },
         safety: SafetySettings {
             orphan_vms_period: Duration::from_secs(600),

@@ -378,13 +378,24 @@ pub async fn create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Ac
 async fn try_create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Action, Error> {
     let (class, mut secret) = class_and_secret(ctx, m).await?;
     let machine_name = name(m);
-    let token = ensure_bootstrap_token(ctx, m, cfg).await?;
+    // Without a target cluster there is no cluster to join: no bootstrap token, and its
+    // placeholder is left as it is (upstream's behaviour).
+    let token = if ctx.settings.target_cluster {
+        Some(ensure_bootstrap_token(ctx, m, cfg).await?)
+    } else {
+        None
+    };
     if let Some(user_data) = secret.get_str(USER_DATA_KEY) {
-        let first_attempt = super::observe::progress(m, progress::VM_REQUESTED).is_none();
-        if first_attempt && !token::has_token_placeholder(user_data) {
-            warn_no_token_placeholder(ctx, m, &class).await;
-        }
-        let rendered = token::render_user_data(user_data, &token, &machine_name);
+        let rendered = match &token {
+            Some(token) => {
+                let first_attempt = super::observe::progress(m, progress::VM_REQUESTED).is_none();
+                if first_attempt && !token::has_token_placeholder(user_data) {
+                    warn_no_token_placeholder(ctx, m, &class).await;
+                }
+                token::render_user_data(user_data, token, &machine_name)
+            }
+            None => token::render_machine_name(user_data, &machine_name),
+        };
         secret.0.insert(USER_DATA_KEY.into(), rendered.into_bytes());
     }
     // Recorded before any request to the cloud: from now on a VM may exist, even if this
@@ -394,10 +405,10 @@ async fn try_create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Ac
     let request_id = RequestId::generate();
     tracing::info!(%request_id, "looking for the machine's VM");
     let found = vm_status(ctx, m, &class, &secret, &request_id).await;
-    let (provider_id, node_name, adopted, last_known_state) = match found {
+    let (provider_id, node_name, adopted, last_known_state, addresses) = match found {
         Ok(s) => {
             record_vm_request(ctx, m, false).await?;
-            (s.provider_id, s.node_name, true, None)
+            (s.provider_id, s.node_name, true, None, s.addresses)
         }
         Err(e) if matches!(e.code, Code::NotFound | Code::Unimplemented) => {
             record_vm_request(ctx, m, first_request).await?;
@@ -431,6 +442,7 @@ async fn try_create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Ac
                 created.node_name,
                 false,
                 created.last_known_state,
+                created.addresses,
             )
         }
         Err(e) if e.code == Code::Uninitialized => {
@@ -439,17 +451,27 @@ async fn try_create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Ac
             let s = vm_status(ctx, m, &class, &secret, &request_id)
                 .await
                 .map_err(|source| Error::driver("get_machine_status", source))?;
-            (s.provider_id, s.node_name, true, None)
+            (s.provider_id, s.node_name, true, None, s.addresses)
         }
         Err(e) => return Err(Error::driver("get_machine_status", e)),
     };
 
-    let patch = json!({
-        "metadata": { "labels": { labels::NODE: node_name } },
-        "spec": { "providerID": provider_id },
-    });
+    // Without a target cluster there is no Node: no `node` label (upstream's rule), and the
+    // addresses come from the driver.
+    let (patch, addresses) = if ctx.settings.target_cluster {
+        let patch = json!({
+            "metadata": { "labels": { labels::NODE: node_name } },
+            "spec": { "providerID": provider_id },
+        });
+        (patch, None)
+    } else {
+        let patch = json!({ "spec": { "providerID": provider_id } });
+        (patch, Some(status::address_status(&addresses, &node_name)))
+    };
     patch_machine(ctx, m, &patch, "record the machine's providerID").await?;
-    if let Some(p) = status::driver_state_patch(m, last_known_state.as_deref(), None) {
+    if let Some(p) =
+        status::driver_state_patch(m, last_known_state.as_deref(), addresses.as_deref())
+    {
         patch_status(ctx, m, p).await?;
     }
     // A created VM is announced by the Running Event that names it (an Event of its own
@@ -572,6 +594,25 @@ pub async fn mark_pending(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
     )
     .await?;
     Ok(Action::requeue(RECHECK))
+}
+
+/// The VM exists and there is no target cluster to join: `Available` (upstream's phase for
+/// this mode), announced once.
+pub async fn mark_available(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
+    let op = Operation::successful(
+        MachineOperationType::Create,
+        "Created machine on cloud provider".to_string(),
+    );
+    record(ctx, m, Some(&MachinePhase::Available), &op).await?;
+    let note = format!(
+        "VM {} created; there is no target cluster (--target-kubeconfig=none), so the machine \
+         is Available without a Node",
+        m.spec.provider_id.as_deref().unwrap_or_default()
+    );
+    ctx.events
+        .normal(&m.object_ref(&()), "Available", "Create", note)
+        .await;
+    Ok(Action::await_change())
 }
 
 /// The Node is Ready and healthy: Running (and the bootstrap token is no longer needed).
@@ -1154,7 +1195,9 @@ pub async fn delete_node(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
 
 /// Everything is gone: delete the bootstrap token and remove the finalizer.
 pub async fn finish_deletion(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
-    delete_bootstrap_token(ctx, m).await?;
+    if ctx.settings.target_cluster {
+        delete_bootstrap_token(ctx, m).await?;
+    }
     let note = if super::observe::vm_requested(m) {
         format!("Machine {}: VM and node deleted", name(m))
     } else {

@@ -145,6 +145,9 @@ pub struct Observed {
     /// `vm-requested` progress annotation). Without either, the Machine never asked for a
     /// VM and is deleted without touching the driver (or needing its class).
     pub vm_requested: bool,
+    /// There is a target cluster; without one a machine with a VM is `Available` and never
+    /// has a Node.
+    pub target_cluster: bool,
     /// The machine is preserved (`preserveExpiryTime` set): a Failed one whose node is
     /// healthy again goes back to Running.
     pub preserved: bool,
@@ -183,6 +186,8 @@ pub enum Step {
     CreateVm,
     /// The VM is recorded: set Pending (the creation timeout runs from here).
     MarkPending,
+    /// The VM is recorded and there is no target cluster to join: `Available`.
+    MarkAvailable,
     /// Pending: wait for the Node; the creation timeout expires in `remaining`.
     AwaitNode {
         /// Time left before the machine fails.
@@ -272,7 +277,8 @@ pub fn next_step(o: &Observed, cfg: &MachineConfig, now: Timestamp) -> Step {
 /// [`next_step`] of a machine that is not being deleted, finalizer aside.
 fn lifecycle_step(o: &Observed, cfg: &MachineConfig, now: Timestamp) -> Step {
     let in_phase = elapsed(o.phase_since, now);
-    let has_vm = o.provider_id.is_some() && o.node_name.is_some();
+    // Without a target cluster no node name is recorded (there is no Node).
+    let has_vm = o.provider_id.is_some() && (o.node_name.is_some() || !o.target_cluster);
 
     if !has_vm {
         // Creation: without a usable class nothing can be created.
@@ -307,6 +313,14 @@ fn lifecycle_step(o: &Observed, cfg: &MachineConfig, now: Timestamp) -> Step {
         };
     }
 
+    if !o.target_cluster {
+        return match o.phase {
+            None | Some(MachinePhase::CrashLoopBackOff) | Some(MachinePhase::Pending) => {
+                Step::MarkAvailable
+            }
+            _ => Step::Nothing,
+        };
+    }
     match o.phase.clone() {
         // A Node that joined before Pending was recorded (a VM that boots at once, or one
         // adopted after a crash) goes straight to Running: Pending would be a status write
@@ -522,6 +536,7 @@ mod tests {
             failure_protected: None,
             replacement_throttled: None,
             vm_requested: false,
+            target_cluster: true,
             preserved: false,
             deletion: DeletionFacts::default(),
         }
@@ -1042,5 +1057,36 @@ mod tests {
         assert_eq!(next_step(&o, &cfg(), at(1)), Step::MarkRunning);
         o.node = not_ready(0);
         assert_eq!(next_step(&o, &cfg(), at(1)), Step::Nothing);
+    }
+
+    #[test]
+    fn without_a_target_cluster_a_created_machine_is_available() {
+        let mut o = with_vm(MachinePhase::Pending);
+        o.target_cluster = false;
+        o.node_name = None;
+        assert_eq!(
+            next_step(&o, &cfg(), at(30)),
+            Step::MarkAvailable,
+            "no creation timeout"
+        );
+        o.phase = None;
+        assert_eq!(next_step(&o, &cfg(), at(1)), Step::MarkAvailable);
+        o.phase = Some(MachinePhase::Available);
+        assert_eq!(
+            next_step(&o, &cfg(), at(100)),
+            Step::Nothing,
+            "no health check"
+        );
+        o.provider_id = None;
+        o.phase = None;
+        assert_eq!(next_step(&o, &cfg(), at(1)), Step::CreateVm);
+        // Deletion: nothing to drain, the VM goes, then the finalizer.
+        let mut d = with_vm(MachinePhase::Terminating);
+        d.target_cluster = false;
+        d.node_name = None;
+        d.deleting = true;
+        assert_eq!(next_step(&d, &cfg(), at(1)), Step::DeleteVm);
+        d.deletion.vm_deleted = true;
+        assert_eq!(next_step(&d, &cfg(), at(1)), Step::RemoveFinalizer);
     }
 }

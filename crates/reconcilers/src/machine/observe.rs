@@ -175,6 +175,8 @@ pub struct Context<'a> {
     pub vm_gone: bool,
     /// VolumeAttachments to the machine's node.
     pub attachments_left: usize,
+    /// There is a target cluster.
+    pub target_cluster: bool,
 }
 
 /// A progress annotation of the Machine (see [`annotations::progress`]) as a time.
@@ -226,6 +228,7 @@ pub fn observe(machine: &Machine, cfg: &MachineConfig, ctx: Context<'_>) -> Obse
         failure_protected: ctx.failure_protected.map(String::from),
         replacement_throttled: ctx.replacement_throttled.map(String::from),
         vm_requested: vm_requested(machine),
+        target_cluster: ctx.target_cluster,
         preserved: mcm_api::preservation::expiry(machine).is_some(),
         deletion: DeletionFacts {
             drain_started: progress(machine, annotations::progress::DRAIN_STARTED),

@@ -114,6 +114,7 @@ async fn reconcile_once(m: &Machine, ctx: &Ctx) -> Result<Action, Error> {
             replacement_throttled: throttled.as_deref(),
             vm_gone,
             attachments_left,
+            target_cluster: ctx.settings.target_cluster,
         },
     );
     let step = decide::next_step(&observed, &cfg, Timestamp::now());
@@ -124,6 +125,7 @@ async fn reconcile_once(m: &Machine, ctx: &Ctx) -> Result<Action, Error> {
         Step::ReportClassProblem(p) => act::report_class_problem(ctx, m, &p).await,
         Step::CreateVm => act::create_vm(ctx, m, &cfg).await,
         Step::MarkPending => act::mark_pending(ctx, m).await,
+        Step::MarkAvailable => act::mark_available(ctx, m).await,
         Step::AwaitNode { remaining } => Ok(Action::requeue(remaining.min(ctx.settings.resync))),
         Step::MarkRunning => act::mark_running(ctx, m, node).await,
         Step::MarkUnknown { reason } => act::mark_unknown(ctx, m, &reason, node).await,

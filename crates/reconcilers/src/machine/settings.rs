@@ -29,4 +29,8 @@ pub struct Settings {
     pub drain_parallelism: usize,
     /// Re-check period of healthy machines.
     pub resync: Duration,
+    /// There is a target cluster (`--target-kubeconfig` is not `none`). Without one a
+    /// created machine is `Available` (no Node, no bootstrap token, no drain), and its
+    /// addresses come from the driver.
+    pub target_cluster: bool,
 }

@@ -168,6 +168,22 @@ pub fn driver_state_patch(
     (!status.is_empty()).then(|| json!({ "status": status }))
 }
 
+/// The addresses of a machine without a target cluster (upstream's `buildAddressStatus`):
+/// the driver's addresses and the node name as `Hostname`, without duplicates, sorted by
+/// type and address.
+pub fn address_status(addresses: &[NodeAddress], node_name: &str) -> Vec<NodeAddress> {
+    let mut all: Vec<NodeAddress> = addresses.to_vec();
+    if !node_name.is_empty() {
+        all.push(NodeAddress {
+            type_: "Hostname".into(),
+            address: node_name.into(),
+        });
+    }
+    all.sort_by(|a, b| (&a.type_, &a.address).cmp(&(&b.type_, &b.address)));
+    all.dedup();
+    all
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -300,5 +316,30 @@ mod tests {
         );
         m.status.as_mut().unwrap().addresses = Some(vec![ip.clone()]);
         assert_eq!(driver_state_patch(&m, Some("s1"), Some(&[ip])), None);
+    }
+
+    #[test]
+    fn addresses_without_a_target_cluster_include_the_host_name_once() {
+        let ip = |t: &str, a: &str| NodeAddress {
+            type_: t.into(),
+            address: a.into(),
+        };
+        let got = address_status(
+            &[
+                ip("InternalIP", "10.0.0.2"),
+                ip("Hostname", "m1"),
+                ip("ExternalIP", "1.2.3.4"),
+            ],
+            "m1",
+        );
+        assert_eq!(
+            got,
+            vec![
+                ip("ExternalIP", "1.2.3.4"),
+                ip("Hostname", "m1"),
+                ip("InternalIP", "10.0.0.2")
+            ]
+        );
+        assert_eq!(address_status(&[], ""), vec![]);
     }
 }

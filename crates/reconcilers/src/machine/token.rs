@@ -126,6 +126,12 @@ pub fn render_user_data(user_data: &str, token: &str, machine_name: &str) -> Str
         .replace(placeholders::MACHINE_NAME, machine_name)
 }
 
+/// `userData` for a machine without a target cluster: only the machine-name placeholder is
+/// filled (there is no bootstrap token).
+pub fn render_machine_name(user_data: &str, machine_name: &str) -> String {
+    user_data.replace(placeholders::MACHINE_NAME, machine_name)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

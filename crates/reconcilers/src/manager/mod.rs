@@ -51,6 +51,9 @@ pub struct ManagerConfig {
     /// Reconcile metrics shared with the other controllers of the process; `None`: the
     /// manager registers its own in the registry [`run_manager`] is given.
     pub reconciles: Option<ReconcileMetrics>,
+    /// There is a target cluster (`--target-kubeconfig` is not `none`); without one
+    /// [`run_manager`] watches no Nodes.
+    pub target_cluster: bool,
 }
 
 impl Default for ManagerConfig {
@@ -64,6 +67,7 @@ impl Default for ManagerConfig {
             ready: Arc::new(AtomicBool::new(false)),
             autoscaler_annotations: true,
             reconciles: None,
+            target_cluster: true,
         }
     }
 }
@@ -85,7 +89,11 @@ where
     S: Future<Output = ()> + Send + 'static,
 {
     let cancel = CancellationToken::new();
-    let mut informers = Informers::new(&control, &target, &config.namespace);
+    let mut informers = if config.target_cluster {
+        Informers::new(&control, &target, &config.namespace)
+    } else {
+        Informers::without_target(&control, &config.namespace)
+    };
     let work = prepare(
         &mut informers,
         control,

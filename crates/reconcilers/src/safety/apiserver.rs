@@ -102,7 +102,7 @@ pub async fn run_apiserver_check(
         loop {
             tick.tick().await;
             let ok = reachable(&ctx.control, probe_timeout).await
-                && reachable(&ctx.target, probe_timeout).await;
+                && (!ctx.settings.target_cluster || reachable(&ctx.target, probe_timeout).await);
             let now = Instant::now();
             unreachable_since = if ok {
                 None
