@@ -227,6 +227,9 @@ impl Sim {
                 phase_since: None,
                 fully_labeled: true,
                 preserved: false,
+                auto_preserved: false,
+                preserve_expiry: None,
+                keep_if_failed: false,
                 failure: None,
             })
             .collect()

@@ -5,8 +5,10 @@ mod common_manager;
 use std::time::Duration;
 
 use common_manager::*;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::ResourceExt;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use mcm_api::constants::annotations::preserve_values;
 use mcm_api::constants::{annotations, finalizers, labels};
 use mcm_api::{Machine, MachineSet, MachineSetConditionType};
 use mcm_testenv::kit::{MachineBuilder, MachineSetBuilder, await_list};
@@ -231,5 +233,255 @@ async fn counters_drop_when_the_last_finalizer_of_a_machine_goes() {
     })
     .await;
     await_list(h.sets(), PROMPT, "the 3 machines left counted", counted(3)).await;
+    h.stop().await;
+}
+
+/// `now` moved by `secs` seconds, as a Kubernetes time.
+fn time_in(secs: i64) -> Time {
+    Time(jiff::Timestamp::now() + jiff::SignedDuration::from_secs(secs))
+}
+
+/// Sets (`Some`) or removes the preserve annotation of a machine, as a user would.
+async fn set_preserve_annotation(h: &Harness, name: &str, value: Option<&str>) {
+    h.machines()
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {annotations::PRESERVE: value}}})),
+        )
+        .await
+        .expect("annotate machine");
+}
+
+/// Patches the status of a machine, as the machine controller would.
+async fn patch_machine_status(h: &Harness, name: &str, status: serde_json::Value) {
+    h.machines()
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "status": status })),
+        )
+        .await
+        .expect("patch machine status");
+}
+
+/// Turns a machine Failed (with a failed health check), with a preservation expiry when
+/// given.
+async fn fail_machine(h: &Harness, name: &str, expiry: Option<Time>) {
+    patch_machine_status(
+        h,
+        name,
+        json!({
+            "currentStatus": {
+                "phase": "Failed",
+                "lastUpdateTime": time_in(0),
+                "preserveExpiryTime": expiry,
+            },
+            "lastOperation": {
+                "description": "machine is unhealthy",
+                "state": "Failed",
+                "type": "HealthCheck",
+                "lastUpdateTime": time_in(0),
+            },
+        }),
+    )
+    .await;
+}
+
+fn status_of(sets: &[MachineSet]) -> Option<&mcm_api::MachineSetStatus> {
+    sets.first().and_then(|s| s.status.as_ref())
+}
+
+fn preserve_annotation(m: &Machine) -> Option<&str> {
+    m.annotations()
+        .get(annotations::PRESERVE)
+        .map(String::as_str)
+}
+
+/// A Failed machine preserved until a time in the future is kept (and counted, so not
+/// replaced), reported in `preservedFailedReplicas` rather than `failedMachines`; once its
+/// expiry has passed, the set deletes and replaces it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preserved_failed_machine_is_kept_until_its_expiry() {
+    let h = Harness::start("ms-preserved").await;
+    h.sets()
+        .create(&PostParams::default(), &set("ms", 2))
+        .await
+        .expect("create set");
+    let ms = wait_machines(&h, "2 running", |m| {
+        m.len() == 2 && running_of_class(m, "c1") == 2
+    })
+    .await;
+    let victim = ms[0].name_any();
+    set_preserve_annotation(&h, &victim, Some(preserve_values::WHEN_FAILED)).await;
+    fail_machine(&h, &victim, Some(time_in(3600))).await;
+    wait_list(h.sets(), "one preserved Failed machine", |s| {
+        status_of(s).is_some_and(|st| {
+            st.preserved_failed_replicas == Some(1)
+                && st.failed_machines.is_none()
+                && st.replicas == Some(2)
+                && st.ready_replicas == Some(1)
+        })
+    })
+    .await;
+    // Kept, and no replacement.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let now = h.machines().list(&Default::default()).await.expect("list");
+    assert_eq!(now.items.len(), 2, "no replacement while preserved");
+    assert!(
+        now.items
+            .iter()
+            .any(|m| m.name_any() == victim && m.metadata.deletion_timestamp.is_none()),
+        "the preserved machine is kept"
+    );
+
+    // The preservation expires: the set deletes the machine and replaces it.
+    patch_machine_status(
+        &h,
+        &victim,
+        json!({"currentStatus": {"preserveExpiryTime": time_in(-60)}}),
+    )
+    .await;
+    await_list(h.machines(), PROMPT, "the expired machine replaced", |m| {
+        m.len() == 2 && running_of_class(m, "c1") == 2 && m.iter().all(|m| m.name_any() != victim)
+    })
+    .await;
+    wait_list(h.sets(), "nothing preserved any more", |s| {
+        counted(2)(s) && status_of(s).is_some_and(|st| st.preserved_failed_replicas.is_none())
+    })
+    .await;
+    h.stop().await;
+}
+
+/// With `autoPreserveFailedMachineMax: 1` and two machines failing, the newest one is
+/// annotated `auto-preserved` and kept, the other one is replaced; lowering the maximum to 0
+/// takes the annotation away again, and the machine is replaced too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_preservation_keeps_the_newest_failed_machines_up_to_the_maximum() {
+    let h = Harness::start("ms-autopreserve").await;
+    let mut s = set("ms", 1);
+    s.spec.auto_preserve_failed_machine_max = Some(1);
+    h.sets()
+        .create(&PostParams::default(), &s)
+        .await
+        .expect("create set");
+    wait_machines(&h, "1 running", |m| running_of_class(m, "c1") == 1).await;
+    // Creation times have a resolution of a second: the second machine is newer.
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    h.sets()
+        .patch(
+            "ms",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 2}})),
+        )
+        .await
+        .expect("scale");
+    let mut ms = wait_machines(&h, "2 running", |m| {
+        m.len() == 2 && running_of_class(m, "c1") == 2
+    })
+    .await;
+    ms.sort_by_key(|m| m.metadata.creation_timestamp.as_ref().map(|t| t.0));
+    let (older, newer) = (ms[0].name_any(), ms[1].name_any());
+    assert_ne!(
+        ms[0].metadata.creation_timestamp,
+        ms[1].metadata.creation_timestamp
+    );
+    fail_machine(&h, &newer, None).await;
+    fail_machine(&h, &older, None).await;
+    wait_machines(&h, "the newer auto-preserved, the older replaced", |m| {
+        m.len() == 2
+            && running_of_class(m, "c1") == 1
+            && m.iter().all(|m| m.name_any() != older)
+            && m.iter().any(|m| {
+                m.name_any() == newer
+                    && m.metadata.deletion_timestamp.is_none()
+                    && preserve_annotation(m) == Some(preserve_values::AUTO_PRESERVED)
+            })
+    })
+    .await;
+    wait_list(h.sets(), "one auto-preserved machine counted", |s| {
+        status_of(s).is_some_and(|st| {
+            st.auto_preserve_failed_machine_count == Some(1) && st.replicas == Some(2)
+        })
+    })
+    .await;
+    let left = h.machines().list(&Default::default()).await.expect("list");
+    assert_eq!(
+        left.items
+            .iter()
+            .filter(|m| preserve_annotation(m).is_some())
+            .count(),
+        1,
+        "exactly one machine is auto-preserved"
+    );
+
+    // Lowered maximum: the annotation goes, and the Failed machine is replaced.
+    h.sets()
+        .patch(
+            "ms",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"autoPreserveFailedMachineMax": 0}})),
+        )
+        .await
+        .expect("lower the maximum");
+    wait_machines(&h, "the released machine replaced", |m| {
+        m.len() == 2 && running_of_class(m, "c1") == 2 && m.iter().all(|m| m.name_any() != newer)
+    })
+    .await;
+    wait_list(h.sets(), "no auto-preserved machine counted", |s| {
+        counted(2)(s)
+            && status_of(s).is_some_and(|st| st.auto_preserve_failed_machine_count.is_none())
+    })
+    .await;
+    h.stop().await;
+}
+
+/// A scale-down deletes a machine that is not preserved, though the preserved one would be
+/// first in MCM's order otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_down_spares_a_preserved_machine() {
+    let h = Harness::start("ms-preserved-scale").await;
+    let mut ms = start_set_of_3(&h).await;
+    // Without preservation the oldest machine (then the first name) goes first.
+    ms.sort_by_key(|m| {
+        (
+            m.metadata.creation_timestamp.as_ref().map(|t| t.0),
+            m.name_any(),
+        )
+    });
+    let kept = ms[0].name_any();
+    set_preserve_annotation(&h, &kept, Some(preserve_values::NOW)).await;
+    patch_machine_status(
+        &h,
+        &kept,
+        json!({"currentStatus": {"preserveExpiryTime": time_in(3600)}}),
+    )
+    .await;
+    wait_machines(&h, "the expiry set", |m| {
+        m.iter().any(|m| {
+            m.name_any() == kept
+                && m.status
+                    .as_ref()
+                    .and_then(|s| s.current_status.as_ref())
+                    .is_some_and(|c| c.preserve_expiry_time.is_some())
+        })
+    })
+    .await;
+    // Let the manager's store see it too (a separate watch).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    h.sets()
+        .patch(
+            "ms",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 2}})),
+        )
+        .await
+        .expect("scale down");
+    let left = wait_machines(&h, "2 machines", |m| m.len() == 2).await;
+    assert!(
+        left.iter().any(|m| m.name_any() == kept),
+        "the preserved machine is kept"
+    );
+    wait_list(h.sets(), "2 machines counted", counted(2)).await;
     h.stop().await;
 }

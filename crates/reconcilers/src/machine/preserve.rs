@@ -56,6 +56,11 @@ pub enum PreserveStep {
         /// Also remove the preserve annotations (expiry, or an `auto-preserved` machine that
         /// recovered).
         remove_annotations: bool,
+        /// Instead of removing the Machine's value, set it to `false`: an auto-preserved
+        /// Failed machine whose preservation expired is replaced, not auto-preserved again
+        /// (upstream removes the value, and its MachineSet may then preserve the machine
+        /// anew, over and over).
+        mark_false: bool,
         /// Why, for the Event.
         why: &'static str,
     },
@@ -127,6 +132,20 @@ pub fn next(f: &Facts<'_>, now: Timestamp) -> PreserveStep {
             stop(f, false, "the machine is no longer Failed")
         }
         Effective::Value(PreserveValue::Now) if expired => stop(f, true, "expired"),
+        Effective::Value(PreserveValue::AutoPreserved) if expired && failed => {
+            match stop(f, true, "expired; the machine is replaced") {
+                PreserveStep::Stop {
+                    remove_annotations,
+                    why,
+                    ..
+                } => PreserveStep::Stop {
+                    remove_annotations,
+                    mark_false: true,
+                    why,
+                },
+                other => other,
+            }
+        }
         Effective::Value(PreserveValue::AutoPreserved) if expired => stop(f, true, "expired"),
         Effective::Value(PreserveValue::AutoPreserved) if !failed => {
             stop(f, true, "the machine is no longer Failed")
@@ -145,6 +164,7 @@ fn stop(f: &Facts<'_>, remove_annotations: bool, why: &'static str) -> PreserveS
     }
     PreserveStep::Stop {
         remove_annotations,
+        mark_false: false,
         why,
     }
 }
@@ -339,8 +359,9 @@ pub async fn run(
         },
         PreserveStep::Stop {
             remove_annotations,
+            mark_false,
             why,
-        } => stop_preservation(ctx, m, node, remove_annotations, why).await,
+        } => stop_preservation(ctx, m, node, remove_annotations, mark_false, why).await,
         PreserveStep::SyncFromNode { node_value } => {
             let patch = json!({"metadata": {"annotations": {
                 annotations::PRESERVE: null,
@@ -538,6 +559,7 @@ async fn stop_preservation(
     m: &Machine,
     node: Option<&Node>,
     remove_annotations: bool,
+    mark_false: bool,
     why: &str,
 ) -> Result<(), Error> {
     if let Some(node) = node {
@@ -573,8 +595,9 @@ async fn stop_preservation(
         remove_taint(ctx, node).await?;
     }
     if remove_annotations {
+        let value = mark_false.then_some(mcm_api::constants::annotations::preserve_values::FALSE);
         let patch = json!({"metadata": {"annotations": {
-            annotations::PRESERVE: null,
+            annotations::PRESERVE: value,
             annotations::LAST_APPLIED_NODE_PRESERVE_VALUE: null,
         }}});
         super::act::patch_machine(ctx, m, &patch, "remove the preserve annotations").await?;
@@ -730,6 +753,7 @@ mod tests {
         let future = Some("2026-01-02T00:00:00Z");
         let stop = |remove| PreserveStep::Stop {
             remove_annotations: remove,
+            mark_false: false,
             why: "",
         };
         let same = |a: PreserveStep, b: PreserveStep| match (a, b) {
@@ -767,6 +791,15 @@ mod tests {
                 t(NOW)
             ),
             stop(true)
+        ));
+        // An expired auto-preservation of a Failed machine: `false`, so it is replaced.
+        assert!(matches!(
+            next(&facts(&failed, past, Some("auto-preserved"), None), t(NOW)),
+            PreserveStep::Stop {
+                remove_annotations: true,
+                mark_false: true,
+                ..
+            }
         ));
         // Being deleted: never in the way.
         let mut f = facts(&failed, future, Some("now"), None);

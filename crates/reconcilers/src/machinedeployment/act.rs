@@ -237,8 +237,10 @@ impl<'a> Actor<'a> {
     }
 
     /// Records the revision of `plan` on the new set (raising it above the old sets', with
-    /// the replaced revision in its history) and on the deployment, and copies the
-    /// deployment's annotations the set lacks ([`annotations_to_copy`]), in one patch.
+    /// the replaced revision in its history) and on the deployment, copies the
+    /// deployment's annotations the set lacks ([`annotations_to_copy`]) and its
+    /// `spec.autoPreserveFailedMachineMax` when it differs ([`auto_preserve_max_update`]),
+    /// in one patch. Old sets keep theirs, as upstream.
     pub async fn sync_revision(
         &self,
         new_set: &MachineSet,
@@ -255,8 +257,12 @@ impl<'a> Actor<'a> {
                 anns.insert(annotations::REVISION_HISTORY.into(), json!(history));
             }
         }
-        if !anns.is_empty() {
-            let update = json!({"metadata": {"annotations": anns}});
+        let max = auto_preserve_max_update(self.d, new_set);
+        if !anns.is_empty() || max.is_some() {
+            let mut update = json!({"metadata": {"annotations": anns}});
+            if let Some(max) = max {
+                update["spec"] = json!({ "autoPreserveFailedMachineMax": max });
+            }
             self.patch_set("update annotations of", &new_set.name_any(), &update)
                 .await?;
         }
@@ -373,7 +379,10 @@ impl<'a> Actor<'a> {
     }
 
     async fn write_status(&self, status: &MachineDeploymentStatus) -> Result<(), Error> {
-        let patch = status_patch(status, &["conditions", "failedMachines"]);
+        let patch = status_patch(
+            status,
+            &["conditions", "failedMachines", "preservedFailedReplicas"],
+        );
         let _ = merge_patch(&self.deployments, Part::Status, &self.name, &patch)
             .await
             .context("update status of", MachineDeployment::KIND, &self.name)?;
@@ -444,6 +453,15 @@ pub fn annotations_to_copy(d: &MachineDeployment, set: &MachineSet) -> BTreeMap<
         .into_iter()
         .filter(|(k, v)| have.get(k) != Some(v))
         .collect()
+}
+
+/// The deployment's `spec.autoPreserveFailedMachineMax` for its new set when the set has
+/// another value (unset counts as 0, as upstream's `omitempty` int), `None` when they agree;
+/// 0 is written as `null` (the field removed).
+pub fn auto_preserve_max_update(d: &MachineDeployment, set: &MachineSet) -> Option<Value> {
+    let want = d.spec.auto_preserve_failed_machine_max.unwrap_or(0);
+    let have = set.spec.auto_preserve_failed_machine_max.unwrap_or(0);
+    (want != have).then(|| if want == 0 { Value::Null } else { json!(want) })
 }
 
 /// The annotations a set of the deployment carries about the deployment's size: desired
@@ -546,5 +564,20 @@ mod tests {
                 "5m".to_owned()
             )])
         );
+    }
+
+    #[test]
+    fn the_new_set_follows_the_deployments_auto_preserve_max() {
+        let mut d = MachineDeployment::default();
+        d.spec.auto_preserve_failed_machine_max = Some(2);
+        let mut set = new_machine_set(&d, 1, 1, 1);
+        assert_eq!(set.spec.auto_preserve_failed_machine_max, Some(2));
+        assert_eq!(auto_preserve_max_update(&d, &set), None);
+        d.spec.auto_preserve_failed_machine_max = Some(3);
+        assert_eq!(auto_preserve_max_update(&d, &set), Some(json!(3)));
+        d.spec.auto_preserve_failed_machine_max = None;
+        assert_eq!(auto_preserve_max_update(&d, &set), Some(Value::Null));
+        set.spec.auto_preserve_failed_machine_max = Some(0);
+        assert_eq!(auto_preserve_max_update(&d, &set), None);
     }
 }

@@ -76,6 +76,9 @@ pub struct SetState {
     pub ready: i32,
     /// Available machines (ready for `minReadySeconds`).
     pub available: i32,
+    /// Failed machines kept for their preservation (upstream's MachineSet
+    /// `status.preservedFailedReplicas`).
+    pub preserved_failed: i32,
     /// Creation time (older sets are scaled down first).
     pub created: Option<Timestamp>,
     /// Annotation `deployment.kubernetes.io/desired-replicas`.
@@ -94,6 +97,7 @@ impl SetState {
             terminating: 0,
             ready: 0,
             available: 0,
+            preserved_failed: 0,
             created: None,
             desired_annotation: None,
             max_annotation: None,

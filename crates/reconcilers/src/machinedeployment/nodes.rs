@@ -2,7 +2,9 @@
 //! taint on the Nodes of old MachineSets (new pods prefer new nodes), and the
 //! cluster-autoscaler scale-down-disabled annotations on the Nodes of all sets (the
 //! autoscaler must not remove nodes under the rollout's feet). The annotations are removed
-//! again when the rollout is over, but only where MCM set them (`...-by-mcm`).
+//! again when the rollout is over, but only where MCM set them (`...-by-mcm`), and not from
+//! the Node of a preserved machine (its preservation holds them; upstream's
+//! `removeAutoscalerAnnotationsIfRequired`).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -10,8 +12,8 @@ use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::api::{Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, ResourceExt};
-use mcm_api::Machine;
 use mcm_api::constants::{annotations, taints};
+use mcm_api::{Machine, preservation};
 use serde_json::{Value, json};
 
 /// The taint put on the Nodes of old sets.
@@ -100,10 +102,16 @@ pub fn autoscaler_patch(node: &Node, rollout: bool) -> Option<Value> {
 }
 
 /// The one patch of a node's markers: the old-set taint (when `taint`) and the autoscaler
-/// annotations added (`annotate`) or removed; `None` when the node has them as wanted.
-pub fn markers_patch(node: &Node, taint: bool, annotate: bool) -> Option<Value> {
+/// annotations added (`annotate`) or removed (unless `preserved`: the node's machine has a
+/// preservation expiry, and the machine controller owns the annotations then); `None` when
+/// the node has them as wanted.
+pub fn markers_patch(node: &Node, taint: bool, annotate: bool, preserved: bool) -> Option<Value> {
     let taint = taint.then(|| taint_patch(node)).flatten();
-    let annotations = autoscaler_patch(node, annotate);
+    let annotations = if annotate || !preserved {
+        autoscaler_patch(node, annotate)
+    } else {
+        None
+    };
     match (taint, annotations) {
         (None, None) => None,
         (Some(p), None) | (None, Some(p)) => Some(p),
@@ -116,7 +124,8 @@ pub fn markers_patch(node: &Node, taint: bool, annotate: bool) -> Option<Value> 
 
 /// Applies the markers: during a rollout, taints the nodes of `old` machines and (with
 /// `autoscaler_annotations`) annotates the nodes of `all` machines; afterwards removes MCM's
-/// annotations from the nodes of `all`. One patch per node that needs one.
+/// annotations from the nodes of `all`, except those of machines with a preservation expiry.
+/// One patch per node that needs one.
 /// Errors are logged and retried on the next reconcile: markers are advisory.
 pub async fn apply_markers(
     target: &Client,
@@ -128,12 +137,19 @@ pub async fn apply_markers(
 ) {
     let api: Api<Node> = Api::all(target.clone());
     let old_nodes: BTreeSet<&str> = old.iter().filter_map(|m| m.node_name()).collect();
+    let preserved_nodes: BTreeSet<&str> = all
+        .iter()
+        .filter(|m| preservation::expiry(m).is_some())
+        .filter_map(|m| m.node_name())
+        .collect();
     // Without the annotations enabled, only ever remove what MCM added earlier.
     let annotate = rollout && autoscaler_annotations;
     let all_nodes = all.iter().filter_map(|m| m.node_name());
     for node in all_nodes.filter_map(|n| nodes.get(&ObjectRef::new(n))) {
-        let taint = rollout && old_nodes.contains(node.name_any().as_str());
-        if let Some(p) = markers_patch(&node, taint, annotate) {
+        let name = node.name_any();
+        let taint = rollout && old_nodes.contains(name.as_str());
+        let preserved = preserved_nodes.contains(name.as_str());
+        if let Some(p) = markers_patch(&node, taint, annotate, preserved) {
             patch(&api, &node.name_any(), &p).await;
         }
     }
@@ -184,7 +200,7 @@ mod tests {
             },
             ..Node::default()
         };
-        let p = markers_patch(&node, true, true).unwrap();
+        let p = markers_patch(&node, true, true, false).unwrap();
         assert_eq!(p["metadata"]["resourceVersion"], "7");
         assert_eq!(
             p["spec"]["taints"][0]["key"],
@@ -197,9 +213,9 @@ mod tests {
             annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED_VALUE
         );
         // A new node: the annotations only; without the annotations enabled: the taint only.
-        let p = markers_patch(&node, false, true).unwrap();
+        let p = markers_patch(&node, false, true, false).unwrap();
         assert!(p.get("spec").is_none(), "{p}");
-        let p = markers_patch(&node, true, false).unwrap();
+        let p = markers_patch(&node, true, false, false).unwrap();
         assert!(p["metadata"].get("annotations").is_none(), "{p}");
         // A node that has everything: no patch.
         node.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
@@ -217,7 +233,17 @@ mod tests {
                 v,
             ),
         ]));
-        assert_eq!(markers_patch(&node, true, true), None);
+        assert_eq!(markers_patch(&node, true, true, false), None);
+        // After the rollout MCM's annotations go, but not from a preserved machine's node.
+        assert!(markers_patch(&node, false, false, false).is_some());
+        assert_eq!(markers_patch(&node, false, false, true), None);
+        // A preserved machine's node is still tainted during a rollout.
+        let untainted = Node {
+            metadata: node.metadata.clone(),
+            ..Node::default()
+        };
+        let p = markers_patch(&untainted, true, false, true).unwrap();
+        assert!(p["metadata"].get("annotations").is_none(), "{p}");
         // A rollback removes the taint and keeps the others.
         let other = Taint {
             key: "dedicated".into(),

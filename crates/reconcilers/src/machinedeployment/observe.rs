@@ -132,7 +132,8 @@ impl Observed {
 }
 
 /// The facts of a deployment besides its strategy: the sets as the decision sees them and
-/// the failed machines.
+/// the failed machines (preserved Failed machines not among them, as upstream's sets leave
+/// them out of their `failedMachines`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Facts {
     /// The new set, if it exists.
@@ -152,7 +153,11 @@ pub fn facts(observed: &Observed, now: Timestamp) -> Facts {
         failed: observed
             .all_machines()
             .into_iter()
-            .filter_map(|m| MachineView::from_machine(m, None, now).failure)
+            .filter_map(|m| {
+                MachineView::from_machine(m, None, None, now)
+                    .failed_summary()
+                    .cloned()
+            })
             .collect(),
     }
 }
@@ -161,7 +166,7 @@ pub fn facts(observed: &Observed, now: Timestamp) -> Facts {
 pub fn set_state(set: &MachineSet, machines: &[Arc<Machine>], now: Timestamp) -> SetState {
     let views: Vec<MachineView> = machines
         .iter()
-        .map(|m| MachineView::from_machine(m, None, now))
+        .map(|m| MachineView::from_machine(m, None, None, now))
         .collect();
     let counts = count_machines(&views, set.spec.min_ready_seconds.unwrap_or(0), now);
     let terminating = machines.iter().filter(|m| is_terminating(m)).count();
@@ -173,6 +178,7 @@ pub fn set_state(set: &MachineSet, machines: &[Arc<Machine>], now: Timestamp) ->
         terminating: i32::try_from(terminating).unwrap_or(i32::MAX),
         ready: counts.ready,
         available: counts.available,
+        preserved_failed: counts.preserved_failed,
         created: set.metadata.creation_timestamp.as_ref().map(|t| t.0),
         desired_annotation: annotation_i32(annotations::DESIRED_REPLICAS),
         max_annotation: annotation_i32(annotations::MAX_REPLICAS),

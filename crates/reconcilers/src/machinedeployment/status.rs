@@ -110,6 +110,8 @@ pub struct Counters {
     pub ready: i32,
     /// Available machines.
     pub available: i32,
+    /// Failed machines kept for their preservation (`status.preservedFailedReplicas`).
+    pub preserved_failed: i32,
 }
 
 impl Counters {
@@ -121,6 +123,7 @@ impl Counters {
             updated: new_set.map_or(0, |n| n.machines),
             ready: all.iter().map(|x| x.ready).sum(),
             available: all.iter().map(|x| x.available).sum(),
+            preserved_failed: all.iter().map(|x| x.preserved_failed).sum(),
         }
     }
 }
@@ -182,8 +185,17 @@ fn status_with(
         } else {
             Some(input.failed_machines.clone())
         },
-        preserved_failed_replicas: prev.and_then(|p| p.preserved_failed_replicas),
+        // `omitempty` upstream.
+        preserved_failed_replicas: (counters.preserved_failed > 0)
+            .then_some(counters.preserved_failed),
     }
+}
+
+/// The fewest available machines for `Available=True` (upstream's `minRequired`):
+/// `replicas - maxUnavailable`, less the preserved Failed machines (kept on purpose, they
+/// must not make the deployment unavailable), never below 0.
+pub fn min_available(replicas: i32, max_unavailable: i32, preserved_failed: i32) -> i32 {
+    (replicas - max_unavailable - preserved_failed).max(0)
 }
 
 /// The new status and, when a progress deadline is running, the time after which the
@@ -203,13 +215,14 @@ pub fn compute_status(
         updated,
         ready,
         available,
+        preserved_failed,
     } = counters;
     let prev = input.previous;
     let mut conditions = prev.and_then(|p| p.conditions.clone()).unwrap_or_default();
     conditions.retain(|c| !is_invalid_strategy(c));
     let now = input.now;
 
-    let min_available = d - s.rollout.strategy.max_unavailable();
+    let min_available = min_available(d, s.rollout.strategy.max_unavailable(), preserved_failed);
     if available >= min_available {
         set_condition(
             &mut conditions,
@@ -431,6 +444,37 @@ mod tests {
         // The progress deadline passes: the condition's status and reason change.
         let (late, _) = compute_status(&snapshot(0), &input(Some(&first), 1_061));
         assert_ne!(without_counters(&late), without_counters(&first));
+    }
+
+    fn available(s: &MachineDeploymentStatus) -> Option<ConditionStatus> {
+        condition(
+            s.conditions.as_ref(),
+            &MachineDeploymentConditionType::Available,
+        )
+        .map(|c| c.status.clone())
+    }
+
+    #[test]
+    fn preserved_failed_machines_are_summed_and_lower_the_minimum_availability() {
+        assert_eq!(min_available(3, 1, 1), 1);
+        assert_eq!(min_available(3, 0, 5), 0);
+        // 3 replicas, maxUnavailable 0: 2 available machines are too few ...
+        let mut s = snapshot(2);
+        s.rollout.replicas = 3;
+        s.old_sets.clear();
+        let (status, _) = compute_status(&s, &input(None, 1_000));
+        assert_eq!(available(&status), Some(ConditionStatus::False));
+        assert_eq!(status.preserved_failed_replicas, None);
+        // ... unless preserved Failed machines lower the minimum (one in each set here).
+        if let Some(new) = s.new_set.as_mut() {
+            new.preserved_failed = 1;
+        }
+        let mut old = SetState::new("old", 0);
+        old.preserved_failed = 1;
+        s.old_sets.push(old);
+        let (status, _) = compute_status(&s, &input(None, 1_000));
+        assert_eq!(available(&status), Some(ConditionStatus::True));
+        assert_eq!(status.preserved_failed_replicas, Some(2));
     }
 
     #[test]

@@ -6,12 +6,13 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 use kube::api::{DeleteParams, PostParams, Preconditions};
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
+use mcm_api::constants::annotations::preserve_values;
 use mcm_api::constants::{annotations, finalizers, labels};
 use mcm_api::owner::{controller_of, controller_reference};
 use mcm_api::{
@@ -24,13 +25,15 @@ use serde_json::{Value, json};
 const FINALIZER: &str = finalizers::MACHINE_CONTROLLER_MANAGER;
 
 use super::decide::{
-    Claim, MachineView, ReplicaPlan, SLOW_START_INITIAL_BATCH_SIZE, SetCounts, SetInput, claim,
-    count_machines, is_frozen, plan_replicas, slow_start_batches,
+    AutoPreservePlan, Claim, MachineView, ReplicaPlan, SLOW_START_INITIAL_BATCH_SIZE, SetCounts,
+    SetInput, claim, count_machines, is_frozen, plan_auto_preservation, plan_replicas,
+    slow_start_batches,
 };
 use super::selector::selector_matches;
 use crate::events::EventPublisher;
 use crate::kube_api::{
-    self, ApiCallError, ApiResultExt, Outcome, Part, ReconcileFailure, RetryPolicy, merge_patch,
+    self, ApiCallError, ApiErrorExt, ApiResultExt, Outcome, Part, ReconcileFailure, RetryPolicy,
+    merge_patch,
 };
 
 /// How often a set is reconciled without any event (MCM: 10 minutes).
@@ -112,6 +115,9 @@ pub struct Context {
     pub machines: Store<Machine>,
     /// Store of the MachineSets.
     pub sets: Store<MachineSet>,
+    /// Store of the target cluster's Nodes (read only: a Node's preserve annotation decides
+    /// whether its Failed machine is kept).
+    pub nodes: Store<Node>,
     /// Event publisher.
     pub events: EventPublisher,
     /// Pending creations/deletions per set.
@@ -236,11 +242,21 @@ pub async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action
         return Ok(Action::await_change());
     }
 
+    if !deleting {
+        // Before the replicas: a Failed machine annotated now is kept in this very pass.
+        let max = set.spec.auto_preserve_failed_machine_max.unwrap_or(0);
+        let plan = plan_auto_preservation(max, claimed.iter().map(AsRef::as_ref));
+        manage_auto_preservation(&machines_api, &plan, &mut claimed).await?;
+    }
+
     let now = Timestamp::now();
     let template_labels = set.template_labels();
     let views: Vec<MachineView> = claimed
         .iter()
-        .map(|m| MachineView::from_machine(m, template_labels, now))
+        .map(|m| {
+            let node = node_preserve_annotation(&ctx.nodes, m);
+            MachineView::from_machine(m, template_labels, node.as_deref(), now)
+        })
         .collect();
     let input = SetInput {
         replicas: set.spec.replicas(),
@@ -266,6 +282,58 @@ pub async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action
     Ok(Action::requeue(
         held_back.map_or(recheck, |w| w.min(recheck)),
     ))
+}
+
+/// The preserve annotation of the Node of `machine` (named by its `node` label), from the
+/// Node store; `None` without a node label, without a Node in the store, or without the
+/// annotation (the machine's own annotation then decides, as in the machine controller).
+pub fn node_preserve_annotation(nodes: &Store<Node>, machine: &Machine) -> Option<String> {
+    let node = nodes.get(&ObjectRef::new(machine.node_name()?))?;
+    node.annotations().get(annotations::PRESERVE).cloned()
+}
+
+/// Carries out an [`AutoPreservePlan`]: sets or removes `node.machine.sapcloud.io/preserve:
+/// auto-preserved` on the machines it names (each patch guarded by the resourceVersion the
+/// plan was made from, so that a user's annotation set meanwhile is never overwritten: the
+/// conflict retries the reconcile), and puts the patched machines into `machines`, so that
+/// the rest of the reconcile sees the annotations. A machine gone meanwhile is skipped.
+async fn manage_auto_preservation(
+    api: &Api<Machine>,
+    plan: &AutoPreservePlan,
+    machines: &mut [Arc<Machine>],
+) -> Result<(), Error> {
+    let changes = plan
+        .annotate
+        .iter()
+        .map(|n| (n, Value::from(preserve_values::AUTO_PRESERVED)))
+        .chain(plan.release.iter().map(|n| (n, Value::Null)));
+    for (name, value) in changes {
+        let Some(slot) = machines.iter_mut().find(|m| m.name_any() == *name) else {
+            continue;
+        };
+        let patch = json!({"metadata": {
+            "resourceVersion": slot.resource_version(),
+            "annotations": {annotations::PRESERVE: value},
+        }});
+        let patched = kube_api::patch_existing(api, Part::Object, name, &patch).await;
+        match patched {
+            Ok(m) => {
+                tracing::info!(
+                    machine = %name,
+                    auto_preserved = !value.is_null(),
+                    "updated the auto-preservation of a machine"
+                );
+                *slot = Arc::new(m);
+            }
+            Err(e) if e.is_not_found() => {}
+            Err(e) => {
+                return Err(
+                    ApiCallError::new("update auto-preservation of", "Machine", name, e).into(),
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 /// What to do after a failed reconcile: conflicts are retried quickly, the rest after a
@@ -656,8 +724,10 @@ pub fn desired_status(
         conditions: (!conditions.is_empty()).then_some(conditions),
         last_operation: prev.last_operation,
         failed_machines: (!counts.failed.is_empty()).then(|| counts.failed.clone()),
-        auto_preserve_failed_machine_count: prev.auto_preserve_failed_machine_count,
-        preserved_failed_replicas: prev.preserved_failed_replicas,
+        // Both `omitempty` upstream.
+        auto_preserve_failed_machine_count: (counts.auto_preserved > 0)
+            .then_some(counts.auto_preserved),
+        preserved_failed_replicas: (counts.preserved_failed > 0).then_some(counts.preserved_failed),
     }
 }
 
@@ -717,7 +787,15 @@ async fn write_status(
     set: &MachineSet,
     status: &MachineSetStatus,
 ) -> Result<(), Error> {
-    let patch = status_patch(status, &["machineSetCondition", "failedMachines"]);
+    let patch = status_patch(
+        status,
+        &[
+            "machineSetCondition",
+            "failedMachines",
+            "autoPreserveFailedMachineCount",
+            "preservedFailedReplicas",
+        ],
+    );
     // A set gone meanwhile needs no status.
     let name = set.name_any();
     let _ = merge_patch(api, Part::Status, &name, &patch)

@@ -1,5 +1,6 @@
 //! Pure decisions of the MachineSet controller: which machines a set claims, how many it
-//! creates, which it deletes (MCM's deletion order), and its status counters.
+//! creates, which it deletes (MCM's deletion order), which Failed machines it auto-preserves,
+//! and its status counters.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
@@ -8,6 +9,7 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference};
 use mcm_api::constants::{annotations, labels};
+use mcm_api::preservation;
 use mcm_api::{Machine, MachinePhase, MachineState, MachineSummary};
 
 use super::selector::{labels_contain, selector_matches};
@@ -39,17 +41,29 @@ pub struct MachineView {
     pub phase_since: Option<Timestamp>,
     /// Whether the machine carries all labels of the set's template.
     pub fully_labeled: bool,
-    /// Whether the machine is preserved (failed but kept on purpose).
+    /// Preserved now: `status.currentStatus.preserveExpiryTime` is in the future
+    /// ([`preservation::is_preserved`]). Such machines are deleted last on a scale-down.
     pub preserved: bool,
-    /// Summary for `status.failedMachines` when the last operation failed.
+    /// The Machine carries `node.machine.sapcloud.io/preserve: auto-preserved`.
+    pub auto_preserved: bool,
+    /// `status.currentStatus.preserveExpiryTime`.
+    pub preserve_expiry: Option<Timestamp>,
+    /// When Failed, the set keeps the machine instead of replacing it: it is preserved or
+    /// its preservation is starting ([`preservation::failed_machine_to_terminate`] is false).
+    pub keep_if_failed: bool,
+    /// Summary of the machine when its last operation failed (`status.failedMachines` takes
+    /// it through [`MachineView::failed_summary`], which leaves preserved Failed machines out).
     pub failure: Option<MachineSummary>,
 }
 
 impl MachineView {
-    /// Builds the view of `machine` for a set with the given template labels.
+    /// Builds the view of `machine` for a set with the given template labels;
+    /// `node_preserve` is the preserve annotation of the machine's Node (`None` when the Node
+    /// has none or is not known).
     pub fn from_machine(
         machine: &Machine,
         template_labels: Option<&BTreeMap<String, String>>,
+        node_preserve: Option<&str>,
         now: Timestamp,
     ) -> Self {
         let meta = &machine.metadata;
@@ -70,16 +84,6 @@ impl MachineView {
                 last_operation: Some(op.clone()),
                 owner_ref: mcm_api::owner::controller_of(meta).map(|r| r.name.clone()),
             });
-        let preserved = current
-            .and_then(|c| c.preserve_expiry_time.as_ref())
-            .is_some_and(|t| t.0 > now)
-            || anns
-                .and_then(|a| a.get(annotations::PRESERVE))
-                .is_some_and(|v| {
-                    v == annotations::preserve_values::NOW
-                        || v == annotations::preserve_values::WHEN_FAILED
-                        || v == annotations::preserve_values::AUTO_PRESERVED
-                });
         MachineView {
             name: meta.name.clone().unwrap_or_default(),
             phase: machine.phase().cloned(),
@@ -93,9 +97,31 @@ impl MachineView {
                 .and_then(|c| c.last_update_time.as_ref())
                 .map(|t| t.0),
             fully_labeled: labels_contain(meta.labels.as_ref(), template_labels),
-            preserved,
+            preserved: preservation::is_preserved(machine, now),
+            auto_preserved: preservation::is_auto_preserved(machine),
+            preserve_expiry: preservation::expiry(machine),
+            keep_if_failed: !preservation::failed_machine_to_terminate(machine, node_preserve, now),
             failure,
         }
+    }
+
+    /// Failed with a preservation expiry set (upstream's `isMachinePreservedAndFailed`):
+    /// counted in `status.preservedFailedReplicas`, not among the failed machines.
+    pub fn is_preserved_failed(&self) -> bool {
+        self.is_failed() && self.preserve_expiry.is_some()
+    }
+
+    /// The summary for `status.failedMachines`: the last operation failed and the machine
+    /// is not a preserved Failed one.
+    pub fn failed_summary(&self) -> Option<&MachineSummary> {
+        self.failure
+            .as_ref()
+            .filter(|_| !self.is_preserved_failed())
+    }
+
+    /// A Failed machine the set deletes (and replaces).
+    pub fn is_failed_to_replace(&self) -> bool {
+        self.is_failed() && !self.keep_if_failed
     }
 
     /// Deleted or being deleted: no longer counts towards the set's replicas.
@@ -157,13 +183,35 @@ pub fn phase_rank(phase: Option<&MachinePhase>) -> u8 {
     }
 }
 
-/// MCM's deletion order: lower priority annotation first; among equal priorities the one
-/// marked for deletion earlier first (marked before unmarked); then by phase (Terminating <
-/// Failed < CrashLoopBackOff < Unknown < Pending < Available < Running); then the **older**
-/// machine first (MCM, unlike Kubernetes ReplicaSets); the name breaks remaining ties.
+/// The priority the cluster-autoscaler (and the trigger-deletion annotation) gives the
+/// machines it wants removed.
+pub const MARKED_PRIORITY: i32 = 1;
+
+/// MCM's deletion order (upstream's `ActiveMachines.Less`), lower first:
+///
+/// 1. machines marked with priority [`MARKED_PRIORITY`] (or lower) go first as before
+///    (upstream deletes the autoscaler's marked machines besides the sorted ones, whether
+///    preserved or not);
+/// 2. machines that are not preserved before preserved ones; among preserved ones
+///    `auto-preserved` before manually preserved ones, then the earlier expiry;
+/// 3. lower priority annotation; among equal priorities the one marked for deletion earlier
+///    first (marked before unmarked); then by phase (Terminating < Failed < CrashLoopBackOff
+///    < Unknown < Pending < Available < Running); then the **older** machine first (MCM,
+///    unlike Kubernetes ReplicaSets); the name breaks remaining ties.
 pub fn deletion_order(a: &MachineView, b: &MachineView) -> Ordering {
-    a.priority
-        .cmp(&b.priority)
+    let marked = |m: &MachineView| m.priority <= MARKED_PRIORITY;
+    marked(b)
+        .cmp(&marked(a))
+        .then_with(|| a.preserved.cmp(&b.preserved))
+        .then_with(|| {
+            if !(a.preserved && b.preserved) {
+                return Ordering::Equal;
+            }
+            b.auto_preserved
+                .cmp(&a.auto_preserved)
+                .then_with(|| a.preserve_expiry.cmp(&b.preserve_expiry))
+        })
+        .then_with(|| a.priority.cmp(&b.priority))
         .then_with(|| match (a.marked_for_deletion, b.marked_for_deletion) {
             (Some(x), Some(y)) => x.cmp(&y),
             (Some(_), None) => Ordering::Less,
@@ -207,8 +255,10 @@ pub struct ReplicaPlan {
 /// MCM's `manageReplicas` (and the deletion of a deleted set's machines) as a pure function.
 ///
 /// Terminating machines do not count. Missing machines are created unless the set is frozen
-/// or its scale-up is disabled. Surplus machines are chosen by [`deletion_order`]; failed
-/// machines that are not preserved are deleted as well (they are replaced on the next pass).
+/// or its scale-up is disabled. Surplus machines are chosen by [`deletion_order`]; Failed
+/// machines are deleted as well (they are replaced on the next pass) unless the set keeps
+/// them for their preservation ([`MachineView::keep_if_failed`]): a kept Failed machine
+/// counts among the set's machines, so no replacement is created for it.
 pub fn plan_replicas(set: &SetInput, machines: &[MachineView]) -> ReplicaPlan {
     if set.deleting {
         return ReplicaPlan {
@@ -244,7 +294,7 @@ pub fn plan_replicas(set: &SetInput, machines: &[MachineView]) -> ReplicaPlan {
     let surplus = (active.len() - desired).min(BURST_REPLICAS);
     let mut chosen: BTreeSet<&str> = BTreeSet::new();
     let mut delete = Vec::new();
-    let failed = active.iter().filter(|m| m.is_failed() && !m.preserved);
+    let failed = active.iter().filter(|m| m.is_failed_to_replace());
     for m in active.iter().take(surplus).chain(failed) {
         if delete.len() >= BURST_REPLICAS {
             break;
@@ -343,8 +393,14 @@ pub struct SetCounts {
     pub ready: i32,
     /// Machines ready for at least `minReadySeconds`.
     pub available: i32,
-    /// Summaries of machines whose last operation failed.
+    /// Summaries of machines whose last operation failed (preserved Failed machines not
+    /// among them).
     pub failed: Vec<MachineSummary>,
+    /// Failed machines with a preservation expiry (`status.preservedFailedReplicas`).
+    pub preserved_failed: i32,
+    /// Machines annotated `auto-preserved`, whatever their phase
+    /// (`status.autoPreserveFailedMachineCount`).
+    pub auto_preserved: i32,
     /// When to look again because a ready machine becomes available.
     pub recheck_after: Option<Duration>,
 }
@@ -375,11 +431,82 @@ pub fn count_machines(
                 counts.recheck_after = Some(counts.recheck_after.map_or(left, |r| r.min(left)));
             }
         }
-        if let Some(f) = &m.failure {
+        if m.is_preserved_failed() {
+            counts.preserved_failed += 1;
+        }
+        if let Some(f) = m.failed_summary() {
             counts.failed.push(f.clone());
+        }
+        if m.auto_preserved {
+            counts.auto_preserved += 1;
         }
     }
     counts
+}
+
+/// Annotation changes of upstream's `manageAutoPreservationOfFailedMachines`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AutoPreservePlan {
+    /// Failed machines to annotate `auto-preserved` (newest first).
+    pub annotate: Vec<String>,
+    /// Machines whose `auto-preserved` annotation is removed (oldest first).
+    pub release: Vec<String>,
+}
+
+/// Which machines of a set get (or lose) the `auto-preserved` annotation, so that at most
+/// `max` (`spec.autoPreserveFailedMachineMax`) of them carry it. The machines carrying it
+/// now are counted from `machines` themselves (not from the set's status, which may be
+/// stale).
+///
+/// Room left: Failed machines whose own preserve annotation is not a valid value (a user's
+/// `now`, `when-failed` or `false` is never overridden; the Node's annotation is not looked
+/// at, as upstream) are annotated, the **newest** first. Over the limit (the maximum was
+/// lowered): the annotation is removed from the **oldest** auto-preserved machines; manually
+/// preserved machines are never touched. Machines being deleted are not annotated. Pure.
+pub fn plan_auto_preservation<'m>(
+    max: i32,
+    machines: impl IntoIterator<Item = &'m Machine>,
+) -> AutoPreservePlan {
+    let machines: Vec<&Machine> = machines.into_iter().collect();
+    let carrying: Vec<&Machine> = machines
+        .iter()
+        .copied()
+        .filter(|m| preservation::is_auto_preserved(m))
+        .collect();
+    let remaining = i64::from(max.max(0)) - i64::try_from(carrying.len()).unwrap_or(i64::MAX);
+    let created = |m: &Machine| m.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    let name = |m: &Machine| m.metadata.name.clone().unwrap_or_default();
+    let take = |n: i64| usize::try_from(n).unwrap_or(0);
+    let mut plan = AutoPreservePlan::default();
+    if remaining < 0 {
+        let mut oldest = carrying;
+        oldest.sort_by(|a, b| {
+            created(a)
+                .cmp(&created(b))
+                .then_with(|| name(a).cmp(&name(b)))
+        });
+        plan.release = oldest
+            .into_iter()
+            .take(take(-remaining))
+            .map(name)
+            .collect();
+    } else if remaining > 0 {
+        let mut newest: Vec<&Machine> = machines
+            .into_iter()
+            .filter(|m| {
+                m.phase() == Some(&MachinePhase::Failed)
+                    && m.metadata.deletion_timestamp.is_none()
+                    && !preservation::has_own_preserve_value(m)
+            })
+            .collect();
+        newest.sort_by(|a, b| {
+            created(b)
+                .cmp(&created(a))
+                .then_with(|| name(a).cmp(&name(b)))
+        });
+        plan.annotate = newest.into_iter().take(take(remaining)).map(name).collect();
+    }
+    plan
 }
 
 /// Whether a set carries the `freeze: True` label.
@@ -442,8 +569,224 @@ mod tests {
             phase_since: None,
             fully_labeled: true,
             preserved: false,
+            auto_preserved: false,
+            preserve_expiry: None,
+            keep_if_failed: false,
             failure: None,
         }
+    }
+
+    /// `v` preserved until `expiry` (seconds), automatically or not.
+    fn preserved(mut v: MachineView, expiry: i64, auto: bool) -> MachineView {
+        v.preserved = true;
+        v.auto_preserved = auto;
+        v.preserve_expiry = Timestamp::from_second(expiry).ok();
+        v.keep_if_failed = true;
+        v
+    }
+
+    fn names(ms: &[MachineView]) -> Vec<&str> {
+        ms.iter().map(|m| m.name.as_str()).collect()
+    }
+
+    #[test]
+    fn preserved_machines_are_deleted_last_auto_preserved_and_earlier_expiry_first() {
+        let mut ms = [
+            preserved(view("manual-late", MachinePhase::Running, 3, 1), 900, false),
+            preserved(view("manual-early", MachinePhase::Failed, 3, 2), 500, false),
+            preserved(view("auto-late", MachinePhase::Failed, 3, 3), 800, true),
+            preserved(view("auto-early", MachinePhase::Failed, 3, 4), 700, true),
+            view("running", MachinePhase::Running, 3, 5),
+            view("pending", MachinePhase::Pending, 3, 6),
+            // A user's priority does not make a preserved machine go before others ...
+            preserved(view("manual-low", MachinePhase::Running, 2, 7), 950, false),
+            // ... but the autoscaler's mark does.
+            preserved(
+                view("marked-preserved", MachinePhase::Running, 1, 8),
+                999,
+                false,
+            ),
+            view("marked", MachinePhase::Running, 1, 9),
+        ];
+        ms.sort_by(deletion_order);
+        assert_eq!(
+            names(&ms),
+            vec![
+                "marked",
+                "marked-preserved",
+                "pending",
+                "running",
+                "auto-early",
+                "auto-late",
+                "manual-early",
+                "manual-late",
+                "manual-low",
+            ]
+        );
+    }
+
+    #[test]
+    fn scale_down_spares_preserved_machines_and_kept_failed_ones_are_not_replaced() {
+        let input = SetInput {
+            replicas: 2,
+            ..SetInput::default()
+        };
+        let ms = [
+            preserved(
+                view("old-preserved", MachinePhase::Running, 3, 1),
+                900,
+                false,
+            ),
+            view("mid", MachinePhase::Running, 3, 2),
+            view("new", MachinePhase::Running, 3, 3),
+        ];
+        assert_eq!(plan_replicas(&input, &ms).delete, vec!["mid"]);
+
+        // A preserved Failed machine counts: nothing is created or deleted for it.
+        let input = SetInput {
+            replicas: 3,
+            ..SetInput::default()
+        };
+        let kept = preserved(view("failed", MachinePhase::Failed, 3, 1), 900, false);
+        let ms = [
+            kept.clone(),
+            view("a", MachinePhase::Running, 3, 2),
+            view("b", MachinePhase::Running, 3, 3),
+        ];
+        assert_eq!(plan_replicas(&input, &ms), ReplicaPlan::default());
+        // Starting to be preserved (annotated, no expiry yet): kept as well.
+        let mut starting = view("failed", MachinePhase::Failed, 3, 1);
+        starting.keep_if_failed = true;
+        let ms = [starting, ms[1].clone(), ms[2].clone()];
+        assert_eq!(plan_replicas(&input, &ms), ReplicaPlan::default());
+        // Not kept: deleted (and replaced on the next pass).
+        let ms = [
+            view("failed", MachinePhase::Failed, 3, 1),
+            ms[1].clone(),
+            ms[2].clone(),
+        ];
+        assert_eq!(plan_replicas(&input, &ms).delete, vec!["failed"]);
+    }
+
+    fn machine(name: &str, phase: &str, created: i64, annotation: Option<&str>) -> Machine {
+        let mut m = Machine::default();
+        m.metadata.name = Some(name.into());
+        m.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            Timestamp::from_second(created).unwrap(),
+        ));
+        m.metadata.annotations =
+            annotation.map(|v| [(annotations::PRESERVE.to_string(), v.to_string())].into());
+        m.status = Some(mcm_api::MachineStatus {
+            current_status: Some(mcm_api::CurrentStatus {
+                phase: Some(MachinePhase::from(phase.to_string())),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        m
+    }
+
+    #[test]
+    fn auto_preservation_takes_the_newest_failed_machines_without_a_users_value() {
+        let ms = [
+            machine("old-failed", "Failed", 1, None),
+            machine("new-failed", "Failed", 3, None),
+            machine("mid-failed", "Failed", 2, Some("bogus")),
+            machine("users-false", "Failed", 4, Some("false")),
+            machine("users-when-failed", "Failed", 5, Some("when-failed")),
+            machine("running", "Running", 6, None),
+        ];
+        let plan = plan_auto_preservation(2, &ms);
+        assert_eq!(plan.annotate, vec!["new-failed", "mid-failed"]);
+        assert!(plan.release.is_empty());
+        // Already one auto-preserved (any phase counts): room for one more.
+        let mut with_one = ms.to_vec();
+        with_one.push(machine("auto", "Running", 0, Some("auto-preserved")));
+        let plan = plan_auto_preservation(2, &with_one);
+        assert_eq!(plan.annotate, vec!["new-failed"]);
+        // Limit reached, or none allowed: nothing.
+        assert_eq!(
+            plan_auto_preservation(1, &with_one),
+            AutoPreservePlan::default()
+        );
+        assert_eq!(plan_auto_preservation(0, &ms), AutoPreservePlan::default());
+        // A machine being deleted is not annotated.
+        let mut deleting = machine("deleting", "Failed", 9, None);
+        deleting.metadata.deletion_timestamp = deleting.metadata.creation_timestamp.clone();
+        assert!(plan_auto_preservation(1, [&deleting]).annotate.is_empty());
+    }
+
+    #[test]
+    fn over_the_limit_the_oldest_auto_preserved_machines_are_released() {
+        let ms = [
+            machine("new", "Failed", 3, Some("auto-preserved")),
+            machine("old", "Failed", 1, Some("auto-preserved")),
+            machine("mid", "Running", 2, Some("auto-preserved")),
+            machine("manual", "Failed", 0, Some("now")),
+            machine("candidate", "Failed", 4, None),
+        ];
+        let plan = plan_auto_preservation(1, &ms);
+        assert_eq!(plan.release, vec!["old", "mid"]);
+        assert!(plan.annotate.is_empty());
+        assert_eq!(plan_auto_preservation(0, &ms).release.len(), 3);
+    }
+
+    #[test]
+    fn views_and_counts_of_preserved_machines() {
+        let now = Timestamp::from_second(1_000).unwrap();
+        let with_expiry = |mut m: Machine, expiry: i64| {
+            let cs = m.status.as_mut().unwrap().current_status.as_mut().unwrap();
+            cs.preserve_expiry_time = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                Timestamp::from_second(expiry).unwrap(),
+            ));
+            m
+        };
+        let failed_op = |mut m: Machine| {
+            m.status.as_mut().unwrap().last_operation = Some(mcm_api::LastOperation {
+                state: Some(MachineState::Failed),
+                ..Default::default()
+            });
+            m
+        };
+        let ms = [
+            // Preserved and Failed: counted as preserved, not as failed.
+            failed_op(with_expiry(
+                machine("kept", "Failed", 1, Some("when-failed")),
+                2_000,
+            )),
+            // Expired: still counted as preserved (any expiry), but replaced.
+            failed_op(with_expiry(
+                machine("expired", "Failed", 2, Some("now")),
+                500,
+            )),
+            // Failed, not preserved: a failed machine.
+            failed_op(machine("failed", "Failed", 3, None)),
+            // Auto-preserved, preservation not started yet: kept.
+            failed_op(machine("auto", "Failed", 4, Some("auto-preserved"))),
+            with_expiry(machine("running", "Running", 5, Some("now")), 2_000),
+        ];
+        let views: Vec<MachineView> = ms
+            .iter()
+            .map(|m| MachineView::from_machine(m, None, None, now))
+            .collect();
+        let by = |n: &str| views.iter().find(|v| v.name == n).unwrap();
+        assert!(by("kept").preserved && by("kept").keep_if_failed);
+        assert!(!by("expired").preserved && !by("expired").keep_if_failed);
+        assert!(!by("failed").keep_if_failed);
+        assert!(by("auto").keep_if_failed && by("auto").auto_preserved);
+        assert!(by("running").preserved);
+        let counts = count_machines(&views, 0, now);
+        assert_eq!(counts.preserved_failed, 2);
+        assert_eq!(counts.auto_preserved, 1);
+        let failed: Vec<_> = counts
+            .failed
+            .iter()
+            .map(|f| f.name.clone().unwrap())
+            .collect();
+        assert_eq!(failed, vec!["failed", "auto"]);
+        // The Node's value wins: `false` there ends the wait for a preservation.
+        let v = MachineView::from_machine(&ms[3], None, Some("false"), now);
+        assert!(!v.keep_if_failed);
     }
 
     #[test]

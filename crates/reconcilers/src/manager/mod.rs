@@ -150,6 +150,7 @@ pub fn prepare(
         client: control.clone(),
         machines: machines.clone(),
         sets: sets.clone(),
+        nodes: nodes.clone(),
         events: events.clone(),
         expectations: ms::Expectations::default(),
         overlaps: Default::default(),
