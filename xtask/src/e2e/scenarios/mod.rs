@@ -2,6 +2,7 @@
 
 mod faults;
 mod fleet;
+mod preserve;
 mod rollout;
 
 use anyhow::Result;
@@ -27,11 +28,14 @@ pub enum Scenario {
     DeleteDeployment,
     /// An invalid providerSpec is reported on the Machine and nothing is created.
     BadClass,
+    /// Crashed VMs with `autoPreserveFailedMachineMax: 1`: one Failed machine is kept with
+    /// its drained node, the next is replaced, the kept one is replaced once released.
+    Preserve,
 }
 
 impl Scenario {
     /// Every scenario, in the order the suite runs them.
-    pub const ALL: [Scenario; 8] = [
+    pub const ALL: [Scenario; 9] = [
         Scenario::Scale,
         Scenario::RollingUpdate,
         Scenario::VmCrash,
@@ -40,6 +44,7 @@ impl Scenario {
         Scenario::ControllerRestart,
         Scenario::DeleteDeployment,
         Scenario::BadClass,
+        Scenario::Preserve,
     ];
 
     /// The name used on the command line and in reports.
@@ -53,6 +58,7 @@ impl Scenario {
             Scenario::ControllerRestart => "controller-restart",
             Scenario::DeleteDeployment => "delete-deployment",
             Scenario::BadClass => "bad-class",
+            Scenario::Preserve => "preserve",
         }
     }
 
@@ -67,6 +73,7 @@ impl Scenario {
             Scenario::ControllerRestart => rollout::controller_restart(ctx).await,
             Scenario::DeleteDeployment => fleet::delete_deployment(ctx).await,
             Scenario::BadClass => fleet::bad_class(ctx).await,
+            Scenario::Preserve => preserve::preserve(ctx).await,
         }
     }
 }
