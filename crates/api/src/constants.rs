@@ -23,6 +23,22 @@ pub mod labels {
     pub const MACHINE_SET_SCALE_UP_DISABLED: &str = "node.machine.sapcloud.io/scale-up-disabled";
     /// Label on a Node (value `"true"`) selecting it for a manual in-place update.
     pub const SELECTED_FOR_UPDATE: &str = "node.machine.sapcloud.io/selected-for-update";
+    /// Node label: the node's machine belongs to an old MachineSet of an in-place rollout
+    /// (set by the MachineDeployment controller).
+    pub const CANDIDATE_FOR_UPDATE: &str = "node.machine.sapcloud.io/candidate-for-update";
+    /// Node label set by the node agent after an in-place update (values in
+    /// [`update_result`]); on a Machine while its ownership moves to the new MachineSet.
+    pub const UPDATE_RESULT: &str = "node.machine.sapcloud.io/update-result";
+    /// Values of [`UPDATE_RESULT`].
+    pub mod update_result {
+        /// The update succeeded.
+        pub const SUCCESSFUL: &str = "successful";
+        /// The update failed (the reason in the Node annotation
+        /// [`super::super::annotations::UPDATE_FAILED_REASON`]).
+        pub const FAILED: &str = "failed";
+    }
+    /// Machine label forcing the drain of an in-place update (`True`).
+    pub const FORCE_DRAIN: &str = "force-drain";
 }
 
 /// Annotations read or written by the controllers.
@@ -68,6 +84,8 @@ pub mod annotations {
     pub const DEPRECATED_ROLLBACK_TO: &str = "deprecated.deployment.rollback.to";
     /// Annotation asking the safety controller to unfreeze a MachineSet/MachineDeployment.
     pub const UNFREEZE: &str = "safety.machine.sapcloud.io/unfreeze";
+    /// Node annotation of the node agent: why an in-place update failed.
+    pub const UPDATE_FAILED_REASON: &str = "node.machine.sapcloud.io/update-failed-reason";
     /// MachineDeployment annotation (a Go duration) that overrides the creation timeout of
     /// the machines it creates from now on; copied to its new MachineSet and to each new
     /// Machine (whose `spec.creationTimeout` it also sets).
@@ -159,6 +177,21 @@ pub mod node_conditions {
     pub const READY: &str = "Ready";
     /// Condition tracking an in-place update of the Node.
     pub const IN_PLACE_UPDATE: &str = "InPlaceUpdate";
+    /// Reasons of the [`IN_PLACE_UPDATE`] condition, in the order an update goes through them.
+    pub mod in_place {
+        /// The node's machine belongs to an old set.
+        pub const CANDIDATE_FOR_UPDATE: &str = "CandidateForUpdate";
+        /// The node was selected (label `selected-for-update`).
+        pub const SELECTED_FOR_UPDATE: &str = "SelectedForUpdate";
+        /// The node was cordoned and drained.
+        pub const DRAIN_SUCCESSFUL: &str = "DrainSuccessful";
+        /// The node agent may update the node.
+        pub const READY_FOR_UPDATE: &str = "ReadyForUpdate";
+        /// The node agent reported success.
+        pub const UPDATE_SUCCESSFUL: &str = "UpdateSuccessful";
+        /// The node agent reported failure.
+        pub const UPDATE_FAILED: &str = "UpdateFailed";
+    }
     /// Condition showing that the Node is preserved (upstream's type name).
     pub const NODE_PRESERVED: &str = "Preserved";
     /// Reason of [`NODE_PRESERVED`]: preserved automatically (`auto-preserved`).

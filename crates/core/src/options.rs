@@ -131,8 +131,8 @@ pub struct MachineControllerOptions {
     /// preserve annotation set (`spec.machinePreserveTimeout` overrides it per machine).
     #[arg(long = "machine-preserve-timeout", default_value = "96h", value_parser = go_duration)]
     pub machine_preserve_timeout: Duration,
-    /// Timeout used while in-place updating a machine (accepted; in-place updates are not
-    /// implemented).
+    /// Timeout used while in-place updating a machine (`spec.inPlaceUpdateTimeout` overrides
+    /// it per machine).
     #[arg(long = "machine-inplace-update-timeout", default_value = "20m", value_parser = go_duration)]
     pub machine_inplace_update_timeout: Duration,
     /// Maximum number of times evicts would be attempted on a pod before it is forcibly
@@ -265,6 +265,7 @@ impl MachineControllerOptions {
                     max_evict_retries: self.machine_max_evict_retries,
                     bad_conditions: split_list(&self.node_conditions),
                     preserve_timeout: self.machine_preserve_timeout,
+                    inplace_timeout: self.machine_inplace_update_timeout,
                 },
                 pv_detach_timeout: self.machine_pv_detach_timeout,
                 pv_reattach_timeout: self.machine_pv_reattach_timeout,

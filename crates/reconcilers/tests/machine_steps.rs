@@ -134,6 +134,7 @@ fn config(ns: &str) -> MachineControllerConfig {
                 max_evict_retries: 10,
                 bad_conditions: vec![],
                 preserve_timeout: Duration::from_secs(3600),
+                inplace_timeout: Duration::from_secs(600),
             },
             pv_detach_timeout: Duration::from_secs(5),
             pv_reattach_timeout: Duration::from_secs(5),

@@ -70,6 +70,10 @@ pub struct ProviderSpec {
     /// When true, the VM process exits with status 1 before registering (boot failure).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub fail_to_boot: bool,
+    /// When true, the VM's node agent reports every in-place update as failed (label
+    /// `node.machine.sapcloud.io/update-result=failed`), to exercise that path.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub fail_in_place_update: bool,
     /// When set, the VM process exits abruptly (status 137, no clean-up) after that long,
     /// counted from its start, like a kernel panic.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -10,6 +10,7 @@ pub mod ctx;
 pub mod decide;
 pub mod error;
 pub mod freeze;
+pub mod inplace;
 pub mod metrics;
 pub mod nodetemplate;
 pub mod observe;

@@ -24,6 +24,8 @@ pub struct Defaults {
     pub bad_conditions: Vec<String>,
     /// `--machine-preserve-timeout`
     pub preserve_timeout: Duration,
+    /// `--machine-inplace-update-timeout`
+    pub inplace_timeout: Duration,
 }
 
 /// The effective configuration of one machine: its `spec` overrides the defaults.
@@ -265,6 +267,7 @@ mod tests {
             max_evict_retries: 10,
             bad_conditions: split_list("KernelDeadlock,ReadonlyFilesystem"),
             preserve_timeout: Duration::from_secs(96 * 3600),
+            inplace_timeout: Duration::from_secs(20 * 60),
         }
     }
 

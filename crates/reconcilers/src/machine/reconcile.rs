@@ -8,7 +8,7 @@ use kube::runtime::controller::Action;
 use mcm_api::{Machine, MachinePhase};
 
 use super::decide::{self, ClassProblem, Step};
-use super::{Ctx, Error, act, observe, preserve};
+use super::{Ctx, Error, act, inplace, observe, preserve};
 
 /// One reconcile of a Machine: observe, decide, act.
 pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Action, Error> {
@@ -74,6 +74,22 @@ async fn reconcile_once(m: &Machine, ctx: &Ctx) -> Result<Action, Error> {
         }
         if let Some(result) = preserve::run(ctx, m, &cfg, node.as_deref(), step).await {
             return result;
+        }
+        // An in-place update's step (a Node is needed: none without a target cluster).
+        if let Some(node) = node.as_deref()
+            && m.metadata.deletion_timestamp.is_none()
+            && m.phase().is_some()
+        {
+            let healthy = observe::node_health(node, &cfg.bad_conditions).healthy();
+            let inplace_timeout = ctx.settings.defaults.inplace_timeout;
+            let facts = inplace::facts(m, node, healthy, &cfg, inplace_timeout);
+            let step = inplace::next(&facts, Timestamp::now());
+            if step != inplace::InPlaceStep::Nothing {
+                tracing::debug!(?step, "in-place update step");
+            }
+            if let Some(result) = inplace::run(ctx, m, &cfg, node, step).await {
+                return result;
+            }
         }
     }
     let protection = ctx.failure_protection(m);

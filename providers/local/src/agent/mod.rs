@@ -27,6 +27,7 @@
 //!    controller's job).
 
 pub mod bootstrap;
+pub mod inplace;
 pub mod node;
 pub mod pods;
 
@@ -268,6 +269,11 @@ async fn boot_and_serve(
     tokio::join!(
         node::heartbeat_loop(client.clone(), node, spec.heartbeat_interval(), ready_since),
         pods::run(client.clone(), id.node_name.clone()),
+        inplace::run(
+            client.clone(),
+            id.node_name.clone(),
+            spec.fail_in_place_update
+        ),
     );
     Ok(())
 }
