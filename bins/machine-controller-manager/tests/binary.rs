@@ -41,7 +41,6 @@ fn help_lists_every_gardener_flag() {
         "safety-up",
         "safety-down",
         "machine-safety-overshooting-period",
-        "machine-replace-cycle-count-threshold",
         "autoscaler-scaledown-annotation-during-rollout",
         "v",
         "leader-elect",

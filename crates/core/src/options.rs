@@ -102,7 +102,7 @@ pub struct MachineControllerOptions {
     #[arg(long, default_value = "")]
     pub cloud_provider: String,
     /// Enable profiling via web interface (accepted for compatibility; not served).
-    #[arg(long, action = ArgAction::Set, num_args = 0..=1, default_value_t = true, default_missing_value = "true")]
+    #[arg(long, action = ArgAction::Set, num_args = 0..=1, default_value_t = false, default_missing_value = "true")]
     pub profiling: bool,
     /// The number of machines that are allowed to sync concurrently.
     #[arg(long, default_value_t = 50)]
@@ -196,10 +196,6 @@ pub struct ManagerFlags {
     /// Time period used to poll for overshooting of machine objects by the safety controller.
     #[arg(long, default_value = "1m", value_parser = go_duration)]
     pub machine_safety_overshooting_period: Duration,
-    /// Threshold for machine replace cycles after which the effective creation timeout grows
-    /// (accepted for compatibility; the creation timeout is not grown).
-    #[arg(long, default_value_t = 2)]
-    pub machine_replace_cycle_count_threshold: u32,
     /// Add the cluster-autoscaler scale-down-disabled annotation to nodes during a rollout.
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, default_value_t = true, default_missing_value = "true")]
     pub autoscaler_scaledown_annotation_during_rollout: bool,
@@ -301,6 +297,10 @@ mod tests {
         assert_eq!(o.machine_creation_timeout, Duration::from_secs(20 * 60));
         assert_eq!(o.machine_health_timeout, Duration::from_secs(10 * 60));
         assert_eq!(o.machine_drain_timeout, Duration::from_secs(2 * 3600));
+        assert_eq!(o.machine_preserve_timeout, Duration::from_secs(96 * 3600));
+        assert_eq!(o.machine_inplace_update_timeout, Duration::from_secs(20 * 60));
+        assert_eq!(o.resource_exhausted_retry, Duration::from_secs(10 * 60));
+        assert!(!o.profiling, "upstream's default since 2025");
         assert_eq!(o.machine_pv_detach_timeout, Duration::from_secs(120));
         assert_eq!(o.machine_pv_reattach_timeout, Duration::from_secs(90));
         assert_eq!(
