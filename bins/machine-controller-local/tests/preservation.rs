@@ -44,10 +44,11 @@ fn tainted(n: &Node) -> bool {
 
 async fn await_node(
     h: &Harness,
+    name: &str,
     what: &str,
     pred: impl Fn(&Node) -> bool + Send + 'static,
 ) -> Node {
-    await_object(h.nodes(), "m1", WAIT, what, move |n: Option<&Node>| {
+    await_object(h.nodes(), name, WAIT, what, move |n: Option<&Node>| {
         n.is_some_and(&pred)
     })
     .await
@@ -56,12 +57,13 @@ async fn await_node(
 
 async fn await_machine(
     h: &Harness,
+    name: &str,
     what: &str,
     pred: impl Fn(&Machine) -> bool + Send + 'static,
 ) -> Machine {
     await_object(
         h.machines(),
-        "m1",
+        name,
         WAIT,
         what,
         move |m: Option<&Machine>| m.is_some_and(&pred),
@@ -70,18 +72,23 @@ async fn await_machine(
     .expect("machine")
 }
 
-async fn patch_node(h: &Harness, patch: serde_json::Value) {
+async fn patch_node(h: &Harness, name: &str, patch: serde_json::Value) {
     h.nodes()
-        .patch("m1", &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .expect("patch node");
 }
 
-/// A DaemonSet whose node selector matches only the node `m1` (labelled for it); returns the
+/// A DaemonSet whose node selector matches only `node` (labelled for it); returns the
 /// name of the pod the DaemonSet controller places there, once it runs.
-async fn daemon_set_pod(h: &Harness) -> (Api<Pod>, String) {
+async fn daemon_set_pod(h: &Harness, node: &str) -> (Api<Pod>, String) {
     let label = format!("ds-{}", h.ns);
-    patch_node(h, json!({"metadata": {"labels": {"preserve-test": label}}})).await;
+    patch_node(
+        h,
+        node,
+        json!({"metadata": {"labels": {"preserve-test": label}}}),
+    )
+    .await;
     let sets: Api<DaemonSet> = Api::namespaced(h.client.clone(), &h.ns);
     let ds: DaemonSet = serde_json::from_value(json!({
         "metadata": {"name": "agent"},
@@ -99,7 +106,7 @@ async fn daemon_set_pod(h: &Harness) -> (Api<Pod>, String) {
     .unwrap();
     create(&sets, &ds).await;
     let pods: Api<Pod> = Api::namespaced(h.client.clone(), &h.ns);
-    let name = mcm_testenv::kit::eventually(WAIT, "the DaemonSet pod to run on m1", || {
+    let name = mcm_testenv::kit::eventually(WAIT, "the DaemonSet pod to run on its node", || {
         let pods = pods.clone();
         async move {
             let list = pods
@@ -109,7 +116,7 @@ async fn daemon_set_pod(h: &Harness) -> (Api<Pod>, String) {
             list.items
                 .into_iter()
                 .find(|p| {
-                    p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some("m1")
+                    p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
                         && p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
                 })
                 .map(|p| p.name_any())
@@ -133,22 +140,22 @@ async fn a_failed_machine_is_preserved_drained_and_released_at_expiry() {
             "--machine-preserve-timeout=1h".into(),
         ],
     );
-    let m1 = MachineBuilder::new("m1")
+    let m1 = MachineBuilder::new("pf1")
         .class("local")
         .annotation(PRESERVE, "when-failed");
     create(&h.machines(), &m1.build()).await;
-    let running = h.await_phase("m1", MachinePhase::Running, WAIT).await;
+    let running = h.await_phase("pf1", MachinePhase::Running, WAIT).await;
     assert_eq!(expiry(&running), None, "when-failed waits for a failure");
-    let pods = h.run_pod("work", "m1", 30).await;
-    let (agents, agent) = daemon_set_pod(&h).await;
+    let pods = h.run_pod("work", "pf1", 30).await;
+    let (agents, agent) = daemon_set_pod(&h, "pf1").await;
 
-    h.kill_vm("m1");
-    let failed = h.await_phase("m1", MachinePhase::Failed, WAIT).await;
-    let m = await_machine(&h, "an expiry", |m| expiry(m).is_some()).await;
+    h.kill_vm("pf1");
+    let failed = h.await_phase("pf1", MachinePhase::Failed, WAIT).await;
+    let m = await_machine(&h, "pf1", "an expiry", |m| expiry(m).is_some()).await;
     let until = expiry(&m).unwrap();
     let hours = until.duration_since(jiff::Timestamp::now()).as_secs_f64() / 3600.0;
     assert!((0.9..=1.0).contains(&hours), "expiry in ~1h: {until}");
-    let node = await_node(&h, "the preserved node drained", |n| {
+    let node = await_node(&h, "pf1", "the preserved node drained", |n| {
         preserved_condition(n).is_some_and(|(s, _, m)| {
             s == "True" && m.starts_with("Preserved node drained successfully.")
         })
@@ -181,7 +188,7 @@ async fn a_failed_machine_is_preserved_drained_and_released_at_expiry() {
     // The expiry passes (an operator may also edit it): preservation ends completely.
     h.machines()
         .patch_status(
-            "m1",
+            "pf1",
             &PatchParams::default(),
             &Patch::Merge(json!({"status": {"currentStatus": {
                 "preserveExpiryTime": "2020-01-01T00:00:00Z"
@@ -189,19 +196,20 @@ async fn a_failed_machine_is_preserved_drained_and_released_at_expiry() {
         )
         .await
         .unwrap();
-    let m = await_machine(&h, "preservation released", |m| {
+    let m = await_machine(&h, "pf1", "preservation released", |m| {
         expiry(m).is_none() && !m.annotations().contains_key(PRESERVE)
     })
     .await;
     assert_eq!(m.phase(), Some(&MachinePhase::Failed));
-    let node = await_node(&h, "the node released", |n| {
+    let node = await_node(&h, "pf1", "the node released", |n| {
         !tainted(n)
             && preserved_condition(n)
                 .is_some_and(|(s, r, _)| s == "False" && r == "Preservation stopped.")
     })
     .await;
     assert!(!node.annotations().contains_key(SCALE_DOWN_DISABLED));
-    let stopped = mcm_testenv::kit::events_for(&h.client, &h.ns, "m1", "PreservationStopped").await;
+    let stopped =
+        mcm_testenv::kit::events_for(&h.client, &h.ns, "pf1", "PreservationStopped").await;
     assert!(stopped.iter().any(|n| n.contains("expired")), "{stopped:?}");
 }
 
@@ -213,14 +221,15 @@ async fn a_failed_machine_is_preserved_drained_and_released_at_expiry() {
 async fn a_preserved_machine_recovers_and_a_users_cordon_stays() {
     let h = Harness::new("preserve-now", json!({})).await;
     let _mc = h.spawn_controller("mc", &[]);
-    h.create_machine("m1", "local").await;
-    h.await_phase("m1", MachinePhase::Running, WAIT).await;
+    h.create_machine("pn1", "local").await;
+    h.await_phase("pn1", MachinePhase::Running, WAIT).await;
     patch_node(
         &h,
+        "pn1",
         json!({"metadata": {"annotations": {PRESERVE: "now"}}, "spec": {"unschedulable": true}}),
     )
     .await;
-    let m = await_machine(&h, "preserved with the node's value", |m| {
+    let m = await_machine(&h, "pn1", "preserved with the node's value", |m| {
         expiry(m).is_some()
             && m.annotations()
                 .get("node.machine.sapcloud.io/last-applied-node-preserve-value")
@@ -230,25 +239,25 @@ async fn a_preserved_machine_recovers_and_a_users_cordon_stays() {
     let until = expiry(&m).unwrap();
     let hours = until.duration_since(jiff::Timestamp::now()).as_secs_f64() / 3600.0;
     assert!(hours > 95.0, "the default preserve timeout is 96h: {until}");
-    await_node(&h, "the Preserved condition", |n| {
+    await_node(&h, "pn1", "the Preserved condition", |n| {
         preserved_condition(n)
             .is_some_and(|(s, _, m)| s == "True" && m.starts_with("Machine preserved until"))
             && n.annotations().contains_key(SCALE_DOWN_DISABLED)
     })
     .await;
-    h.run_pod("work", "m1", 0).await;
+    h.run_pod("work", "pn1", 0).await;
 
     // A failure (as the health check would record it) while the node is in fact healthy.
     h.machines()
         .patch_status(
-            "m1",
+            "pn1",
             &PatchParams::default(),
             &Patch::Merge(json!({"status": {"currentStatus": {"phase": "Failed"}}})),
         )
         .await
         .unwrap();
     // Tainted and drained, then Running again with the taint gone.
-    await_node(&h, "the failed machine's node drained", |n| {
+    await_node(&h, "pn1", "the failed machine's node drained", |n| {
         preserved_condition(n)
             .is_some_and(|(_, _, m)| m.starts_with("Preserved node drained successfully."))
     })
@@ -262,9 +271,9 @@ async fn a_preserved_machine_recovers_and_a_users_cordon_stays() {
         |p: Option<&Pod>| p.is_none(),
     )
     .await;
-    let m = h.await_phase("m1", MachinePhase::Running, WAIT).await;
+    let m = h.await_phase("pn1", MachinePhase::Running, WAIT).await;
     assert_eq!(expiry(&m), Some(until), "preservation goes on");
-    let node = await_node(&h, "the taint removed", |n| !tainted(n)).await;
+    let node = await_node(&h, "pn1", "the taint removed", |n| !tainted(n)).await;
     assert_eq!(
         node.spec.as_ref().and_then(|s| s.unschedulable),
         Some(true),
@@ -274,11 +283,12 @@ async fn a_preserved_machine_recovers_and_a_users_cordon_stays() {
     // `false` on the Node: preservation stops, the annotation stays (it is the user's).
     patch_node(
         &h,
+        "pn1",
         json!({"metadata": {"annotations": {PRESERVE: "false"}}}),
     )
     .await;
-    await_machine(&h, "preservation stopped", |m| expiry(m).is_none()).await;
-    let node = await_node(&h, "the node released", |n| {
+    await_machine(&h, "pn1", "preservation stopped", |m| expiry(m).is_none()).await;
+    let node = await_node(&h, "pn1", "the node released", |n| {
         preserved_condition(n).is_some_and(|(s, _, _)| s == "False")
     })
     .await;

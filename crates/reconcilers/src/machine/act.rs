@@ -23,7 +23,7 @@ use super::decide::{ClassProblem, MachineConfig};
 use super::metrics::{DeploymentLabels, PlacementLabels, Timed};
 use super::status::{self, Operation};
 use super::{Ctx, Error, token};
-use crate::kube_api::{self, ApiErrorExt, Part};
+use crate::kube_api::{self, ApiErrorExt};
 
 const RECHECK: Duration = Duration::from_secs(30);
 
@@ -1228,26 +1228,42 @@ pub async fn set_node_terminating(ctx: &Ctx, node: &Node, m: &Machine) -> Result
         node_conditions::REASON_SCALE_DOWN
     };
     let now = Timestamp::now().to_string();
-    let mut conditions: Vec<serde_json::Value> = super::observe::node_conditions_of(node)
-        .iter()
-        .filter(|c| c.type_ != node_conditions::TERMINATING)
-        .map(|c| serde_json::to_value(c).unwrap_or_default())
-        .collect();
-    conditions.push(json!({
+    let condition = json!({
         "type": node_conditions::TERMINATING,
         "status": "True",
         "reason": reason,
         "message": format!("machine {} is being deleted", name(m)),
         "lastHeartbeatTime": now,
         "lastTransitionTime": now,
-    }));
+    });
+    patch_node_condition(
+        ctx,
+        &node.name_any(),
+        condition,
+        "set the node's Terminating condition",
+    )
+    .await
+}
+
+/// Adds or replaces one condition of a Node (a strategic merge patch keyed by the condition
+/// type: the kubelet's and the node lifecycle controller's conditions are left as they are,
+/// never rewritten from a possibly stale copy). A node gone meanwhile needs no condition.
+pub(crate) async fn patch_node_condition(
+    ctx: &Ctx,
+    node: &str,
+    condition: serde_json::Value,
+    what: &'static str,
+) -> Result<(), Error> {
     let nodes: Api<Node> = Api::all(ctx.target.clone());
-    let patch = json!({ "status": { "conditions": conditions } });
-    // A node gone meanwhile needs no condition.
-    let _ = kube_api::merge_patch(&nodes, Part::Status, &node.name_any(), &patch)
+    let patch = json!({ "status": { "conditions": [condition] } });
+    match nodes
+        .patch_status(node, &PatchParams::default(), &Patch::Strategic(&patch))
         .await
-        .map_err(|e| Error::kube("set the node's Terminating condition", e))?;
-    Ok(())
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.is_not_found() => Ok(()),
+        Err(e) => Err(Error::kube(what, e)),
+    }
 }
 
 /// Whether a Machine of this name exists, read from the API server (used where the store

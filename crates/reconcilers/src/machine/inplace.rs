@@ -15,16 +15,15 @@ use std::time::Duration;
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use kube::runtime::controller::Action;
-use kube::{Api, Resource, ResourceExt};
+use kube::{Resource, ResourceExt};
 use mcm_api::constants::node_conditions::{self, in_place};
 use mcm_api::constants::{annotations, labels};
 use mcm_api::{Machine, MachineOperationType, MachinePhase};
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::decide::MachineConfig;
 use super::status::{self, Operation};
 use super::{Ctx, Error};
-use crate::kube_api::{self, Part};
 
 /// How soon a reconcile comes back after an in-place step.
 const NEXT_STEP: Duration = Duration::from_secs(2);
@@ -329,26 +328,16 @@ pub async fn run(
 /// Writes the Node's `InPlaceUpdate` condition (status `True`, as upstream).
 async fn set_condition(ctx: &Ctx, node: &Node, reason: &str, message: &str) -> Result<(), Error> {
     let now = Timestamp::now().to_string();
-    let mut conditions: Vec<Value> = super::observe::node_conditions_of(node)
-        .iter()
-        .filter(|c| c.type_ != node_conditions::IN_PLACE_UPDATE)
-        .map(|c| serde_json::to_value(c).unwrap_or_default())
-        .collect();
-    conditions.push(json!({
+    let condition = json!({
         "type": node_conditions::IN_PLACE_UPDATE,
         "status": "True",
         "reason": reason,
         "message": message,
         "lastHeartbeatTime": now,
         "lastTransitionTime": now,
-    }));
-    let nodes: Api<Node> = Api::all(ctx.target.clone());
-    let patch = json!({ "status": { "conditions": conditions } });
-    // A node gone meanwhile needs no condition.
-    let _ = kube_api::merge_patch(&nodes, Part::Status, &node.name_any(), &patch)
-        .await
-        .map_err(|e| Error::kube("set the node's InPlaceUpdate condition", e))?;
-    Ok(())
+    });
+    let what = "set the node's InPlaceUpdate condition";
+    super::act::patch_node_condition(ctx, &node.name_any(), condition, what).await
 }
 
 /// One pass of the in-place drain: cordon and evict; once nothing is left, the machine is

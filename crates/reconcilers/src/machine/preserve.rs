@@ -522,21 +522,16 @@ async fn write_condition(
             .map_or(now.clone(), |t| t.0.to_string()),
         _ => now.clone(),
     };
-    let mut conditions: Vec<Value> = super::observe::node_conditions_of(node)
-        .iter()
-        .filter(|c| c.type_ != node_conditions::NODE_PRESERVED)
-        .map(|c| serde_json::to_value(c).unwrap_or_default())
-        .collect();
-    conditions.push(json!({
+    let condition = json!({
         "type": node_conditions::NODE_PRESERVED,
         "status": status,
         "reason": reason,
         "message": message,
         "lastHeartbeatTime": now,
         "lastTransitionTime": transition,
-    }));
-    let patch = json!({ "status": { "conditions": conditions } });
-    patch_node(ctx, &node.name_any(), Part::Status, &patch).await
+    });
+    let what = "set the node's Preserved condition";
+    super::act::patch_node_condition(ctx, &node.name_any(), condition, what).await
 }
 
 async fn remove_taint(ctx: &Ctx, node: &Node) -> Result<(), Error> {
