@@ -258,6 +258,20 @@ impl<'a> Ctx<'a> {
         Ok(())
     }
 
+    /// Starts the manager with `--target-kubeconfig=<target>` (e.g. `none`).
+    pub async fn start_manager_with_target(
+        &mut self,
+        timings: &Timings,
+        target: PathBuf,
+    ) -> Result<()> {
+        self.manager_starts += 1;
+        let name = format!("manager-{}", self.manager_starts);
+        let manager = self.spawn(ControllerKind::Manager, &name, Some(target), timings)?;
+        manager.await_ready(WAIT).await?;
+        self.manager = Some(manager);
+        Ok(())
+    }
+
     /// SIGKILLs the manager.
     pub fn kill_manager(&mut self) -> Result<u32> {
         let m = self.manager.take().context("the manager is not running")?;

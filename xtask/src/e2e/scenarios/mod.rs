@@ -4,6 +4,7 @@ mod faults;
 mod fleet;
 mod preserve;
 mod rollout;
+mod upstream;
 
 use anyhow::Result;
 
@@ -31,11 +32,18 @@ pub enum Scenario {
     /// Crashed VMs with `autoPreserveFailedMachineMax: 1`: one Failed machine is kept with
     /// its drained node, the next is replaced, the kept one is replaced once released.
     Preserve,
+    /// `effective-creation-timeout` on a deployment whose VMs never join: its machines fail
+    /// after that timeout, not the flag's, and are replaced.
+    CreationTimeout,
+    /// Both controllers with `--target-kubeconfig=none`: machines are Available.
+    NoTarget,
+    /// `rollbackTo` after a rollout: the previous template is rolled out again.
+    Rollback,
 }
 
 impl Scenario {
     /// Every scenario, in the order the suite runs them.
-    pub const ALL: [Scenario; 9] = [
+    pub const ALL: [Scenario; 12] = [
         Scenario::Scale,
         Scenario::RollingUpdate,
         Scenario::VmCrash,
@@ -45,6 +53,9 @@ impl Scenario {
         Scenario::DeleteDeployment,
         Scenario::BadClass,
         Scenario::Preserve,
+        Scenario::CreationTimeout,
+        Scenario::NoTarget,
+        Scenario::Rollback,
     ];
 
     /// The name used on the command line and in reports.
@@ -59,6 +70,9 @@ impl Scenario {
             Scenario::DeleteDeployment => "delete-deployment",
             Scenario::BadClass => "bad-class",
             Scenario::Preserve => "preserve",
+            Scenario::CreationTimeout => "creation-timeout",
+            Scenario::NoTarget => "no-target",
+            Scenario::Rollback => "rollback",
         }
     }
 
@@ -74,6 +88,9 @@ impl Scenario {
             Scenario::DeleteDeployment => fleet::delete_deployment(ctx).await,
             Scenario::BadClass => fleet::bad_class(ctx).await,
             Scenario::Preserve => preserve::preserve(ctx).await,
+            Scenario::CreationTimeout => upstream::creation_timeout(ctx).await,
+            Scenario::NoTarget => upstream::no_target(ctx).await,
+            Scenario::Rollback => upstream::rollback(ctx).await,
         }
     }
 }
