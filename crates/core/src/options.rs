@@ -298,7 +298,10 @@ mod tests {
         assert_eq!(o.machine_health_timeout, Duration::from_secs(10 * 60));
         assert_eq!(o.machine_drain_timeout, Duration::from_secs(2 * 3600));
         assert_eq!(o.machine_preserve_timeout, Duration::from_secs(96 * 3600));
-        assert_eq!(o.machine_inplace_update_timeout, Duration::from_secs(20 * 60));
+        assert_eq!(
+            o.machine_inplace_update_timeout,
+            Duration::from_secs(20 * 60)
+        );
         assert_eq!(o.resource_exhausted_retry, Duration::from_secs(10 * 60));
         assert!(!o.profiling, "upstream's default since 2025");
         assert_eq!(o.machine_pv_detach_timeout, Duration::from_secs(120));

@@ -1,25 +1,32 @@
 //! MachineDeployment controller against a real control plane; the test plays the machine
-//! controller (machines become Running as soon as they appear).
+//! controller (machines become Running as soon as they appear) and, for in-place updates,
+//! the machine controller's in-place part and the node agent.
 
 mod common_manager;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use common_manager::*;
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, ResourceExt};
-use mcm_api::constants::labels;
+use kube::{Api, Client, ResourceExt};
+use mcm_api::constants::{annotations, labels, taints};
 use mcm_api::{
-    ConditionStatus, Machine, MachineDeployment, MachineDeploymentCondition,
-    MachineDeploymentConditionType, MachineDeploymentStatus,
+    ConditionStatus, InPlaceUpdateMachineDeployment, Machine, MachineDeployment,
+    MachineDeploymentCondition, MachineDeploymentConditionType, MachineDeploymentStatus,
+    MachineDeploymentStrategy, MachineDeploymentStrategyType, MachineSet, OrchestrationType,
+    UpdateConfiguration,
 };
-use mcm_testenv::kit::{MachineDeploymentBuilder, await_list};
+use mcm_reconcilers::machine::inplace as mc_inplace;
+use mcm_testenv::kit::{MachineDeploymentBuilder, await_list, create_ready_node, eventually};
 use serde_json::json;
 
 /// Bound for reactions to a deletion: far below the 600 s resync, so a deployment that only
@@ -425,7 +432,7 @@ async fn invalid_strategy_is_a_condition_until_fixed() {
         strategy.type_ = Some("BlueGreen".into());
     }
     create_deployment(&h, &d).await;
-    let message = r#"spec.strategy.type: "BlueGreen" is not supported by this controller (use Recreate or RollingUpdate)"#;
+    let message = r#"spec.strategy.type: "BlueGreen" is not supported by this controller (use Recreate, RollingUpdate or InPlaceUpdate)"#;
     wait_list(h.deployments(), "the InvalidStrategy condition", |d| {
         observed_status(d).is_some()
             && progressing(&d[0]).is_some_and(|c| is_invalid_strategy(c, message))
@@ -611,5 +618,661 @@ async fn the_effective_creation_timeout_reaches_new_machines() {
         .collect();
     timeouts.sort();
     assert_eq!(timeouts, vec![Some(420), Some(540)]);
+    h.stop().await;
+}
+
+// ---------------------------------------------------------------------------------------
+// In-place updates. The test plays the machine controller's in-place part with its own
+// decision function (`machine::inplace::next`: the Node's `InPlaceUpdate` condition follows
+// the labels, a selected node is cordoned, its machine goes `InPlaceUpdating`, then
+// `InPlaceUpdateSuccessful` and `Running`) and the node agent (on `ReadyForUpdate` it labels
+// the node `update-result`, `failed` for the nodes it is told to fail).
+// ---------------------------------------------------------------------------------------
+
+/// An `InPlaceUpdate` deployment `md` of class `c1`.
+fn in_place_md(
+    replicas: i32,
+    orchestration: &str,
+    surge: i32,
+    unavailable: i32,
+) -> MachineDeployment {
+    let mut d = MachineDeploymentBuilder::new("md")
+        .replicas(replicas)
+        .class("c1")
+        .build();
+    d.spec.strategy = Some(MachineDeploymentStrategy {
+        type_: Some(MachineDeploymentStrategyType::InPlaceUpdate),
+        in_place_update: Some(InPlaceUpdateMachineDeployment {
+            update_configuration: UpdateConfiguration {
+                max_surge: Some(IntOrString::Int(surge)),
+                max_unavailable: Some(IntOrString::Int(unavailable)),
+            },
+            orchestration_type: Some(OrchestrationType::from(orchestration)),
+        }),
+        ..MachineDeploymentStrategy::default()
+    });
+    d
+}
+
+/// The label that marks the Nodes of one test (Nodes are cluster-wide).
+const TEST_NODE_LABEL: &str = "test.mcm-rs/namespace";
+
+fn nodes_api(h: &Harness) -> Api<Node> {
+    Api::all(h.client.clone())
+}
+
+fn node_label<'a>(n: &'a Node, key: &str) -> Option<&'a str> {
+    n.labels().get(key).map(String::as_str)
+}
+
+/// Gives every machine a Ready Node `<namespace>-<machine>` and the machine its `node`
+/// label, as a joined machine has; returns the machines by name with their Node.
+async fn give_nodes(h: &Harness, machines: &[Machine]) -> BTreeMap<String, String> {
+    let mut nodes = BTreeMap::new();
+    for m in machines {
+        let node = format!("{}-{}", h.ns, m.name_any());
+        create_ready_node(
+            &h.client,
+            &node,
+            &format!("local:///{node}"),
+            &[(TEST_NODE_LABEL, h.ns.as_str())],
+        )
+        .await;
+        h.machines()
+            .patch(
+                &m.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"labels": {labels::NODE: node}}})),
+            )
+            .await
+            .expect("label machine with its node");
+        nodes.insert(m.name_any(), node);
+    }
+    nodes
+}
+
+/// Deletes the Nodes of the test.
+async fn delete_nodes(h: &Harness) {
+    let _ = nodes_api(h)
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels(&format!("{TEST_NODE_LABEL}={}", h.ns)),
+        )
+        .await;
+}
+
+/// Plays the machine controller's in-place part and the node agent for the machines of
+/// `ns` until aborted; the agent fails the update of the Nodes in `failing`.
+async fn play_in_place(client: Client, ns: String, failing: BTreeSet<String>) {
+    let machines: Api<Machine> = Api::namespaced(client.clone(), &ns);
+    let nodes: Api<Node> = Api::all(client);
+    loop {
+        if let Ok(list) = machines.list(&ListParams::default()).await {
+            for m in &list.items {
+                let Some(name) = m.node_name() else { continue };
+                let Ok(Some(node)) = nodes.get_opt(name).await else {
+                    continue;
+                };
+                let facts = mc_inplace::Facts {
+                    machine: m.metadata.name.as_deref().unwrap_or_default(),
+                    phase: m.phase(),
+                    phase_since: mcm_reconcilers::machine::observe::phase_since(m),
+                    force_drain: false,
+                    node: &node,
+                    healthy: true,
+                    inplace_timeout: Duration::from_secs(3600),
+                    health_timeout: Duration::from_secs(3600),
+                    disable_health_timeout: false,
+                    drain_timeout: Duration::from_secs(3600),
+                };
+                let step = mc_inplace::next(&facts, jiff::Timestamp::now());
+                play_step(&machines, &nodes, m, &node, step, &failing).await;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn set_phase(machines: &Api<Machine>, m: &Machine, phase: &str) {
+    let patch = json!({"status": {"currentStatus": {
+        "phase": phase,
+        "lastUpdateTime": Time(jiff::Timestamp::now()),
+    }}});
+    let _ = machines
+        .patch_status(
+            &m.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&patch),
+        )
+        .await;
+}
+
+/// Sets the Node's `InPlaceUpdate` condition and copies it to the machine, as the machine
+/// controller does.
+async fn set_condition(
+    machines: &Api<Machine>,
+    nodes: &Api<Node>,
+    m: &Machine,
+    node: &str,
+    reason: &str,
+    message: &str,
+) {
+    let now = jiff::Timestamp::now().to_string();
+    let condition = json!({
+        "type": "InPlaceUpdate", "status": "True", "reason": reason, "message": message,
+        "lastHeartbeatTime": now, "lastTransitionTime": now,
+    });
+    let _ = nodes
+        .patch_status(
+            node,
+            &PatchParams::default(),
+            &Patch::Strategic(json!({"status": {"conditions": [condition.clone()]}})),
+        )
+        .await;
+    let _ = machines
+        .patch_status(
+            &m.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"conditions": [condition]}})),
+        )
+        .await;
+}
+
+async fn play_step(
+    machines: &Api<Machine>,
+    nodes: &Api<Node>,
+    m: &Machine,
+    node: &Node,
+    step: mc_inplace::InPlaceStep,
+    failing: &BTreeSet<String>,
+) {
+    use mc_inplace::InPlaceStep;
+    let name = node.name_any();
+    match step {
+        InPlaceStep::Nothing | InPlaceStep::Fail { .. } => {}
+        InPlaceStep::Condition { reason, message } => {
+            set_condition(machines, nodes, m, &name, reason, &message).await;
+        }
+        InPlaceStep::Drain { .. } => {
+            // Cordon as the drain does (recorded, so the uncordon removes exactly that).
+            if let Some(cordon) = mcm_drain::plan_cordon(node) {
+                let _ = nodes
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&cordon.patch))
+                    .await;
+            }
+            set_phase(machines, m, "InPlaceUpdating").await;
+            set_condition(
+                machines,
+                nodes,
+                m,
+                &name,
+                "DrainSuccessful",
+                "Node draining successful",
+            )
+            .await;
+        }
+        InPlaceStep::Phase { phase, .. } => set_phase(machines, m, phase.as_str()).await,
+        InPlaceStep::Await { .. } => {
+            // The node agent: the node is ReadyForUpdate.
+            let patch = if failing.contains(&name) {
+                json!({"metadata": {
+                    "labels": {labels::UPDATE_RESULT: "failed"},
+                    "annotations": {annotations::UPDATE_FAILED_REASON: "disk full"},
+                }})
+            } else {
+                json!({"metadata": {"labels": {labels::UPDATE_RESULT: "successful"}}})
+            };
+            let _ = nodes
+                .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await;
+        }
+    }
+}
+
+/// The deployment's set of class `class`.
+fn set_of_class<'a>(sets: &'a [MachineSet], class: &str) -> Option<&'a MachineSet> {
+    sets.iter().find(|s| {
+        s.spec
+            .template
+            .as_ref()
+            .and_then(|t| t.spec.as_ref())
+            .and_then(|t| t.class.as_ref())
+            .and_then(|c| c.name.as_deref())
+            == Some(class)
+    })
+}
+
+fn owner_uid(m: &Machine) -> Option<String> {
+    m.owner_references()
+        .iter()
+        .find(|o| o.controller == Some(true))
+        .map(|o| o.uid.clone())
+}
+
+/// Starts `d` with running machines that have Nodes, and the player of the in-place part;
+/// returns the machines' uids by name, their Nodes by machine name and the player.
+async fn start_in_place(
+    h: &Harness,
+    d: &MachineDeployment,
+    failing: impl Fn(&BTreeMap<String, String>) -> BTreeSet<String>,
+) -> (
+    BTreeMap<String, String>,
+    BTreeMap<String, String>,
+    tokio::task::JoinHandle<()>,
+) {
+    let n = usize::try_from(d.spec.replicas()).expect("replicas");
+    create_deployment(h, d).await;
+    let ms = wait_machines(h, &format!("{n} running c1"), |m| {
+        running_of_class(m, "c1") == n && m.len() == n
+    })
+    .await;
+    let nodes = give_nodes(h, &ms).await;
+    let uids = ms
+        .iter()
+        .map(|m| (m.name_any(), m.metadata.uid.clone().expect("uid")))
+        .collect();
+    let player = tokio::spawn(play_in_place(
+        h.client.clone(),
+        h.ns.clone(),
+        failing(&nodes),
+    ));
+    (uids, nodes, player)
+}
+
+/// Watches the test's Nodes and returns the most that carried `selected-for-update` at
+/// once so far (shared with the watching task).
+fn watch_selected(h: &Harness) -> (Arc<AtomicUsize>, tokio::task::JoinHandle<()>) {
+    let most = Arc::new(AtomicUsize::new(0));
+    let seen = most.clone();
+    let api = nodes_api(h);
+    let config = watcher::Config::default().labels(&format!("{TEST_NODE_LABEL}={}", h.ns));
+    let task = tokio::spawn(async move {
+        let mut selected: BTreeMap<String, bool> = BTreeMap::new();
+        let mut stream = watcher(api, config).default_backoff().boxed();
+        while let Some(ev) = stream.next().await {
+            match ev {
+                Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) => {
+                    let on = node_label(&n, labels::SELECTED_FOR_UPDATE).is_some();
+                    selected.insert(n.name_any(), on);
+                }
+                Ok(watcher::Event::Delete(n)) => {
+                    selected.remove(&n.name_any());
+                }
+                _ => {}
+            }
+            let now = selected.values().filter(|s| **s).count();
+            seen.fetch_max(now, Ordering::SeqCst);
+        }
+    });
+    (most, task)
+}
+
+/// Asserts that the machines are exactly those of `uids` (same names, same objects).
+fn assert_same_machines(ms: &[Machine], uids: &BTreeMap<String, String>) {
+    let now: BTreeMap<String, String> = ms
+        .iter()
+        .map(|m| (m.name_any(), m.metadata.uid.clone().unwrap_or_default()))
+        .collect();
+    assert_eq!(&now, uids, "no machine deleted, none created");
+}
+
+/// Asserts that the Node carries nothing of the in-place update any more.
+fn assert_cleaned(n: &Node) {
+    for key in [
+        labels::CANDIDATE_FOR_UPDATE,
+        labels::SELECTED_FOR_UPDATE,
+        labels::UPDATE_RESULT,
+    ] {
+        assert_eq!(node_label(n, key), None, "{key} on {}", n.name_any());
+    }
+    assert!(
+        !n.annotations()
+            .contains_key(annotations::UPDATE_FAILED_REASON),
+        "{n:#?}"
+    );
+    let spec = n.spec.clone().unwrap_or_default();
+    assert_ne!(spec.unschedulable, Some(true), "uncordoned: {n:#?}");
+    let taints = spec.taints.unwrap_or_default();
+    let keys: Vec<&str> = taints.iter().map(|t| t.key.as_str()).collect();
+    assert!(!keys.contains(&taints::PREFER_NO_SCHEDULE), "{keys:?}");
+    assert!(!keys.contains(&taints::UNSCHEDULABLE), "{keys:?}");
+    assert!(
+        taints
+            .iter()
+            .any(|t| t.key == taints::CRITICAL_COMPONENTS_NOT_READY && t.effect == "NoSchedule"),
+        "{keys:?}"
+    );
+}
+
+/// Auto, 3 replicas, maxUnavailable 1: every machine is updated where it is and moves to
+/// the new set under its name; never more than one node is selected at a time; the old set
+/// ends at 0 replicas and the nodes are cleaned up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_place_auto_moves_every_machine_one_at_a_time() {
+    let h = Harness::start("md-inplace-auto").await;
+    let (uids, nodes, player) =
+        start_in_place(&h, &in_place_md(3, "Auto", 0, 1), |_| BTreeSet::new()).await;
+    let (most_selected, watch) = watch_selected(&h);
+    let old_set = wait_list(h.sets(), "one set", |s| s.len() == 1).await[0].clone();
+    roll_to(&h, "c2").await;
+    let sets = wait_list(h.sets(), "the new set", |s| set_of_class(s, "c2").is_some()).await;
+    let new_set = set_of_class(&sets, "c2").expect("new set").clone();
+    let new_uid = new_set.metadata.uid.clone().expect("uid");
+    let new_hash = new_set.labels()[labels::MACHINE_TEMPLATE_HASH].clone();
+
+    let ms = wait_machines(&h, "all machines moved to the new set", |ms| {
+        ms.len() == 3
+            && ms.iter().all(|m| {
+                owner_uid(m).as_deref() == Some(new_uid.as_str())
+                    && !m.labels().contains_key(labels::UPDATE_RESULT)
+                    && is_running(m)
+            })
+    })
+    .await;
+    assert_same_machines(&ms, &uids);
+    for m in &ms {
+        assert_eq!(m.labels()[labels::MACHINE_TEMPLATE_HASH], new_hash);
+        assert_eq!(
+            class_of(m).as_deref(),
+            Some("c1"),
+            "the machine keeps its spec"
+        );
+    }
+    wait_list(h.sets(), "old set at 0, new set at 3", |s| {
+        let replicas = |name: &str| {
+            s.iter()
+                .find(|x| x.name_any() == name)
+                .map(|x| x.spec.replicas)
+        };
+        replicas(&old_set.name_any()) == Some(Some(0))
+            && replicas(&new_set.name_any()) == Some(Some(3))
+    })
+    .await;
+    let old = h.sets().get(&old_set.name_any()).await.expect("old set");
+    assert_eq!(
+        old.labels()
+            .get(labels::MACHINE_SET_SCALE_UP_DISABLED)
+            .map(String::as_str),
+        Some("true")
+    );
+    let cleaned = await_list(
+        nodes_api(&h),
+        WAIT,
+        "the nodes cleaned up",
+        |ns: &[Node]| {
+            let mine: Vec<&Node> = ns
+                .iter()
+                .filter(|n| nodes.values().any(|x| *x == n.name_any()))
+                .collect();
+            mine.len() == 3
+                && mine.iter().all(|n| {
+                    node_label(n, labels::CANDIDATE_FOR_UPDATE).is_none()
+                        && node_label(n, labels::UPDATE_RESULT).is_none()
+                })
+        },
+    )
+    .await;
+    for n in cleaned
+        .iter()
+        .filter(|n| nodes.values().any(|x| *x == n.name_any()))
+    {
+        assert_cleaned(n);
+    }
+    wait_list(h.deployments(), "rollout complete", |d| {
+        observed_status(d).is_some_and(|s| {
+            s.updated_replicas == Some(3)
+                && s.available_replicas == Some(3)
+                && s.replicas == Some(3)
+        })
+    })
+    .await;
+    assert_eq!(
+        most_selected.load(Ordering::SeqCst),
+        1,
+        "exactly one node selected at a time"
+    );
+    assert_same_machines(
+        &h.machines()
+            .list(&ListParams::default())
+            .await
+            .expect("list")
+            .items,
+        &uids,
+    );
+    player.abort();
+    watch.abort();
+    delete_nodes(&h).await;
+    h.stop().await;
+}
+
+/// Manual: the controller marks candidates but selects nothing; a node the test selects is
+/// updated and its machine moves, the other stays until it is selected too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_place_manual_updates_only_what_a_user_selects() {
+    let h = Harness::start("md-inplace-manual").await;
+    let (uids, nodes, player) =
+        start_in_place(&h, &in_place_md(2, "Manual", 1, 1), |_| BTreeSet::new()).await;
+    roll_to(&h, "c2").await;
+    let sets = wait_list(h.sets(), "the new set", |s| set_of_class(s, "c2").is_some()).await;
+    let new_set = set_of_class(&sets, "c2").expect("new set").clone();
+    let new_uid = new_set.metadata.uid.clone().expect("uid");
+    assert_eq!(
+        new_set.spec.replicas,
+        Some(0),
+        "Manual: the new set starts empty"
+    );
+    let is_mine = |n: &Node| nodes.values().any(|x| *x == n.name_any());
+    await_list(
+        nodes_api(&h),
+        WAIT,
+        "both nodes candidates",
+        |ns: &[Node]| {
+            ns.iter()
+                .filter(|n| {
+                    is_mine(n) && node_label(n, labels::CANDIDATE_FOR_UPDATE) == Some("true")
+                })
+                .count()
+                == 2
+        },
+    )
+    .await;
+    // Nothing is selected by the controller.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let listed = nodes_api(&h)
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items;
+    assert!(
+        listed
+            .iter()
+            .filter(|n| is_mine(n))
+            .all(|n| node_label(n, labels::SELECTED_FOR_UPDATE).is_none()),
+        "Manual: the controller selects nothing"
+    );
+    assert_eq!(
+        h.sets()
+            .get(&new_set.name_any())
+            .await
+            .expect("get")
+            .spec
+            .replicas,
+        Some(0)
+    );
+
+    // The user selects the first machine's node.
+    let (first, first_node) = nodes
+        .iter()
+        .next()
+        .map(|(m, n)| (m.clone(), n.clone()))
+        .expect("a node");
+    nodes_api(&h)
+        .patch(
+            &first_node,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {labels::SELECTED_FOR_UPDATE: "true"}}})),
+        )
+        .await
+        .expect("select");
+    let ms = wait_machines(&h, "the selected machine moved", |ms| {
+        ms.iter()
+            .any(|m| m.name_any() == first && owner_uid(m).as_deref() == Some(new_uid.as_str()))
+    })
+    .await;
+    let other = ms
+        .iter()
+        .find(|m| m.name_any() != first)
+        .expect("the other machine");
+    assert_ne!(
+        owner_uid(other).as_deref(),
+        Some(new_uid.as_str()),
+        "not selected, not moved"
+    );
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let listed = nodes_api(&h)
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items;
+    let other_node = &nodes[&other.name_any()];
+    let other_node = listed
+        .iter()
+        .find(|n| n.name_any() == *other_node)
+        .expect("node");
+    assert_eq!(node_label(other_node, labels::SELECTED_FOR_UPDATE), None);
+
+    // Then the other one.
+    nodes_api(&h)
+        .patch(
+            &other_node.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {labels::SELECTED_FOR_UPDATE: "true"}}})),
+        )
+        .await
+        .expect("select");
+    let ms = wait_machines(&h, "both machines moved", |ms| {
+        ms.len() == 2
+            && ms
+                .iter()
+                .all(|m| owner_uid(m).as_deref() == Some(new_uid.as_str()))
+    })
+    .await;
+    assert_same_machines(&ms, &uids);
+    wait_list(h.deployments(), "rollout complete", |d| {
+        observed_status(d)
+            .is_some_and(|s| s.updated_replicas == Some(2) && s.available_replicas == Some(2))
+    })
+    .await;
+    player.abort();
+    delete_nodes(&h).await;
+    h.stop().await;
+}
+
+/// A node whose agent reports `update-result: failed` keeps its machine in the old set;
+/// the other selected node's machine moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_place_a_failed_update_is_never_moved() {
+    let h = Harness::start("md-inplace-failed").await;
+    // maxUnavailable 2: the first two machines (by name) are selected together; the first
+    // one's update fails.
+    let (uids, nodes, player) = start_in_place(&h, &in_place_md(3, "Auto", 0, 2), |nodes| {
+        nodes.values().take(1).cloned().collect()
+    })
+    .await;
+    let (failed, failed_node) = nodes
+        .iter()
+        .next()
+        .map(|(m, n)| (m.clone(), n.clone()))
+        .expect("a node");
+    let old_set = wait_list(h.sets(), "one set", |s| s.len() == 1).await[0].clone();
+    let old_uid = old_set.metadata.uid.clone().expect("uid");
+    roll_to(&h, "c2").await;
+    let sets = wait_list(h.sets(), "the new set", |s| set_of_class(s, "c2").is_some()).await;
+    let new_uid = set_of_class(&sets, "c2")
+        .and_then(|s| s.metadata.uid.clone())
+        .expect("uid");
+    wait_machines(
+        &h,
+        "a machine moved, the failed one InPlaceUpdateFailed",
+        |ms| {
+            ms.iter()
+                .any(|m| owner_uid(m).as_deref() == Some(new_uid.as_str()))
+                && ms.iter().any(|m| {
+                    m.name_any() == failed
+                        && m.phase().map(|p| p.as_str()) == Some("InPlaceUpdateFailed")
+                })
+        },
+    )
+    .await;
+    // Give the controller time to do what it should not.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let ms = h
+        .machines()
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items;
+    assert_same_machines(&ms, &uids);
+    let m = ms
+        .iter()
+        .find(|m| m.name_any() == failed)
+        .expect("the failed machine");
+    assert_eq!(
+        owner_uid(m).as_deref(),
+        Some(old_uid.as_str()),
+        "never moved"
+    );
+    assert!(!m.labels().contains_key(labels::UPDATE_RESULT));
+    let node = nodes_api(&h).get(&failed_node).await.expect("node");
+    assert_eq!(node_label(&node, labels::UPDATE_RESULT), Some("failed"));
+    assert_eq!(
+        node_label(&node, labels::SELECTED_FOR_UPDATE),
+        Some("true"),
+        "left as it is"
+    );
+    assert_eq!(
+        node.spec.as_ref().and_then(|s| s.unschedulable),
+        Some(true),
+        "still cordoned"
+    );
+    let old = h.sets().get(&old_set.name_any()).await.expect("old set");
+    assert_eq!(
+        old.spec.replicas,
+        Some(2),
+        "only the moved machine left the old set"
+    );
+    player.abort();
+    delete_nodes(&h).await;
+    h.stop().await;
+}
+
+/// Without a target cluster an in-place deployment is refused with upstream's message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_place_without_a_target_cluster_is_refused() {
+    let h = Harness::start_with("md-inplace-no-target", |c| c.target_cluster = false).await;
+    create_deployment(&h, &in_place_md(2, "Auto", 0, 1)).await;
+    let message = "in-place updates are not supported if running without a target cluster";
+    wait_list(h.deployments(), "the refusal condition", |d| {
+        observed_status(d).is_some()
+            && progressing(&d[0]).is_some_and(|c| is_invalid_strategy(c, message))
+    })
+    .await;
+    let sets = h
+        .sets()
+        .list(&ListParams::default())
+        .await
+        .expect("list")
+        .items;
+    assert!(sets.is_empty(), "nothing rolled out: {sets:#?}");
+    // The Event follows the status write.
+    eventually(WAIT, "the Warning Event", || async {
+        !events_of(&h, "InvalidStrategy").await.is_empty()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let events = events_of(&h, "InvalidStrategy").await;
+    assert_eq!(events.len(), 1, "{events:#?}");
+    assert_eq!(events[0].type_.as_deref(), Some("Warning"));
+    assert_eq!(events[0].note.as_deref(), Some(message));
     h.stop().await;
 }

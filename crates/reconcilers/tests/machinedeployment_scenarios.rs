@@ -108,7 +108,9 @@ impl Sim {
         self.surge_bound = Some((self.replicas + strategy.max_surge()).max(current));
         self.availability_floor = match strategy {
             Strategy::Recreate => None,
-            Strategy::RollingUpdate { .. } => Some(self.replicas - strategy.max_unavailable()),
+            Strategy::RollingUpdate { .. } | Strategy::InPlaceUpdate { .. } => {
+                Some(self.replicas - strategy.max_unavailable())
+            }
         };
         self.floor_reached = false;
     }
@@ -231,6 +233,7 @@ impl Sim {
                 preserve_expiry: None,
                 keep_if_failed: false,
                 failure: None,
+                update_successful: false,
             })
             .collect()
     }

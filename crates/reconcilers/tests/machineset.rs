@@ -485,3 +485,78 @@ async fn scale_down_spares_a_preserved_machine() {
     wait_list(h.sets(), "2 machines counted", counted(2)).await;
     h.stop().await;
 }
+
+/// Patches the labels of the machine `name`.
+async fn label_machine(h: &Harness, name: &str, key: &str, value: Option<&str>) {
+    h.machines()
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {key: value}}})),
+        )
+        .await
+        .expect("label machine");
+}
+
+/// Sets the replicas (and optionally the scale-up-disabled label) of the set `ms`.
+async fn scale_set(h: &Harness, replicas: i32, scale_up_disabled: Option<Option<&str>>) {
+    let mut patch = json!({"spec": {"replicas": replicas}});
+    if let Some(value) = scale_up_disabled {
+        patch["metadata"] = json!({"labels": {labels::MACHINE_SET_SCALE_UP_DISABLED: value}});
+    }
+    h.sets()
+        .patch("ms", &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .expect("scale set");
+}
+
+/// In-place updates, the MachineSet's part: a machine labelled `update-result: successful`
+/// (just moved to the set) is never surplus, and a set labelled `scale-up-disabled` creates
+/// no machines until the label goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_moved_machine_is_kept_and_scale_up_disabled_creates_nothing() {
+    let h = Harness::start("ms-inplace").await;
+    let ms = start_set_of_3(&h).await;
+    let moved = ms[0].name_any();
+    label_machine(&h, &moved, labels::UPDATE_RESULT, Some("successful")).await;
+    wait_machines(&h, "the label seen", |m| {
+        m.iter().any(|m| {
+            m.labels().get(labels::UPDATE_RESULT).map(String::as_str) == Some("successful")
+        })
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // 2 replicas and 2 machines without the label: nothing is surplus.
+    scale_set(&h, 2, None).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let now = h
+        .machines()
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items;
+    assert_eq!(now.len(), 3, "no machine deleted: {now:#?}");
+    // 1 replica: one of the other two goes, the moved one stays.
+    scale_set(&h, 1, None).await;
+    let left = wait_machines(&h, "2 machines", |m| m.len() == 2).await;
+    assert!(left.iter().any(|m| m.name_any() == moved));
+    label_machine(&h, &moved, labels::UPDATE_RESULT, None).await;
+    wait_machines(&h, "1 machine", |m| m.len() == 1).await;
+
+    // Scale-up disabled: 3 replicas, still 1 machine.
+    scale_set(&h, 3, Some(Some("true"))).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let now = h
+        .machines()
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items;
+    assert_eq!(now.len(), 1, "no machine created: {now:#?}");
+    scale_set(&h, 3, Some(None)).await;
+    wait_machines(&h, "3 running", |m| {
+        m.len() == 3 && running_of_class(m, "c1") == 3
+    })
+    .await;
+    h.stop().await;
+}

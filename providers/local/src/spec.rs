@@ -109,7 +109,13 @@ impl NodeKind {
 }
 
 /// The providerSpec fields that describe a process and so cannot go with `node: kwok`.
-const PROCESS_ONLY_KEYS: [&str; 4] = ["bootDelay", "failToBoot", "crashAfter", "heartbeatInterval"];
+const PROCESS_ONLY_KEYS: [&str; 5] = [
+    "bootDelay",
+    "failToBoot",
+    "failInPlaceUpdate",
+    "crashAfter",
+    "heartbeatInterval",
+];
 
 /// Node capacity of a local VM. Every entry is a Kubernetes quantity.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -242,12 +248,13 @@ impl ProviderSpec {
 }
 
 const ROOT: &str = "providerSpec";
-const TOP_LEVEL_KEYS: [&str; 9] = [
+const TOP_LEVEL_KEYS: [&str; 10] = [
     "capacity",
     "labels",
     "taints",
     "bootDelay",
     "failToBoot",
+    "failInPlaceUpdate",
     "crashAfter",
     "heartbeatInterval",
     "stateDirectory",
@@ -288,7 +295,7 @@ fn validate(value: &Value) -> Vec<SpecProblem> {
                     );
                 }
             }
-            "failToBoot" => {
+            "failToBoot" | "failInPlaceUpdate" => {
                 if !v.is_boolean() {
                     p.add(
                         &field,
@@ -558,12 +565,14 @@ mod tests {
             "taints": [{"key": "dedicated", "value": "batch", "effect": "NoSchedule"}],
             "bootDelay": "2s",
             "failToBoot": false,
+            "failInPlaceUpdate": true,
             "crashAfter": "1m30s",
             "heartbeatInterval": "500ms",
             "stateDirectory": "/tmp/x",
         }))
         .expect("valid");
         assert_eq!(spec.boot_delay(), Duration::from_secs(2));
+        assert!(spec.fail_in_place_update);
         assert_eq!(spec.crash_after(), Some(Duration::from_secs(90)));
         assert_eq!(spec.heartbeat_interval(), Duration::from_millis(500));
         assert_eq!(spec.state_directory(), Some(PathBuf::from("/tmp/x")));

@@ -218,7 +218,7 @@ pub fn next(f: &Facts<'_>, now: Timestamp) -> InPlaceStep {
     }
 
     // The drain and the hand-over to the node agent (upstream's inPlaceUpdate).
-    match reason {
+    let step = match reason {
         Some(in_place::SELECTED_FOR_UPDATE) => {
             let since = cond
                 .and_then(|c| c.last_transition_time.as_ref())
@@ -237,6 +237,22 @@ pub fn next(f: &Facts<'_>, now: Timestamp) -> InPlaceStep {
         // not updating (a crash between the phase and the condition).
         Some(in_place::READY_FOR_UPDATE) if f.phase == Some(&MachinePhase::InPlaceUpdating) => {
             InPlaceStep::Await { after: AWAIT_AGENT }
+        }
+        _ => InPlaceStep::Nothing,
+    };
+    if step != InPlaceStep::Nothing {
+        return step;
+    }
+    // Nothing to do but wait: come back when a timeout of the phase expires.
+    let left = |timeout: Duration| timeout.saturating_sub(in_phase) + Duration::from_secs(1);
+    match f.phase {
+        Some(MachinePhase::InPlaceUpdating) => InPlaceStep::Await {
+            after: left(f.inplace_timeout).min(AWAIT_AGENT),
+        },
+        Some(MachinePhase::InPlaceUpdateFailed) if !f.disable_health_timeout => {
+            InPlaceStep::Await {
+                after: left(f.health_timeout),
+            }
         }
         _ => InPlaceStep::Nothing,
     }
@@ -571,6 +587,22 @@ mod tests {
         );
         let step = next(&facts(&failed_phase, &n), now);
         assert_eq!(reason_of(&step), Some("UpdateFailed"));
+        // Then it waits for the health timeout (10m from 11:58; now is 12:00).
+        let mut condition_set = n.clone();
+        condition_set
+            .status
+            .as_mut()
+            .unwrap()
+            .conditions
+            .as_mut()
+            .unwrap()[0]
+            .reason = Some("UpdateFailed".into());
+        assert_eq!(
+            next(&facts(&failed_phase, &condition_set), now),
+            InPlaceStep::Await {
+                after: Duration::from_secs(8 * 60 + 1)
+            }
+        );
         let InPlaceStep::Condition { message, .. } = step else {
             unreachable!()
         };

@@ -349,6 +349,34 @@ impl<'a> Actor<'a> {
         Ok(())
     }
 
+    /// Labels the old set `name` `node.machine.sapcloud.io/scale-up-disabled: "true"`: it no
+    /// longer creates machines (an in-place rollout moves its machines away before it
+    /// lowers its replicas). Never removed again, as upstream.
+    pub async fn disable_scale_up(&self, name: &str) -> Result<(), Error> {
+        let update = json!({"metadata": {"labels": {
+            labels::MACHINE_SET_SCALE_UP_DISABLED: super::inplace::LABEL_TRUE,
+        }}});
+        self.patch_set("disable scale-up of", name, &update).await
+    }
+
+    /// Moves the machine `name` to the new set with a [`super::inplace::transfer_patch`].
+    pub async fn move_machine(&self, name: &str, patch: &Value) -> Result<(), Error> {
+        patch_existing(&self.machines, Part::Object, name, patch)
+            .await
+            .context("move to the new MachineSet", Machine::KIND, name)?;
+        Ok(())
+    }
+
+    /// Removes the label `update-result` from the machine `name` once its move to the new
+    /// set is accounted for (a machine gone meanwhile needs nothing).
+    pub async fn unlabel_update_result(&self, name: &str) -> Result<(), Error> {
+        let update = json!({"metadata": {"labels": {labels::UPDATE_RESULT: null}}});
+        let _ = merge_patch(&self.machines, Part::Object, name, &update)
+            .await
+            .context("remove the update-result label of", Machine::KIND, name)?;
+        Ok(())
+    }
+
     /// Writes `status` unless the deployment already has it (a deployment gone meanwhile
     /// needs no status).
     pub async fn update_status(&self, status: &MachineDeploymentStatus) -> Result<(), Error> {

@@ -10,13 +10,14 @@ use k8s_openapi::api::core::v1::Node;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, ResourceExt};
-use mcm_api::constants::annotations;
+use mcm_api::constants::{annotations, labels};
 use mcm_api::owner::controller_of;
 use mcm_api::{Machine, MachineDeployment, MachineSet};
 
 use super::act::{self, Actor};
-use super::decide::{self, Action as RolloutAction, Snapshot};
+use super::decide::{self, Action as RolloutAction, Snapshot, Strategy};
 use super::hash::templates_equal;
+use super::inplace_act;
 use super::nodes::{apply_markers, remove_old_set_taint};
 use super::observe::{self, Observed, annotation_i64};
 use super::status::{Counters, compute_status, invalid_strategy_status};
@@ -28,6 +29,8 @@ pub use super::decide::{TriggerEntry, parse_trigger_deletion};
 
 /// How often a deployment is reconciled without any event (MCM: 10 minutes).
 pub const RESYNC_PERIOD: Duration = Duration::from_secs(600);
+/// Longest wait between reconciles of an unfinished in-place rollout.
+pub const IN_PLACE_RECHECK: Duration = Duration::from_secs(30);
 /// Old sets kept when `revisionHistoryLimit` is unset (the apps/v1 Deployment default).
 pub const DEFAULT_REVISION_HISTORY_LIMIT: i32 = 10;
 
@@ -40,6 +43,15 @@ pub enum DeploymentProblem {
     /// The MachineSet a rollback chose has no template to roll back to.
     #[error("MachineSet {0} of the rollback revision has no template")]
     RollbackSetWithoutTemplate(String),
+    /// A Node could not be uncordoned after the in-place update of its machine.
+    #[error("failed to uncordon Node {node}")]
+    Uncordon {
+        /// The Node.
+        node: String,
+        /// Why.
+        #[source]
+        source: mcm_drain::DrainError,
+    },
 }
 
 /// Errors of the MachineDeployment reconciler. Each keeps the underlying error.
@@ -61,6 +73,9 @@ pub struct Context {
     pub events: EventPublisher,
     /// Annotate nodes against cluster-autoscaler scale-down during rollouts.
     pub autoscaler_annotations: bool,
+    /// There is a target cluster (`--target-kubeconfig` is not `none`); without one an
+    /// in-place update is refused.
+    pub target_cluster: bool,
     /// The invalid-strategy message announced per deployment (uid) by this process: a
     /// reconcile that reads the deployment before its own status write reached the store
     /// does not announce it again.
@@ -88,6 +103,33 @@ pub fn deployment_for_machine(
     let set =
         sets.get(&ObjectRef::new(&owner.name).within(&machine.namespace().unwrap_or_default()))?;
     deployment_for_set(&set)
+}
+
+/// The deployments of the machines on a Node that takes part in an in-place update (carries
+/// `candidate-for-update`, `selected-for-update` or `update-result`), for watches: the node
+/// agent's result and the machine controller's condition move the rollout on. Other Nodes
+/// concern no deployment.
+pub fn deployments_for_node(
+    node: &Node,
+    machines: &Store<Machine>,
+    sets: &Store<MachineSet>,
+) -> Vec<ObjectRef<MachineDeployment>> {
+    let node_labels = node.labels();
+    let in_place = [
+        labels::CANDIDATE_FOR_UPDATE,
+        labels::SELECTED_FOR_UPDATE,
+        labels::UPDATE_RESULT,
+    ];
+    if !in_place.iter().any(|k| node_labels.contains_key(*k)) {
+        return Vec::new();
+    }
+    let name = node.name_any();
+    machines
+        .state()
+        .iter()
+        .filter(|m| m.node_name() == Some(name.as_str()))
+        .filter_map(|m| deployment_for_machine(m, sets))
+        .collect()
 }
 
 /// The `controller` label of this controller's reconcile metrics.
@@ -125,7 +167,7 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
 
     let now = Timestamp::now();
     let facts = observe::facts(&observed, now);
-    let strategy = match observe::strategy_of(&d) {
+    let strategy = match observe::strategy_of(&d, ctx.target_cluster) {
         Ok(s) => s,
         Err(invalid) => {
             let counters = Counters::of(facts.new_set.as_ref(), &facts.old_sets);
@@ -150,7 +192,12 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
     for action in &actions {
         apply_action(&act, &observed, &snapshot, action).await?;
     }
-    if actions.is_empty() && !snapshot.rollout.paused && snapshot.is_complete() {
+    let in_place = matches!(snapshot.rollout.strategy, Strategy::InPlaceUpdate { .. });
+    let mut progressed = !actions.is_empty();
+    if in_place && actions.is_empty() && !snapshot.rollout.paused {
+        progressed |= inplace_act::rollout(&ctx, &act, &observed, &snapshot).await?;
+    }
+    if !progressed && !snapshot.rollout.paused && snapshot.is_complete() {
         let limit = d
             .spec
             .revision_history_limit
@@ -170,12 +217,16 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
     )
     .await;
 
-    let input = observe::status_input(&d, failed, !actions.is_empty(), now);
+    let input = observe::status_input(&d, failed, progressed, now);
     let (status, recheck) = compute_status(&snapshot, &input);
     let held_back = act.update_status_paced(&status, &ctx.status_pacer).await?;
     let min_ready = d.spec.min_ready_seconds.unwrap_or(0);
     let complete = snapshot.is_complete();
-    let after = decide::requeue_after(recheck, RESYNC_PERIOD, min_ready, complete);
+    let mut after = decide::requeue_after(recheck, RESYNC_PERIOD, min_ready, complete);
+    if in_place && !complete {
+        // Node and machine events move an in-place rollout on; this is the safety net.
+        after = after.min(IN_PLACE_RECHECK);
+    }
     Ok(Action::requeue(held_back.map_or(after, |w| w.min(after))))
 }
 

@@ -13,6 +13,17 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
+/// Who selects the machines of an in-place update
+/// (`spec.strategy.inPlaceUpdate.orchestrationType`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Orchestration {
+    /// The controller selects machines within `maxUnavailable`.
+    Auto,
+    /// A user selects machines (node label `node.machine.sapcloud.io/selected-for-update`);
+    /// the controller never does.
+    Manual,
+}
+
 /// How machines are replaced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Strategy {
@@ -26,14 +37,29 @@ pub enum Strategy {
     },
     /// Remove all old machines, then create the new ones.
     Recreate,
+    /// Update the machines where they are and move them to the new set
+    /// ([`super::inplace`]); limits resolved for the deployment's replicas (`max_surge` 0 for
+    /// [`Orchestration::Manual`], `max_unavailable` at least 1 when both resolve to 0, at most
+    /// the replicas).
+    InPlaceUpdate {
+        /// Fresh machines of the new template allowed above the desired replicas (only
+        /// when the new set is created).
+        max_surge: i32,
+        /// Machines allowed to be unavailable (selected for update) below the desired
+        /// replicas.
+        max_unavailable: i32,
+        /// Who selects the machines to update.
+        orchestration: Orchestration,
+    },
 }
 
 impl Strategy {
-    /// The surge of the strategy (0 for Recreate).
+    /// The surge that proportional scaling and the sets' max-replicas annotation use
+    /// (upstream's `MaxSurge`): 0 for Recreate and InPlaceUpdate.
     pub fn max_surge(&self) -> i32 {
         match self {
             Strategy::RollingUpdate { max_surge, .. } => *max_surge,
-            Strategy::Recreate => 0,
+            Strategy::Recreate | Strategy::InPlaceUpdate { .. } => 0,
         }
     }
 
@@ -41,6 +67,9 @@ impl Strategy {
     pub fn max_unavailable(&self) -> i32 {
         match self {
             Strategy::RollingUpdate {
+                max_unavailable, ..
+            }
+            | Strategy::InPlaceUpdate {
                 max_unavailable, ..
             } => *max_unavailable,
             Strategy::Recreate => 0,
@@ -203,6 +232,8 @@ pub fn decide(s: &Snapshot) -> Vec<Action> {
         match s.rollout.strategy {
             Strategy::RollingUpdate { .. } => rolling(s),
             Strategy::Recreate => recreate(s),
+            // Advanced from the machines' nodes by `super::inplace`, not from counts.
+            Strategy::InPlaceUpdate { .. } => Vec::new(),
         }
     };
     if s.rollout.frozen {
@@ -238,6 +269,16 @@ fn initial_new_replicas(s: &Snapshot) -> i32 {
             let max_total = s.rollout.replicas + max_surge;
             (max_total - current).clamp(0, s.rollout.replicas.max(0))
         }
+        Strategy::InPlaceUpdate {
+            max_surge,
+            orchestration,
+            ..
+        } => super::inplace::initial_new_replicas(
+            s.rollout.replicas,
+            max_surge,
+            orchestration,
+            &s.old_sets,
+        ),
     }
 }
 
@@ -261,6 +302,8 @@ pub fn new_set_replicas(s: &Snapshot) -> i32 {
     };
     match s.rollout.strategy {
         Strategy::Recreate => s.rollout.replicas,
+        // Only raised when machines move to it (`super::inplace`).
+        Strategy::InPlaceUpdate { .. } => new.replicas,
         Strategy::RollingUpdate { max_surge, .. } => {
             let current = sum(&s.all(), SetState::footprint);
             let max_total = s.rollout.replicas + max_surge;

@@ -17,6 +17,7 @@ use mcm_api::{
 
 use super::decide::{Rollout, SetState, Snapshot, Strategy, TriggerMachine};
 use super::hash::templates_equal;
+use super::inplace::{self, InPlaceStrategyError};
 use super::status::StatusInput;
 use crate::machineset::decide::{MachineView, count_machines, is_frozen};
 
@@ -190,21 +191,35 @@ pub fn set_state(set: &MachineSet, machines: &[Arc<Machine>], now: Timestamp) ->
 pub enum StrategyError {
     /// `spec.strategy.type` names a strategy this controller does not implement.
     #[error(
-        "spec.strategy.type: {0:?} is not supported by this controller (use Recreate or RollingUpdate)"
+        "spec.strategy.type: {0:?} is not supported by this controller (use Recreate, RollingUpdate or InPlaceUpdate)"
     )]
     Unsupported(String),
     /// A rolling-update limit cannot be used.
     #[error(transparent)]
     Limits(#[from] RollingUpdateError),
+    /// The in-place update parameters cannot be used.
+    #[error(transparent)]
+    InPlace(#[from] InPlaceStrategyError),
+    /// An in-place update needs the Nodes of a target cluster (`--target-kubeconfig=none`);
+    /// upstream's message.
+    #[error("in-place updates are not supported if running without a target cluster")]
+    InPlaceWithoutTargetCluster,
 }
 
 /// The deployment's strategy with resolved limits
-/// ([`MachineDeployment::resolved_rolling_update`]); an error names the field and the value
-/// that cannot be used. An unknown or unimplemented `spec.strategy.type` is an error, never
-/// a silent rolling update.
-pub fn strategy_of(d: &MachineDeployment) -> Result<Strategy, StrategyError> {
+/// ([`MachineDeployment::resolved_rolling_update`], [`inplace::resolve_strategy`]); an error
+/// names the field and the value that cannot be used. An unknown `spec.strategy.type` is an
+/// error, never a silent rolling update; so is an in-place update without a target cluster
+/// (`target_cluster` false).
+pub fn strategy_of(d: &MachineDeployment, target_cluster: bool) -> Result<Strategy, StrategyError> {
     match d.spec.strategy.as_ref().and_then(|s| s.type_.as_ref()) {
         Some(MachineDeploymentStrategyType::Recreate) => return Ok(Strategy::Recreate),
+        Some(MachineDeploymentStrategyType::InPlaceUpdate) => {
+            if !target_cluster {
+                return Err(StrategyError::InPlaceWithoutTargetCluster);
+            }
+            return Ok(inplace::resolve_strategy(d)?);
+        }
         None | Some(MachineDeploymentStrategyType::RollingUpdate) => {}
         Some(other) => return Err(StrategyError::Unsupported(other.as_str().to_string())),
     }
@@ -294,21 +309,33 @@ mod tests {
     }
 
     #[test]
-    fn an_unknown_or_unimplemented_strategy_type_is_an_error_not_a_rolling_update() {
-        for name in ["BlueGreen", "InPlaceUpdate"] {
-            let err = strategy_of(&with_type(Some(name))).unwrap_err();
-            assert!(matches!(&err, StrategyError::Unsupported(t) if t == name));
-            assert!(err.to_string().starts_with("spec.strategy.type:"), "{err}");
-        }
+    fn an_unknown_strategy_type_is_an_error_not_a_rolling_update() {
+        let err = strategy_of(&with_type(Some("BlueGreen")), true).unwrap_err();
+        assert!(matches!(&err, StrategyError::Unsupported(t) if t == "BlueGreen"));
+        assert!(err.to_string().starts_with("spec.strategy.type:"), "{err}");
         assert_eq!(
-            strategy_of(&with_type(Some("Recreate"))).unwrap(),
+            strategy_of(&with_type(Some("Recreate")), true).unwrap(),
             Strategy::Recreate
         );
         for known in [None, Some("RollingUpdate")] {
             assert!(matches!(
-                strategy_of(&with_type(known)),
+                strategy_of(&with_type(known), false),
                 Ok(Strategy::RollingUpdate { .. })
             ));
         }
+    }
+
+    #[test]
+    fn an_in_place_update_needs_its_parameters_and_a_target_cluster() {
+        let d = with_type(Some("InPlaceUpdate"));
+        assert!(matches!(
+            strategy_of(&d, true),
+            Err(StrategyError::InPlace(InPlaceStrategyError::Missing))
+        ));
+        let err = strategy_of(&d, false).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "in-place updates are not supported if running without a target cluster"
+        );
     }
 }

@@ -54,6 +54,10 @@ pub struct MachineView {
     /// Summary of the machine when its last operation failed (`status.failedMachines` takes
     /// it through [`MachineView::failed_summary`], which leaves preserved Failed machines out).
     pub failure: Option<MachineSummary>,
+    /// The Machine carries the label `node.machine.sapcloud.io/update-result: successful`: an
+    /// in-place rollout just moved it to this set ([`plan_replicas`] never deletes it as
+    /// surplus, the set's replicas are raised right after the move).
+    pub update_successful: bool,
 }
 
 impl MachineView {
@@ -102,6 +106,11 @@ impl MachineView {
             preserve_expiry: preservation::expiry(machine),
             keep_if_failed: !preservation::failed_machine_to_terminate(machine, node_preserve, now),
             failure,
+            update_successful: meta
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(labels::UPDATE_RESULT))
+                .is_some_and(|v| v == labels::update_result::SUCCESSFUL),
         }
     }
 
@@ -134,15 +143,26 @@ impl MachineView {
         self.phase == Some(MachinePhase::Failed)
     }
 
-    /// Ready: in phase `Running` and not terminating.
+    /// Ready: in phase `Running` and not terminating (upstream's `isMachineReady`).
     pub fn is_ready(&self) -> bool {
         !self.is_terminating() && self.phase == Some(MachinePhase::Running)
     }
 
+    /// In a phase that counts as available: `Running`, or `Available` (a machine whose VM
+    /// exists; without a target cluster machines stay there), and not terminating (upstream's
+    /// `isMachineAvailable`).
+    pub fn is_available_phase(&self) -> bool {
+        !self.is_terminating()
+            && matches!(
+                self.phase,
+                Some(MachinePhase::Running | MachinePhase::Available)
+            )
+    }
+
     /// Time until the machine becomes available, `Some(ZERO)` when it already is, `None` when
-    /// it is not ready.
+    /// it is in no available phase ([`MachineView::is_available_phase`]).
     pub fn until_available(&self, min_ready_seconds: i32, now: Timestamp) -> Option<Duration> {
-        if !self.is_ready() {
+        if !self.is_available_phase() {
             return None;
         }
         if min_ready_seconds <= 0 {
@@ -255,10 +275,15 @@ pub struct ReplicaPlan {
 /// MCM's `manageReplicas` (and the deletion of a deleted set's machines) as a pure function.
 ///
 /// Terminating machines do not count. Missing machines are created unless the set is frozen
-/// or its scale-up is disabled. Surplus machines are chosen by [`deletion_order`]; Failed
-/// machines are deleted as well (they are replaced on the next pass) unless the set keeps
-/// them for their preservation ([`MachineView::keep_if_failed`]): a kept Failed machine
-/// counts among the set's machines, so no replacement is created for it.
+/// or its scale-up is disabled (label `node.machine.sapcloud.io/scale-up-disabled`, put on
+/// the old sets of an in-place rollout, whose machines move to the new set before their old
+/// set's replicas go down). Surplus machines are chosen by [`deletion_order`] among the
+/// machines **without** the label `update-result: successful` (one just moved here by an
+/// in-place rollout is never deleted before the set's replicas are raised for it), as
+/// upstream. Failed machines without that label are deleted as well (they are replaced on
+/// the next pass) unless the set keeps them for their preservation
+/// ([`MachineView::keep_if_failed`]): a kept Failed machine counts among the set's machines,
+/// so no replacement is created for it.
 pub fn plan_replicas(set: &SetInput, machines: &[MachineView]) -> ReplicaPlan {
     if set.deleting {
         return ReplicaPlan {
@@ -290,8 +315,9 @@ pub fn plan_replicas(set: &SetInput, machines: &[MachineView]) -> ReplicaPlan {
             scale_up_blocked: blocked,
         };
     }
+    active.retain(|m| !m.update_successful);
     active.sort_by(|a, b| deletion_order(a, b));
-    let surplus = (active.len() - desired).min(BURST_REPLICAS);
+    let surplus = active.len().saturating_sub(desired).min(BURST_REPLICAS);
     let mut chosen: BTreeSet<&str> = BTreeSet::new();
     let mut delete = Vec::new();
     let failed = active.iter().filter(|m| m.is_failed_to_replace());
@@ -391,7 +417,8 @@ pub struct SetCounts {
     pub fully_labeled: i32,
     /// Ready (Running) machines.
     pub ready: i32,
-    /// Machines ready for at least `minReadySeconds`.
+    /// Machines in an available phase (Running or Available) for at least
+    /// `minReadySeconds`.
     pub available: i32,
     /// Summaries of machines whose last operation failed (preserved Failed machines not
     /// among them).
@@ -401,7 +428,7 @@ pub struct SetCounts {
     /// Machines annotated `auto-preserved`, whatever their phase
     /// (`status.autoPreserveFailedMachineCount`).
     pub auto_preserved: i32,
-    /// When to look again because a ready machine becomes available.
+    /// When to look again because a machine becomes available.
     pub recheck_after: Option<Duration>,
 }
 
@@ -423,8 +450,10 @@ pub fn count_machines(
         if m.fully_labeled {
             counts.fully_labeled += 1;
         }
-        if let Some(left) = m.until_available(min_ready_seconds, now) {
+        if m.is_ready() {
             counts.ready += 1;
+        }
+        if let Some(left) = m.until_available(min_ready_seconds, now) {
             if left.is_zero() {
                 counts.available += 1;
             } else {
@@ -573,7 +602,106 @@ mod tests {
             preserve_expiry: None,
             keep_if_failed: false,
             failure: None,
+            update_successful: false,
         }
+    }
+
+    /// `v` just moved to its set by an in-place rollout (label `update-result: successful`).
+    fn moved(mut v: MachineView) -> MachineView {
+        v.update_successful = true;
+        v
+    }
+
+    #[test]
+    fn a_machine_moved_by_an_in_place_update_is_never_surplus() {
+        // The new set still has 1 replica when its second machine arrives: nothing goes.
+        let input = SetInput {
+            replicas: 1,
+            ..SetInput::default()
+        };
+        let ms = [
+            view("fresh", MachinePhase::Running, 3, 1),
+            moved(view("moved", MachinePhase::Running, 3, 2)),
+        ];
+        assert_eq!(plan_replicas(&input, &ms), ReplicaPlan::default());
+        // Even the autoscaler's mark does not make it surplus; the surplus is counted over
+        // the other machines only.
+        let ms = [
+            view("a", MachinePhase::Running, 3, 1),
+            view("b", MachinePhase::Running, 3, 2),
+            moved(view("moved", MachinePhase::Running, 1, 3)),
+        ];
+        assert_eq!(plan_replicas(&input, &ms).delete, vec!["a"]);
+        // A Failed machine with the label is not replaced either (upstream keeps it).
+        let ms = [moved(view("moved", MachinePhase::Failed, 3, 1))];
+        assert_eq!(plan_replicas(&input, &ms), ReplicaPlan::default());
+        // It still counts among the machines: no creation for it.
+        let input = SetInput {
+            replicas: 2,
+            ..SetInput::default()
+        };
+        let ms = [
+            view("fresh", MachinePhase::Running, 3, 1),
+            moved(view("moved", MachinePhase::Running, 3, 2)),
+        ];
+        assert_eq!(plan_replicas(&input, &ms), ReplicaPlan::default());
+    }
+
+    #[test]
+    fn a_set_with_scale_up_disabled_creates_no_machine_but_still_deletes() {
+        let disabled = SetInput {
+            replicas: 3,
+            scale_up_disabled: true,
+            ..SetInput::default()
+        };
+        let ms = [view("a", MachinePhase::Running, 3, 1)];
+        assert_eq!(
+            plan_replicas(&disabled, &ms),
+            ReplicaPlan {
+                create: 0,
+                delete: Vec::new(),
+                scale_up_blocked: Some("scale-up disabled"),
+            }
+        );
+        let enabled = SetInput {
+            scale_up_disabled: false,
+            ..disabled
+        };
+        assert_eq!(plan_replicas(&enabled, &ms).create, 2);
+        // Scaled down, it deletes its surplus as usual.
+        let down = SetInput {
+            replicas: 0,
+            ..disabled
+        };
+        assert_eq!(plan_replicas(&down, &ms).delete, vec!["a"]);
+    }
+
+    #[test]
+    fn available_machines_count_as_available_not_as_ready() {
+        let now = Timestamp::from_second(1_000).unwrap();
+        let ms = [
+            view("running", MachinePhase::Running, 3, 1),
+            view("available", MachinePhase::Available, 3, 2),
+            view("pending", MachinePhase::Pending, 3, 3),
+            view("updating", MachinePhase::InPlaceUpdating, 3, 4),
+        ];
+        let by = |n: &str| ms.iter().find(|m| m.name == n).unwrap();
+        assert!(by("available").is_available_phase() && !by("available").is_ready());
+        assert!(by("running").is_available_phase() && by("running").is_ready());
+        assert!(!by("pending").is_available_phase());
+        assert!(!by("updating").is_available_phase());
+        let counts = count_machines(&ms, 0, now);
+        assert_eq!((counts.ready, counts.available), (1, 2));
+        // A terminating Available machine is neither.
+        let mut gone = view("gone", MachinePhase::Available, 3, 5);
+        gone.deleting = true;
+        assert_eq!(count_machines(&[gone], 0, now).available, 0);
+        // minReadySeconds applies to both phases.
+        let mut since = view("available", MachinePhase::Available, 3, 2);
+        since.phase_since = Timestamp::from_second(990).ok();
+        let counts = count_machines(&[since], 30, now);
+        assert_eq!(counts.available, 0);
+        assert_eq!(counts.recheck_after, Some(Duration::from_secs(20)));
     }
 
     /// `v` preserved until `expiry` (seconds), automatically or not.

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use mcm_api::{Machine, MachineDeployment, MachineSet};
@@ -174,18 +175,29 @@ pub fn prepare(
         nodes,
         events: events.clone(),
         autoscaler_annotations: config.autoscaler_annotations,
+        target_cluster: config.target_cluster,
         announced: Default::default(),
         status_pacer: Default::default(),
     });
     let sets_for_md = sets.clone();
-    let md_controller = runner.run(
+    let mut md_controller =
         Controller::for_shared_stream(informers.deployments.subscribe(), deployments.clone())
             .watches_shared_stream(informers.sets.changes(), |s: Arc<MachineSet>| {
                 md::deployment_for_set(&s)
             })
             .watches_shared_stream(informers.machines.changes(), move |m: Arc<Machine>| {
                 md::deployment_for_machine(&m, &sets_for_md)
-            }),
+            });
+    if config.target_cluster {
+        // In-place updates: the node agent's result and the Node's condition.
+        let (machines_for_md, sets_for_md) = (machines.clone(), sets.clone());
+        md_controller = md_controller
+            .watches_shared_stream(informers.nodes.subscribe(), move |n: Arc<Node>| {
+                md::deployments_for_node(&n, &machines_for_md, &sets_for_md)
+            });
+    }
+    let md_controller = runner.run(
+        md_controller,
         (md::CONTROLLER, md::reconcile, md::error_policy),
         md_ctx,
     );

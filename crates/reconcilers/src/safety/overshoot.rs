@@ -175,13 +175,22 @@ pub async fn reconcile(
         })
         .count();
     let deployment = deployment_of(&set, &ctx.deployments);
-    // MCM's guard counts an unset (or unusable) maxSurge as 0.
+    // MCM's guard counts an unset (or unusable) maxSurge as 0; an in-place deployment's
+    // maxSurge is that of `strategy.inPlaceUpdate` (upstream's machine_safety.go).
     let limits = deployment.as_ref().map(|d| {
-        let surge = d
-            .rolling_update_limits()
-            .0
-            .and_then(|v| scaled_value(v, d.spec.replicas(), true).ok())
-            .unwrap_or(0);
+        let in_place = d
+            .spec
+            .strategy
+            .as_ref()
+            .filter(|s| s.type_ == Some(mcm_api::MachineDeploymentStrategyType::InPlaceUpdate))
+            .and_then(|s| s.in_place_update.as_ref())
+            .and_then(|i| i.update_configuration.max_surge.as_ref());
+        let surge = match in_place {
+            Some(v) => Some(v),
+            None => d.rolling_update_limits().0,
+        }
+        .and_then(|v| scaled_value(v, d.spec.replicas(), true).ok())
+        .unwrap_or(0);
         (d.spec.replicas(), surge)
     });
     let decision = overshoot_decision(

@@ -33,6 +33,11 @@ pub struct Harness {
 
 impl Harness {
     pub async fn start(prefix: &str) -> Harness {
+        Self::start_with(prefix, |_| {}).await
+    }
+
+    /// [`Harness::start`] with the manager's configuration changed by `configure`.
+    pub async fn start_with(prefix: &str, configure: impl FnOnce(&mut ManagerConfig)) -> Harness {
         let TestNamespace { client, ns, .. } = TestNamespace::new(
             mcm_testenv::Components {
                 controller_manager: true,
@@ -42,13 +47,14 @@ impl Harness {
         )
         .await;
         let (tx, rx) = oneshot::channel::<()>();
-        let config = ManagerConfig {
+        let mut config = ManagerConfig {
             namespace: ns.clone(),
             concurrent_syncs: 4,
             overshooting_period: Duration::from_millis(500),
             ready: Arc::new(AtomicBool::new(false)),
             ..ManagerConfig::default()
         };
+        configure(&mut config);
         let (c1, c2) = (client.clone(), client.clone());
         let manager = tokio::spawn(async move {
             let mut registry = prometheus_client::registry::Registry::default();

@@ -2,6 +2,7 @@
 
 mod faults;
 mod fleet;
+mod inplace;
 mod preserve;
 mod rollout;
 mod upstream;
@@ -39,11 +40,13 @@ pub enum Scenario {
     NoTarget,
     /// `rollbackTo` after a rollout: the previous template is rolled out again.
     Rollback,
+    /// Strategy `InPlaceUpdate`: machines updated where they stand; a failed update replaced.
+    InPlaceUpdate,
 }
 
 impl Scenario {
     /// Every scenario, in the order the suite runs them.
-    pub const ALL: [Scenario; 12] = [
+    pub const ALL: [Scenario; 13] = [
         Scenario::Scale,
         Scenario::RollingUpdate,
         Scenario::VmCrash,
@@ -56,6 +59,7 @@ impl Scenario {
         Scenario::CreationTimeout,
         Scenario::NoTarget,
         Scenario::Rollback,
+        Scenario::InPlaceUpdate,
     ];
 
     /// The name used on the command line and in reports.
@@ -73,6 +77,7 @@ impl Scenario {
             Scenario::CreationTimeout => "creation-timeout",
             Scenario::NoTarget => "no-target",
             Scenario::Rollback => "rollback",
+            Scenario::InPlaceUpdate => "in-place-update",
         }
     }
 
@@ -91,6 +96,7 @@ impl Scenario {
             Scenario::CreationTimeout => upstream::creation_timeout(ctx).await,
             Scenario::NoTarget => upstream::no_target(ctx).await,
             Scenario::Rollback => upstream::rollback(ctx).await,
+            Scenario::InPlaceUpdate => inplace::in_place_update(ctx).await,
         }
     }
 }
