@@ -294,4 +294,21 @@ async fn a_preserved_machine_recovers_and_a_users_cordon_stays() {
     .await;
     assert_eq!(node.annotations()[PRESERVE], "false");
     assert!(!node.annotations().contains_key(SCALE_DOWN_DISABLED));
+
+    // A value upstream does not allow, on the Node: nothing changes, a Warning says why.
+    patch_node(
+        &h,
+        "pn1",
+        json!({"metadata": {"annotations": {PRESERVE: "forever"}}}),
+    )
+    .await;
+    let warned = mcm_testenv::kit::eventually(WAIT, "an InvalidPreserveValue Event", || async {
+        let notes =
+            mcm_testenv::kit::events_for(&h.client, &h.ns, "pn1", "InvalidPreserveValue").await;
+        notes.into_iter().find(|n| n.contains("\"forever\""))
+    })
+    .await;
+    assert!(warned.contains("node pn1"), "{warned}");
+    let m = h.machines().get("pn1").await.unwrap();
+    assert_eq!(expiry(&m), None, "not preserved by an invalid value");
 }

@@ -618,6 +618,39 @@ async fn the_effective_creation_timeout_reaches_new_machines() {
         .collect();
     timeouts.sort();
     assert_eq!(timeouts, vec![Some(420), Some(540)]);
+
+    // A value that is no duration: copied, sets nothing, and the set says so.
+    patch_deployment(
+        &h,
+        "md",
+        json!({"metadata": {"annotations": {
+            "node.machine.sapcloud.io/effective-creation-timeout": "a while"
+        }}, "spec": {"replicas": 3}}),
+    )
+    .await;
+    let ms = wait_machines(&h, "3 running", |m| running_of_class(m, "c1") == 3).await;
+    let newest = ms
+        .iter()
+        .find(|m| {
+            m.annotations()["node.machine.sapcloud.io/effective-creation-timeout"] == "a while"
+        })
+        .expect("the machine created after the change");
+    assert_eq!(newest.spec.configuration.creation_timeout, None);
+    let warnings: Vec<Event> = Api::<Event>::namespaced(h.client.clone(), &h.ns)
+        .list(&ListParams::default())
+        .await
+        .expect("list events")
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("InvalidEffectiveCreationTimeout"))
+        .collect();
+    assert!(
+        warnings.iter().any(|e| e
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains("is not a duration"))),
+        "{warnings:#?}"
+    );
     h.stop().await;
 }
 
