@@ -117,7 +117,7 @@ pub async fn clients(
     clients_counted(common, &ClientMetrics::default()).await
 }
 
-/// [`clients`] whose requests are counted in `metrics` (`cluster="control"|"target"`).
+/// [`clients()`] whose requests are counted in `metrics` (`cluster="control"|"target"`).
 pub async fn clients_counted(
     common: &CommonOptions,
     metrics: &ClientMetrics,

@@ -1,4 +1,4 @@
-//! The async half of the machine controller: one small action per [`Step`]. Every action is
+//! The async half of the machine controller: one small action per [`Step`](super::decide::Step). Every action is
 //! idempotent: it may run again after a crash at any point.
 
 use std::time::Duration;
@@ -335,7 +335,7 @@ async fn warn_no_token_placeholder(ctx: &Ctx, m: &Machine, class: &MachineClass)
 /// `create_machine`, e.g. after a crash between the request and recording its providerID).
 pub const ADOPTED: &str = "Adopted";
 
-/// Reason of the Event of [`warn_no_token_placeholder`].
+/// Reason of the Event of `warn_no_token_placeholder`.
 pub const NO_TOKEN_PLACEHOLDER: &str = "NoBootstrapTokenPlaceholder";
 
 /// Deletes the machine's bootstrap token (the Node joined, or the machine goes away).

@@ -1,6 +1,6 @@
 //! The machine controller: the lifecycle of each Machine, its VM and its Node.
 //!
-//! Each reconcile ([`reconcile`]) observes ([`observe`]), decides ([`decide::next_step`],
+//! Each reconcile ([`reconcile()`]) observes ([`observe`]), decides ([`decide::next_step`],
 //! pure) and acts ([`act`], one idempotent action per step). [`ctx`] is what a reconcile
 //! reads and uses, [`policy`] the pure rules around the decision (rollout protection,
 //! replacement budget, backoff).

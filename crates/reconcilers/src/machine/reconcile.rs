@@ -225,7 +225,7 @@ fn node_was_deleted(m: &Machine, ctx: &Ctx, frozen: bool) -> bool {
     node_gone(m, present, frozen)
 }
 
-/// [`node_was_deleted`] on facts: `node_present` is `None` when no node name is recorded.
+/// `node_was_deleted` on facts: `node_present` is `None` when no node name is recorded.
 /// Pure.
 pub fn node_gone(m: &Machine, node_present: Option<bool>, frozen: bool) -> bool {
     m.metadata.deletion_timestamp.is_none()
