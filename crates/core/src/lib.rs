@@ -31,9 +31,17 @@ pub mod http;
 pub mod options;
 pub mod run;
 
+/// Re-exported so that a provider depends on `mcm-core` alone: the attribute of
+/// [`driver::Driver`] implementations, the runtime, the flag parser and the Kubernetes
+/// client and types, in the versions mcm-core is built with.
+pub use async_trait::async_trait;
+pub use clap;
+pub use k8s_openapi;
+pub use kube;
 pub use mcm_api as api;
 pub use mcm_driver as driver;
 pub use options::{CommonOptions, MachineControllerOptions, ManagerFlags, ManagerOptions};
 pub use run::{
     RunError, run_machine_controller, run_machine_controller_until, run_manager, run_manager_until,
 };
+pub use tokio;
