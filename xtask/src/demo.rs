@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, anyhow, bail};
 use futures::StreamExt;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::Api;
@@ -436,19 +437,6 @@ impl View {
         )
     }
 
-    /// The progress bar line.
-    fn progress(&self) -> String {
-        const WIDTH: usize = 30;
-        let running = self.running().min(MACHINES);
-        let filled = running * WIDTH / MACHINES;
-        format!(
-            "[{}{}] {}",
-            "#".repeat(filled),
-            "-".repeat(WIDTH - filled),
-            self.readiness()
-        )
-    }
-
     /// Machines, then workload pods per node; the AGE column only `with_ages`.
     fn table(&self, dir: &Path, with_ages: bool) -> String {
         let state = StateDirectory::new(dir.join("vms"));
@@ -545,25 +533,37 @@ fn age(d: jiff::SignedDuration) -> String {
     }
 }
 
-/// Shows a progress bar until the machines run and, unless `machines_only`, the workload is
-/// available: `true` then, `false` as soon as a write fails (stdout is gone).
+/// Shows a progress bar (indicatif, on a terminal) or one line per change until the machines
+/// run and, unless `machines_only`, the workload is available: `true` then, `false` as soon as
+/// a write fails (stdout is gone; only detectable without a terminal).
 async fn await_ready(view: &View, machines_only: bool) -> bool {
-    let tty = std::io::stdout().is_terminal();
+    let bar = std::io::stdout().is_terminal().then(|| {
+        let bar =
+            ProgressBar::with_draw_target(Some(MACHINES as u64), ProgressDrawTarget::stdout());
+        let style = ProgressStyle::with_template("[{bar:30}] {pos}/{len} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("#>-");
+        bar.set_style(style);
+        bar
+    });
     let mut last = String::new();
     loop {
-        let line = view.progress();
-        let written = if tty {
-            show(format_args!("\r\x1b[K{line}"))
-        } else {
-            line == last || say(&line)
-        };
-        if !written {
-            return false;
+        let line = view.readiness();
+        match &bar {
+            Some(bar) => {
+                bar.set_position(view.running().min(MACHINES) as u64);
+                bar.set_message(line.clone());
+            }
+            None if line != last && !say(&line) => return false,
+            None => {}
         }
         last = line;
         let machines_done = view.running() >= MACHINES;
         if machines_done && (machines_only || view.workload_available() >= WORKLOAD_REPLICAS) {
-            return !tty || say("");
+            if let Some(bar) = bar {
+                bar.finish();
+            }
+            return true;
         }
         view.next_change().await;
     }
