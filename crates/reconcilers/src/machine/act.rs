@@ -912,6 +912,19 @@ pub struct PassPlan<'a> {
     pub pods_gone_for: Option<Duration>,
 }
 
+/// One pass of the drain of `node` (deletion, preservation and in-place updates drain through
+/// it).
+pub(crate) async fn drain_node_pass(
+    ctx: &Ctx,
+    node: &str,
+    options: &mcm_drain::Options,
+    input: &mcm_drain::PassInput,
+) -> Result<mcm_drain::PassReport, Error> {
+    mcm_drain::drain_pass(ctx.target.clone(), node, options, input, &ctx.drain_stores)
+        .await
+        .map_err(Error::Drain)
+}
+
 pub(crate) fn drain_options(
     ctx: &Ctx,
     m: &Machine,
@@ -955,15 +968,7 @@ pub async fn drain_pass(
         pods_gone_for: plan.pods_gone_for,
         unreachable: plan.unreachable,
     };
-    let report = mcm_drain::drain_pass(
-        ctx.target.clone(),
-        node_name,
-        &options,
-        &input,
-        &ctx.drain_stores,
-    )
-    .await
-    .map_err(Error::Drain)?;
+    let report = drain_node_pass(ctx, node_name, &options, &input).await?;
     let mut summary = report.summary();
     if let Some(why) = plan.force_reason {
         summary.push_str(&format!(" (forced: {why})"));

@@ -374,15 +374,7 @@ async fn drain(
         pods_gone_for: None,
         unreachable: false,
     };
-    let report = mcm_drain::drain_pass(
-        ctx.target.clone(),
-        &name,
-        &options,
-        &input,
-        &ctx.drain_stores,
-    )
-    .await
-    .map_err(Error::Drain)?;
+    let report = super::act::drain_node_pass(ctx, &name, &options, &input).await?;
     match report.state() {
         mcm_drain::PassState::Done
         | mcm_drain::PassState::Volumes

@@ -460,15 +460,7 @@ async fn node_work(
             pods_gone_for: None,
             unreachable: work.unreachable,
         };
-        let report = mcm_drain::drain_pass(
-            ctx.target.clone(),
-            &name,
-            &options,
-            &input,
-            &ctx.drain_stores,
-        )
-        .await
-        .map_err(Error::Drain)?;
+        let report = super::act::drain_node_pass(ctx, &name, &options, &input).await?;
         match report.state() {
             // Volumes are not waited for: the VM stays.
             mcm_drain::PassState::Done

@@ -191,10 +191,14 @@ pub fn prepare(
     if config.target_cluster {
         // In-place updates: the node agent's result and the Node's condition.
         let (machines_for_md, sets_for_md) = (machines.clone(), sets.clone());
-        md_controller = md_controller
-            .watches_shared_stream(informers.nodes.subscribe(), move |n: Arc<Node>| {
-                md::deployments_for_node(&n, &machines_for_md, &sets_for_md)
-            });
+        md_controller = md_controller.watches_shared_stream(
+            // Not on every heartbeat: only a change the deployment could act on.
+            crate::informers::changed_only(
+                informers.nodes.subscribe(),
+                crate::machine_controller::node_fingerprint,
+            ),
+            move |n: Arc<Node>| md::deployments_for_node(&n, &machines_for_md, &sets_for_md),
+        );
     }
     let md_controller = runner.run(
         md_controller,
