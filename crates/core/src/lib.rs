@@ -30,6 +30,7 @@ pub mod clients;
 pub mod http;
 pub mod options;
 pub mod run;
+pub mod webhook;
 
 /// Re-exported so that a provider depends on `mcm-core` alone: the attribute of
 /// [`driver::Driver`] implementations, the runtime, the flag parser and the Kubernetes
@@ -40,7 +41,9 @@ pub use k8s_openapi;
 pub use kube;
 pub use mcm_api as api;
 pub use mcm_driver as driver;
-pub use options::{CommonOptions, MachineControllerOptions, ManagerFlags, ManagerOptions};
+pub use options::{
+    CommonOptions, MachineControllerOptions, ManagerFlags, ManagerOptions, WebhookFlags,
+};
 pub use run::{
     RunError, run_machine_controller, run_machine_controller_until, run_manager, run_manager_until,
 };

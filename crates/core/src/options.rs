@@ -13,6 +13,8 @@ use mcm_reconcilers::machine_controller::MachineControllerConfig;
 use mcm_reconcilers::manager::ManagerConfig;
 use mcm_reconcilers::safety::SafetySettings;
 
+use crate::webhook::WebhookConfig;
+
 /// Parses a Go duration flag value.
 pub fn go_duration(s: &str) -> Result<Duration, String> {
     mcm_api::duration::parse_go_duration(s).map_err(|e| e.to_string())
@@ -84,6 +86,67 @@ pub struct CommonOptions {
     pub log_format: String,
 }
 
+/// (mcm-rs) The validating admission webhook of a provider binary: MachineClass
+/// `providerSpec` by the provider's rules and the checks CEL cannot express on Machines,
+/// MachineSets and MachineDeployments (see `mcm_core::webhook`).
+#[derive(Debug, Clone, Args)]
+pub struct WebhookFlags {
+    /// (mcm-rs) The port the validating admission webhook is served on (HTTPS, path
+    /// `/validate`); 0 serves none.
+    #[arg(long, default_value_t = 0)]
+    pub webhook_port: u16,
+    /// (mcm-rs) The IP address the webhook listens on.
+    #[arg(long, default_value = "0.0.0.0")]
+    pub webhook_bind_address: IpAddr,
+    /// (mcm-rs) A directory with `tls.crt` and `tls.key` (e.g. cert-manager's Secret) for the
+    /// webhook; without it the binary makes its own CA and certificate.
+    #[arg(long, default_value = "")]
+    pub webhook_cert_dir: String,
+    /// (mcm-rs) The Service in front of the webhook: its DNS names go into the self-signed
+    /// certificate.
+    #[arg(long, default_value = "")]
+    pub webhook_service_name: String,
+    /// (mcm-rs) The namespace of that Service (default: --namespace).
+    #[arg(long, default_value = "")]
+    pub webhook_service_namespace: String,
+    /// (mcm-rs) More DNS names or IP addresses for the self-signed certificate, comma
+    /// separated.
+    #[arg(long, default_value = "", value_delimiter = ',')]
+    pub webhook_cert_hosts: Vec<String>,
+    /// (mcm-rs) The ValidatingWebhookConfiguration whose webhooks get the self-signed CA as
+    /// `caBundle`; the certificate is kept in the Secret `<name>-tls` of --namespace, shared
+    /// by the replicas.
+    #[arg(long, default_value = "")]
+    pub webhook_configuration_name: String,
+}
+
+impl WebhookFlags {
+    /// The webhook's configuration, or `None` when `--webhook-port` is 0.
+    pub fn config(&self, namespace: &str, target_cluster: bool) -> Option<WebhookConfig> {
+        if self.webhook_port == 0 {
+            return None;
+        }
+        let service_namespace = if self.webhook_service_namespace.is_empty() {
+            namespace
+        } else {
+            &self.webhook_service_namespace
+        };
+        let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_string());
+        Some(WebhookConfig {
+            addr: std::net::SocketAddr::new(self.webhook_bind_address, self.webhook_port),
+            cert_dir: non_empty(&self.webhook_cert_dir).map(Into::into),
+            hosts: crate::webhook::certs::hosts(
+                &self.webhook_service_name,
+                service_namespace,
+                &self.webhook_cert_hosts,
+            ),
+            configuration: non_empty(&self.webhook_configuration_name),
+            namespace: namespace.to_string(),
+            target_cluster,
+        })
+    }
+}
+
 /// The options of a machine-controller binary (`machine-controller-<provider>`).
 #[derive(Debug, Clone, Parser)]
 #[command(
@@ -115,6 +178,9 @@ pub struct MachineControllerOptions {
     /// Flags of the manager half (used with `--controllers=...,manager`).
     #[command(flatten)]
     pub manager: ManagerFlags,
+    /// Flags of the validating admission webhook.
+    #[command(flatten)]
+    pub webhook: WebhookFlags,
     /// Timeout used while joining (during creation) of a machine before it is declared
     /// as failed.
     #[arg(long, default_value = "20m", value_parser = go_duration)]
@@ -374,6 +440,25 @@ mod tests {
         let o = MachineControllerOptions::parse_from(["mc", "--controllers=machine,manager"]);
         assert!(o.runs("machine") && o.runs("manager"));
         assert!(MachineControllerOptions::try_parse_from(["mc", "--controllers=bogus"]).is_err());
+    }
+
+    #[test]
+    fn the_webhook_is_off_by_default_and_names_its_service() {
+        let o = MachineControllerOptions::parse_from(["mc", "--namespace=machines"]);
+        assert!(o.webhook.config("machines", true).is_none());
+        let o = MachineControllerOptions::parse_from([
+            "mc",
+            "--webhook-port=9443",
+            "--webhook-service-name=mcm-webhook",
+            "--webhook-cert-hosts=127.0.0.1,localhost",
+            "--webhook-configuration-name=mcm",
+        ]);
+        let c = o.webhook.config("machines", true).unwrap();
+        assert_eq!(c.addr.port(), 9443);
+        assert_eq!(c.hosts[2], "mcm-webhook.machines.svc");
+        assert_eq!(&c.hosts[4..], ["127.0.0.1", "localhost"]);
+        assert_eq!(c.configuration.as_deref(), Some("mcm"));
+        assert!(c.cert_dir.is_none());
     }
 
     #[test]

@@ -49,6 +49,9 @@ pub enum RunError {
         #[source]
         source: std::io::Error,
     },
+    /// The admission webhook could not start.
+    #[error("cannot start the admission webhook")]
+    Webhook(#[from] crate::webhook::WebhookError),
     /// Leader election failed.
     #[error("leader election failed")]
     LeaderElection(#[source] kube_lease_manager::LeaseManagerError),
@@ -345,6 +348,18 @@ pub async fn run_machine_controller_until(
         .await
         .map_err(|source| RunError::Http { addr, source })?;
     tracing::info!(%bound, provider, namespace = %options.common.namespace, controllers = ?options.controllers, "machine controller starting");
+    // The webhook serves on every replica, leader or not: it needs no stores.
+    let webhook = match options
+        .webhook
+        .config(&options.common.namespace, target_cluster)
+    {
+        Some(config) => Some(
+            crate::webhook::serve(config, control.clone(), driver.clone(), cancel.clone())
+                .await?
+                .1,
+        ),
+        None => None,
+    };
 
     let config = options.controller_config();
     let namespace = options.common.namespace.clone();
@@ -401,6 +416,9 @@ pub async fn run_machine_controller_until(
     .await;
     cancel.cancel();
     let _ = server.await;
+    if let Some(w) = webhook {
+        let _ = w.await;
+    }
     result
 }
 

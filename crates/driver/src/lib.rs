@@ -205,6 +205,19 @@ pub trait Driver: Send + Sync + 'static {
         &self,
         req: GetVolumeIdsRequest,
     ) -> Result<GetVolumeIdsResponse, DriverError>;
+
+    /// Checks a MachineClass's `providerSpec` by this provider's rules before the class is
+    /// stored: the admission webhook of the provider binary and the class controller call it.
+    /// Return every problem at once, each naming its field (`providerSpec.capacity.cpu`); an
+    /// empty list accepts the class. It gets no credentials and must not call the cloud.
+    ///
+    /// A class whose `provider` names another provider is not this driver's business: accept
+    /// it ([`spec::is_for_provider`]). The default accepts every class, so drivers written
+    /// before this method existed compile and behave as before.
+    fn validate_machine_class(&self, class: &mcm_api::MachineClass) -> Vec<SpecProblem> {
+        let _ = class;
+        Vec::new()
+    }
 }
 
 macro_rules! forward_driver {
@@ -246,6 +259,9 @@ macro_rules! forward_driver {
                 req: GetVolumeIdsRequest,
             ) -> Result<GetVolumeIdsResponse, DriverError> {
                 (**self).get_volume_ids(req).await
+            }
+            fn validate_machine_class(&self, class: &mcm_api::MachineClass) -> Vec<SpecProblem> {
+                (**self).validate_machine_class(class)
             }
         }
     };
@@ -320,6 +336,12 @@ macro_rules! wrap_driver {
                     self.inner.get_volume_ids(req),
                 )
                 .await
+            }
+            fn validate_machine_class(
+                &self,
+                class: &mcm_api::MachineClass,
+            ) -> Vec<$crate::SpecProblem> {
+                self.inner.validate_machine_class(class)
             }
         }
     };

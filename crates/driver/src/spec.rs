@@ -75,15 +75,64 @@ impl SpecError {
         }
     }
 
+    /// The problems as a list for the admission webhook: a decode error becomes one problem
+    /// of `providerSpec` that says why the JSON does not decode.
+    pub fn into_problems(self) -> Vec<SpecProblem> {
+        match self {
+            SpecError::Decode { provider, source } => vec![SpecProblem::new(
+                "providerSpec",
+                format!("is not a valid {provider} providerSpec: {source}"),
+            )],
+            SpecError::Invalid { problems, .. } => problems,
+        }
+    }
+
     /// An `InvalidArgument` driver error with this error as its source.
     pub fn into_driver_error(self) -> DriverError {
         DriverError::new(Code::InvalidArgument, self.to_string()).with_source(self)
     }
 }
 
+/// Whether a class is for `provider` (e.g. `AWS`): its `provider` field names it (compared
+/// without case) or is absent. A driver's [`crate::Driver::validate_machine_class`] accepts the
+/// classes of other providers, which share the namespace in some installations.
+pub fn is_for_provider(class: &mcm_api::MachineClass, provider: &str) -> bool {
+    class
+        .provider
+        .as_deref()
+        .map(str::trim)
+        .is_none_or(|p| p.is_empty() || p.eq_ignore_ascii_case(provider))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_class_is_for_the_provider_it_names_or_for_any_when_it_names_none() {
+        let mut class = mcm_api::MachineClass::default();
+        assert!(is_for_provider(&class, "AWS"));
+        class.provider = Some("aws".into());
+        assert!(is_for_provider(&class, "AWS"));
+        class.provider = Some("GCP".into());
+        assert!(!is_for_provider(&class, "AWS"));
+    }
+
+    #[test]
+    fn a_decode_error_is_one_problem_of_the_provider_spec() {
+        let decode = SpecError::Decode {
+            provider: "AWS",
+            source: serde_json::from_str::<u8>("x").unwrap_err(),
+        };
+        let problems = decode.into_problems();
+        assert_eq!(problems.len(), 1);
+        assert_eq!(problems[0].field, "providerSpec");
+        assert!(
+            problems[0]
+                .detail
+                .starts_with("is not a valid AWS providerSpec: ")
+        );
+    }
 
     #[test]
     fn problems_name_their_fields_and_keep_the_source() {

@@ -137,6 +137,7 @@ pub fn prepare(
     let stores = informers.stores();
     let machines = stores.machines.clone();
     let classes = stores.classes.clone();
+    let class_driver = driver.clone();
     let mut ctx = Ctx::new(
         control.clone(),
         target.clone(),
@@ -207,6 +208,7 @@ pub fn prepare(
         machines.clone(),
         informers.secrets.store(),
         ctx.synced.subscribe(),
+        class_driver,
     ));
     let class_controller = {
         let (classes_for_machines, classes_for_secrets) = (classes.clone(), classes.clone());

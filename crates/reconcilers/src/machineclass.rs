@@ -17,6 +17,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use mcm_api::constants::finalizers::MACHINE_CONTROLLER as FINALIZER;
 use mcm_api::{Machine, MachineClass};
+use mcm_driver::{Driver, SpecProblem};
 use serde_json::json;
 
 use crate::events::EventPublisher;
@@ -43,6 +44,8 @@ pub struct ClassCtx {
     pub events: EventPublisher,
     /// Turns true once the stores listed: before, a Secret only looks unreferenced.
     pub synced: tokio::sync::watch::Receiver<bool>,
+    /// The provider's rules for `providerSpec` ([`Driver::validate_machine_class`]).
+    pub driver: Arc<dyn Driver>,
     validated: Mutex<HashMap<String, i64>>,
 }
 
@@ -55,9 +58,11 @@ impl ClassCtx {
         machines: Store<Machine>,
         secrets: Store<Secret>,
         synced: tokio::sync::watch::Receiver<bool>,
+        driver: Arc<dyn Driver>,
     ) -> Self {
         ClassCtx {
             synced,
+            driver,
             events: EventPublisher::new(client.clone(), "machine-controller"),
             client,
             namespace,
@@ -69,11 +74,12 @@ impl ClassCtx {
     }
 }
 
-/// Problems of a class that need no cloud to find. Each names the field.
-pub fn validate(class: &MachineClass) -> Vec<String> {
+/// Problems of a class that every provider shares and that need no cloud to find. Each names
+/// the field.
+pub fn class_problems(class: &MachineClass) -> Vec<SpecProblem> {
     let mut problems = Vec::new();
     if !class.provider_spec.is_object() {
-        problems.push("providerSpec: must be an object".to_string());
+        problems.push(SpecProblem::new("providerSpec", "must be an object"));
     }
     if class
         .secret_ref
@@ -81,18 +87,32 @@ pub fn validate(class: &MachineClass) -> Vec<String> {
         .and_then(|r| r.name.as_deref())
         .is_none_or(str::is_empty)
     {
-        problems.push(
-            "secretRef.name: must name the Secret with the cloud credentials and userData".into(),
-        );
+        problems.push(SpecProblem::new(
+            "secretRef.name",
+            "must name the Secret with the cloud credentials and userData",
+        ));
     }
     if let Some(t) = &class.node_template {
         for (k, q) in &t.capacity {
             if let Err(e) = mcm_api::quantity::ParsedQuantity::from_quantity(q) {
-                problems.push(format!("nodeTemplate.capacity.{k}: {e}"));
+                problems.push(SpecProblem::new(
+                    format!("nodeTemplate.capacity.{k}"),
+                    e.to_string(),
+                ));
             }
         }
     }
     problems
+}
+
+/// Every problem of a class: the shared ones ([`class_problems`]) and the provider's own
+/// ([`Driver::validate_machine_class`]), as `field: detail` lines.
+pub fn validate(class: &MachineClass, driver: &dyn Driver) -> Vec<String> {
+    class_problems(class)
+        .into_iter()
+        .chain(driver.validate_machine_class(class))
+        .map(|p| p.to_string())
+        .collect()
 }
 
 /// The Machines (names) that use a class.
@@ -293,7 +313,7 @@ pub async fn reconcile(class: Arc<MachineClass>, ctx: Arc<ClassCtx>) -> Result<A
         .map(|v| v.get(&uid) == Some(&generation))
         .unwrap_or(false);
     if !seen {
-        let problems = validate(&class);
+        let problems = validate(&class, ctx.driver.as_ref());
         let reference = class.object_ref(&());
         if problems.is_empty() {
             ctx.events
@@ -338,7 +358,8 @@ mod tests {
             provider_spec: json!("not an object"),
             ..Default::default()
         };
-        let problems = validate(&class);
+        let driver = mcm_driver::FakeDriver::new();
+        let problems = validate(&class, &driver);
         assert_eq!(problems.len(), 2, "{problems:?}");
         assert!(problems[0].starts_with("providerSpec:"));
         assert!(problems[1].starts_with("secretRef.name:"));
@@ -351,6 +372,6 @@ mod tests {
             }),
             ..Default::default()
         };
-        assert!(validate(&ok).is_empty());
+        assert!(validate(&ok, &driver).is_empty());
     }
 }

@@ -304,6 +304,10 @@ fn machine_name(machine: &Machine) -> Result<&str, DriverError> {
 
 #[async_trait::async_trait]
 impl Driver for AwsDriver {
+    fn validate_machine_class(&self, class: &mcm_api::MachineClass) -> Vec<SpecProblem> {
+        spec::class_problems(class)
+    }
+
     async fn create_machine(
         &self,
         req: CreateMachineRequest,

@@ -652,6 +652,18 @@ pub fn validate_secret(secret: &SecretData, need_user_data: bool) -> Vec<SpecPro
     out
 }
 
+/// The problems of a class's providerSpec, for the admission webhook (no secret, no cloud
+/// call): a class of another provider has none here.
+pub fn class_problems(class: &MachineClass) -> Vec<SpecProblem> {
+    if !mcm_driver::spec::is_for_provider(class, PROVIDER) {
+        return Vec::new();
+    }
+    match parse_provider_spec(class) {
+        Ok(spec) => spec.validate(),
+        Err(e) => e.into_problems(),
+    }
+}
+
 /// Decodes and validates the class and the secret together: every problem of both.
 pub fn checked_spec(
     class: &MachineClass,

@@ -355,6 +355,13 @@ fn nic_addresses(nic: &Value) -> Vec<k8s_openapi::api::core::v1::NodeAddress> {
 
 #[async_trait::async_trait]
 impl Driver for AzureDriver {
+    fn validate_machine_class(
+        &self,
+        class: &mcm_api::MachineClass,
+    ) -> Vec<mcm_driver::SpecProblem> {
+        spec::class_problems(class)
+    }
+
     async fn create_machine(
         &self,
         req: CreateMachineRequest,

@@ -264,6 +264,10 @@ impl GcpDriver {
 
 #[async_trait::async_trait]
 impl Driver for GcpDriver {
+    fn validate_machine_class(&self, class: &mcm_api::MachineClass) -> Vec<SpecProblem> {
+        spec::class_problems(class)
+    }
+
     async fn create_machine(
         &self,
         req: CreateMachineRequest,

@@ -708,6 +708,25 @@ fn is_dns_subdomain(name: &str) -> bool {
         })
 }
 
+/// The provider name a local class may give in its `provider` field.
+pub const PROVIDER: &str = "local";
+
+/// The problems of a class's providerSpec, for the admission webhook: every bad field, none
+/// for a class of another provider.
+pub fn class_problems(class: &MachineClass) -> Vec<mcm_driver::SpecProblem> {
+    if !mcm_driver::spec::is_for_provider(class, PROVIDER) {
+        return Vec::new();
+    }
+    match ProviderSpec::from_value(&class.provider_spec) {
+        Ok(_) => Vec::new(),
+        Err(e) => e
+            .problems
+            .into_iter()
+            .map(|p| mcm_driver::SpecProblem::new(p.field, p.message))
+            .collect(),
+    }
+}
+
 /// Parses and validates the providerSpec of a class (the error names every bad field).
 pub fn parse_provider_spec(class: &MachineClass) -> Result<ProviderSpec, DriverError> {
     parse_spec(class).map_err(DriverError::from)
@@ -832,6 +851,10 @@ pub fn volume_id(spec: &k8s_openapi::api::core::v1::PersistentVolumeSpec) -> Opt
 
 #[async_trait]
 impl Driver for LocalDriver {
+    fn validate_machine_class(&self, class: &MachineClass) -> Vec<mcm_driver::SpecProblem> {
+        class_problems(class)
+    }
+
     async fn create_machine(
         &self,
         req: CreateMachineRequest,
