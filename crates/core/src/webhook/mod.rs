@@ -146,8 +146,8 @@ pub async fn serve(
     driver: Arc<dyn Driver>,
     cancel: CancellationToken,
 ) -> Result<(SocketAddr, tokio::task::JoinHandle<()>), WebhookError> {
-    let cert = certificate(&config, &control).await?;
-    let tls = TlsAcceptor::from(Arc::new(server_config(&cert)?));
+    // Bound before the CA is published: the API server's first calls wait in the backlog
+    // instead of being refused.
     let listener = TcpListener::bind(config.addr)
         .await
         .map_err(|source| WebhookError::Bind {
@@ -158,6 +158,8 @@ pub async fn serve(
         addr: config.addr,
         source,
     })?;
+    let cert = certificate(&config, &control).await?;
+    let tls = TlsAcceptor::from(Arc::new(server_config(&cert)?));
     let app = router(driver, config.target_cluster);
     let listener = TlsListener::start(listener, tls, cancel.clone());
     let handle = tokio::spawn(async move {
@@ -236,11 +238,28 @@ pub fn review_request(
     let Some(object) = &request.object else {
         return response.deny(format!("no object in the {} request", kind.as_str()));
     };
+    // An object on its way out is let go: the controllers' last updates (finalizers) must
+    // never be refused.
+    if object.metadata.deletion_timestamp.is_some() {
+        return response;
+    }
     let json = match serde_json::to_value(object) {
         Ok(v) => v,
         Err(e) => return response.deny(format!("the object cannot be read: {e}")),
     };
-    let problems = checks::problems(kind, &json, ctx);
+    let mut problems = checks::problems(kind, &json, ctx);
+    // Ratcheting, as Kubernetes does for CRD validation: an update is refused only for what
+    // it makes wrong, so an object stored before the webhook existed (or before a rule did)
+    // can still be labelled, annotated and finalized by the controllers.
+    if request.operation == Operation::Update
+        && let Some(old) = request
+            .old_object
+            .as_ref()
+            .and_then(|o| serde_json::to_value(o).ok())
+    {
+        let before = checks::problems(kind, &old, ctx);
+        problems.retain(|p| !before.contains(p));
+    }
     if problems.is_empty() {
         return response;
     }
@@ -334,6 +353,15 @@ mod tests {
         operation: &str,
         object: serde_json::Value,
     ) -> AdmissionRequest<DynamicObject> {
+        update(kind, operation, object, serde_json::Value::Null)
+    }
+
+    fn update(
+        kind: &str,
+        operation: &str,
+        object: serde_json::Value,
+        old: serde_json::Value,
+    ) -> AdmissionRequest<DynamicObject> {
         let review: AdmissionReview<DynamicObject> = serde_json::from_value(json!({
             "apiVersion": "admission.k8s.io/v1",
             "kind": "AdmissionReview",
@@ -346,7 +374,7 @@ mod tests {
                 "operation": operation,
                 "userInfo": {},
                 "object": object,
-                "oldObject": null,
+                "oldObject": old,
             }
         }))
         .unwrap();
@@ -385,5 +413,52 @@ mod tests {
         // Deletions and other kinds are not this webhook's business.
         assert!(review_request(&request("Machine", "DELETE", bad.clone()), &ctx).allowed);
         assert!(review_request(&request("Pod", "CREATE", bad), &ctx).allowed);
+    }
+
+    #[test]
+    fn an_update_is_refused_only_for_what_it_makes_wrong() {
+        let d = FakeDriver::new();
+        let ctx = checks::Context {
+            driver: &d,
+            target_cluster: true,
+        };
+        let machine = |annotations: serde_json::Value, finalizers: serde_json::Value| {
+            json!({
+                "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "Machine",
+                "metadata": {"name": "obj", "annotations": annotations, "finalizers": finalizers},
+                "spec": {"class": {"kind": "MachineClass", "name": "c"}},
+            })
+        };
+        // Stored before the webhook: a bad priority. The controller adds its finalizer.
+        let old = machine(
+            json!({"machinepriority.machine.sapcloud.io": "high"}),
+            json!([]),
+        );
+        let new = machine(
+            json!({"machinepriority.machine.sapcloud.io": "high"}),
+            json!(["machine.sapcloud.io/machine-controller"]),
+        );
+        assert!(review_request(&update("Machine", "UPDATE", new, old.clone()), &ctx).allowed);
+        // A new problem on top of the old one is refused, naming only the new one.
+        let worse = machine(
+            json!({"machinepriority.machine.sapcloud.io": "high", "node.machine.sapcloud.io/preserve": "x"}),
+            json!([]),
+        );
+        let r = review_request(&update("Machine", "UPDATE", worse, old.clone()), &ctx);
+        assert!(!r.allowed);
+        assert!(
+            r.result.message.contains("preserve"),
+            "{}",
+            r.result.message
+        );
+        assert!(
+            !r.result.message.contains("machinepriority"),
+            "{}",
+            r.result.message
+        );
+        // An object being deleted is let go whatever it holds.
+        let mut leaving = machine(json!({"node.machine.sapcloud.io/preserve": "x"}), json!([]));
+        leaving["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        assert!(review_request(&update("Machine", "UPDATE", leaving, old), &ctx).allowed);
     }
 }
