@@ -34,13 +34,14 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::Api;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use mcm_api::{Machine, MachinePhase};
+use mcm_api::{Machine, MachineClass, MachinePhase};
 use mcm_provider_local::StateDirectory;
 use mcm_testenv::ControlPlane;
+use serde_json::json;
 use tokio::sync::Notify;
 
 use crate::e2e::env::{
-    self, Binaries, Controller, ControllerKind, ControllerSpec, ProcessInfo, kill_vms,
+    self, Binaries, Check, Controller, ControllerKind, ControllerSpec, ProcessInfo, kill_vms,
 };
 
 /// The environment variable naming the demo's directory (default `<target>/demo`).
@@ -54,6 +55,9 @@ const MACHINES: usize = 3;
 /// The workload Deployment of `docs/examples/` and its replicas.
 const WORKLOAD: &str = "web";
 const WORKLOAD_REPLICAS: i32 = 3;
+
+/// The ValidatingWebhookConfiguration the demo's machine controller publishes its CA into.
+const WEBHOOK_CONFIGURATION: &str = "mcm-demo";
 
 /// Runs the demo; with `exit_when_ready`, a one-shot check bounded by `timeout`.
 pub fn run(exit_when_ready: bool, timeout: Duration) -> Result<()> {
@@ -208,7 +212,17 @@ async fn run_demo(
     controllers: &mut Vec<Controller>,
 ) -> Result<Stop> {
     let client = cp.client().await.context("building a client")?;
-    for spec in controller_specs(cp) {
+    // The machine controller serves the admission webhook: its configuration and the
+    // namespace of its certificate Secret exist before it starts.
+    let webhook_port = env::free_port()?;
+    env::apply(
+        &client,
+        NAMESPACE,
+        &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}),
+    )
+    .await?;
+    env::apply(&client, NAMESPACE, &webhook_configuration(webhook_port)).await?;
+    for spec in controller_specs(cp, webhook_port) {
         let c = Controller::spawn(bins, cp, &dir.join("logs"), &spec)?;
         say(format_args!(
             "started {} (pid {}, metrics on http://127.0.0.1:{}/metrics)",
@@ -221,6 +235,10 @@ async fn run_demo(
     for c in controllers.iter() {
         c.await_ready(Duration::from_secs(60)).await?;
     }
+    let refusal = await_webhook(&client).await?;
+    say(format_args!(
+        "admission webhook on https://127.0.0.1:{webhook_port}/validate refuses a class with cpu: abc: {refusal}"
+    ));
     apply_examples(&client, cp, dir).await?;
     let view = View::start(client);
     let began = Instant::now();
@@ -261,8 +279,67 @@ async fn run_demo(
     }
 }
 
-/// The two controllers, with short timeouts for a demo and no leader election.
-fn controller_specs(cp: &ControlPlane) -> Vec<ControllerSpec> {
+/// The webhook configuration of the demo: the four kinds of the demo namespace go to the
+/// machine controller on `port`; while it cannot be reached they cannot be written.
+fn webhook_configuration(port: u16) -> serde_json::Value {
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": WEBHOOK_CONFIGURATION},
+        "webhooks": [{
+            "name": "validate.machine.sapcloud.io",
+            "clientConfig": {"url": format!("https://127.0.0.1:{port}/validate")},
+            "rules": [{
+                "apiGroups": ["machine.sapcloud.io"],
+                "apiVersions": ["v1alpha1"],
+                "operations": ["CREATE", "UPDATE"],
+                "resources": ["machineclasses", "machines", "machinesets", "machinedeployments"],
+                "scope": "Namespaced",
+            }],
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}},
+            "failurePolicy": "Fail",
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": 5,
+        }],
+    })
+}
+
+/// Waits until the API server calls the webhook with its published CA: a dry-run create of
+/// a class with `cpu: abc` is refused by it. Returns the refusal.
+async fn await_webhook(client: &kube::Client) -> Result<String> {
+    let classes: Api<MachineClass> = Api::namespaced(client.clone(), NAMESPACE);
+    let bad: MachineClass = serde_json::from_value(json!({
+        "apiVersion": "machine.sapcloud.io/v1alpha1",
+        "kind": "MachineClass",
+        "metadata": {"name": "refused-by-the-webhook"},
+        "provider": "local",
+        "providerSpec": {"capacity": {"cpu": "abc"}},
+        "secretRef": {"name": "local-demo", "namespace": NAMESPACE},
+    }))?;
+    let dry_run = kube::api::PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    env::wait_for(
+        "the admission webhook to answer",
+        Duration::from_secs(60),
+        || async {
+            Ok(match classes.create(&dry_run, &bad).await {
+                Err(kube::Error::Api(e)) if e.message.contains("denied the request") => {
+                    Check::Done(e.message)
+                }
+                Err(e) => Check::Pending(e.to_string()),
+                Ok(_) => Check::Pending("accepted: the configuration is not in effect yet".into()),
+            })
+        },
+    )
+    .await
+}
+
+/// The two controllers, with short timeouts for a demo and no leader election; the machine
+/// controller serves the admission webhook on `webhook_port`.
+fn controller_specs(cp: &ControlPlane, webhook_port: u16) -> Vec<ControllerSpec> {
     let kubeconfig = cp.kubeconfig_path().to_path_buf();
     let spec = |kind, name: &str, extra: &[&str]| ControllerSpec {
         kind,
@@ -286,6 +363,10 @@ fn controller_specs(cp: &ControlPlane) -> Vec<ControllerSpec> {
                 "--machine-safety-apiserver-statuscheck-period=10s",
                 "--machine-eviction-retry-interval=5s",
                 "--machine-backoff-max=10s",
+                &format!("--webhook-port={webhook_port}"),
+                "--webhook-bind-address=127.0.0.1",
+                "--webhook-cert-hosts=127.0.0.1",
+                &format!("--webhook-configuration-name={WEBHOOK_CONFIGURATION}"),
             ],
         ),
     ]
@@ -604,6 +685,7 @@ fn help(cp: &ControlPlane, dir: &Path) -> String {
     let logs = dir.join("logs");
     let vms = dir.join("vms");
     let patch = r#"'{"spec":{"template":{"metadata":{"labels":{"rev":"2"}}}}}'"#;
+    let bad = r#"'{"providerSpec":{"capacity":{"cpu":"abc"}}}'"#;
     format!(
         "mcm-rs demo: {MACHINES} local machines and a workload. Ctrl-C stops everything.\n\
          \n  logs       {logs}/ (controllers), {cplogs}/ (control plane)\
@@ -612,7 +694,8 @@ fn help(cp: &ControlPlane, dir: &Path) -> String {
          \n             kubectl -n {NAMESPACE} get machinedeployments,machinesets,machines; kubectl get nodes\
          \n  roll out   kubectl -n {NAMESPACE} patch machinedeployment {DEPLOYMENT} --type merge -p {patch}\
          \n  scale      kubectl -n {NAMESPACE} scale machinedeployment {DEPLOYMENT} --replicas=5\
-         \n  crash      kill -9 <VM PID>   (the machine goes Unknown, Failed after 1m, then is replaced)\n",
+         \n  crash      kill -9 <VM PID>   (the machine goes Unknown, Failed after 1m, then is replaced)\
+         \n  refused    kubectl -n {NAMESPACE} patch machineclass local-small --type merge -p {bad}   (the admission webhook names the field)\n",
         logs = logs.display(),
         cplogs = cp.run_dir().display(),
         vms = vms.display(),
