@@ -1,4 +1,5 @@
-//! `cargo xtask crds`: writes `deploy/crds/machine.sapcloud.io_<plural>.yaml` from mcm-api.
+//! `cargo xtask crds`: writes `deploy/crds/machine.sapcloud.io_<plural>.yaml` from mcm-api,
+//! and the same files into the Helm chart's `deploy/chart/crds/`.
 
 use std::path::PathBuf;
 
@@ -12,24 +13,30 @@ pub fn workspace_root() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
-/// Writes the generated CRDs, or with `check` fails when a committed file differs.
+/// Writes the generated CRDs (into `deploy/crds` and the chart's `crds/`), or with `check`
+/// fails when a committed file differs.
 pub fn run(check: bool) -> Result<()> {
-    let dir = workspace_root().join("deploy").join("crds");
-    std::fs::create_dir_all(&dir)?;
+    let dirs = [
+        workspace_root().join("deploy").join("crds"),
+        crate::chart::chart_dir().join("crds"),
+    ];
     let mut stale = Vec::new();
-    for crd in mcm_api::crds::all() {
-        let path = dir.join(mcm_api::crds::file_name(&crd));
-        let text =
-            mcm_api::crds::render(&crd).with_context(|| format!("rendering {}", path.display()))?;
-        let current = std::fs::read_to_string(&path).unwrap_or_default();
-        if current == text {
-            continue;
-        }
-        if check {
-            stale.push(path.display().to_string());
-        } else {
-            std::fs::write(&path, text)?;
-            eprintln!("wrote {}", path.display());
+    for dir in &dirs {
+        std::fs::create_dir_all(dir)?;
+        for crd in mcm_api::crds::all() {
+            let path = dir.join(mcm_api::crds::file_name(&crd));
+            let text = mcm_api::crds::render(&crd)
+                .with_context(|| format!("rendering {}", path.display()))?;
+            let current = std::fs::read_to_string(&path).unwrap_or_default();
+            if current == text {
+                continue;
+            }
+            if check {
+                stale.push(path.display().to_string());
+            } else {
+                std::fs::write(&path, text)?;
+                eprintln!("wrote {}", path.display());
+            }
         }
     }
     if !stale.is_empty() {

@@ -29,6 +29,13 @@ pub const KWOK_ENV: &str = "MCM_KWOK_DIR";
 /// complete and delete), taken from kwok's own module by `cargo xtask testenv`.
 pub const KWOK_STAGES_FILE: &str = "stages.yaml";
 
+/// The Helm release (`helm.sh/helm/v3`) that renders and lints the chart in `deploy/chart`.
+pub const HELM_VERSION: &str = "v3.22.0";
+
+/// The environment variable that names a `helm` binary to use instead of the one
+/// `cargo xtask chart` builds into [`helm_cache_path`].
+pub const HELM_ENV: &str = "HELM";
+
 /// One control-plane binary.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Binary {
@@ -88,6 +95,30 @@ pub fn kwok_cache_dir() -> Result<PathBuf, TestEnvError> {
     Ok(cache_root()?
         .join("testenv")
         .join(format!("kwok-{KWOK_VERSION}")))
+}
+
+/// Where `cargo xtask chart` installs `helm` [`HELM_VERSION`], built from its Go module.
+pub fn helm_cache_path() -> Result<PathBuf, TestEnvError> {
+    Ok(cache_root()?.join("helm").join(HELM_VERSION).join("helm"))
+}
+
+/// The `helm` binary: `$HELM` when set (one that is not an executable file is an error, not
+/// a fall-back), else [`helm_cache_path`]. Missing: an error that says to run
+/// `cargo xtask chart`, which builds it.
+pub fn helm_binary() -> Result<PathBuf, TestEnvError> {
+    let (path, source_name) = match std::env::var_os(HELM_ENV).filter(|p| !p.is_empty()) {
+        Some(p) => (PathBuf::from(p), HELM_ENV),
+        None => (helm_cache_path()?, "the cargo xtask chart cache"),
+    };
+    if is_executable(&path) {
+        Ok(path)
+    } else {
+        Err(TestEnvError::HelmMissing {
+            path,
+            source_name,
+            version: HELM_VERSION,
+        })
+    }
 }
 
 /// Finds the directory holding `kwok` and [`KWOK_STAGES_FILE`]: `$MCM_KWOK_DIR` when set (an
@@ -181,6 +212,21 @@ mod tests {
             std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
         }
         check_dir(dir.path(), &Binary::ALL, "test").unwrap();
+    }
+
+    #[test]
+    fn a_missing_helm_names_the_command_that_builds_it() {
+        let err = TestEnvError::HelmMissing {
+            path: PathBuf::from("/nowhere/helm"),
+            source_name: HELM_ENV,
+            version: HELM_VERSION,
+        };
+        let msg = err.to_string();
+        assert!(msg.contains("cargo xtask chart"), "{msg}");
+        assert!(
+            msg.contains("/nowhere/helm") && msg.contains(HELM_VERSION),
+            "{msg}"
+        );
     }
 
     #[test]

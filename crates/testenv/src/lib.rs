@@ -65,6 +65,19 @@ pub enum TestEnvError {
         /// The missing file names.
         missing: String,
     },
+    /// The `helm` binary the chart tests render with is missing.
+    #[error(
+        "helm {version} missing: {path} ({source_name}) is not an executable file; \
+         run `cargo xtask chart` to build it, or point HELM at a helm binary"
+    )]
+    HelmMissing {
+        /// The path looked at.
+        path: PathBuf,
+        /// Where the path came from.
+        source_name: &'static str,
+        /// The helm release the project uses.
+        version: &'static str,
+    },
     /// A file-system or socket operation failed.
     #[error("failed to {action}")]
     Io {
