@@ -33,8 +33,9 @@ pub mod pods;
 
 use std::future::Future;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use backon::{ExponentialBuilder, Retryable};
 use jiff::Timestamp;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use tokio::signal::unix::{SignalKind, signal};
@@ -279,26 +280,24 @@ async fn boot_and_serve(
 }
 
 /// Calls `op` until it succeeds, fails with a non-retryable error, or
-/// [`BOOT_API_TIMEOUT`] passes, with exponential backoff between attempts.
-async fn retry<T, E, F, Fut>(what: &str, mut op: F, retryable: impl Fn(&E) -> bool) -> Result<T, E>
+/// [`BOOT_API_TIMEOUT`] of waiting has passed, with exponential backoff between attempts
+/// (200 ms doubling up to 5 s).
+async fn retry<T, E, F, Fut>(what: &str, op: F, retryable: impl Fn(&E) -> bool) -> Result<T, E>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<T, E>>,
     E: std::fmt::Display,
 {
-    let began = Instant::now();
-    let mut backoff = Duration::from_millis(200);
-    loop {
-        match op().await {
-            Ok(v) => return Ok(v),
-            Err(e) if retryable(&e) && began.elapsed() + backoff < BOOT_API_TIMEOUT => {
-                warn!(error = %e, ?backoff, "failed to {what}; retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
-            }
-            Err(e) => return Err(e),
-        }
-    }
+    let backoff = ExponentialBuilder::new()
+        .with_min_delay(Duration::from_millis(200))
+        .with_max_delay(Duration::from_secs(5))
+        .with_factor(2.0)
+        .without_max_times()
+        .with_total_delay(Some(BOOT_API_TIMEOUT));
+    op.retry(backoff)
+        .when(|e| retryable(e))
+        .notify(|e, backoff| warn!(error = %e, ?backoff, "failed to {what}; retrying"))
+        .await
 }
 
 /// The error and its causes on one line (`a: b: c`), for the final log line.

@@ -9,6 +9,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::pin::Pin;
 use std::time::Duration;
 
+use backon::{ExponentialBuilder, Retryable};
 use futures::{Stream, StreamExt};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{
@@ -487,6 +488,20 @@ impl PodLoop {
     }
 }
 
+/// The retries of a Pod status write or deletion: [`STATUS_ATTEMPTS`] in all, 200 ms apart
+/// and doubling.
+fn status_backoff() -> ExponentialBuilder {
+    ExponentialBuilder::new()
+        .with_min_delay(Duration::from_millis(200))
+        .with_factor(2.0)
+        .with_max_times(STATUS_ATTEMPTS as usize - 1)
+}
+
+/// Whether `e` is an API answer with one of `codes`.
+fn is_status(e: &kube::Error, codes: &[u16]) -> bool {
+    matches!(e, kube::Error::Api(s) if codes.contains(&s.code))
+}
+
 /// Marks a Pod Running/Ready, retrying a few times with backoff.
 async fn mark_running(client: kube::Client, pod: Pod) -> Done {
     let uid = uid_of(&pod);
@@ -494,22 +509,17 @@ async fn mark_running(client: kube::Client, pod: Pod) -> Done {
     let ns = pod.metadata.namespace.clone().unwrap_or_default();
     let api: Api<Pod> = Api::namespaced(client, &ns);
     let patch = json!({ "status": running_pod_status(&pod, Timestamp::now()) });
-    let mut backoff = Duration::from_millis(200);
-    for attempt in 1..=STATUS_ATTEMPTS {
-        match api
-            .patch_status(&name, &PatchParams::default(), &Patch::Strategic(&patch))
-            .await
-        {
-            Ok(_) => {
-                info!(pod = %format!("{ns}/{name}"), "Pod running");
-                break;
-            }
-            Err(kube::Error::Api(s)) if s.code == 404 => break,
-            Err(e) => {
-                warn!(pod = %format!("{ns}/{name}"), attempt, error = %e, "failed to mark the Pod running");
-                tokio::time::sleep(backoff).await;
-                backoff *= 2;
-            }
+    let (params, patch) = (PatchParams::default(), Patch::Strategic(&patch));
+    let marked = (|| api.patch_status(&name, &params, &patch))
+        .retry(status_backoff())
+        .when(|e| !is_status(e, &[404]))
+        .notify(|e, _| warn!(pod = %format!("{ns}/{name}"), error = %e, "failed to mark the Pod running"))
+        .await;
+    match marked {
+        Ok(_) => info!(pod = %format!("{ns}/{name}"), "Pod running"),
+        Err(e) if is_status(&e, &[404]) => {}
+        Err(e) => {
+            warn!(pod = %format!("{ns}/{name}"), error = %e, "gave up marking the Pod running")
         }
     }
     Done::Status(uid)
@@ -531,21 +541,16 @@ async fn delete_after(client: kube::Client, pod: Pod, delay: Duration) -> Done {
         }),
         ..Default::default()
     };
-    let mut backoff = Duration::from_millis(200);
-    for attempt in 1..=STATUS_ATTEMPTS {
-        match api.delete(&name, &params).await {
-            Ok(_) => {
-                info!(pod = %format!("{ns}/{name}"), "terminated Pod deleted");
-                break;
-            }
-            // Gone already, or a new Pod with the same name (precondition failed).
-            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => break,
-            Err(e) => {
-                warn!(pod = %format!("{ns}/{name}"), attempt, error = %e, "failed to delete the Pod");
-                tokio::time::sleep(backoff).await;
-                backoff *= 2;
-            }
-        }
+    // Gone already, or a new Pod with the same name (precondition failed): nothing to do.
+    let deleted = (|| api.delete(&name, &params))
+        .retry(status_backoff())
+        .when(|e| !is_status(e, &[404, 409]))
+        .notify(|e, _| warn!(pod = %format!("{ns}/{name}"), error = %e, "failed to delete the Pod"))
+        .await;
+    match deleted {
+        Ok(_) => info!(pod = %format!("{ns}/{name}"), "terminated Pod deleted"),
+        Err(e) if is_status(&e, &[404, 409]) => {}
+        Err(e) => warn!(pod = %format!("{ns}/{name}"), error = %e, "gave up deleting the Pod"),
     }
     Done::Deleted(uid)
 }
