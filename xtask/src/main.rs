@@ -2,9 +2,11 @@
 
 mod bench;
 mod chaos;
+mod chart;
 mod crds;
 mod demo;
 mod e2e;
+mod image;
 mod testenv;
 
 use anyhow::Result;
@@ -25,6 +27,19 @@ enum Cmd {
         #[arg(long)]
         check: bool,
     },
+    /// Lint (`helm lint --strict`) and render (`helm template`) the Helm chart in
+    /// deploy/chart for every provider, container layout and certificate mode, with helm
+    /// built from its Go module into the cache unless HELM names a binary; fails when the
+    /// chart's copies of the CRDs or monitoring files differ from their sources.
+    Chart {
+        /// Write the rendered manifests of each case to DIR/<case>.yaml.
+        #[arg(long, value_name = "DIR")]
+        out: Option<std::path::PathBuf>,
+        /// Copy the CRDs and monitoring files into the chart instead of failing on a
+        /// difference.
+        #[arg(long)]
+        sync: bool,
+    },
     /// Build the test control plane (etcd, kube-apiserver, kube-controller-manager,
     /// kube-scheduler) from Go modules into the cache, unless it is there already.
     Testenv {
@@ -36,7 +51,8 @@ enum Cmd {
         force: bool,
     },
     /// Run the whole test suite: builds the control plane if needed (unless
-    /// KUBEBUILDER_ASSETS names one), then `cargo test --workspace`.
+    /// KUBEBUILDER_ASSETS names one) and helm (unless HELM names one), then
+    /// `cargo test --workspace`.
     Test {
         /// Extra arguments passed to `cargo test` (after `--`, e.g. a test name filter).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -70,11 +86,17 @@ enum Cmd {
     /// partitions, leader hand-overs, a rollout under injected cloud faults and a corpus of
     /// bad input, with invariants checked after every trial (see docs/reliability.md).
     Chaos(chaos::Plan),
+    /// Build OCI images FROM scratch of static (musl) release binaries, without a container
+    /// engine: machine-controller-manager, plus a provider's (--provider) or all (--all),
+    /// written to target/images/<name>/ (layout) and <name>.tar (oci-archive), then verified
+    /// and smoke-tested.
+    Image(image::Args),
 }
 
 fn main() -> Result<()> {
     match Cli::parse().command {
         Cmd::Crds { check } => crds::run(check),
+        Cmd::Chart { out, sync } => chart::run(out, sync),
         Cmd::Testenv { print_env, force } => testenv::run(print_env, force),
         Cmd::Test { args } => test(&args),
         Cmd::Demo {
@@ -87,6 +109,7 @@ fn main() -> Result<()> {
         } => e2e::run(scenario, keep_logs),
         Cmd::Bench(b) => bench::run(b),
         Cmd::Chaos(plan) => chaos::run(&plan),
+        Cmd::Image(args) => image::run(&args),
     }
 }
 
@@ -94,6 +117,8 @@ fn test(args: &[String]) -> Result<()> {
     if std::env::var_os(mcm_testenv::binaries::ASSETS_ENV).is_none() {
         testenv::run(false, false)?;
     }
+    // The chart test renders with helm; it fails (never skips) without it.
+    chart::ensure_helm()?;
     let status = e2e::env::cargo_command()
         .current_dir(crds::workspace_root())
         .args(["test", "--workspace", "--locked"])
