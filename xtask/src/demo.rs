@@ -59,10 +59,35 @@ const WORKLOAD_REPLICAS: i32 = 3;
 /// The ValidatingWebhookConfiguration the demo's machine controller publishes its CA into.
 const WEBHOOK_CONFIGURATION: &str = "mcm-demo";
 
-/// Runs the demo; with `exit_when_ready`, a one-shot check bounded by `timeout`.
-pub fn run(exit_when_ready: bool, timeout: Duration) -> Result<()> {
+/// Whose machine controller the demo runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Provider {
+    /// `machine-controller-local`: each VM is a `local-node` process that also runs the
+    /// workload's pods.
+    Local,
+    /// `examples/provider-skeleton`, the out-of-tree provider on mcm-core alone: its VMs
+    /// register Ready Nodes but run no pods, so the workload is not applied.
+    Skeleton,
+}
+
+impl Provider {
+    /// Whether its VMs run pods (the workload of `docs/examples/`).
+    fn runs_pods(self) -> bool {
+        self == Provider::Local
+    }
+}
+
+/// The example that needs VMs running pods.
+const WORKLOAD_FILE: &str = "30-workload.yaml";
+
+/// Runs the demo with `provider`'s machine controller; with `exit_when_ready`, a one-shot
+/// check bounded by `timeout`.
+pub fn run(exit_when_ready: bool, timeout: Duration, provider: Provider) -> Result<()> {
     env::plain_logs_for_children();
-    let bins = env::prepare_binaries()?;
+    let mut bins = env::prepare_binaries()?;
+    if provider == Provider::Skeleton {
+        bins.machine_controller = skeleton_binary()?;
+    }
     let dir = demo_dir()?;
     reset_dir(&dir)?;
     // Declared before the runtime, so dropped after it and after the demo's future (which
@@ -74,7 +99,26 @@ pub fn run(exit_when_ready: bool, timeout: Duration) -> Result<()> {
     } else {
         Mode::Live
     };
-    runtime.block_on(demo(&bins, &dir, mode))
+    runtime.block_on(demo(&bins, &dir, mode, provider))
+}
+
+/// Builds the provider skeleton's binary.
+fn skeleton_binary() -> Result<PathBuf> {
+    const PACKAGE: &str = "machine-controller-skeleton";
+    eprintln!("building the provider skeleton: cargo build --bins -p {PACKAGE}");
+    let status = env::cargo_command()
+        .current_dir(crate::crds::workspace_root())
+        .args(["build", "--bins", "-p", PACKAGE])
+        .status()
+        .context("cannot run cargo")?;
+    if !status.success() {
+        bail!("cargo build -p {PACKAGE} failed ({status})");
+    }
+    let binary = env::target_dir().join("debug").join(PACKAGE);
+    if !binary.is_file() {
+        bail!("{} is missing after the build", binary.display());
+    }
+    Ok(binary)
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -162,11 +206,11 @@ enum Stop {
 
 /// Starts everything, runs until done or interrupted, and always stops everything, before
 /// writing anything more.
-async fn demo(bins: &Binaries, dir: &Path, mode: Mode) -> Result<()> {
+async fn demo(bins: &Binaries, dir: &Path, mode: Mode, provider: Provider) -> Result<()> {
     let cp = env::start_control_plane(false).await?;
     let mut controllers = Vec::new();
     let outcome = tokio::select! {
-        r = run_demo(&cp, bins, dir, mode, &mut controllers) => r,
+        r = run_demo(&cp, bins, dir, mode, provider, &mut controllers) => r,
         signal = interrupted() => Ok(Stop::Signal(signal)),
     };
     let stopped = shutdown(cp, controllers, dir).await;
@@ -209,6 +253,7 @@ async fn run_demo(
     bins: &Binaries,
     dir: &Path,
     mode: Mode,
+    provider: Provider,
     controllers: &mut Vec<Controller>,
 ) -> Result<Stop> {
     let client = cp.client().await.context("building a client")?;
@@ -237,14 +282,15 @@ async fn run_demo(
     }
     let refusal = await_webhook(&client).await?;
     say(format_args!(
-        "admission webhook on https://127.0.0.1:{webhook_port}/validate refuses a class with cpu: abc: {refusal}"
+        "admission webhook on https://127.0.0.1:{webhook_port}/validate refuses a class without a secretRef and with cpu: abc: {refusal}"
     ));
-    apply_examples(&client, cp, dir).await?;
+    apply_examples(&client, cp, dir, provider).await?;
     let view = View::start(client);
     let began = Instant::now();
     match mode {
         Mode::ExitWhenReady(timeout) => {
-            let ready = tokio::time::timeout(timeout, await_ready(&view, false)).await;
+            let machines_only = !provider.runs_pods();
+            let ready = tokio::time::timeout(timeout, await_ready(&view, machines_only)).await;
             match ready {
                 Err(_) => bail!(
                     "not ready after {timeout:?}: {}; logs in {}",
@@ -259,8 +305,13 @@ async fn run_demo(
             }
             // Ready: the exit status says so even if nobody reads these lines.
             say(view.table(dir, true));
+            let workload = if machines_only {
+                String::new()
+            } else {
+                format!(" and {WORKLOAD_REPLICAS} workload pods available")
+            };
             say(format_args!(
-                "ready: {MACHINES} machines Running and {WORKLOAD_REPLICAS} workload pods available {:.1}s after applying docs/examples",
+                "ready: {MACHINES} machines Running{workload} {:.1}s after applying docs/examples ({provider:?} provider)",
                 began.elapsed().as_secs_f64()
             ));
             Ok(Stop::Ready)
@@ -306,7 +357,8 @@ fn webhook_configuration(port: u16) -> serde_json::Value {
 }
 
 /// Waits until the API server calls the webhook with its published CA: a dry-run create of
-/// a class with `cpu: abc` is refused by it. Returns the refusal.
+/// a class without a `secretRef` (refused by every provider's webhook) and with `cpu: abc`
+/// (refused by the local provider's rules too) is refused by it. Returns the refusal.
 async fn await_webhook(client: &kube::Client) -> Result<String> {
     let classes: Api<MachineClass> = Api::namespaced(client.clone(), NAMESPACE);
     let bad: MachineClass = serde_json::from_value(json!({
@@ -315,7 +367,6 @@ async fn await_webhook(client: &kube::Client) -> Result<String> {
         "metadata": {"name": "refused-by-the-webhook"},
         "provider": "local",
         "providerSpec": {"capacity": {"cpu": "abc"}},
-        "secretRef": {"name": "local-demo", "namespace": NAMESPACE},
     }))?;
     let dry_run = kube::api::PostParams {
         dry_run: true,
@@ -372,8 +423,14 @@ fn controller_specs(cp: &ControlPlane, webhook_port: u16) -> Vec<ControllerSpec>
     ]
 }
 
-/// Applies `docs/examples/*.yaml` in file-name order, filling in the placeholders.
-async fn apply_examples(client: &kube::Client, cp: &ControlPlane, dir: &Path) -> Result<()> {
+/// Applies `docs/examples/*.yaml` in file-name order, filling in the placeholders (the
+/// workload only when `provider`'s VMs run pods).
+async fn apply_examples(
+    client: &kube::Client,
+    cp: &ControlPlane,
+    dir: &Path,
+    provider: Provider,
+) -> Result<()> {
     let examples = crate::crds::workspace_root().join("docs").join("examples");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&examples)
         .with_context(|| format!("reading {}", examples.display()))?
@@ -389,6 +446,12 @@ async fn apply_examples(client: &kube::Client, cp: &ControlPlane, dir: &Path) ->
         ("${STATE_DIRECTORY}", state.as_str()),
     ];
     for file in files {
+        if !provider.runs_pods() && file_name(&file) == WORKLOAD_FILE {
+            say(format_args!(
+                "skipped docs/examples/{WORKLOAD_FILE}: the {provider:?} provider's VMs run no pods"
+            ));
+            continue;
+        }
         let text = std::fs::read_to_string(&file)?;
         let docs = env::yaml_documents(&text).with_context(|| format!("in {}", file.display()))?;
         for mut doc in docs {

@@ -69,6 +69,10 @@ enum Cmd {
         /// Seconds `--exit-when-ready` waits.
         #[arg(long, default_value_t = 180)]
         timeout: u64,
+        /// Whose machine controller runs: `local` (VMs are processes running the workload)
+        /// or `skeleton` (examples/provider-skeleton, an out-of-tree provider on mcm-core).
+        #[arg(long, value_enum, default_value = "local")]
+        provider: demo::Provider,
     },
     /// Run the end-to-end scenarios (control plane, both controllers, local VMs).
     E2e {
@@ -102,7 +106,12 @@ fn main() -> Result<()> {
         Cmd::Demo {
             exit_when_ready,
             timeout,
-        } => demo::run(exit_when_ready, std::time::Duration::from_secs(timeout)),
+            provider,
+        } => demo::run(
+            exit_when_ready,
+            std::time::Duration::from_secs(timeout),
+            provider,
+        ),
         Cmd::E2e {
             scenario,
             keep_logs,
