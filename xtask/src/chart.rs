@@ -246,7 +246,7 @@ fn build_helm(dest: &Path) -> Result<()> {
         work.join("go.mod"),
         "module mcm-rs.local/helm-download\n\ngo 1.22\n",
     )?;
-    let info = go_output(
+    let info = crate::testenv::go_output(
         &work,
         &[
             "mod",
@@ -319,22 +319,6 @@ fn go_command(dir: &Path) -> Command {
         .env("GOTOOLCHAIN", "local")
         .env("CGO_ENABLED", "0");
     c
-}
-
-fn go_output(dir: &Path, args: &[&str]) -> Result<String> {
-    let out = go_command(dir)
-        .args(args)
-        .output()
-        .context("cannot run `go`: is the Go toolchain installed and on PATH?")?;
-    if !out.status.success() {
-        bail!(
-            "`go {}` failed with {}: {}",
-            args.join(" "),
-            out.status,
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 /// The files the chart carries copies of: (source, copy in the chart). The CRDs are every

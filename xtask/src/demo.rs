@@ -266,7 +266,15 @@ async fn run_demo(
         &json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}),
     )
     .await?;
-    env::apply(&client, NAMESPACE, &webhook_configuration(webhook_port)).await?;
+    // Fail: while the webhook cannot be reached, the demo namespace's machine objects
+    // cannot be written.
+    let configuration = mcm_testenv::kit::webhook_configuration(
+        WEBHOOK_CONFIGURATION,
+        NAMESPACE,
+        webhook_port,
+        "Fail",
+    );
+    env::apply(&client, NAMESPACE, &configuration).await?;
     for spec in controller_specs(cp, webhook_port) {
         let c = Controller::spawn(bins, cp, &dir.join("logs"), &spec)?;
         say(format_args!(
@@ -330,32 +338,6 @@ async fn run_demo(
     }
 }
 
-/// The webhook configuration of the demo: the four kinds of the demo namespace go to the
-/// machine controller on `port`; while it cannot be reached they cannot be written.
-fn webhook_configuration(port: u16) -> serde_json::Value {
-    json!({
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": WEBHOOK_CONFIGURATION},
-        "webhooks": [{
-            "name": "validate.machine.sapcloud.io",
-            "clientConfig": {"url": format!("https://127.0.0.1:{port}/validate")},
-            "rules": [{
-                "apiGroups": ["machine.sapcloud.io"],
-                "apiVersions": ["v1alpha1"],
-                "operations": ["CREATE", "UPDATE"],
-                "resources": ["machineclasses", "machines", "machinesets", "machinedeployments"],
-                "scope": "Namespaced",
-            }],
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": NAMESPACE}},
-            "failurePolicy": "Fail",
-            "sideEffects": "None",
-            "admissionReviewVersions": ["v1"],
-            "timeoutSeconds": 5,
-        }],
-    })
-}
-
 /// Waits until the API server calls the webhook with its published CA: a dry-run create of
 /// a class without a `secretRef` (refused by every provider's webhook) and with `cpu: abc`
 /// (refused by the local provider's rules too) is refused by it. Returns the refusal.
@@ -392,6 +374,7 @@ async fn await_webhook(client: &kube::Client) -> Result<String> {
 /// controller serves the admission webhook on `webhook_port`.
 fn controller_specs(cp: &ControlPlane, webhook_port: u16) -> Vec<ControllerSpec> {
     let kubeconfig = cp.kubeconfig_path().to_path_buf();
+    let webhook = mcm_testenv::kit::webhook_args(webhook_port, WEBHOOK_CONFIGURATION);
     let spec = |kind, name: &str, extra: &[&str]| ControllerSpec {
         kind,
         name: name.to_string(),
@@ -414,11 +397,10 @@ fn controller_specs(cp: &ControlPlane, webhook_port: u16) -> Vec<ControllerSpec>
                 "--machine-safety-apiserver-statuscheck-period=10s",
                 "--machine-eviction-retry-interval=5s",
                 "--machine-backoff-max=10s",
-                &format!("--webhook-port={webhook_port}"),
-                "--webhook-bind-address=127.0.0.1",
-                "--webhook-cert-hosts=127.0.0.1",
-                &format!("--webhook-configuration-name={WEBHOOK_CONFIGURATION}"),
-            ],
+            ]
+            .into_iter()
+            .chain(webhook.iter().map(String::as_str))
+            .collect::<Vec<_>>()[..],
         ),
     ]
 }

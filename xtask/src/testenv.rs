@@ -298,7 +298,8 @@ fn go(dir: &Path, args: &[&str]) -> Result<()> {
     Ok(())
 }
 
-fn go_output(dir: &Path, args: &[&str]) -> Result<String> {
+/// Runs `go <args>` in `dir` and returns its standard output (its error output in the error).
+pub(crate) fn go_output(dir: &Path, args: &[&str]) -> Result<String> {
     let out = go_command(dir, args)
         .output()
         .context("cannot run `go`: is the Go toolchain installed and on PATH?")?;

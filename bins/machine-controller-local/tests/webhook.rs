@@ -11,34 +11,29 @@ use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use mcm_api::{MachineClass, MachineDeployment};
-use mcm_testenv::kit::{events_for, eventually, free_port};
+use mcm_testenv::kit::{
+    WEBHOOK_NAME, events_for, eventually, free_port, webhook_args, webhook_configuration,
+};
 use serde_json::{Value, json};
 
-const WEBHOOK: &str = "validate.machine.sapcloud.io";
+const WEBHOOK: &str = WEBHOOK_NAME;
 
-/// A configuration sending the four kinds of namespace `ns` to `https://127.0.0.1:port`.
-fn configuration(name: &str, ns: &str, port: u16, failure_policy: &str) -> Value {
-    json!({
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": name},
-        "webhooks": [{
-            "name": WEBHOOK,
-            "clientConfig": {"url": format!("https://127.0.0.1:{port}/validate")},
-            "rules": [{
-                "apiGroups": ["machine.sapcloud.io"],
-                "apiVersions": ["v1alpha1"],
-                "operations": ["CREATE", "UPDATE"],
-                "resources": ["machineclasses", "machines", "machinesets", "machinedeployments"],
-                "scope": "Namespaced",
-            }],
-            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
-            "failurePolicy": failure_policy,
-            "sideEffects": "None",
-            "admissionReviewVersions": ["v1"],
-            "timeoutSeconds": 5,
-        }],
-    })
+/// Registers the webhook of namespace `h.ns` at a free port with `failure_policy`; returns
+/// the configuration's name and the port.
+async fn register(h: &Harness, failure_policy: &str) -> (String, u16) {
+    let name = format!("mcm-{}", h.ns);
+    let port = free_port();
+    let cfg: ValidatingWebhookConfiguration =
+        serde_json::from_value(webhook_configuration(&name, &h.ns, port, failure_policy)).unwrap();
+    configurations(h)
+        .create(&PostParams::default(), &cfg)
+        .await
+        .unwrap();
+    (name, port)
+}
+
+fn configurations(h: &Harness) -> Api<ValidatingWebhookConfiguration> {
+    Api::all(h.client.clone())
 }
 
 fn ca_bundle(c: Option<&ValidatingWebhookConfiguration>) -> Option<Vec<u8>> {
@@ -100,24 +95,11 @@ fn class_json(h: &Harness, name: &str, spec: Value) -> Value {
     serde_json::to_value(h.class_body(name, spec, "local-secret")).unwrap()
 }
 
-fn webhook_args(port: u16, configuration: &str) -> Vec<String> {
-    vec![
-        format!("--webhook-port={port}"),
-        "--webhook-bind-address=127.0.0.1".into(),
-        "--webhook-cert-hosts=127.0.0.1".into(),
-        format!("--webhook-configuration-name={configuration}"),
-    ]
-}
-
 #[tokio::test]
 async fn bad_objects_are_refused_before_they_are_stored() {
     let h = Harness::new("webhook", json!({})).await;
-    let name = format!("mcm-{}", h.ns);
-    let configs: Api<ValidatingWebhookConfiguration> = Api::all(h.client.clone());
-    let port = free_port();
-    let cfg: ValidatingWebhookConfiguration =
-        serde_json::from_value(configuration(&name, &h.ns, port, "Fail")).unwrap();
-    configs.create(&PostParams::default(), &cfg).await.unwrap();
+    let (name, port) = register(&h, "Fail").await;
+    let configs = configurations(&h);
 
     let mc = h.spawn_controller("mc", &webhook_args(port, &name));
     let published = mcm_testenv::kit::await_object(
@@ -238,13 +220,9 @@ async fn bad_objects_are_refused_before_they_are_stored() {
 #[tokio::test]
 async fn with_the_webhook_down_the_failure_policy_decides() {
     let h = Harness::new("webhook-down", json!({})).await;
-    let name = format!("mcm-{}", h.ns);
-    let configs: Api<ValidatingWebhookConfiguration> = Api::all(h.client.clone());
-    // Nothing listens on this port.
-    let port = free_port();
-    let cfg: ValidatingWebhookConfiguration =
-        serde_json::from_value(configuration(&name, &h.ns, port, "Fail")).unwrap();
-    configs.create(&PostParams::default(), &cfg).await.unwrap();
+    // Nothing listens on its port.
+    let (name, _) = register(&h, "Fail").await;
+    let configs = configurations(&h);
     let classes = raw::<MachineClass>(&h);
     let bad = class_json(&h, "bad", json!({"capacity": {"cpu": "abc"}}));
 

@@ -104,6 +104,24 @@ pub fn is_for_provider(class: &mcm_api::MachineClass, provider: &str) -> bool {
         .is_none_or(|p| p.is_empty() || p.eq_ignore_ascii_case(provider))
 }
 
+/// The problems of a class for [`crate::Driver::validate_machine_class`] by a driver's own
+/// decoder and rules: none for a class of another provider, the decode error as one problem
+/// of `providerSpec`, else every problem `validate` finds.
+pub fn class_problems<S>(
+    class: &mcm_api::MachineClass,
+    provider: &str,
+    decode: impl FnOnce(&mcm_api::MachineClass) -> Result<S, SpecError>,
+    validate: impl FnOnce(&S) -> Vec<SpecProblem>,
+) -> Vec<SpecProblem> {
+    if !is_for_provider(class, provider) {
+        return Vec::new();
+    }
+    match decode(class) {
+        Ok(spec) => validate(&spec),
+        Err(e) => e.into_problems(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

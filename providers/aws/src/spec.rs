@@ -655,13 +655,7 @@ pub fn validate_secret(secret: &SecretData, need_user_data: bool) -> Vec<SpecPro
 /// The problems of a class's providerSpec, for the admission webhook (no secret, no cloud
 /// call): a class of another provider has none here.
 pub fn class_problems(class: &MachineClass) -> Vec<SpecProblem> {
-    if !mcm_driver::spec::is_for_provider(class, PROVIDER) {
-        return Vec::new();
-    }
-    match parse_provider_spec(class) {
-        Ok(spec) => spec.validate(),
-        Err(e) => e.into_problems(),
-    }
+    mcm_driver::spec::class_problems(class, PROVIDER, parse_provider_spec, ProviderSpec::validate)
 }
 
 /// Decodes and validates the class and the secret together: every problem of both.

@@ -521,6 +521,52 @@ pub async fn create_ready_node(
         .unwrap_or_else(|e| panic!("report Node {name} Ready: {e}"))
 }
 
+/// A ValidatingWebhookConfiguration `name` sending CREATE and UPDATE of the four machine
+/// kinds of namespace `ns` to the webhook at `https://127.0.0.1:<port>/validate` (no
+/// `caBundle`: the binary publishes its CA), with `failure_policy` (`Fail` or `Ignore`).
+pub fn webhook_configuration(
+    name: &str,
+    ns: &str,
+    port: u16,
+    failure_policy: &str,
+) -> serde_json::Value {
+    json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name},
+        "webhooks": [{
+            "name": WEBHOOK_NAME,
+            "clientConfig": {"url": format!("https://127.0.0.1:{port}/validate")},
+            "rules": [{
+                "apiGroups": ["machine.sapcloud.io"],
+                "apiVersions": ["v1alpha1"],
+                "operations": ["CREATE", "UPDATE"],
+                "resources": ["machineclasses", "machines", "machinesets", "machinedeployments"],
+                "scope": "Namespaced",
+            }],
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}},
+            "failurePolicy": failure_policy,
+            "sideEffects": "None",
+            "admissionReviewVersions": ["v1"],
+            "timeoutSeconds": 5,
+        }],
+    })
+}
+
+/// The webhook name of [`webhook_configuration`] (the API server quotes it in refusals).
+pub const WEBHOOK_NAME: &str = "validate.machine.sapcloud.io";
+
+/// The flags that make a machine controller serve the webhook on 127.0.0.1:`port` and
+/// publish its CA into the configuration `configuration`.
+pub fn webhook_args(port: u16, configuration: &str) -> Vec<String> {
+    vec![
+        format!("--webhook-port={port}"),
+        "--webhook-bind-address=127.0.0.1".into(),
+        "--webhook-cert-hosts=127.0.0.1".into(),
+        format!("--webhook-configuration-name={configuration}"),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -38,8 +38,9 @@ pub mod wait;
 pub use events::{events_for, node_events_for};
 pub use fixtures::{
     MachineBuilder, MachineClassBuilder, MachineDeploymentBuilder, MachineSetBuilder,
-    TestNamespace, class_ref, controller_ref, create, create_class_with_secret, create_ready_node,
-    is_ready, kubeconfig_text, ready_status, secret, template,
+    TestNamespace, WEBHOOK_NAME, class_ref, controller_ref, create, create_class_with_secret,
+    create_ready_node, is_ready, kubeconfig_text, ready_status, secret, template, webhook_args,
+    webhook_configuration,
 };
 pub use metrics::{metric, metric_with, sample, scrape};
 pub use process::{
