@@ -400,6 +400,9 @@ async fn deletion_respects_a_pdb_and_reports_it_then_drains() {
     // The block is also told on the Node, for `kubectl describe node`.
     let on_node = node_events_for(&h.client, "d1", "DrainBlockedByPDB").await;
     assert!(on_node.iter().any(|n| n.contains("web-pdb")), "{on_node:?}");
+    // And counted, for the MCMDrainBlockedByPDB alert.
+    mc.await_metric("mcm_machine_drain_blocked_by_pdb_total", WAIT, |v| v >= 1.0)
+        .await;
     // Keep the budget blocking for a while: the drain comes back every retry interval (1s)
     // instead of holding a reconcile open.
     let reconciles = || async {

@@ -1040,6 +1040,9 @@ pub async fn drain_pass(
             ))
         }
         mcm_drain::PassState::Pods => {
+            if blocked {
+                ctx.metrics.drain_blocked();
+            }
             let changed = last_description(m) != Some(description.as_str());
             if blocked && changed {
                 let notice = Notice::warning("DrainBlockedByPDB", "Drain");

@@ -18,6 +18,7 @@ pub struct MachineMetrics {
     adopted: Counter,
     failed: Counter,
     deleted: Counter,
+    drain_blocked: Counter,
     /// `mcm_machine_controller_frozen`: 1 while the safety controller froze the controller.
     pub frozen: Gauge,
     /// `mcm_machine_items_total`: Machines in the namespace.
@@ -112,6 +113,11 @@ impl MachineMetrics {
             ),
             ("mcm_machine_failed", "Machines marked Failed", &m.failed),
             ("mcm_machine_deletions", "Machines deleted", &m.deleted),
+            (
+                "mcm_machine_drain_blocked_by_pdb",
+                "Drain passes that ended with an eviction refused by a PodDisruptionBudget",
+                &m.drain_blocked,
+            ),
         ];
         for (name, help, counter) in counters {
             registry.register(name, help, counter.clone());
@@ -200,5 +206,10 @@ impl MachineMetrics {
 
     pub(crate) fn deleted(&self) {
         self.deleted.inc();
+    }
+
+    /// Counts a drain pass that a PodDisruptionBudget held up.
+    pub(crate) fn drain_blocked(&self) {
+        self.drain_blocked.inc();
     }
 }
