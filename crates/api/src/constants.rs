@@ -133,6 +133,45 @@ pub mod annotations {
         pub const DRAINED: &str = "progress.machine.sapcloud.io/drained";
         /// When `delete_machine` succeeded.
         pub const VM_DELETED: &str = "progress.machine.sapcloud.io/vm-deleted";
+        /// When the pre-drain hooks were given up on after `--machine-lifecycle-hook-timeout`
+        /// (the deletion went on with them still present).
+        pub const PRE_DRAIN_HOOKS_EXPIRED: &str =
+            "progress.machine.sapcloud.io/pre-drain-hooks-expired";
+        /// When the pre-terminate hooks were given up on after
+        /// `--machine-lifecycle-hook-timeout`.
+        pub const PRE_TERMINATE_HOOKS_EXPIRED: &str =
+            "progress.machine.sapcloud.io/pre-terminate-hooks-expired";
+    }
+
+    /// Lifecycle hooks (Cluster API's semantics and prefixes, in MCM's group): while a
+    /// Machine being deleted carries an annotation with one of these prefixes, its deletion
+    /// waits at that stage. The part after the prefix names the hook; the value names its
+    /// owner. The owner removes the annotation when it is done.
+    pub mod hooks {
+        /// Holds the deletion before the node is drained.
+        pub const PRE_DRAIN_PREFIX: &str = "pre-drain.delete.hook.machine.sapcloud.io/";
+        /// Holds the deletion after the drain, before the VM is deleted.
+        pub const PRE_TERMINATE_PREFIX: &str = "pre-terminate.delete.hook.machine.sapcloud.io/";
+    }
+
+    /// Health and remediation policy (mcm-rs additions, on a Machine or on the
+    /// MachineDeployment that owns it; the Machine's value wins).
+    pub mod policy {
+        /// Per-condition health rules: `Type=Status:duration` separated by commas, e.g.
+        /// `Ready=Unknown:5m,KernelDeadlock=True:1m`. A node whose condition has had that
+        /// status for that long fails its machine without waiting for the health timeout.
+        pub const UNHEALTHY_CONDITIONS: &str = "health.mcm-rs.io/unhealthy-conditions";
+        /// How long a created VM may take to register its Node (a Go duration); the
+        /// creation timeout still bounds the time until the Node is Ready.
+        pub const NODE_STARTUP_TIMEOUT: &str = "health.mcm-rs.io/node-startup-timeout";
+        /// On a MachineDeployment: how many of its machines may be Failed or being replaced
+        /// at once (a count or a percentage of its replicas, rounded up). Default: its
+        /// resolved maxSurge, at least 1.
+        pub const MAX_IN_FLIGHT: &str = "remediation.mcm-rs.io/max-in-flight";
+        /// On a MachineDeployment: the short-circuit. When more of its machines than this
+        /// (a count or a percentage of its machines, rounded down) are unhealthy at once, none
+        /// is marked Failed. Default: none.
+        pub const MAX_UNHEALTHY: &str = "remediation.mcm-rs.io/max-unhealthy";
     }
 }
 

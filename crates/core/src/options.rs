@@ -228,6 +228,22 @@ pub struct MachineControllerOptions {
         default_value = "KernelDeadlock,ReadonlyFilesystem,DiskPressure,NetworkUnavailable"
     )]
     pub node_conditions: String,
+    /// (mcm-rs) Per-condition health rules, `Type=Status:duration` separated by commas
+    /// (e.g. `Ready=Unknown:5m,KernelDeadlock=True:1m`): a node whose condition has had that
+    /// status for that long fails its machine without waiting for the health timeout. The
+    /// `health.mcm-rs.io/unhealthy-conditions` annotation of a Machine or its
+    /// MachineDeployment overrides it.
+    #[arg(long, default_value = "", value_parser = unhealthy_conditions)]
+    pub unhealthy_conditions: UnhealthyConditions,
+    /// (mcm-rs) How long a created VM may take to register its Node before its machine
+    /// fails (0s: only the creation timeout applies). The
+    /// `health.mcm-rs.io/node-startup-timeout` annotation overrides it.
+    #[arg(long, default_value = "0s", value_parser = go_duration)]
+    pub node_startup_timeout: Duration,
+    /// (mcm-rs) How long a lifecycle hook annotation may hold a machine's deletion before
+    /// the deletion goes on without it (0s: for as long as it is there, Cluster API's rule).
+    #[arg(long, default_value = "0s", value_parser = go_duration)]
+    pub machine_lifecycle_hook_timeout: Duration,
     /// Comma-separated list of groups to set the bootstrap token's "auth-extra-groups" to.
     #[arg(long, default_value = "")]
     pub bootstrap_token_auth_extra_groups: String,
@@ -309,6 +325,21 @@ pub struct ManagerOptions {
     pub manager: ManagerFlags,
 }
 
+/// The parsed `--unhealthy-conditions`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct UnhealthyConditions(pub Vec<mcm_reconcilers::machine::health::ConditionRule>);
+
+fn unhealthy_conditions(value: &str) -> Result<UnhealthyConditions, String> {
+    mcm_reconcilers::machine::health::parse_rules(value)
+        .map(UnhealthyConditions)
+        .map_err(|e| e.to_string())
+}
+
+/// `None` for a zero duration (turned off).
+fn nonzero(d: Duration) -> Option<Duration> {
+    (!d.is_zero()).then_some(d)
+}
+
 impl MachineControllerOptions {
     /// Whether `--controllers` includes `name`.
     pub fn runs(&self, name: &str) -> bool {
@@ -328,6 +359,9 @@ impl MachineControllerOptions {
                     bad_conditions: split_list(&self.node_conditions),
                     preserve_timeout: self.machine_preserve_timeout,
                     inplace_timeout: self.machine_inplace_update_timeout,
+                    unhealthy_conditions: self.unhealthy_conditions.0.clone(),
+                    node_startup_timeout: nonzero(self.node_startup_timeout),
+                    hook_timeout: nonzero(self.machine_lifecycle_hook_timeout),
                 },
                 pv_detach_timeout: self.machine_pv_detach_timeout,
                 pv_reattach_timeout: self.machine_pv_reattach_timeout,

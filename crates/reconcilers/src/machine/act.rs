@@ -19,7 +19,8 @@ use mcm_driver::{
 };
 use serde_json::json;
 
-use super::decide::{ClassProblem, MachineConfig};
+use super::decide::{ClassProblem, MachineConfig, VmReport};
+use super::hooks::HookStage;
 use super::metrics::{DeploymentLabels, PlacementLabels, Timed};
 use super::status::{self, Operation};
 use super::{Ctx, Error, token};
@@ -744,6 +745,7 @@ pub async fn throttle_replacement(
 ) -> Result<Action, Error> {
     let description = format!("replacement throttled: {throttled}; {reason}");
     if last_description(m) != Some(description.as_str()) {
+        ctx.metrics.remediation_held();
         let op = Operation::processing(MachineOperationType::HealthCheck, description);
         let notice = Notice::warning("ReplacementThrottled", "HealthCheck");
         announce(ctx, m, None, op, notice).await?;
@@ -893,6 +895,110 @@ pub async fn vm_is_gone(ctx: &Ctx, m: &Machine) -> bool {
     };
     let status = vm_status(ctx, m, &class, &secret, &RequestId::generate()).await;
     matches!(status, Err(e) if e.code == Code::NotFound)
+}
+
+/// Asks the driver about the VM of an unhealthy machine (the fast path): gone, stopped (its
+/// VM resource reported `Stopped` or `Failed`), present, or `NotAsked` when the driver
+/// could not tell (an error other than `NotFound`, or the class is unusable).
+pub async fn vm_report(ctx: &Ctx, m: &Machine) -> VmReport {
+    let Ok((class, secret)) = class_and_secret(ctx, m).await else {
+        return VmReport::NotAsked;
+    };
+    match vm_status(ctx, m, &class, &secret, &RequestId::generate()).await {
+        Err(e) if e.code == Code::NotFound => VmReport::Gone,
+        Err(e) => {
+            tracing::debug!(error = %e, "the driver could not tell the VM's state");
+            VmReport::NotAsked
+        }
+        Ok(status) => report_of(&status),
+    }
+}
+
+/// The fast path's reading of a status response. Pure.
+pub fn report_of(status: &GetMachineStatusResponse) -> VmReport {
+    use mcm_driver::{ResourceKind, ResourceState};
+    status
+        .resources
+        .iter()
+        .find(|r| r.kind == ResourceKind::Vm)
+        .map_or(VmReport::Present, |vm| match vm.state {
+            ResourceState::Stopped | ResourceState::Failed => VmReport::Stopped {
+                message: vm
+                    .message
+                    .clone()
+                    .unwrap_or_else(|| format!("{:?}", vm.state).to_lowercase()),
+            },
+            _ => VmReport::Present,
+        })
+}
+
+/// A health annotation of the Machine or its deployment does not parse: a Warning Event
+/// (the flags apply in its place; the admission webhook refuses such values).
+pub async fn warn_policy_problem(ctx: &Ctx, m: &Machine, problem: &str) {
+    let reference = m.object_ref(&());
+    ctx.events
+        .publish(
+            &reference,
+            EventType::Warning,
+            "InvalidHealthPolicy",
+            "HealthCheck",
+            format!("{problem}; the flags' health rules apply instead"),
+        )
+        .await;
+}
+
+/// Deletion waits for the lifecycle hooks of `stage`: said once in the status and an Event,
+/// then looked at again when the Machine changes (the owner removes its annotation) or the
+/// hook timeout passes.
+pub async fn await_hooks(
+    ctx: &Ctx,
+    m: &Machine,
+    stage: HookStage,
+    hooks: &[String],
+    remaining: Option<Duration>,
+) -> Result<Action, Error> {
+    let description = format!(
+        "Deletion of machine {} waits for {stage} hook(s) {} to be removed by their owners",
+        name(m),
+        hooks.join(", ")
+    );
+    if last_description(m) != Some(description.as_str()) {
+        let notice = Notice::normal("WaitingForHook", "Delete");
+        announce_deletion_step(ctx, m, description, notice).await?;
+        ctx.metrics.hook_wait();
+    }
+    Ok(remaining.map_or_else(Action::await_change, |r| {
+        Action::requeue(r + Duration::from_secs(1))
+    }))
+}
+
+/// The hook timeout passed: the stage's hooks are given up on (recorded durably, so the
+/// deletion goes on past them after a restart too), with a Warning.
+pub async fn expire_hooks(
+    ctx: &Ctx,
+    m: &Machine,
+    stage: HookStage,
+    hooks: &[String],
+    cfg: &MachineConfig,
+) -> Result<Action, Error> {
+    set_progress(ctx, m, stage.expired_annotation()).await?;
+    let description = format!(
+        "Deletion of machine {} goes on past its {stage} hook(s) {}: they were not removed within --machine-lifecycle-hook-timeout ({})",
+        name(m),
+        hooks.join(", "),
+        mcm_api::duration::format_go_duration(cfg.hook_timeout.unwrap_or_default())
+    );
+    let reference = m.object_ref(&());
+    ctx.events
+        .publish(
+            &reference,
+            EventType::Warning,
+            "HookTimedOut",
+            "Delete",
+            description,
+        )
+        .await;
+    Ok(Action::await_change())
 }
 
 /// What a drain pass is told by the decision.

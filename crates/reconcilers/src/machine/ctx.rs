@@ -7,11 +7,12 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
-use mcm_api::{Machine, MachineClass, MachineDeployment, MachineSet};
+use mcm_api::{Machine, MachineClass, MachineDeployment, MachinePhase, MachineSet};
 use mcm_driver::{Code, Driver, DriverError};
 use mcm_permits::PermitGiver;
 
 use super::policy::{backoff_delay, controller_owner, max_replacements, rollout_protection};
+use super::remediation;
 use super::{Freeze, MachineMetrics, Settings, observe};
 use crate::events::EventPublisher;
 pub use crate::informers::Stores;
@@ -57,6 +58,8 @@ pub struct Ctx {
     /// The resourceVersion of this controller's last write to each Machine (by uid) and when
     /// it was written: see [`Ctx::store_is_behind`].
     own_writes: Mutex<HashMap<String, (u64, Instant)>>,
+    /// The health-annotation problem last announced per machine (by uid).
+    policy_warned: Mutex<HashMap<String, String>>,
 }
 
 /// How long a write of our own is awaited in the store before a reconcile goes on without
@@ -95,6 +98,7 @@ impl Ctx {
             retry_at: Mutex::new(HashMap::new()),
             unmanaged_gone: Mutex::new(HashSet::new()),
             own_writes: Mutex::new(HashMap::new()),
+            policy_warned: Mutex::new(HashMap::new()),
         }
     }
 
@@ -183,6 +187,20 @@ impl Ctx {
         behind
     }
 
+    /// Whether `problem` (a health annotation of `m` that does not parse) is new for `m`:
+    /// it is announced once per machine and problem, not on every reconcile.
+    pub(crate) fn policy_problem_is_new(&self, m: &Machine, problem: Option<&str>) -> bool {
+        let uid = m.uid().unwrap_or_default();
+        let mut warned = self.policy_warned.lock().unwrap_or_else(|e| e.into_inner());
+        match problem {
+            None => {
+                warned.remove(&uid);
+                false
+            }
+            Some(p) => warned.insert(uid, p.to_string()).as_deref() != Some(p),
+        }
+    }
+
     pub(crate) fn node(&self, name: &str) -> Option<Arc<Node>> {
         self.nodes.get(&ObjectRef::new(name))
     }
@@ -264,32 +282,72 @@ impl Ctx {
         rollout_protection(&set, &deployment, &owned)
     }
 
-    /// Whether the replacement budget of the machine's deployment is used up: at most
-    /// maxSurge (at least 1) of its machines may be Failed or terminating at a time. `Some`
-    /// says why; machines without a deployment are not limited. Reads the stores only.
+    /// Whether the machine's deployment allows no further failure now: its remediation
+    /// short-circuit holds (too many of its machines are unhealthy at once), or its budget
+    /// of machines in flight is used up (the `remediation.mcm-rs.io/max-in-flight`
+    /// annotation, else maxSurge, at least 1). `Some` says why; machines without a
+    /// deployment are not limited. A remediation annotation that does not resolve holds all
+    /// remediation and says so. Reads the stores only.
     pub fn replacement_throttle(&self, m: &Machine) -> Option<String> {
         let (_, Some(deployment)) = self.owners(m) else {
             return None;
         };
-        let budget = max_replacements(&deployment);
-        let being_replaced = self
-            .machines
-            .state()
-            .iter()
-            .filter(|other| other.uid() != m.uid())
-            .filter(|other| observe::is_being_replaced(other))
-            .filter(|other| {
-                self.owners(other)
-                    .1
-                    .is_some_and(|d| d.uid() == deployment.uid())
-            })
-            .count();
-        (being_replaced >= budget).then(|| {
-            format!(
-                "{being_replaced} machine(s) of MachineDeployment {} are already being replaced (budget {budget})",
-                deployment.name_any()
-            )
-        })
+        let name = deployment.name_any();
+        let policy = match remediation::policy_of(deployment.metadata.annotations.as_ref()) {
+            Ok(p) => p,
+            Err(e) => {
+                return Some(format!(
+                    "remediation of MachineDeployment {name} is held until its annotation is fixed: {e}"
+                ));
+            }
+        };
+        let census = self.census(m, &deployment);
+        remediation::verdict(&policy, max_replacements(&deployment), census)
+            .map(|t| t.describe(&name))
+    }
+
+    /// Counts the machines of `deployment` for its remediation decision about `m` (counted
+    /// as unhealthy: it is about to fail). A machine is unhealthy when it is Unknown or
+    /// Failed, or its Node in the store is not healthy (nodes of a zone outage go NotReady
+    /// together, before their machines are Unknown).
+    fn census(&self, m: &Machine, deployment: &MachineDeployment) -> remediation::Census {
+        let mut census = remediation::Census {
+            replicas: deployment.spec.replicas(),
+            machines: 0,
+            unhealthy: 0,
+            being_replaced: 0,
+        };
+        let bad = &self.settings.defaults.bad_conditions;
+        for other in self.machines.state() {
+            if self
+                .owners(&other)
+                .1
+                .is_none_or(|d| d.uid() != deployment.uid())
+            {
+                continue;
+            }
+            let itself = other.uid() == m.uid();
+            if !itself && observe::is_being_replaced(&other) {
+                census.being_replaced += 1;
+            }
+            if other.metadata.deletion_timestamp.is_some() {
+                continue;
+            }
+            census.machines += 1;
+            let node_unhealthy = observe::node_name(&other)
+                .and_then(|n| self.node(n))
+                .is_some_and(|n| !observe::node_health(&n, bad).healthy());
+            if itself
+                || node_unhealthy
+                || matches!(
+                    other.phase(),
+                    Some(MachinePhase::Unknown | MachinePhase::Failed)
+                )
+            {
+                census.unhealthy += 1;
+            }
+        }
+        census
     }
 
     /// The permit of the machine's deployment, taken without waiting (`Err` when another

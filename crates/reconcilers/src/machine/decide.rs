@@ -10,6 +10,9 @@ use std::time::Duration;
 use jiff::Timestamp;
 use mcm_api::MachinePhase;
 
+use super::health::ConditionRule;
+use super::hooks::HookStage;
+
 /// How long a Node may be NotReady before drain is forced (MCM's rule).
 pub const FORCE_DRAIN_NOT_READY_AFTER: Duration = Duration::from_secs(5 * 60);
 
@@ -28,6 +31,41 @@ pub struct MachineConfig {
     /// Node condition types that make a machine unhealthy when `True`
     /// (`--node-conditions` / `spec.nodeConditions`).
     pub bad_conditions: Vec<String>,
+    /// Per-condition health rules (`--unhealthy-conditions` / the
+    /// `health.mcm-rs.io/unhealthy-conditions` annotation).
+    pub unhealthy_conditions: Vec<ConditionRule>,
+    /// How long a created VM may take to register its Node (`--node-startup-timeout` / the
+    /// `health.mcm-rs.io/node-startup-timeout` annotation); `None`: only the creation timeout.
+    pub node_startup_timeout: Option<Duration>,
+    /// How long a lifecycle hook may hold a deletion (`--machine-lifecycle-hook-timeout`);
+    /// `None`: for as long as it is there.
+    pub hook_timeout: Option<Duration>,
+}
+
+/// A Node condition that matches a health rule, and since when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleMatch {
+    /// The rule.
+    pub rule: ConditionRule,
+    /// The condition's last transition (else the Node's creation).
+    pub since: Timestamp,
+}
+
+/// What the driver said of the VM of an unhealthy machine (the fast path).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum VmReport {
+    /// Not asked, or the driver could not tell.
+    #[default]
+    NotAsked,
+    /// The driver reported the VM gone (`NotFound`).
+    Gone,
+    /// The driver reported the VM stopped or failed (cloud-side health).
+    Stopped {
+        /// The driver's detail.
+        message: String,
+    },
+    /// The VM exists and runs, as far as the driver knows.
+    Present,
 }
 
 /// Why the machine's class cannot be used right now.
@@ -88,12 +126,14 @@ pub struct NodeHealth {
     /// `Ready` is `Unknown` (or missing): the kubelet stopped reporting, so pods on the node
     /// can never finish terminating.
     pub unreachable: bool,
+    /// Conditions that match a per-condition health rule.
+    pub rule_matches: Vec<RuleMatch>,
 }
 
 impl NodeHealth {
     /// Ready and without bad conditions.
     pub fn healthy(&self) -> bool {
-        self.ready && self.bad_conditions.is_empty()
+        self.ready && self.bad_conditions.is_empty() && self.rule_matches.is_empty()
     }
 
     /// A human-readable reason why the node is unhealthy.
@@ -106,6 +146,12 @@ impl NodeHealth {
             parts.push(format!(
                 "node conditions {} are True",
                 self.bad_conditions.join(", ")
+            ));
+        }
+        for m in &self.rule_matches {
+            parts.push(format!(
+                "node condition {}={} (health rule {})",
+                m.rule.type_, m.rule.status, m.rule
             ));
         }
         parts.join("; ")
@@ -151,6 +197,9 @@ pub struct Observed {
     /// The machine is preserved (`preserveExpiryTime` set): a Failed one whose node is
     /// healthy again goes back to Running.
     pub preserved: bool,
+    /// What the driver said of the VM (asked only for an Unknown machine whose node is not
+    /// Ready).
+    pub vm: VmReport,
     /// What deletion has done so far (only meaningful while deleting).
     pub deletion: DeletionFacts,
 }
@@ -172,6 +221,18 @@ pub struct DeletionFacts {
     /// The driver reported the VM gone (`NotFound`): there is nothing to drain. `false` when
     /// the driver was not asked or could not tell.
     pub vm_gone: bool,
+    /// When the deletion was requested (`metadata.deletionTimestamp`).
+    pub requested: Option<Timestamp>,
+    /// When the drain finished, if it did.
+    pub drained_at: Option<Timestamp>,
+    /// Pre-drain hooks on the Machine (`name (owner ...)`).
+    pub pre_drain_hooks: Vec<String>,
+    /// Pre-terminate hooks on the Machine.
+    pub pre_terminate_hooks: Vec<String>,
+    /// The pre-drain hooks were given up on after the hook timeout.
+    pub pre_drain_expired: bool,
+    /// The pre-terminate hooks were given up on after the hook timeout.
+    pub pre_terminate_expired: bool,
 }
 
 /// What to do next.
@@ -219,6 +280,23 @@ pub enum Step {
     },
     /// The machine would fail or start deleting, but the controller is frozen.
     Frozen,
+    /// Deletion waits for lifecycle hooks of a stage to be removed by their owners.
+    AwaitHooks {
+        /// The stage.
+        stage: HookStage,
+        /// The hooks (`name (owner ...)`).
+        hooks: Vec<String>,
+        /// Time left before the hook timeout gives up on them (`None`: no timeout).
+        remaining: Option<Duration>,
+    },
+    /// The hook timeout passed: record that the stage's hooks are given up on (Warning) and
+    /// go on.
+    ExpireHooks {
+        /// The stage.
+        stage: HookStage,
+        /// The hooks left.
+        hooks: Vec<String>,
+    },
     /// The machine would fail, but it is protected (see [`Observed::failure_protected`]).
     Protected {
         /// Why.
@@ -331,6 +409,21 @@ fn lifecycle_step(o: &Observed, cfg: &MachineConfig, now: Timestamp) -> Step {
         },
         Some(MachinePhase::Pending) | Some(MachinePhase::Available) => match &o.node {
             Some(n) if n.healthy() => Step::MarkRunning,
+            None if o.phase == Some(MachinePhase::Pending)
+                && cfg
+                    .node_startup_timeout
+                    .is_some_and(|t| in_phase >= t && t < cfg.creation_timeout) =>
+            {
+                fail_unless_frozen(
+                    o,
+                    format!(
+                        "the VM's node did not register within the node-startup timeout ({})",
+                        mcm_api::duration::format_go_duration(
+                            cfg.node_startup_timeout.unwrap_or_default()
+                        )
+                    ),
+                )
+            }
             _ if in_phase >= cfg.creation_timeout => fail_unless_frozen(
                 o,
                 format!(
@@ -338,8 +431,13 @@ fn lifecycle_step(o: &Observed, cfg: &MachineConfig, now: Timestamp) -> Step {
                     mcm_api::duration::format_go_duration(cfg.creation_timeout)
                 ),
             ),
-            _ => Step::AwaitNode {
-                remaining: cfg.creation_timeout - in_phase,
+            node => Step::AwaitNode {
+                remaining: match cfg.node_startup_timeout {
+                    Some(t) if node.is_none() && t > in_phase => {
+                        (t - in_phase).min(cfg.creation_timeout - in_phase)
+                    }
+                    _ => cfg.creation_timeout - in_phase,
+                },
             },
         },
         Some(MachinePhase::Running) => match &o.node {
@@ -354,6 +452,27 @@ fn lifecycle_step(o: &Observed, cfg: &MachineConfig, now: Timestamp) -> Step {
         Some(MachinePhase::Unknown) => match &o.node {
             Some(n) if n.healthy() => Step::MarkRunning,
             _ if cfg.disable_health_timeout => Step::AwaitRecovery { remaining: None },
+            // The fast path: the driver says the VM is gone or stopped, so waiting for the
+            // health timeout cannot help (the node is not Ready, or there is none).
+            node if vm_is_dead(&o.vm).is_some() && node.as_ref().is_none_or(|n| !n.ready) => {
+                let why = vm_is_dead(&o.vm).unwrap_or_default();
+                fail_unless_frozen(o, format!("{why}; not waiting for the health timeout"))
+            }
+            Some(n) if expired_rule(n, now).is_some() => {
+                if let Some(reason) = &o.failure_protected {
+                    return Step::Protected {
+                        reason: reason.clone(),
+                    };
+                }
+                let m = expired_rule(n, now).map(|m| m.rule.to_string());
+                fail_unless_frozen(
+                    o,
+                    format!(
+                        "node condition held beyond its health rule ({})",
+                        m.unwrap_or_default()
+                    ),
+                )
+            }
             node if in_phase >= cfg.health_timeout => {
                 if let Some(reason) = &o.failure_protected {
                     return Step::Protected {
@@ -372,8 +491,13 @@ fn lifecycle_step(o: &Observed, cfg: &MachineConfig, now: Timestamp) -> Step {
                     ),
                 )
             }
-            _ => Step::AwaitRecovery {
-                remaining: Some(cfg.health_timeout - in_phase),
+            node => Step::AwaitRecovery {
+                remaining: Some(
+                    node.iter()
+                        .flat_map(|n| &n.rule_matches)
+                        .map(|m| m.rule.timeout.saturating_sub(elapsed(m.since, now)))
+                        .fold(cfg.health_timeout - in_phase, Duration::min),
+                ),
             },
         },
         // A preserved Failed machine recovers when its node is healthy again.
@@ -399,6 +523,12 @@ fn deletion_step(o: &Observed, cfg: &MachineConfig, now: Timestamp) -> Step {
     }
     let d = &o.deletion;
     let vm_may_exist = o.vm_requested && !d.vm_deleted;
+    if d.drain_started.is_none() && !d.drained && !d.pre_drain_expired {
+        let since = d.requested.unwrap_or(o.phase_since);
+        if let Some(step) = hook_step(HookStage::PreDrain, &d.pre_drain_hooks, since, cfg, now) {
+            return step;
+        }
+    }
     if let Some(node) = &o.node
         && vm_may_exist
         && !d.vm_gone
@@ -417,6 +547,18 @@ fn deletion_step(o: &Observed, cfg: &MachineConfig, now: Timestamp) -> Step {
     }
     if d.attachments_left > 0 {
         return Step::DeleteVolumeAttachments;
+    }
+    if !d.vm_deleted && !d.pre_terminate_expired {
+        let since = d.drained_at.or(d.requested).unwrap_or(o.phase_since);
+        if let Some(step) = hook_step(
+            HookStage::PreTerminate,
+            &d.pre_terminate_hooks,
+            since,
+            cfg,
+            now,
+        ) {
+            return step;
+        }
     }
     if vm_may_exist {
         return match &o.class {
@@ -458,6 +600,49 @@ fn drain_force_reason(
         .map(|_| "node has been NotReady for more than 5m".to_string())
 }
 
+/// The step of a stage held by `hooks` (`None`: no hook holds it), waiting since `since`.
+fn hook_step(
+    stage: HookStage,
+    hooks: &[String],
+    since: Timestamp,
+    cfg: &MachineConfig,
+    now: Timestamp,
+) -> Option<Step> {
+    if hooks.is_empty() {
+        return None;
+    }
+    let waited = elapsed(since, now);
+    Some(match cfg.hook_timeout {
+        Some(t) if waited >= t => Step::ExpireHooks {
+            stage,
+            hooks: hooks.to_vec(),
+        },
+        t => Step::AwaitHooks {
+            stage,
+            hooks: hooks.to_vec(),
+            remaining: t.map(|t| t - waited),
+        },
+    })
+}
+
+/// Why the driver's report makes waiting pointless, if it does.
+fn vm_is_dead(vm: &VmReport) -> Option<String> {
+    match vm {
+        VmReport::Gone => Some("the driver reports the VM gone (NotFound)".to_string()),
+        VmReport::Stopped { message } => {
+            Some(format!("the driver reports the VM stopped: {message}"))
+        }
+        VmReport::NotAsked | VmReport::Present => None,
+    }
+}
+
+/// The first health rule whose condition has held for its timeout.
+fn expired_rule(node: &NodeHealth, now: Timestamp) -> Option<&RuleMatch> {
+    node.rule_matches
+        .iter()
+        .find(|m| elapsed(m.since, now) >= m.rule.timeout)
+}
+
 fn fail_unless_frozen(o: &Observed, reason: String) -> Step {
     if o.frozen {
         Step::Frozen
@@ -491,6 +676,9 @@ mod tests {
             drain_timeout: 120 * MIN,
             disable_health_timeout: false,
             bad_conditions: vec!["KernelDeadlock".into()],
+            unhealthy_conditions: vec![],
+            node_startup_timeout: None,
+            hook_timeout: None,
         }
     }
 
@@ -508,6 +696,7 @@ mod tests {
             not_ready_since: None,
             bad_conditions: vec![],
             unreachable: false,
+            rule_matches: vec![],
         })
     }
 
@@ -517,6 +706,7 @@ mod tests {
             not_ready_since: Some(at(since_min)),
             bad_conditions: vec![],
             unreachable: false,
+            rule_matches: vec![],
         })
     }
 
@@ -538,6 +728,7 @@ mod tests {
             vm_requested: false,
             target_cluster: true,
             preserved: false,
+            vm: VmReport::NotAsked,
             deletion: DeletionFacts::default(),
         }
     }
@@ -713,6 +904,7 @@ mod tests {
             not_ready_since: None,
             bad_conditions: vec!["KernelDeadlock".into()],
             unreachable: false,
+            rule_matches: vec![],
         });
         let cases: Vec<(&str, Observed, u64, Step)> = vec![
             (
@@ -852,6 +1044,7 @@ mod tests {
         };
         let unreachable = Some(NodeHealth {
             unreachable: true,
+            rule_matches: vec![],
             ..not_ready(0).unwrap()
         });
         let cases: Vec<(&str, Observed, u64, Step)> = vec![

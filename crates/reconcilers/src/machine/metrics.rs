@@ -19,6 +19,8 @@ pub struct MachineMetrics {
     failed: Counter,
     deleted: Counter,
     drain_blocked: Counter,
+    hook_waits: Counter,
+    remediation_held: Counter,
     /// `mcm_machine_controller_frozen`: 1 while the safety controller froze the controller.
     pub frozen: Gauge,
     /// `mcm_machine_items_total`: Machines in the namespace.
@@ -118,6 +120,16 @@ impl MachineMetrics {
                 "Drain passes that ended with an eviction refused by a PodDisruptionBudget",
                 &m.drain_blocked,
             ),
+            (
+                "mcm_machine_lifecycle_hook_waits",
+                "Deletions that began waiting for the lifecycle hooks of a stage",
+                &m.hook_waits,
+            ),
+            (
+                "mcm_machine_remediation_held",
+                "Machines not marked Failed because their deployment's remediation budget was used up or short-circuited",
+                &m.remediation_held,
+            ),
         ];
         for (name, help, counter) in counters {
             registry.register(name, help, counter.clone());
@@ -206,6 +218,16 @@ impl MachineMetrics {
 
     pub(crate) fn deleted(&self) {
         self.deleted.inc();
+    }
+
+    /// Counts a deletion that began waiting for the hooks of `stage`.
+    pub(crate) fn hook_wait(&self) {
+        self.hook_waits.inc();
+    }
+
+    /// Counts a machine whose failure the remediation budget or short-circuit held.
+    pub(crate) fn remediation_held(&self) {
+        self.remediation_held.inc();
     }
 
     /// Counts a drain pass that a PodDisruptionBudget held up.

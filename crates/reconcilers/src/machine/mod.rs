@@ -3,13 +3,16 @@
 //! Each reconcile ([`reconcile()`]) observes ([`observe`]), decides ([`decide::next_step`],
 //! pure) and acts ([`act`], one idempotent action per step). [`ctx`] is what a reconcile
 //! reads and uses, [`policy`] the pure rules around the decision (rollout protection,
-//! replacement budget, backoff).
+//! replacement budget, backoff), [`health`], [`remediation`] and [`hooks`] the
+//! additive health and disruption policies.
 
 pub mod act;
 pub mod ctx;
 pub mod decide;
 pub mod error;
 pub mod freeze;
+pub mod health;
+pub mod hooks;
 pub mod inplace;
 pub mod metrics;
 pub mod nodetemplate;
@@ -17,6 +20,7 @@ pub mod observe;
 pub mod policy;
 pub mod preserve;
 pub mod reconcile;
+pub mod remediation;
 pub mod settings;
 pub mod status;
 pub mod token;

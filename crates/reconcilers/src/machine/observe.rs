@@ -7,7 +7,13 @@ use k8s_openapi::api::core::v1::{Node, NodeCondition};
 use mcm_api::constants::{annotations, finalizers, labels, node_conditions};
 use mcm_api::{Machine, MachineClass, MachinePhase};
 
-use super::decide::{ClassProblem, DeletionFacts, MachineConfig, NodeHealth, Observed};
+use std::collections::BTreeMap;
+
+use super::decide::{
+    ClassProblem, DeletionFacts, MachineConfig, NodeHealth, Observed, RuleMatch, VmReport,
+};
+use super::health::{self, ConditionRule};
+use super::hooks::{HookStage, hooks_of};
 
 /// The controller-wide defaults that a Machine's inline configuration may override.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,16 +32,42 @@ pub struct Defaults {
     pub preserve_timeout: Duration,
     /// `--machine-inplace-update-timeout`
     pub inplace_timeout: Duration,
+    /// `--unhealthy-conditions` (mcm-rs)
+    pub unhealthy_conditions: Vec<ConditionRule>,
+    /// `--node-startup-timeout` (mcm-rs; `None`: off)
+    pub node_startup_timeout: Option<Duration>,
+    /// `--machine-lifecycle-hook-timeout` (mcm-rs; `None`: hooks hold for as long as they
+    /// are there)
+    pub hook_timeout: Option<Duration>,
 }
 
 /// The effective configuration of one machine: its `spec` overrides the defaults.
 pub fn machine_config(machine: &Machine, d: &Defaults) -> MachineConfig {
+    machine_config_in(machine, None, d).0
+}
+
+/// [`machine_config`] with the health annotations of the Machine, else of its
+/// MachineDeployment (`deployment`), over the flags. An annotation that does not parse is
+/// returned as the second value, and the flags apply in its place (the caller reports it).
+pub fn machine_config_in(
+    machine: &Machine,
+    deployment: Option<&BTreeMap<String, String>>,
+    d: &Defaults,
+) -> (MachineConfig, Option<String>) {
+    let (overrides, problem) =
+        match health::overrides(machine.metadata.annotations.as_ref(), deployment) {
+            Ok(o) => (o, None),
+            Err((annotation, e)) => (
+                health::HealthOverrides::default(),
+                Some(format!("annotation {annotation}: {e}")),
+            ),
+        };
     let c = &machine.spec.configuration;
     let bad_conditions = match c.node_conditions.as_deref() {
         Some(s) if !s.trim().is_empty() => split_list(s),
         _ => d.bad_conditions.clone(),
     };
-    MachineConfig {
+    let cfg = MachineConfig {
         creation_timeout: effective_creation_timeout(machine)
             .or(c.creation_timeout.map(|g| g.0))
             .unwrap_or(d.creation_timeout),
@@ -43,7 +75,15 @@ pub fn machine_config(machine: &Machine, d: &Defaults) -> MachineConfig {
         drain_timeout: c.drain_timeout.map(|g| g.0).unwrap_or(d.drain_timeout),
         disable_health_timeout: c.disable_health_timeout.unwrap_or(false),
         bad_conditions,
-    }
+        unhealthy_conditions: overrides
+            .unhealthy_conditions
+            .unwrap_or_else(|| d.unhealthy_conditions.clone()),
+        node_startup_timeout: overrides
+            .node_startup_timeout
+            .unwrap_or(d.node_startup_timeout),
+        hook_timeout: d.hook_timeout,
+    };
+    (cfg, problem)
 }
 
 /// The Machine's `node.machine.sapcloud.io/effective-creation-timeout` annotation, when it
@@ -114,6 +154,15 @@ pub fn node_not_managed(node: &Node) -> bool {
 
 /// The health of a Node under the configured bad conditions.
 pub fn node_health(node: &Node, bad_conditions: &[String]) -> NodeHealth {
+    node_health_with(node, bad_conditions, &[])
+}
+
+/// The health of a Node under the configured bad conditions and health rules.
+pub fn node_health_with(
+    node: &Node,
+    bad_conditions: &[String],
+    rules: &[ConditionRule],
+) -> NodeHealth {
     let conditions = node_conditions_of(node);
     let ready_cond = conditions
         .iter()
@@ -132,11 +181,31 @@ pub fn node_health(node: &Node, bad_conditions: &[String]) -> NodeHealth {
         .filter(|c| c.status == "True" && bad_conditions.contains(&c.type_))
         .map(|c| c.type_.clone())
         .collect();
+    let created = node.metadata.creation_timestamp.as_ref().map(|t| t.0);
+    let rule_matches = rules
+        .iter()
+        .filter_map(|rule| {
+            let c = conditions
+                .iter()
+                .find(|c| c.type_ == rule.type_ && c.status == rule.status)?;
+            let since = c
+                .last_transition_time
+                .as_ref()
+                .map(|t| t.0)
+                .or(created)
+                .unwrap_or(Timestamp::UNIX_EPOCH);
+            Some(RuleMatch {
+                rule: rule.clone(),
+                since,
+            })
+        })
+        .collect();
     NodeHealth {
         ready,
         not_ready_since,
         bad_conditions: bad,
         unreachable: ready_cond.is_none_or(|c| c.status == "Unknown"),
+        rule_matches,
     }
 }
 
@@ -175,6 +244,8 @@ pub struct Context<'a> {
     pub replacement_throttled: Option<&'a str>,
     /// The driver reported the VM gone (only asked while deleting).
     pub vm_gone: bool,
+    /// What the driver said of the VM of an Unknown machine (the fast path).
+    pub vm: &'a VmReport,
     /// VolumeAttachments to the machine's node.
     pub attachments_left: usize,
     /// There is a target cluster.
@@ -220,7 +291,9 @@ pub fn observe(machine: &Machine, cfg: &MachineConfig, ctx: Context<'_>) -> Obse
         provider_id: machine.spec.provider_id.clone().filter(|p| !p.is_empty()),
         node_name: machine.node_name().map(String::from),
         class: ctx.class.clone(),
-        node: ctx.node.map(|n| node_health(n, &cfg.bad_conditions)),
+        node: ctx
+            .node
+            .map(|n| node_health_with(n, &cfg.bad_conditions, &cfg.unhealthy_conditions)),
         frozen: ctx.frozen,
         force_deletion: m
             .labels
@@ -232,6 +305,7 @@ pub fn observe(machine: &Machine, cfg: &MachineConfig, ctx: Context<'_>) -> Obse
         vm_requested: vm_requested(machine),
         target_cluster: ctx.target_cluster,
         preserved: mcm_api::preservation::expiry(machine).is_some(),
+        vm: ctx.vm.clone(),
         deletion: DeletionFacts {
             drain_started: progress(machine, annotations::progress::DRAIN_STARTED),
             pods_drained: progress(machine, annotations::progress::PODS_DRAINED),
@@ -239,6 +313,17 @@ pub fn observe(machine: &Machine, cfg: &MachineConfig, ctx: Context<'_>) -> Obse
             vm_deleted: progress(machine, annotations::progress::VM_DELETED).is_some(),
             attachments_left: ctx.attachments_left,
             vm_gone: ctx.vm_gone,
+            requested: m.deletion_timestamp.as_ref().map(|t| t.0),
+            drained_at: progress(machine, annotations::progress::DRAINED),
+            pre_drain_hooks: hooks_of(m.annotations.as_ref(), HookStage::PreDrain),
+            pre_terminate_hooks: hooks_of(m.annotations.as_ref(), HookStage::PreTerminate),
+            pre_drain_expired: progress(machine, annotations::progress::PRE_DRAIN_HOOKS_EXPIRED)
+                .is_some(),
+            pre_terminate_expired: progress(
+                machine,
+                annotations::progress::PRE_TERMINATE_HOOKS_EXPIRED,
+            )
+            .is_some(),
         },
     }
 }
@@ -268,6 +353,9 @@ mod tests {
             bad_conditions: split_list("KernelDeadlock,ReadonlyFilesystem"),
             preserve_timeout: Duration::from_secs(96 * 3600),
             inplace_timeout: Duration::from_secs(20 * 60),
+            unhealthy_conditions: vec![],
+            node_startup_timeout: None,
+            hook_timeout: None,
         }
     }
 

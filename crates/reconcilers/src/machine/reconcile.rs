@@ -44,7 +44,19 @@ async fn reconcile_once(m: &Machine, ctx: &Ctx) -> Result<Action, Error> {
     if node_was_deleted(m, ctx, ctx.freeze.is_frozen()) {
         return delete_machine_of_deleted_node(ctx, m).await;
     }
-    let cfg = observe::machine_config(m, &ctx.settings.defaults);
+    let (_, deployment) = ctx.owners(m);
+    let (cfg, policy_problem) = observe::machine_config_in(
+        m,
+        deployment
+            .as_ref()
+            .and_then(|d| d.metadata.annotations.as_ref()),
+        &ctx.settings.defaults,
+    );
+    if ctx.policy_problem_is_new(m, policy_problem.as_deref())
+        && let Some(problem) = &policy_problem
+    {
+        act::warn_policy_problem(ctx, m, problem).await;
+    }
     let class = match observe::class_name(m) {
         Err(p) => Err(p),
         Ok(name) => match ctx.class(name) {
@@ -119,6 +131,21 @@ async fn reconcile_once(m: &Machine, ctx: &Ctx) -> Result<Action, Error> {
         && m.phase() == Some(&MachinePhase::Terminating)
         && observe::progress(m, mcm_api::constants::annotations::progress::DRAIN_STARTED).is_none()
         && act::vm_is_gone(ctx, m).await;
+    // The fast path: an Unknown machine whose node is not Ready asks the driver whether its
+    // VM is still there and running.
+    let vm = if !deleting
+        && m.phase() == Some(&MachinePhase::Unknown)
+        && !cfg.disable_health_timeout
+        && class.is_ok()
+        && observe::vm_requested(m)
+        && node
+            .as_deref()
+            .is_none_or(|n| !observe::node_health(n, &cfg.bad_conditions).ready)
+    {
+        act::vm_report(ctx, m).await
+    } else {
+        decide::VmReport::NotAsked
+    };
     let observed = observe::observe(
         m,
         &cfg,
@@ -129,6 +156,7 @@ async fn reconcile_once(m: &Machine, ctx: &Ctx) -> Result<Action, Error> {
             failure_protected: protection.as_deref(),
             replacement_throttled: throttled.as_deref(),
             vm_gone,
+            vm: &vm,
             attachments_left,
             target_cluster: ctx.settings.target_cluster,
         },
@@ -165,6 +193,12 @@ async fn reconcile_once(m: &Machine, ctx: &Ctx) -> Result<Action, Error> {
         Step::Protected { reason } => {
             act::hold(ctx, m, &format!("not marked Failed: {reason}")).await
         }
+        Step::AwaitHooks {
+            stage,
+            hooks,
+            remaining,
+        } => act::await_hooks(ctx, m, stage, &hooks, remaining).await,
+        Step::ExpireHooks { stage, hooks } => act::expire_hooks(ctx, m, stage, &hooks, &cfg).await,
         Step::KeepRunning => act::keep_running(ctx, m, node).await,
         Step::Nothing => Ok(Action::await_change()),
         Step::MarkTerminating => act::mark_terminating(ctx, m, node, observed.vm_requested).await,

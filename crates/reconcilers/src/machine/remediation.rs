@@ -1,0 +1,268 @@
+//! The remediation budget and short-circuit of a MachineDeployment (mcm-rs additions). Pure.
+//!
+//! The budget bounds how many of a deployment's machines may be Failed or being replaced at
+//! once (default: its resolved maxSurge, at least 1, the controller's behaviour without the
+//! annotation). The short-circuit stops all remediation while too many of its machines are
+//! unhealthy at once: a zone outage must not turn into the replacement of a whole fleet.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use mcm_api::constants::annotations::policy;
+use mcm_api::intstr::{IntOrPercentError, scaled_value};
+
+/// The remediation annotations of a deployment.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RemediationPolicy {
+    /// [`policy::MAX_IN_FLIGHT`]
+    pub max_in_flight: Option<IntOrString>,
+    /// [`policy::MAX_UNHEALTHY`]
+    pub max_unhealthy: Option<IntOrString>,
+}
+
+/// A remediation annotation that cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("annotation {annotation}: {source}")]
+pub struct PolicyError {
+    /// The annotation.
+    pub annotation: &'static str,
+    /// Why.
+    #[source]
+    pub source: IntOrPercentError,
+}
+
+/// An annotation value as an int-or-percent (`"3"` is a count, `"25%"` a percentage).
+fn int_or_percent(value: &str) -> IntOrString {
+    let v = value.trim();
+    v.parse::<i32>()
+        .map_or_else(|_| IntOrString::String(v.to_string()), IntOrString::Int)
+}
+
+/// Reads the remediation annotations of a deployment; a value that does not resolve is an
+/// error naming the annotation.
+pub fn policy_of(
+    annotations: Option<&BTreeMap<String, String>>,
+) -> Result<RemediationPolicy, PolicyError> {
+    let read = |annotation: &'static str| -> Result<Option<IntOrString>, PolicyError> {
+        let Some(value) = annotations.and_then(|a| a.get(annotation)) else {
+            return Ok(None);
+        };
+        let v = int_or_percent(value);
+        scaled_value(&v, 100, true).map_err(|source| PolicyError { annotation, source })?;
+        Ok(Some(v))
+    };
+    Ok(RemediationPolicy {
+        max_in_flight: read(policy::MAX_IN_FLIGHT)?,
+        max_unhealthy: read(policy::MAX_UNHEALTHY)?,
+    })
+}
+
+/// What the decision counts of one deployment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Census {
+    /// `spec.replicas` of the deployment (percentages of the budget count from it).
+    pub replicas: i32,
+    /// Its machines that are not being deleted (percentages of the short-circuit count from
+    /// them).
+    pub machines: usize,
+    /// Of those, the unhealthy ones (phase Unknown or Failed, or a Node that is not healthy),
+    /// the machine being decided included.
+    pub unhealthy: usize,
+    /// Its other machines that are Failed or being deleted.
+    pub being_replaced: usize,
+}
+
+/// Why no further machine of the deployment may be marked Failed now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Throttle {
+    /// The budget of machines in flight is used up.
+    BudgetUsed {
+        /// Machines already being replaced.
+        being_replaced: usize,
+        /// The budget.
+        budget: usize,
+    },
+    /// Too many machines are unhealthy at once: nothing is remediated.
+    ShortCircuit {
+        /// Unhealthy machines.
+        unhealthy: usize,
+        /// Machines counted.
+        machines: usize,
+        /// The resolved maximum.
+        max: usize,
+        /// The annotation's value as written.
+        written: String,
+    },
+}
+
+impl Throttle {
+    /// The message, naming the deployment.
+    pub fn describe(&self, deployment: &str) -> String {
+        match self {
+            Throttle::BudgetUsed {
+                being_replaced,
+                budget,
+            } => format!(
+                "{being_replaced} machine(s) of MachineDeployment {deployment} are already being replaced (budget {budget})"
+            ),
+            Throttle::ShortCircuit {
+                unhealthy,
+                machines,
+                max,
+                written,
+            } => format!(
+                "remediation short-circuited: {unhealthy} of the {machines} machines of MachineDeployment {deployment} are unhealthy, more than {} {written} ({max}); none is replaced until fewer are",
+                policy::MAX_UNHEALTHY
+            ),
+        }
+    }
+}
+
+fn as_written(v: &IntOrString) -> String {
+    match v {
+        IntOrString::Int(i) => i.to_string(),
+        IntOrString::String(s) => s.clone(),
+    }
+}
+
+/// The number of machines that may be in flight: the annotation scaled against the replicas
+/// (rounded up), else `default` (the resolved maxSurge, at least 1).
+pub fn budget(policy: &RemediationPolicy, replicas: i32, default: usize) -> usize {
+    policy
+        .max_in_flight
+        .as_ref()
+        .and_then(|v| scaled_value(v, replicas, true).ok())
+        .map_or(default, |n| usize::try_from(n).unwrap_or(0))
+}
+
+/// The short-circuit alone: `Some` when more machines are unhealthy than the policy allows.
+pub fn short_circuit(
+    policy: &RemediationPolicy,
+    machines: usize,
+    unhealthy: usize,
+) -> Option<Throttle> {
+    let v = policy.max_unhealthy.as_ref()?;
+    let total = i32::try_from(machines).unwrap_or(i32::MAX);
+    let max = usize::try_from(scaled_value(v, total, false).ok()?).unwrap_or(0);
+    (unhealthy > max).then(|| Throttle::ShortCircuit {
+        unhealthy,
+        machines,
+        max,
+        written: as_written(v),
+    })
+}
+
+/// Whether one more machine of the deployment may be marked Failed: the short-circuit
+/// first, then the budget.
+pub fn verdict(policy: &RemediationPolicy, default_budget: usize, c: Census) -> Option<Throttle> {
+    if let Some(t) = short_circuit(policy, c.machines, c.unhealthy) {
+        return Some(t);
+    }
+    let budget = budget(policy, c.replicas, default_budget);
+    (c.being_replaced >= budget).then_some(Throttle::BudgetUsed {
+        being_replaced: c.being_replaced,
+        budget,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn policy(in_flight: Option<&str>, unhealthy: Option<&str>) -> RemediationPolicy {
+        let mut a = BTreeMap::new();
+        if let Some(v) = in_flight {
+            a.insert(policy::MAX_IN_FLIGHT.to_string(), v.to_string());
+        }
+        if let Some(v) = unhealthy {
+            a.insert(policy::MAX_UNHEALTHY.to_string(), v.to_string());
+        }
+        policy_of(Some(&a)).unwrap()
+    }
+
+    fn census(replicas: i32, machines: usize, unhealthy: usize, being_replaced: usize) -> Census {
+        Census {
+            replicas,
+            machines,
+            unhealthy,
+            being_replaced,
+        }
+    }
+
+    #[test]
+    fn without_annotations_the_budget_is_the_default() {
+        let p = RemediationPolicy::default();
+        assert_eq!(verdict(&p, 1, census(10, 10, 10, 0)), None);
+        assert_eq!(
+            verdict(&p, 1, census(10, 10, 10, 1)),
+            Some(Throttle::BudgetUsed {
+                being_replaced: 1,
+                budget: 1
+            })
+        );
+    }
+
+    #[test]
+    fn the_budget_is_a_count_or_a_percentage_rounded_up() {
+        // (annotation, replicas, being replaced) -> throttled
+        let cases = [
+            ("3", 10, 2, false),
+            ("3", 10, 3, true),
+            ("25%", 10, 2, false), // 2.5 -> 3
+            ("25%", 10, 3, true),
+            ("0", 10, 0, true), // remediation paused
+            ("100%", 4, 3, false),
+        ];
+        for (v, replicas, in_flight, want) in cases {
+            let got = verdict(
+                &policy(Some(v), None),
+                1,
+                census(replicas, replicas as usize, 1, in_flight),
+            );
+            assert_eq!(
+                got.is_some(),
+                want,
+                "{v} of {replicas} with {in_flight} in flight: {got:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_short_circuit_counts_unhealthy_machines_rounded_down_and_wins() {
+        let p = policy(Some("100%"), Some("40%"));
+        // 40% of 4 = 1.6 -> 1: one unhealthy machine is remediated, two are not.
+        assert_eq!(verdict(&p, 1, census(4, 4, 1, 0)), None);
+        let t = verdict(&p, 1, census(4, 4, 3, 0)).unwrap();
+        assert_eq!(
+            t,
+            Throttle::ShortCircuit {
+                unhealthy: 3,
+                machines: 4,
+                max: 1,
+                written: "40%".into()
+            }
+        );
+        let msg = t.describe("md");
+        assert!(
+            msg.contains("3 of the 4 machines of MachineDeployment md are unhealthy"),
+            "{msg}"
+        );
+        assert!(
+            msg.contains("remediation.mcm-rs.io/max-unhealthy 40% (1)"),
+            "{msg}"
+        );
+        // A count.
+        assert!(verdict(&policy(None, Some("2")), 5, census(4, 4, 2, 0)).is_none());
+        assert!(verdict(&policy(None, Some("2")), 5, census(4, 4, 3, 0)).is_some());
+    }
+
+    #[test]
+    fn bad_values_name_the_annotation() {
+        for bad in ["-1", "ten", "x%"] {
+            let a: BTreeMap<String, String> =
+                [(policy::MAX_UNHEALTHY.to_string(), bad.to_string())].into();
+            let err = policy_of(Some(&a)).unwrap_err();
+            assert_eq!(err.annotation, policy::MAX_UNHEALTHY, "{bad}");
+        }
+    }
+}
