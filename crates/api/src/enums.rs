@@ -199,6 +199,10 @@ string_enum! {
         ReplicaFailure => "ReplicaFailure",
         /// The MachineDeployment was frozen by the overshooting safety controller.
         Frozen => "Frozen",
+        /// (mcm-rs) Whether its unhealthy machines may be remediated (False while the
+        /// remediation short-circuit holds); only on deployments with remediation
+        /// annotations.
+        RemediationAllowed => "RemediationAllowed",
     }
 }
 

@@ -1282,4 +1282,303 @@ mod tests {
         d.deletion.vm_deleted = true;
         assert_eq!(next_step(&d, &cfg(), at(1)), Step::RemoveFinalizer);
     }
+
+    #[test]
+    fn the_fast_path_fails_an_unknown_machine_whose_vm_is_gone_or_stopped() {
+        let unknown = |vm: VmReport| Observed {
+            node: not_ready(0),
+            vm,
+            ..with_vm(MachinePhase::Unknown)
+        };
+        let gone = "the driver reports the VM gone (NotFound); not waiting for the health timeout";
+        let cases: Vec<(&str, Observed, Step)> = vec![
+            (
+                "gone: Failed at once",
+                unknown(VmReport::Gone),
+                Step::MarkFailed { reason: gone.into() },
+            ),
+            (
+                "stopped: Failed at once, with the driver's detail",
+                unknown(VmReport::Stopped {
+                    message: "process 42 exited".into(),
+                }),
+                Step::MarkFailed {
+                    reason: "the driver reports the VM stopped: process 42 exited; not waiting for the health timeout".into(),
+                },
+            ),
+            (
+                "no node at all: the same",
+                Observed {
+                    node: None,
+                    ..unknown(VmReport::Gone)
+                },
+                Step::MarkFailed { reason: gone.into() },
+            ),
+            (
+                "present: the health timeout applies",
+                unknown(VmReport::Present),
+                Step::AwaitRecovery {
+                    remaining: Some(9 * MIN),
+                },
+            ),
+            (
+                "not asked: the health timeout applies",
+                unknown(VmReport::NotAsked),
+                Step::AwaitRecovery {
+                    remaining: Some(9 * MIN),
+                },
+            ),
+            (
+                "the budget still holds a gone VM's machine",
+                Observed {
+                    replacement_throttled: Some("short-circuited".into()),
+                    ..unknown(VmReport::Gone)
+                },
+                Step::ReplacementThrottled {
+                    throttled: "short-circuited".into(),
+                    reason: gone.into(),
+                },
+            ),
+            (
+                "and so does the freeze",
+                Observed {
+                    frozen: true,
+                    ..unknown(VmReport::Gone)
+                },
+                Step::Frozen,
+            ),
+        ];
+        for (name, o, want) in cases {
+            assert_eq!(next_step(&o, &cfg(), at(1)), want, "{name}");
+        }
+        let c = MachineConfig {
+            disable_health_timeout: true,
+            ..cfg()
+        };
+        assert_eq!(
+            next_step(&unknown(VmReport::Gone), &c, at(1)),
+            Step::AwaitRecovery { remaining: None },
+            "disableHealthTimeout: never failed for health, the fast path included"
+        );
+    }
+
+    #[test]
+    fn health_rules_fail_a_machine_when_their_condition_held_long_enough() {
+        use super::super::health::ConditionRule;
+        let rule = ConditionRule {
+            type_: "Ready".into(),
+            status: "Unknown".into(),
+            timeout: 3 * MIN,
+        };
+        let matched = |since: u64| {
+            Some(NodeHealth {
+                ready: false,
+                not_ready_since: Some(at(since)),
+                bad_conditions: vec![],
+                unreachable: true,
+                rule_matches: vec![RuleMatch {
+                    rule: rule.clone(),
+                    since: at(since),
+                }],
+            })
+        };
+        // Running with a matching condition: Unknown first.
+        let o = Observed {
+            node: matched(0),
+            ..with_vm(MachinePhase::Running)
+        };
+        assert!(matches!(
+            next_step(&o, &cfg(), at(0)),
+            Step::MarkUnknown { .. }
+        ));
+        // Unknown: waits for the rule's timeout, not the 10m health timeout.
+        let o = Observed {
+            node: matched(0),
+            ..with_vm(MachinePhase::Unknown)
+        };
+        assert_eq!(
+            next_step(&o, &cfg(), at(1)),
+            Step::AwaitRecovery {
+                remaining: Some(2 * MIN)
+            }
+        );
+        assert_eq!(
+            next_step(&o, &cfg(), at(3)),
+            Step::MarkFailed {
+                reason: "node condition held beyond its health rule (Ready=Unknown for 3m0s)"
+                    .into()
+            }
+        );
+        // Rollout protection applies as to the health timeout.
+        let protected = Observed {
+            failure_protected: Some("old set".into()),
+            ..o.clone()
+        };
+        assert_eq!(
+            next_step(&protected, &cfg(), at(3)),
+            Step::Protected {
+                reason: "old set".into()
+            }
+        );
+        // The condition changed after the phase did: the rule counts from the transition.
+        let later = Observed {
+            node: matched(2),
+            ..with_vm(MachinePhase::Unknown)
+        };
+        assert_eq!(
+            next_step(&later, &cfg(), at(4)),
+            Step::AwaitRecovery {
+                remaining: Some(MIN)
+            }
+        );
+    }
+
+    #[test]
+    fn the_node_startup_timeout_fails_a_vm_whose_node_never_registers() {
+        let c = MachineConfig {
+            node_startup_timeout: Some(5 * MIN),
+            ..cfg()
+        };
+        let pending = with_vm(MachinePhase::Pending);
+        assert_eq!(
+            next_step(&pending, &c, at(2)),
+            Step::AwaitNode { remaining: 3 * MIN }
+        );
+        assert_eq!(
+            next_step(&pending, &c, at(5)),
+            Step::MarkFailed {
+                reason: "the VM's node did not register within the node-startup timeout (5m0s)"
+                    .into()
+            }
+        );
+        // A registered node that is not Ready yet: the creation timeout bounds it.
+        let registered = Observed {
+            node: not_ready(1),
+            ..with_vm(MachinePhase::Pending)
+        };
+        assert_eq!(
+            next_step(&registered, &c, at(5)),
+            Step::AwaitNode {
+                remaining: 15 * MIN
+            }
+        );
+        // Without the setting: only the creation timeout.
+        assert_eq!(
+            next_step(&pending, &cfg(), at(5)),
+            Step::AwaitNode {
+                remaining: 15 * MIN
+            }
+        );
+    }
+
+    #[test]
+    fn lifecycle_hooks_hold_their_stage_of_the_deletion() {
+        let hooked = |pre_drain: &[&str], pre_terminate: &[&str], facts: DeletionFacts| Observed {
+            deleting: true,
+            node: healthy(),
+            deletion: DeletionFacts {
+                requested: Some(t0()),
+                pre_drain_hooks: pre_drain.iter().map(|h| h.to_string()).collect(),
+                pre_terminate_hooks: pre_terminate.iter().map(|h| h.to_string()).collect(),
+                ..facts
+            },
+            ..with_vm(MachinePhase::Terminating)
+        };
+        let wait = |stage, hook: &str, remaining| Step::AwaitHooks {
+            stage,
+            hooks: vec![hook.to_string()],
+            remaining,
+        };
+        // Pre-drain: before the first drain pass.
+        let o = hooked(&["etcd"], &[], DeletionFacts::default());
+        assert_eq!(
+            next_step(&o, &cfg(), at(60)),
+            wait(HookStage::PreDrain, "etcd", None),
+            "no timeout: held for as long as the hook is there"
+        );
+        // A hook added after the drain started does not stop the drain.
+        let o = hooked(
+            &["etcd"],
+            &[],
+            DeletionFacts {
+                drain_started: Some(t0()),
+                ..Default::default()
+            },
+        );
+        assert!(matches!(
+            next_step(&o, &cfg(), at(1)),
+            Step::DrainPass { .. }
+        ));
+        // Pre-terminate: after the drain and the volume attachments, before the VM.
+        let drained = DeletionFacts {
+            drain_started: Some(t0()),
+            drained: true,
+            drained_at: Some(at(2)),
+            ..Default::default()
+        };
+        let o = hooked(&[], &["lb"], drained.clone());
+        assert_eq!(
+            next_step(&o, &cfg(), at(3)),
+            wait(HookStage::PreTerminate, "lb", None)
+        );
+        let o = hooked(
+            &[],
+            &["lb"],
+            DeletionFacts {
+                attachments_left: 1,
+                ..drained.clone()
+            },
+        );
+        assert_eq!(
+            next_step(&o, &cfg(), at(3)),
+            Step::DeleteVolumeAttachments,
+            "volumes are detached before the pre-terminate hooks are waited for"
+        );
+        // Not once the VM is deleted.
+        let o = hooked(
+            &[],
+            &["lb"],
+            DeletionFacts {
+                vm_deleted: true,
+                ..drained.clone()
+            },
+        );
+        assert_eq!(next_step(&o, &cfg(), at(3)), Step::DeleteNode);
+        // With a timeout: the remaining time, then the hooks are given up on, once.
+        let c = MachineConfig {
+            hook_timeout: Some(10 * MIN),
+            ..cfg()
+        };
+        let o = hooked(&[], &["lb"], drained.clone());
+        assert_eq!(
+            next_step(&o, &c, at(5)),
+            wait(HookStage::PreTerminate, "lb", Some(7 * MIN)),
+            "counted from the end of the drain"
+        );
+        assert_eq!(
+            next_step(&o, &c, at(12)),
+            Step::ExpireHooks {
+                stage: HookStage::PreTerminate,
+                hooks: vec!["lb".into()]
+            }
+        );
+        let o = hooked(
+            &[],
+            &["lb"],
+            DeletionFacts {
+                pre_terminate_expired: true,
+                ..drained
+            },
+        );
+        assert_eq!(next_step(&o, &c, at(12)), Step::DeleteVm);
+        let o = hooked(&["etcd"], &[], DeletionFacts::default());
+        assert_eq!(
+            next_step(&o, &c, at(10)),
+            Step::ExpireHooks {
+                stage: HookStage::PreDrain,
+                hooks: vec!["etcd".into()]
+            },
+            "counted from the deletion request"
+        );
+    }
 }

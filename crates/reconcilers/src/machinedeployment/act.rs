@@ -189,6 +189,19 @@ impl<'a> Actor<'a> {
         events.warning(&self.reference, reason, action, note).await;
     }
 
+    /// Announces that the remediation short-circuit (or an unusable remediation
+    /// annotation) stopped the replacement of the deployment's unhealthy machines.
+    pub async fn remediation_stopped(&self, note: String) {
+        self.warning_event("RemediationShortCircuited", "HealthCheck", note)
+            .await;
+    }
+
+    /// Announces that remediation is allowed again.
+    pub async fn remediation_resumed(&self, note: String) {
+        self.normal_event("RemediationResumed", "HealthCheck", note)
+            .await;
+    }
+
     /// Warns that the deployment selects every machine (nothing else is done until it
     /// changes).
     pub async fn warn_selecting_all(&self) {

@@ -20,7 +20,7 @@ use super::hash::templates_equal;
 use super::inplace_act;
 use super::nodes::{apply_markers, remove_old_set_taint};
 use super::observe::{self, Observed, annotation_i64};
-use super::status::{Counters, compute_status, invalid_strategy_status};
+use super::status::{self, Counters, compute_status, invalid_strategy_status};
 use crate::events::EventPublisher;
 use crate::kube_api::{self, ApiResultExt, ReconcileFailure, RetryPolicy};
 
@@ -218,7 +218,22 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
     .await;
 
     let input = observe::status_input(&d, failed, progressed, now);
-    let (status, recheck) = compute_status(&snapshot, &input);
+    let (mut status, recheck) = compute_status(&snapshot, &input);
+    let remediation = status::remediation_condition(
+        &d.name_any(),
+        d.metadata.annotations.as_ref(),
+        &observed.all_machines(),
+        now,
+    );
+    let message = remediation
+        .as_ref()
+        .and_then(|c| c.message.clone())
+        .unwrap_or_default();
+    match status::apply_remediation_condition(&mut status, remediation, d.status.as_ref()) {
+        Some(true) => act.remediation_stopped(message).await,
+        Some(false) => act.remediation_resumed(message).await,
+        None => {}
+    }
     let held_back = act.update_status_paced(&status, &ctx.status_pacer).await?;
     let min_ready = d.spec.min_ready_seconds.unwrap_or(0);
     let complete = snapshot.is_complete();

@@ -99,6 +99,105 @@ fn make(
     }
 }
 
+/// Reasons of the `RemediationAllowed` condition.
+pub mod remediation_reasons {
+    /// Fewer machines are unhealthy than the short-circuit allows.
+    pub const ALLOWED: &str = "RemediationAllowed";
+    /// More machines are unhealthy than the short-circuit allows: none is replaced.
+    pub const TOO_MANY_UNHEALTHY: &str = "TooManyUnhealthy";
+    /// A remediation annotation does not resolve: remediation is held.
+    pub const INVALID_POLICY: &str = "InvalidRemediationPolicy";
+}
+
+/// The `RemediationAllowed` condition (mcm-rs) of a deployment from its remediation
+/// annotations and its machines (unhealthy: phase Unknown or Failed; machines being deleted
+/// are not counted). `None` when the deployment has no remediation annotation. The machine
+/// controller decides with the same rule (it also counts machines whose Node went NotReady
+/// before their phase changed). Pure.
+pub fn remediation_condition(
+    name: &str,
+    annotations: Option<&std::collections::BTreeMap<String, String>>,
+    machines: &[&mcm_api::Machine],
+    now: Timestamp,
+) -> Option<MachineDeploymentCondition> {
+    use crate::machine::remediation::{policy_of, short_circuit};
+    use mcm_api::MachinePhase;
+    let policy = match policy_of(annotations) {
+        Ok(p) if p == Default::default() => return None,
+        Ok(p) => p,
+        Err(e) => {
+            return Some(make(
+                MachineDeploymentConditionType::RemediationAllowed,
+                ConditionStatus::False,
+                remediation_reasons::INVALID_POLICY,
+                format!("remediation is held until the annotation is fixed: {e}"),
+                now,
+            ));
+        }
+    };
+    let live: Vec<_> = machines
+        .iter()
+        .filter(|m| m.metadata.deletion_timestamp.is_none())
+        .collect();
+    let unhealthy = live
+        .iter()
+        .filter(|m| {
+            matches!(
+                m.phase(),
+                Some(MachinePhase::Unknown | MachinePhase::Failed)
+            )
+        })
+        .count();
+    Some(match short_circuit(&policy, live.len(), unhealthy) {
+        Some(t) => make(
+            MachineDeploymentConditionType::RemediationAllowed,
+            ConditionStatus::False,
+            remediation_reasons::TOO_MANY_UNHEALTHY,
+            t.describe(name),
+            now,
+        ),
+        None => make(
+            MachineDeploymentConditionType::RemediationAllowed,
+            ConditionStatus::True,
+            remediation_reasons::ALLOWED,
+            format!("{unhealthy} of {} machines are unhealthy", live.len()),
+            now,
+        ),
+    })
+}
+
+/// Puts the `RemediationAllowed` condition into `status` (or takes it out), and tells
+/// whether its status changed from what `previous` had: `Some(true)` it became False
+/// (remediation stopped), `Some(false)` it became True again.
+pub fn apply_remediation_condition(
+    status: &mut MachineDeploymentStatus,
+    condition: Option<MachineDeploymentCondition>,
+    previous: Option<&MachineDeploymentStatus>,
+) -> Option<bool> {
+    let conditions = status.conditions.get_or_insert_with(Vec::new);
+    let Some(new) = condition else {
+        conditions.retain(|c| c.type_ != MachineDeploymentConditionType::RemediationAllowed);
+        return None;
+    };
+    let before = condition_of(
+        previous,
+        &MachineDeploymentConditionType::RemediationAllowed,
+    )
+    .map(|c| c.status.clone());
+    let stopped = new.status == ConditionStatus::False;
+    let changed = before.as_ref() != Some(&new.status);
+    set_condition(conditions, new);
+    // A first True is not news; a first False is.
+    (changed && (stopped || before.is_some())).then_some(stopped)
+}
+
+fn condition_of<'a>(
+    status: Option<&'a MachineDeploymentStatus>,
+    type_: &MachineDeploymentConditionType,
+) -> Option<&'a MachineDeploymentCondition> {
+    condition(status.and_then(|s| s.conditions.as_ref()), type_)
+}
+
 /// The machine counters of a deployment's status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Counters {
@@ -549,5 +648,66 @@ mod tests {
         no_deadline.progress_deadline_seconds = None;
         let (fixed, _) = compute_status(&s, &no_deadline);
         assert_eq!(progressing(&fixed), None);
+    }
+
+    #[test]
+    fn the_remediation_condition_follows_the_short_circuit_and_announces_changes() {
+        use mcm_api::constants::annotations::policy;
+        let machine = |phase: &str| -> mcm_api::Machine {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "Machine",
+                "metadata": { "name": "m" }, "spec": {},
+                "status": { "currentStatus": { "phase": phase } }
+            }))
+            .unwrap()
+        };
+        let (r, u) = (machine("Running"), machine("Unknown"));
+        let now = Timestamp::from_second(1_000).unwrap();
+        let a: std::collections::BTreeMap<String, String> =
+            [(policy::MAX_UNHEALTHY.to_string(), "40%".to_string())].into();
+        assert_eq!(remediation_condition("md", None, &[&u, &u], now), None);
+        let fine = remediation_condition("md", Some(&a), &[&r, &r, &r, &u], now).unwrap();
+        assert_eq!(fine.status, ConditionStatus::True);
+        let out = remediation_condition("md", Some(&a), &[&r, &u, &u, &u], now).unwrap();
+        assert_eq!(out.status, ConditionStatus::False);
+        assert_eq!(
+            out.reason.as_deref(),
+            Some(remediation_reasons::TOO_MANY_UNHEALTHY)
+        );
+        assert!(
+            out.message
+                .as_deref()
+                .unwrap()
+                .contains("3 of the 4 machines of MachineDeployment md"),
+            "{out:?}"
+        );
+        // First True: no news; then False: stopped; then True again: resumed.
+        let mut status = MachineDeploymentStatus::default();
+        assert_eq!(
+            apply_remediation_condition(&mut status, Some(fine.clone()), None),
+            None
+        );
+        let previous = status.clone();
+        assert_eq!(
+            apply_remediation_condition(&mut status, Some(out.clone()), Some(&previous)),
+            Some(true)
+        );
+        let previous = status.clone();
+        assert_eq!(
+            apply_remediation_condition(&mut status, Some(out), Some(&previous)),
+            None,
+            "no change, no news"
+        );
+        assert_eq!(
+            apply_remediation_condition(&mut status, Some(fine), Some(&previous)),
+            Some(false)
+        );
+        // The annotation removed: the condition goes.
+        let previous = status.clone();
+        assert_eq!(
+            apply_remediation_condition(&mut status, None, Some(&previous)),
+            None
+        );
+        assert!(status.conditions.unwrap().is_empty());
     }
 }
