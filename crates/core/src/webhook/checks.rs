@@ -13,6 +13,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use mcm_api::constants::annotations;
+use mcm_api::constants::annotations::policy;
 use mcm_api::preservation::PreserveValue;
 use mcm_api::{
     ClassSpec, Machine, MachineClass, MachineDeployment, MachineSet, MachineSpec,
@@ -178,6 +179,15 @@ pub fn machine_set(s: &MachineSet) -> Vec<SpecProblem> {
 pub fn machine_deployment(d: &MachineDeployment, target_cluster: bool) -> Vec<SpecProblem> {
     let mut out = Vec::new();
     creation_timeout_annotation(d.metadata.annotations.as_ref(), &mut out);
+    if let Some(anns) = d.metadata.annotations.as_ref() {
+        policy_annotations_at(anns, "metadata.annotations", &mut out);
+        if let Err(e) = mcm_reconcilers::machine::remediation::policy_of(Some(anns)) {
+            out.push(SpecProblem::new(
+                format!("metadata.annotations[{}]", e.annotation),
+                e.source.to_string(),
+            ));
+        }
+    }
     if let Some(selector) = &d.spec.selector {
         label_selector(selector, "spec.selector", &mut out);
     }
@@ -312,6 +322,30 @@ fn machine_annotations_at(
         ));
     }
     creation_timeout_at(anns, at, out);
+    policy_annotations_at(anns, at, out);
+}
+
+/// The health annotations (mcm-rs) of a Machine, a template or a MachineDeployment.
+fn policy_annotations_at(anns: &BTreeMap<String, String>, at: &str, out: &mut Vec<SpecProblem>) {
+    use mcm_reconcilers::machine::health;
+    let found = (
+        anns.get(policy::UNHEALTHY_CONDITIONS)
+            .map(|v| health::parse_rules(v).err()),
+        anns.get(policy::NODE_STARTUP_TIMEOUT)
+            .map(|v| health::parse_node_startup_timeout(v).err()),
+    );
+    if let (Some(Some(e)), _) = &found {
+        out.push(SpecProblem::new(
+            format!("{at}[{}]", policy::UNHEALTHY_CONDITIONS),
+            e.to_string(),
+        ));
+    }
+    if let (_, Some(Some(e))) = &found {
+        out.push(SpecProblem::new(
+            format!("{at}[{}]", policy::NODE_STARTUP_TIMEOUT),
+            e.to_string(),
+        ));
+    }
 }
 
 fn creation_timeout_annotation(
@@ -574,6 +608,40 @@ mod tests {
             ],
             "{p:?}"
         );
+    }
+
+    #[test]
+    fn health_and_remediation_annotations_are_checked() {
+        let d = FakeDriver::new();
+        let mut obj = deployment(json!({
+            "template": {
+                "metadata": {"annotations": {
+                    "health.mcm-rs.io/unhealthy-conditions": "Ready=Maybe:1m",
+                }},
+                "spec": {"class": {"name": "c"}},
+            },
+        }));
+        obj["metadata"]["annotations"] = json!({
+            "remediation.mcm-rs.io/max-unhealthy": "lots",
+            "remediation.mcm-rs.io/max-in-flight": "25%",
+            "health.mcm-rs.io/node-startup-timeout": "five minutes",
+        });
+        let p = problems(Kind::MachineDeployment, &obj, &ctx(&d));
+        assert_eq!(
+            fields(&p),
+            vec![
+                "metadata.annotations[health.mcm-rs.io/node-startup-timeout]",
+                "metadata.annotations[remediation.mcm-rs.io/max-unhealthy]",
+                "spec.template.metadata.annotations[health.mcm-rs.io/unhealthy-conditions]",
+            ],
+            "{p:?}"
+        );
+        obj["metadata"]["annotations"] = json!({
+            "remediation.mcm-rs.io/max-unhealthy": "40%",
+            "health.mcm-rs.io/unhealthy-conditions": "Ready=Unknown:5m,KernelDeadlock=True:1m",
+        });
+        obj["spec"]["template"]["metadata"] = json!({});
+        assert_eq!(problems(Kind::MachineDeployment, &obj, &ctx(&d)), vec![]);
     }
 
     #[test]
