@@ -399,6 +399,234 @@ mod tests {
         assert_eq!(classify_pod(&p), PodAction::WaitOnly);
     }
 
+    fn labelled(mut p: Pod, key: &str, value: &str) -> Pod {
+        p.metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert(key.into(), value.into());
+        p
+    }
+
+    fn annotated(mut p: Pod, key: &str, value: &str) -> Pod {
+        p.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(key.into(), value.into());
+        p
+    }
+
+    const NORMAL: DrainMode = DrainMode {
+        force: false,
+        unreachable: false,
+        timed_out: false,
+    };
+    const FORCE: DrainMode = DrainMode {
+        force: true,
+        ..NORMAL
+    };
+    const UNREACHABLE: DrainMode = DrainMode {
+        unreachable: true,
+        ..NORMAL
+    };
+    const FORCE_UNREACHABLE: DrainMode = DrainMode {
+        force: true,
+        unreachable: true,
+        timed_out: false,
+    };
+    const TIMED_OUT: DrainMode = DrainMode {
+        timed_out: true,
+        ..NORMAL
+    };
+    const FORCE_TIMED_OUT: DrainMode = DrainMode {
+        force: true,
+        timed_out: true,
+        ..NORMAL
+    };
+
+    /// What happens to a running pod in a mode, in words: classification, then the
+    /// `wait-completed` rule (the other actions do not depend on the mode here).
+    fn handling(pod: &Pod, mode: DrainMode) -> String {
+        match classify_pod(pod) {
+            PodAction::Skip(reason) => format!("skip: {reason}"),
+            PodAction::Drain => "drain".into(),
+            PodAction::WaitOnly => "wait-only".into(),
+            PodAction::WaitCompleted => match wait_completed_step(mode) {
+                WaitCompletedStep::Wait => "wait-completed".into(),
+                WaitCompletedStep::Release => "release".into(),
+                WaitCompletedStep::Delete(reason) => format!("delete: {reason}"),
+            },
+        }
+    }
+
+    #[test]
+    fn behaviours_by_mode() {
+        let label = |v| labelled(pod("a"), DRAIN_BEHAVIOR_KEY, v);
+        let annotation = |v| annotated(pod("a"), DRAIN_BEHAVIOR_KEY, v);
+        let capi = |v| labelled(pod("a"), CAPI_DRAIN_LABEL, v);
+        let skip_label = "skip: drain rule skip (label drain.machine.sapcloud.io/behavior)";
+        let skip_annotation =
+            "skip: drain rule skip (annotation drain.machine.sapcloud.io/behavior)";
+        let skip_capi = "skip: drain rule skip (label cluster.x-k8s.io/drain)";
+        let modes = [
+            NORMAL,
+            FORCE,
+            UNREACHABLE,
+            FORCE_UNREACHABLE,
+            TIMED_OUT,
+            FORCE_TIMED_OUT,
+        ];
+        // (pod, expected per mode in the order of `modes`)
+        let table: Vec<(Pod, [&str; 6])> = vec![
+            (pod("a"), ["drain"; 6]),
+            (label("drain"), ["drain"; 6]),
+            (label("skip"), [skip_label; 6]),
+            (annotation("skip"), [skip_annotation; 6]),
+            (capi("skip"), [skip_capi; 6]),
+            (capi("Skip"), [skip_capi; 6]),
+            (label("bogus"), ["drain"; 6]),
+            (annotation(""), ["drain"; 6]),
+        ];
+        for (p, expected) in &table {
+            for (mode, want) in modes.iter().zip(expected) {
+                assert_eq!(&handling(p, *mode), want, "{:?} in {mode:?}", p.metadata);
+            }
+        }
+        let wait = [
+            "wait-completed",
+            "wait-completed",
+            "release",
+            "release",
+            "delete: drain timeout reached",
+            "delete: force mode",
+        ];
+        for p in [
+            label("wait-completed"),
+            annotation("wait-completed"),
+            capi("wait-completed"),
+            capi("WaitCompleted"),
+            label("Wait-Completed"),
+        ] {
+            for (mode, want) in modes.iter().zip(wait) {
+                assert_eq!(handling(&p, *mode), want, "{:?} in {mode:?}", p.metadata);
+            }
+        }
+    }
+
+    #[test]
+    fn mirror_daemonset_and_finished_pods_keep_their_reasons() {
+        let skip = |p| labelled(p, DRAIN_BEHAVIOR_KEY, "wait-completed");
+        let mut mirror = pod("a");
+        mirror.metadata.annotations = Some([(MIRROR_POD_ANNOTATION.into(), "h".into())].into());
+        assert_eq!(
+            classify_pod(&skip(mirror)),
+            PodAction::Skip(SkipReason::MirrorPod)
+        );
+        assert_eq!(
+            classify_pod(&skip(owned_by(pod("a"), "DaemonSet", true))),
+            PodAction::Skip(SkipReason::DaemonSet)
+        );
+        // A wait-completed pod that finished is done: nothing to wait for.
+        let mut done = skip(pod("a"));
+        done.status = Some(PodStatus {
+            phase: Some("Succeeded".into()),
+            ..Default::default()
+        });
+        assert_eq!(classify_pod(&done), PodAction::Skip(SkipReason::Finished));
+        // A skip rule wins over "finished" (it stays either way).
+        done.metadata.labels = Some([(DRAIN_BEHAVIOR_KEY.into(), "skip".into())].into());
+        assert_eq!(
+            classify_pod(&done),
+            PodAction::Skip(SkipReason::DrainRule(RuleSource::Label))
+        );
+        // A terminating wait-completed pod is still only waited for, never deleted.
+        let mut terminating = skip(pod("a"));
+        terminating.metadata.deletion_timestamp = Some(Time(jiff::Timestamp::UNIX_EPOCH));
+        assert_eq!(classify_pod(&terminating), PodAction::WaitCompleted);
+    }
+
+    #[test]
+    fn label_wins_over_annotation_which_wins_over_cluster_api() {
+        let both = annotated(
+            labelled(pod("a"), DRAIN_BEHAVIOR_KEY, "drain"),
+            DRAIN_BEHAVIOR_KEY,
+            "skip",
+        );
+        assert_eq!(
+            drain_rule(&both),
+            Some(DrainRule {
+                behavior: DrainBehavior::Drain,
+                source: RuleSource::Label
+            })
+        );
+        assert_eq!(classify_pod(&both), PodAction::Drain);
+
+        let annotation_and_capi = labelled(
+            annotated(pod("a"), DRAIN_BEHAVIOR_KEY, "wait-completed"),
+            CAPI_DRAIN_LABEL,
+            "skip",
+        );
+        assert_eq!(classify_pod(&annotation_and_capi), PodAction::WaitCompleted);
+        assert_eq!(drain_rule(&pod("a")), None);
+    }
+
+    #[test]
+    fn unknown_values_mean_drain_and_are_all_reported() {
+        // The label decides (unknown: drain) and the annotation it overrides is reported too.
+        let p = annotated(
+            labelled(pod("a"), DRAIN_BEHAVIOR_KEY, "never"),
+            DRAIN_BEHAVIOR_KEY,
+            "sometimes",
+        );
+        assert_eq!(
+            drain_rule(&p),
+            Some(DrainRule {
+                behavior: DrainBehavior::Drain,
+                source: RuleSource::Label
+            })
+        );
+        assert_eq!(classify_pod(&p), PodAction::Drain);
+        let bad = invalid_drain_rules(&p);
+        assert_eq!(
+            bad,
+            vec![
+                InvalidDrainRule {
+                    pod: "ns/a".into(),
+                    source: RuleSource::Label,
+                    value: "never".into()
+                },
+                InvalidDrainRule {
+                    pod: "ns/a".into(),
+                    source: RuleSource::Annotation,
+                    value: "sometimes".into()
+                },
+            ]
+        );
+        assert_eq!(
+            bad[0].to_string(),
+            "pod ns/a has label drain.machine.sapcloud.io/behavior with unknown value \"never\" \
+             (drained as usual; valid: drain, skip, wait-completed)"
+        );
+        // An unknown annotation under a valid label: the label decides, the value is reported.
+        let p = annotated(
+            labelled(pod("a"), DRAIN_BEHAVIOR_KEY, "skip"),
+            DRAIN_BEHAVIOR_KEY,
+            "skipp",
+        );
+        assert_eq!(
+            classify_pod(&p),
+            PodAction::Skip(SkipReason::DrainRule(RuleSource::Label))
+        );
+        assert_eq!(invalid_drain_rules(&p).len(), 1);
+        let capi = labelled(pod("a"), CAPI_DRAIN_LABEL, "later");
+        assert_eq!(
+            invalid_drain_rules(&capi)[0].source,
+            RuleSource::ClusterApiLabel
+        );
+        for ok in ["drain", "skip", "wait-completed", "Skip", "WaitCompleted"] {
+            assert!(invalid_drain_rules(&labelled(pod("a"), DRAIN_BEHAVIOR_KEY, ok)).is_empty());
+        }
+    }
+
     #[test]
     fn waves_go_from_low_to_high_priority() {
         let pods = vec![

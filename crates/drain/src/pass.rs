@@ -708,6 +708,86 @@ mod tests {
         );
     }
 
+    fn with_rule(mut p: Pod, value: &str) -> Pod {
+        p.metadata.labels = Some([(crate::DRAIN_BEHAVIOR_KEY.into(), value.into())].into());
+        p
+    }
+
+    #[test]
+    fn drain_rules_keep_pods_out_of_the_waves() {
+        let pods = || {
+            vec![
+                with_rule(pod("job", 0, false), "wait-completed"),
+                with_rule(pod("cache", 0, false), "skip"),
+                pod("web", 0, false),
+                pod("critical", 1000, false),
+            ]
+        };
+        let (planned, skipped) = plan_pods(pods(), &options(), &PassInput::default());
+        assert_eq!(
+            steps(&planned),
+            vec![
+                s("web", PodStep::Evict),
+                s("critical", PodStep::Hold),
+                s("job", PodStep::AwaitCompletion),
+            ]
+        );
+        assert_eq!(skipped.len(), 1);
+        assert_eq!(skipped[0].pod, "ns/cache");
+
+        // Force mode before the timeout still waits for the wait-completed pod.
+        let mut force = options();
+        force.force = true;
+        let del = PodStep::Delete(DeleteReason::Force);
+        let (planned, _) = plan_pods(pods(), &force, &PassInput::default());
+        assert_eq!(
+            steps(&planned),
+            vec![
+                s("web", del),
+                s("critical", del),
+                s("job", PodStep::AwaitCompletion)
+            ]
+        );
+        // Unreachable: not waited for.
+        let unreachable = PassInput {
+            unreachable: true,
+            ..Default::default()
+        };
+        let (planned, _) = plan_pods(pods(), &force, &unreachable);
+        assert_eq!(steps(&planned)[2], s("job", PodStep::Release));
+        // Past the drain timeout: deleted like any other pod.
+        let late = PassInput {
+            elapsed: Duration::from_secs(600),
+            ..Default::default()
+        };
+        let (planned, skipped) = plan_pods(pods(), &force, &late);
+        assert_eq!(steps(&planned)[2], s("job", del));
+        assert_eq!(skipped.len(), 1, "a skip rule holds in force mode too");
+    }
+
+    #[test]
+    fn summaries_name_pods_waited_for_by_rule_and_unknown_rules() {
+        let report = PassReport {
+            node: "n1".into(),
+            state: Some(PassState::Pods),
+            waiting_for_completion: (1..=5).map(|i| format!("ns/job-{i}")).collect(),
+            invalid_rules: vec![crate::InvalidDrainRule {
+                pod: "ns/web".into(),
+                source: crate::RuleSource::Annotation,
+                value: "maybe".into(),
+            }],
+            ..Default::default()
+        };
+        assert_eq!(report.pods_left(), 5);
+        assert_eq!(
+            report.summary(),
+            "draining node n1: waiting for 5 pod(s) to complete (drain rule wait-completed): \
+             ns/job-1, ns/job-2, ns/job-3 and 2 more; pod ns/web has annotation \
+             drain.machine.sapcloud.io/behavior with unknown value \"maybe\" (drained as usual; \
+             valid: drain, skip, wait-completed)"
+        );
+    }
+
     #[test]
     fn summaries_name_the_budget_and_do_not_change_with_time() {
         let report = |elapsed| PassReport {
