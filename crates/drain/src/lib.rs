@@ -11,8 +11,11 @@
 //! 1. **Cordon**: `spec.unschedulable` and the `node.kubernetes.io/unschedulable:NoSchedule`
 //!    taint, recording what it added in [`CORDON_RECORD_ANNOTATION`] so [`uncordon`] removes
 //!    exactly that. The drain never uncordons on its own, not even when it fails.
-//! 2. **Classify** the pods bound to the node ([`classify_pod`]): mirror pods, DaemonSet pods
-//!    and finished pods stay; pods already terminating are only waited for.
+//! 2. **Classify** the pods bound to the node ([`classify_pod`]): mirror pods, DaemonSet pods,
+//!    finished pods and pods with a `skip` drain rule ([`DRAIN_BEHAVIOR_KEY`]) stay; pods
+//!    already terminating are only waited for; pods with a `wait-completed` rule are never
+//!    evicted or deleted: the drain waits (until its deadline, force mode included) for them to
+//!    finish or disappear, and reports them among the remaining pods if it times out.
 //! 3. **Resolve volumes**: PVC -> bound PV -> [`mcm_driver::Driver::get_volume_ids`], for
 //!    claims no other pod on the node uses.
 //! 4. **Evict in waves** of ascending priority ([`priority_waves`]): within a wave, up to
@@ -50,8 +53,10 @@ use mcm_driver::Driver;
 use tokio::time::Instant;
 
 pub use classify::{
-    MIRROR_POD_ANNOTATION, PodAction, classify_pod, is_daemonset_pod, is_finished, is_mirror_pod,
-    pod_key, pod_priority, priority_waves,
+    CAPI_DRAIN_LABEL, DRAIN_BEHAVIOR_KEY, DrainBehavior, DrainMode, DrainRule, InvalidDrainRule,
+    MIRROR_POD_ANNOTATION, PodAction, RuleSource, WaitCompletedStep, classify_pod, drain_rule,
+    invalid_drain_rules, is_daemonset_pod, is_finished, is_mirror_pod, pod_key, pod_priority,
+    priority_waves, wait_completed_step,
 };
 pub use cordon::{
     CORDON_RECORD_ANNOTATION, CordonChange, NodePatch, format_record, parse_record, plan_cordon,
@@ -229,6 +234,11 @@ pub async fn drain(
         .collect();
     let mut to_drain: Vec<(Pod, PodAction)> = Vec::new();
     let mut staying: Vec<&Pod> = Vec::new();
+    let mut wait_completed: Vec<Pod> = Vec::new();
+    outcome.invalid_rules = pods.iter().flat_map(invalid_drain_rules).collect();
+    for bad in &outcome.invalid_rules {
+        tracing::warn!(node = node_name, "{bad}");
+    }
     for pod in &pods {
         match classify_pod(pod) {
             PodAction::Skip(reason) => {
@@ -237,6 +247,11 @@ pub async fn drain(
                     reason,
                 });
                 staying.push(pod);
+            }
+            PodAction::WaitCompleted => {
+                // Its volumes are not waited for: it keeps them until it finished.
+                staying.push(pod);
+                wait_completed.push(pod.clone());
             }
             action => to_drain.push((pod.clone(), action)),
         }
@@ -278,32 +293,53 @@ pub async fn drain(
     let actions: BTreeMap<String, PodAction> =
         to_drain.iter().map(|(p, a)| (pod_key(p), *a)).collect();
     let waves = priority_waves(to_drain.into_iter().map(|(p, _)| p).collect());
-    let mut reports = Vec::new();
     let parallelism = options.parallelism.max(1);
-    for wave in waves {
-        let plans: Vec<PodPlan> = wave
-            .into_iter()
-            .map(|pod| {
-                let key = pod_key(&pod);
+    // Pods under a `wait-completed` rule are waited for alongside the waves, never evicted.
+    let completions = futures::stream::iter(wait_completed)
+        .map(|pod| {
+            drain_pod(
+                &ctx,
                 PodPlan {
-                    wait_only: actions.get(&key) == Some(&PodAction::WaitOnly),
-                    volumes: volumes.get(&key).cloned().unwrap_or_default(),
                     pod,
-                }
-            })
-            .collect();
-        let wave_reports: Vec<_> = futures::stream::iter(plans)
-            .map(|plan| drain_pod(&ctx, plan))
-            .buffer_unordered(parallelism)
-            .collect()
-            .await;
-        let failed = wave_reports.iter().any(|r| r.failure.is_some());
-        reports.extend(wave_reports);
-        if failed {
-            // Keep the more critical pods running: the drain fails anyway.
-            break;
+                    wait_only: false,
+                    wait_completed: true,
+                    volumes: Vec::new(),
+                },
+            )
+        })
+        .buffer_unordered(usize::MAX)
+        .collect::<Vec<_>>();
+    let waves = async {
+        let mut reports = Vec::new();
+        for wave in waves {
+            let plans: Vec<PodPlan> = wave
+                .into_iter()
+                .map(|pod| {
+                    let key = pod_key(&pod);
+                    PodPlan {
+                        wait_only: actions.get(&key) == Some(&PodAction::WaitOnly),
+                        wait_completed: false,
+                        volumes: volumes.get(&key).cloned().unwrap_or_default(),
+                        pod,
+                    }
+                })
+                .collect();
+            let wave_reports: Vec<_> = futures::stream::iter(plans)
+                .map(|plan| drain_pod(&ctx, plan))
+                .buffer_unordered(parallelism)
+                .collect()
+                .await;
+            let failed = wave_reports.iter().any(|r| r.failure.is_some());
+            reports.extend(wave_reports);
+            if failed {
+                // Keep the more critical pods running: the drain fails anyway.
+                break;
+            }
         }
-    }
+        reports
+    };
+    let (mut reports, completed) = futures::join!(waves, completions);
+    reports.extend(completed);
 
     let elapsed = start.elapsed();
     outcome.total = elapsed;

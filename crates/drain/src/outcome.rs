@@ -4,6 +4,7 @@
 use std::fmt;
 use std::time::{Duration, Instant};
 
+use crate::classify::{InvalidDrainRule, RuleSource};
 use crate::cordon::CordonChange;
 use crate::error::{DrainError, MisconfiguredReason};
 
@@ -46,6 +47,8 @@ pub enum SkipReason {
     DaemonSet,
     /// Already finished (`Succeeded` or `Failed`): it holds no resources.
     Finished,
+    /// Its drain rule says `skip` (see [`crate::DRAIN_BEHAVIOR_KEY`]), set there.
+    DrainRule(RuleSource),
 }
 
 impl fmt::Display for SkipReason {
@@ -54,6 +57,7 @@ impl fmt::Display for SkipReason {
             SkipReason::MirrorPod => "mirror pod",
             SkipReason::DaemonSet => "managed by a DaemonSet",
             SkipReason::Finished => "finished",
+            SkipReason::DrainRule(source) => return write!(f, "drain rule skip ({source})"),
         })
     }
 }
@@ -145,6 +149,12 @@ pub struct DrainOutcome {
     pub already_gone: Vec<String>,
     /// Pods left on the node.
     pub skipped: Vec<SkippedPod>,
+    /// Pods with a `wait-completed` drain rule the drain waited for until they finished or
+    /// disappeared (never evicted or deleted).
+    pub waited_for_completion: Vec<String>,
+    /// Unknown drain rule values on the node's pods (those pods were drained as usual): for a
+    /// Warning naming the pod and the value.
+    pub invalid_rules: Vec<InvalidDrainRule>,
     /// Evictions refused by PodDisruptionBudgets, and for how long.
     pub pdb_blocks: Vec<PdbBlock>,
     /// Volumes waited for until they detached from the node.
@@ -175,6 +185,12 @@ impl DrainOutcome {
             self.already_gone.len(),
             self.skipped.len()
         );
+        if !self.waited_for_completion.is_empty() {
+            s.push_str(&format!(
+                ", {} waited for to complete (drain rule wait-completed)",
+                self.waited_for_completion.len()
+            ));
+        }
         if let Some(longest) = self.pdb_blocks.iter().max_by_key(|b| b.blocked_for) {
             s.push_str(&format!(
                 "; longest PodDisruptionBudget block: {} on pod {} for {}",
@@ -196,6 +212,8 @@ pub(crate) enum Removal {
     Deleted(DeleteReason),
     /// Gone (or terminating already) before the drain acted on it.
     AlreadyGone,
+    /// A `wait-completed` pod that finished (or disappeared) while the drain waited.
+    Completed,
     /// Not removed (the pod failed before).
     NotRemoved,
 }
@@ -283,6 +301,7 @@ pub(crate) fn fold_reports(
                 reason,
             }),
             Removal::AlreadyGone => outcome.already_gone.push(report.pod.clone()),
+            Removal::Completed => outcome.waited_for_completion.push(report.pod.clone()),
             Removal::NotRemoved => {}
         }
         if let Some(block) = &report.pdb_block {

@@ -7,7 +7,12 @@
 //! started ([`PassInput`]), so a pass may run in another process after a crash.
 //!
 //! The rules, per pod ([`plan_pods`], pure):
-//! - mirror, DaemonSet and finished pods stay ([`classify_pod`]);
+//! - mirror, DaemonSet and finished pods stay, and so do pods with a `skip` drain rule
+//!   ([`classify_pod`], [`crate::DRAIN_BEHAVIOR_KEY`]);
+//! - a pod with a `wait-completed` drain rule is never evicted and takes no part in the
+//!   priority waves: the drain waits until it finished or is gone; on an unreachable node it is
+//!   not waited for, and once the drain timeout has passed it is deleted like any other pod
+//!   ([`wait_completed_step`]);
 //! - force mode deletes every other pod with grace period 0, terminating ones included, and
 //!   does not wait;
 //! - otherwise the lowest-priority wave still on the node is evicted (higher waves are held
@@ -33,7 +38,10 @@ use kube::api::{Api, ListParams};
 use tokio::time::Instant;
 
 use crate::Options;
-use crate::classify::{PodAction, classify_pod, pod_key, priority_waves};
+use crate::classify::{
+    DrainMode, InvalidDrainRule, PodAction, WaitCompletedStep, classify_pod, invalid_drain_rules,
+    pod_key, priority_waves, wait_completed_step,
+};
 use crate::cordon;
 use crate::error::{DrainError, MisconfiguredReason};
 use crate::outcome::{DeleteReason, DeletedPod, PdbBlock, SkippedPod};
@@ -68,6 +76,8 @@ pub enum PodStep {
     Release,
     /// A higher-priority pod held back until the lower waves are gone.
     Hold,
+    /// A `wait-completed` drain rule: not evicted; wait until it finished or is gone.
+    AwaitCompletion,
 }
 
 /// Decides what each pod on the node gets this pass (pure). Pods that stay on the node are
@@ -79,16 +89,24 @@ pub fn plan_pods(
 ) -> (Vec<(Pod, PodStep)>, Vec<SkippedPod>) {
     let mut skipped = Vec::new();
     let mut drainable = Vec::new();
+    let mut wait_completed = Vec::new();
     for pod in pods {
         match classify_pod(&pod) {
             PodAction::Skip(reason) => skipped.push(SkippedPod {
                 pod: pod_key(&pod),
                 reason,
             }),
-            _ => drainable.push(pod),
+            PodAction::WaitCompleted => wait_completed.push(pod),
+            PodAction::Drain | PodAction::WaitOnly => drainable.push(pod),
         }
     }
     skipped.sort_by(|a, b| a.pod.cmp(&b.pod));
+    wait_completed.sort_by_key(pod_key);
+    let mode = DrainMode {
+        force: options.force,
+        unreachable: input.unreachable,
+        timed_out: input.elapsed >= options.timeout,
+    };
     let delete_reason = if options.force {
         Some(DeleteReason::Force)
     } else if input.elapsed >= options.timeout {
@@ -119,6 +137,12 @@ pub fn plan_pods(
             planned.push((pod, step));
         }
     }
+    let rule_step = match wait_completed_step(mode) {
+        WaitCompletedStep::Wait => PodStep::AwaitCompletion,
+        WaitCompletedStep::Release => PodStep::Release,
+        WaitCompletedStep::Delete(reason) => PodStep::Delete(reason),
+    };
+    planned.extend(wait_completed.into_iter().map(|pod| (pod, rule_step)));
     (planned, skipped)
 }
 
@@ -163,6 +187,12 @@ pub struct PassReport {
     pub terminating: Vec<String>,
     /// Higher-priority pods waiting for the lower waves to go.
     pub held: Vec<String>,
+    /// Running pods with a `wait-completed` drain rule: not evicted, the drain waits until
+    /// they finished or are gone.
+    pub waiting_for_completion: Vec<String>,
+    /// Unknown drain rule values on the node's pods (those pods are drained as usual): for a
+    /// Warning naming the pod and the value.
+    pub invalid_rules: Vec<InvalidDrainRule>,
     /// Evictions refused by a PodDisruptionBudget this pass.
     pub blocked: Vec<PdbBlock>,
     /// Evictions a misconfigured budget can never allow (deleted once the retries or the
@@ -188,6 +218,7 @@ impl PassReport {
     pub fn pods_left(&self) -> usize {
         self.terminating.len()
             + self.held.len()
+            + self.waiting_for_completion.len()
             + self.blocked.len()
             + self.misconfigured.len()
             + self.failed.len()
@@ -196,6 +227,20 @@ impl PassReport {
     /// One line for `lastOperation.description`: it changes only when the situation does
     /// (no timestamps or durations), so a caller can skip rewriting an unchanged status.
     pub fn summary(&self) -> String {
+        let mut s = self.progress();
+        if let Some(bad) = self.invalid_rules.first() {
+            s.push_str(&format!("; {bad}"));
+            if self.invalid_rules.len() > 1 {
+                s.push_str(&format!(
+                    " (and {} more unknown drain rule value(s))",
+                    self.invalid_rules.len() - 1
+                ));
+            }
+        }
+        s
+    }
+
+    fn progress(&self) -> String {
         let node = &self.node;
         match self.state() {
             PassState::NodeGone => format!("node {node} not found, nothing to drain"),
@@ -258,6 +303,13 @@ impl PassReport {
                         self.terminating.len()
                     ));
                 }
+                if !self.waiting_for_completion.is_empty() {
+                    parts.push(format!(
+                        "waiting for {} pod(s) to complete (drain rule wait-completed): {}",
+                        self.waiting_for_completion.len(),
+                        name_list(&self.waiting_for_completion)
+                    ));
+                }
                 if !self.held.is_empty() {
                     parts.push(format!(
                         "{} higher-priority pod(s) wait their turn",
@@ -271,6 +323,21 @@ impl PassReport {
             }
         }
     }
+}
+
+/// At most three names, then how many more.
+fn name_list(names: &[String]) -> String {
+    const SHOWN: usize = 3;
+    let mut s = names
+        .iter()
+        .take(SHOWN)
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .join(", ");
+    if names.len() > SHOWN {
+        s.push_str(&format!(" and {} more", names.len() - SHOWN));
+    }
+    s
 }
 
 /// Runs one pass of the drain of `node_name`: cordon, this round's evictions or deletions,
@@ -313,6 +380,13 @@ pub async fn drain_pass(
         .filter(|p| matches!(classify_pod(p), PodAction::Skip(_)))
         .cloned()
         .collect();
+    report.invalid_rules = pods.iter().flat_map(invalid_drain_rules).collect();
+    report
+        .invalid_rules
+        .sort_by(|a, b| (&a.pod, a.source).cmp(&(&b.pod, b.source)));
+    for bad in &report.invalid_rules {
+        tracing::warn!(node = node_name, "{bad}");
+    }
     let (planned, skipped) = plan_pods(pods, options, input);
     report.skipped = skipped;
 
@@ -336,6 +410,7 @@ pub async fn drain_pass(
             (PodStep::Hold, _) => report.held.push(key),
             (PodStep::Release, _) => report.released.push(key),
             (PodStep::Wait, _) => report.terminating.push(key),
+            (PodStep::AwaitCompletion, _) => report.waiting_for_completion.push(key),
             (_, Ok(Acted::Evicted)) if input.unreachable => {
                 report.evicted.push(key.clone());
                 report.released.push(key);
@@ -360,6 +435,7 @@ pub async fn drain_pass(
         &mut report.evicted,
         &mut report.released,
         &mut report.terminating,
+        &mut report.waiting_for_completion,
     ] {
         list.sort();
     }
@@ -425,7 +501,9 @@ async fn act(
     elapsed: Duration,
 ) -> Result<Acted, DrainError> {
     match step {
-        PodStep::Hold | PodStep::Wait | PodStep::Release => Ok(Acted::Gone),
+        PodStep::Hold | PodStep::Wait | PodStep::Release | PodStep::AwaitCompletion => {
+            Ok(Acted::Gone)
+        }
         PodStep::Delete(reason) => match delete_pod(client, pod).await {
             Ok(true) => {
                 tracing::info!(pod = %pod_key(pod), %reason, "deleted pod instead of evicting it");
@@ -627,6 +705,86 @@ mod tests {
         assert_eq!(
             steps(&planned),
             vec![s("web", PodStep::Delete(DeleteReason::Timeout))]
+        );
+    }
+
+    fn with_rule(mut p: Pod, value: &str) -> Pod {
+        p.metadata.labels = Some([(crate::DRAIN_BEHAVIOR_KEY.into(), value.into())].into());
+        p
+    }
+
+    #[test]
+    fn drain_rules_keep_pods_out_of_the_waves() {
+        let pods = || {
+            vec![
+                with_rule(pod("job", 0, false), "wait-completed"),
+                with_rule(pod("cache", 0, false), "skip"),
+                pod("web", 0, false),
+                pod("critical", 1000, false),
+            ]
+        };
+        let (planned, skipped) = plan_pods(pods(), &options(), &PassInput::default());
+        assert_eq!(
+            steps(&planned),
+            vec![
+                s("web", PodStep::Evict),
+                s("critical", PodStep::Hold),
+                s("job", PodStep::AwaitCompletion),
+            ]
+        );
+        assert_eq!(skipped.len(), 1);
+        assert_eq!(skipped[0].pod, "ns/cache");
+
+        // Force mode before the timeout still waits for the wait-completed pod.
+        let mut force = options();
+        force.force = true;
+        let del = PodStep::Delete(DeleteReason::Force);
+        let (planned, _) = plan_pods(pods(), &force, &PassInput::default());
+        assert_eq!(
+            steps(&planned),
+            vec![
+                s("web", del),
+                s("critical", del),
+                s("job", PodStep::AwaitCompletion)
+            ]
+        );
+        // Unreachable: not waited for.
+        let unreachable = PassInput {
+            unreachable: true,
+            ..Default::default()
+        };
+        let (planned, _) = plan_pods(pods(), &force, &unreachable);
+        assert_eq!(steps(&planned)[2], s("job", PodStep::Release));
+        // Past the drain timeout: deleted like any other pod.
+        let late = PassInput {
+            elapsed: Duration::from_secs(600),
+            ..Default::default()
+        };
+        let (planned, skipped) = plan_pods(pods(), &force, &late);
+        assert_eq!(steps(&planned)[2], s("job", del));
+        assert_eq!(skipped.len(), 1, "a skip rule holds in force mode too");
+    }
+
+    #[test]
+    fn summaries_name_pods_waited_for_by_rule_and_unknown_rules() {
+        let report = PassReport {
+            node: "n1".into(),
+            state: Some(PassState::Pods),
+            waiting_for_completion: (1..=5).map(|i| format!("ns/job-{i}")).collect(),
+            invalid_rules: vec![crate::InvalidDrainRule {
+                pod: "ns/web".into(),
+                source: crate::RuleSource::Annotation,
+                value: "maybe".into(),
+            }],
+            ..Default::default()
+        };
+        assert_eq!(report.pods_left(), 5);
+        assert_eq!(
+            report.summary(),
+            "draining node n1: waiting for 5 pod(s) to complete (drain rule wait-completed): \
+             ns/job-1, ns/job-2, ns/job-3 and 2 more; pod ns/web has annotation \
+             drain.machine.sapcloud.io/behavior with unknown value \"maybe\" (drained as usual; \
+             valid: drain, skip, wait-completed)"
         );
     }
 

@@ -12,7 +12,7 @@ use kube::runtime::reflector::ObjectRef;
 use tokio::time::Instant;
 
 use crate::Options;
-use crate::classify::pod_key;
+use crate::classify::{is_finished, pod_key};
 use crate::outcome::{DeleteReason, PdbBlock, Phase, PodFailure, PodReport, Removal};
 use crate::pdb::{Refusal, assess_refusal, is_multiple_budgets_error};
 use crate::volumes::{TrackedVolume, not_reattached, still_attached};
@@ -41,6 +41,9 @@ pub(crate) struct PodPlan {
     pub pod: Pod,
     /// Terminating already: only wait for it.
     pub wait_only: bool,
+    /// A `wait-completed` drain rule: never evict or delete it, wait until it finished or is
+    /// gone (force mode included), at most until the deadline.
+    pub wait_completed: bool,
     /// Its volumes to wait for.
     pub volumes: Vec<TrackedVolume>,
 }
@@ -50,9 +53,23 @@ pub(crate) async fn drain_pod(ctx: &Ctx<'_>, plan: PodPlan) -> PodReport {
     let PodPlan {
         pod,
         wait_only,
+        wait_completed,
         volumes,
     } = plan;
     let mut report = PodReport::new(pod_key(&pod));
+
+    if wait_completed {
+        let t = Instant::now();
+        let completed = wait_until_completed(ctx, &pod).await;
+        report.span(Phase::WaitForDeletion, t.into_std());
+        if !completed {
+            return report.fail(PodFailure::Timeout {
+                phase: Phase::WaitForDeletion,
+            });
+        }
+        report.removal = Removal::Completed;
+        return report;
+    }
 
     if wait_only && ctx.options.force {
         // Terminating already, but force mode does not wait: a pod on a dead node would stay
@@ -372,6 +389,22 @@ async fn wait_until_gone(ctx: &Ctx<'_>, pod: &Pod) -> bool {
             return false;
         }
         wait_for_change(&mut changes, STORE_POLL_INTERVAL * 2, deadline).await;
+    }
+}
+
+/// Waits until the pod (this UID) finished (`Succeeded`/`Failed`) or is gone, until the
+/// drain's deadline. `false` on timeout.
+async fn wait_until_completed(ctx: &Ctx<'_>, pod: &Pod) -> bool {
+    let mut changes = [ctx.pods.changes.clone()];
+    loop {
+        mark_seen(&mut changes);
+        if current(ctx, pod).is_none_or(|p| is_finished(&p)) {
+            return true;
+        }
+        if Instant::now() >= ctx.deadline {
+            return false;
+        }
+        wait_for_change(&mut changes, STORE_POLL_INTERVAL * 2, ctx.deadline).await;
     }
 }
 

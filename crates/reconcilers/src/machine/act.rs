@@ -1082,6 +1082,20 @@ pub async fn drain_pass(
     let description = format!("Drain of node {node_name}: {summary}");
     let state = report.state();
     let blocked = !report.blocked.is_empty() || !report.misconfigured.is_empty();
+    // An unknown drain rule value is in the summary; a Warning per pod and value goes to the
+    // node when the description changes (not at every pass).
+    if last_description(m) != Some(description.as_str()) {
+        for bad in &report.invalid_rules {
+            node_event(
+                ctx,
+                node_name,
+                EventType::Warning,
+                "DrainRuleInvalid",
+                bad.to_string(),
+            )
+            .await;
+        }
+    }
     // The progress this pass makes, written in one patch: the start of the drain (first
     // pass), all pods gone (the volume wait counts from there), drained.
     let mut progress_keys = Vec::new();
