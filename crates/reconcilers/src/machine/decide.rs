@@ -16,6 +16,14 @@ use super::hooks::HookStage;
 /// How long a Node may be NotReady before drain is forced (MCM's rule).
 pub const FORCE_DRAIN_NOT_READY_AFTER: Duration = Duration::from_secs(5 * 60);
 
+/// How long a machine is Unknown before the driver's fast path may fail it. The nodes of one
+/// outage do not go NotReady in the same instant (their last heartbeats differ by up to a
+/// heartbeat interval, and the node lifecycle controller looks every few seconds); failing
+/// the first one at once would let it be replaced before the remediation short-circuit has
+/// seen the others. This covers Kubernetes' default spread (10s heartbeats, 5s monitor
+/// period) and is still far below any health timeout.
+pub const FAST_PATH_SETTLE: Duration = Duration::from_secs(20);
+
 /// The timeouts and health rules that apply to one Machine: the controller's flags,
 /// overridden by the Machine's inline `spec` configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -454,7 +462,10 @@ fn lifecycle_step(o: &Observed, cfg: &MachineConfig, now: Timestamp) -> Step {
             _ if cfg.disable_health_timeout => Step::AwaitRecovery { remaining: None },
             // The fast path: the driver says the VM is gone or stopped, so waiting for the
             // health timeout cannot help (the node is not Ready, or there is none).
-            node if vm_is_dead(&o.vm).is_some() && node.as_ref().is_none_or(|n| !n.ready) => {
+            node if vm_is_dead(&o.vm).is_some()
+                && node.as_ref().is_none_or(|n| !n.ready)
+                && in_phase >= FAST_PATH_SETTLE =>
+            {
                 let why = vm_is_dead(&o.vm).unwrap_or_default();
                 fail_unless_frozen(o, format!("{why}; not waiting for the health timeout"))
             }
@@ -491,14 +502,19 @@ fn lifecycle_step(o: &Observed, cfg: &MachineConfig, now: Timestamp) -> Step {
                     ),
                 )
             }
-            node => Step::AwaitRecovery {
-                remaining: Some(
-                    node.iter()
-                        .flat_map(|n| &n.rule_matches)
-                        .map(|m| m.rule.timeout.saturating_sub(elapsed(m.since, now)))
-                        .fold(cfg.health_timeout - in_phase, Duration::min),
-                ),
-            },
+            node => {
+                let fast_path =
+                    vm_is_dead(&o.vm).map(|_| FAST_PATH_SETTLE.saturating_sub(in_phase));
+                Step::AwaitRecovery {
+                    remaining: Some(
+                        node.iter()
+                            .flat_map(|n| &n.rule_matches)
+                            .map(|m| m.rule.timeout.saturating_sub(elapsed(m.since, now)))
+                            .chain(fast_path)
+                            .fold(cfg.health_timeout - in_phase, Duration::min),
+                    ),
+                }
+            }
         },
         // A preserved Failed machine recovers when its node is healthy again.
         Some(MachinePhase::Failed) if o.preserved => match &o.node {
@@ -1351,6 +1367,14 @@ mod tests {
         for (name, o, want) in cases {
             assert_eq!(next_step(&o, &cfg(), at(1)), want, "{name}");
         }
+        // Not before the settle time: the other machines of an outage are counted first.
+        let just = t0() + jiff::SignedDuration::from_secs(5);
+        assert_eq!(
+            next_step(&unknown(VmReport::Gone), &cfg(), just),
+            Step::AwaitRecovery {
+                remaining: Some(Duration::from_secs(15))
+            }
+        );
         let c = MachineConfig {
             disable_health_timeout: true,
             ..cfg()

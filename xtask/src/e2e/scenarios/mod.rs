@@ -3,6 +3,7 @@
 mod faults;
 mod fleet;
 mod inplace;
+mod policy;
 mod preserve;
 mod rollout;
 mod upstream;
@@ -42,11 +43,16 @@ pub enum Scenario {
     Rollback,
     /// Strategy `InPlaceUpdate`: machines updated where they stand; a failed update replaced.
     InPlaceUpdate,
+    /// Three of four VMs killed at once: the remediation short-circuit replaces none until
+    /// lifted, then the driver's fast path replaces all three without the health timeout.
+    ZoneOutage,
+    /// Lifecycle hooks hold a deletion before the drain and before the VM.
+    LifecycleHooks,
 }
 
 impl Scenario {
     /// Every scenario, in the order the suite runs them.
-    pub const ALL: [Scenario; 13] = [
+    pub const ALL: [Scenario; 15] = [
         Scenario::Scale,
         Scenario::RollingUpdate,
         Scenario::VmCrash,
@@ -60,6 +66,8 @@ impl Scenario {
         Scenario::NoTarget,
         Scenario::Rollback,
         Scenario::InPlaceUpdate,
+        Scenario::ZoneOutage,
+        Scenario::LifecycleHooks,
     ];
 
     /// The name used on the command line and in reports.
@@ -78,6 +86,8 @@ impl Scenario {
             Scenario::NoTarget => "no-target",
             Scenario::Rollback => "rollback",
             Scenario::InPlaceUpdate => "in-place-update",
+            Scenario::ZoneOutage => "zone-outage",
+            Scenario::LifecycleHooks => "lifecycle-hooks",
         }
     }
 
@@ -97,6 +107,8 @@ impl Scenario {
             Scenario::NoTarget => upstream::no_target(ctx).await,
             Scenario::Rollback => upstream::rollback(ctx).await,
             Scenario::InPlaceUpdate => inplace::in_place_update(ctx).await,
+            Scenario::ZoneOutage => policy::zone_outage(ctx).await,
+            Scenario::LifecycleHooks => policy::lifecycle_hooks(ctx).await,
         }
     }
 }
