@@ -500,6 +500,24 @@ fn check(docs: &[Value], e: &Expect) {
     ] {
         assert!(machine_resources.contains(r), "the Role grants {r}");
     }
+    // MachineDisruptionBudgets: read, and their status written, by the manager.
+    let budget_rules: Vec<(Vec<String>, Vec<String>)> = role["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .filter(|r| strings(&r["apiGroups"]) == ["policy.mcm-rs.io"])
+        .map(|r| (strings(&r["resources"]), strings(&r["verbs"])))
+        .collect();
+    for (resource, verbs) in [
+        ("machinedisruptionbudgets", &["get", "list", "watch"][..]),
+        ("machinedisruptionbudgets/status", &["update", "patch"][..]),
+    ] {
+        assert!(
+            budget_rules.iter().any(|(rs, vs)| rs.iter().any(|r| r == resource)
+                && verbs.iter().all(|v| vs.iter().any(|x| x == v))),
+            "the Role grants {verbs:?} on {resource}"
+        );
+    }
 
     // Metrics and monitoring.
     let metrics = object(docs, "Service", &format!("{full}-metrics"));
