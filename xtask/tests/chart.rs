@@ -513,8 +513,10 @@ fn check(docs: &[Value], e: &Expect) {
         ("machinedisruptionbudgets/status", &["update", "patch"][..]),
     ] {
         assert!(
-            budget_rules.iter().any(|(rs, vs)| rs.iter().any(|r| r == resource)
-                && verbs.iter().all(|v| vs.iter().any(|x| x == v))),
+            budget_rules
+                .iter()
+                .any(|(rs, vs)| rs.iter().any(|r| r == resource)
+                    && verbs.iter().all(|v| vs.iter().any(|x| x == v))),
             "the Role grants {verbs:?} on {resource}"
         );
     }

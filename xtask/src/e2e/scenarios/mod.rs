@@ -1,5 +1,6 @@
 //! The scenarios of `cargo xtask e2e`.
 
+mod budget;
 mod faults;
 mod fleet;
 mod inplace;
@@ -42,11 +43,14 @@ pub enum Scenario {
     Rollback,
     /// Strategy `InPlaceUpdate`: machines updated where they stand; a failed update replaced.
     InPlaceUpdate,
+    /// A rollout that could replace two machines at once, held to one at a time by a
+    /// MachineDisruptionBudget `maxUnavailable: 1`.
+    DisruptionBudget,
 }
 
 impl Scenario {
     /// Every scenario, in the order the suite runs them.
-    pub const ALL: [Scenario; 13] = [
+    pub const ALL: [Scenario; 14] = [
         Scenario::Scale,
         Scenario::RollingUpdate,
         Scenario::VmCrash,
@@ -60,6 +64,7 @@ impl Scenario {
         Scenario::NoTarget,
         Scenario::Rollback,
         Scenario::InPlaceUpdate,
+        Scenario::DisruptionBudget,
     ];
 
     /// The name used on the command line and in reports.
@@ -78,6 +83,7 @@ impl Scenario {
             Scenario::NoTarget => "no-target",
             Scenario::Rollback => "rollback",
             Scenario::InPlaceUpdate => "in-place-update",
+            Scenario::DisruptionBudget => "disruption-budget",
         }
     }
 
@@ -97,6 +103,7 @@ impl Scenario {
             Scenario::NoTarget => upstream::no_target(ctx).await,
             Scenario::Rollback => upstream::rollback(ctx).await,
             Scenario::InPlaceUpdate => inplace::in_place_update(ctx).await,
+            Scenario::DisruptionBudget => budget::disruption_budget(ctx).await,
         }
     }
 }
