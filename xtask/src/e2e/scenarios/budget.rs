@@ -34,10 +34,13 @@ struct Observed {
 /// Tracks deleting and running Machines on every watch event.
 async fn watch_machines(api: Api<Machine>, seen: Arc<Mutex<Observed>>) {
     let mut state: BTreeMap<String, (bool, bool)> = BTreeMap::new();
+    let mut listed = false;
     let stream = watcher(api, watcher::Config::default());
     futures::pin_mut!(stream);
     while let Some(ev) = stream.next().await {
         match ev {
+            // Counts are taken on complete states only, not while the first list arrives.
+            Ok(watcher::Event::InitDone) => listed = true,
             Ok(watcher::Event::Apply(m) | watcher::Event::InitApply(m)) => {
                 let deleting = m.metadata.deletion_timestamp.is_some();
                 let running = is_running(&m) && !deleting;
@@ -50,6 +53,9 @@ async fn watch_machines(api: Api<Machine>, seen: Arc<Mutex<Observed>>) {
                 state.remove(&m.metadata.name.unwrap_or_default());
             }
             _ => continue,
+        }
+        if !listed {
+            continue;
         }
         let deleting = state.values().filter(|(d, _)| *d).count();
         let running = state.values().filter(|(_, r)| *r).count();
