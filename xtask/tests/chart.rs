@@ -186,7 +186,11 @@ async fn apply_rendered(client: &kube::Client, docs: &[Value]) {
         .filter(|d| d["kind"] == "CustomResourceDefinition")
         .map(|d| serde_json::from_value(d.clone()).expect("a rendered CRD"))
         .collect();
-    assert_eq!(crds.len(), 4, "the chart carries the four machine CRDs");
+    assert_eq!(
+        crds.len(),
+        5,
+        "the chart carries the four machine CRDs and the MachineDisruptionBudget CRD"
+    );
     install_crds(client, &crds).await;
 
     let mut resources: BTreeMap<String, (ApiResource, Scope)> = BTreeMap::new();
