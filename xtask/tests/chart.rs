@@ -186,7 +186,11 @@ async fn apply_rendered(client: &kube::Client, docs: &[Value]) {
         .filter(|d| d["kind"] == "CustomResourceDefinition")
         .map(|d| serde_json::from_value(d.clone()).expect("a rendered CRD"))
         .collect();
-    assert_eq!(crds.len(), 4, "the chart carries the four machine CRDs");
+    assert_eq!(
+        crds.len(),
+        5,
+        "the chart carries the four machine CRDs and the MachineDisruptionBudget CRD"
+    );
     install_crds(client, &crds).await;
 
     let mut resources: BTreeMap<String, (ApiResource, Scope)> = BTreeMap::new();
@@ -499,6 +503,26 @@ fn check(docs: &[Value], e: &Expect) {
         "machinedeployments/status",
     ] {
         assert!(machine_resources.contains(r), "the Role grants {r}");
+    }
+    // MachineDisruptionBudgets: read, and their status written, by the manager.
+    let budget_rules: Vec<(Vec<String>, Vec<String>)> = role["rules"]
+        .as_array()
+        .expect("rules")
+        .iter()
+        .filter(|r| strings(&r["apiGroups"]) == ["policy.mcm-rs.io"])
+        .map(|r| (strings(&r["resources"]), strings(&r["verbs"])))
+        .collect();
+    for (resource, verbs) in [
+        ("machinedisruptionbudgets", &["get", "list", "watch"][..]),
+        ("machinedisruptionbudgets/status", &["update", "patch"][..]),
+    ] {
+        assert!(
+            budget_rules
+                .iter()
+                .any(|(rs, vs)| rs.iter().any(|r| r == resource)
+                    && verbs.iter().all(|v| vs.iter().any(|x| x == v))),
+            "the Role grants {verbs:?} on {resource}"
+        );
     }
 
     // Metrics and monitoring.

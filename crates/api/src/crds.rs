@@ -24,6 +24,10 @@ use serde_json::{Map, Value, json};
 
 use crate::{
     GROUP, Machine, MachineClass, MachineDeployment, MachineSet, VERSION,
+    disruption_budget::{
+        MachineDisruptionBudget, MachineDisruptionBudgetSpec, MachineDisruptionBudgetStatus,
+        POLICY_GROUP,
+    },
     machine::{MachineSpec, MachineStatus},
     machine_deployment::{MachineDeploymentSpec, MachineDeploymentStatus},
     machine_set::{MachineSetSpec, MachineSetStatus},
@@ -81,17 +85,19 @@ const LABEL_VALUE_MAX_LENGTH: u64 = 63;
 /// Maximum number of `matchLabels` entries accepted by the CRDs.
 const MATCH_LABELS_MAX_PROPERTIES: u64 = 64;
 
-/// The CRDs of all four kinds: Machine, MachineClass, MachineSet, MachineDeployment.
+/// The CRDs of all kinds: Machine, MachineClass, MachineSet, MachineDeployment (group
+/// `machine.sapcloud.io`) and MachineDisruptionBudget (group `policy.mcm-rs.io`).
 pub fn all() -> Vec<CustomResourceDefinition> {
     vec![
         machine(),
         machine_class(),
         machine_set(),
         machine_deployment(),
+        machine_disruption_budget(),
     ]
 }
 
-/// The file name under which a CRD is stored: `machine.sapcloud.io_<plural>.yaml`.
+/// The file name under which a CRD is stored: `<group>_<plural>.yaml`.
 pub fn file_name(crd: &CustomResourceDefinition) -> String {
     format!("{}_{}.yaml", crd.spec.group, crd.spec.names.plural)
 }
@@ -122,6 +128,7 @@ pub fn machine() -> CustomResourceDefinition {
         }]),
     );
     build(Spec {
+        group: GROUP,
         kind: Machine::KIND,
         plural: Machine::PLURAL,
         short_name: "mc",
@@ -185,6 +192,7 @@ pub fn machine_class() -> CustomResourceDefinition {
         json!(["capacity", "instanceType", "region", "zone"]),
     );
     build(Spec {
+        group: GROUP,
         kind: MachineClass::KIND,
         plural: MachineClass::PLURAL,
         short_name: "mcc",
@@ -207,6 +215,7 @@ pub fn machine_set() -> CustomResourceDefinition {
         ],
     );
     build(Spec {
+        group: GROUP,
         kind: MachineSet::KIND,
         plural: MachineSet::PLURAL,
         short_name: "mcs",
@@ -295,6 +304,7 @@ pub fn machine_deployment() -> CustomResourceDefinition {
         ],
     );
     build(Spec {
+        group: GROUP,
         kind: MachineDeployment::KIND,
         plural: MachineDeployment::PLURAL,
         short_name: "mcd",
@@ -342,6 +352,66 @@ pub fn machine_deployment() -> CustomResourceDefinition {
                 "date",
                 ".metadata.creationTimestamp",
                 "Time since the machine deployment was created.",
+                0,
+            ),
+        ],
+    })
+}
+
+/// The CRD of `MachineDisruptionBudget` (group `policy.mcm-rs.io`, short name `mdb`).
+///
+/// The schema checks types only: which of `maxUnavailable`/`minAvailable` is given, the
+/// reasons and the windows are validated by the controller, which reports a bad spec on the
+/// object (condition `DisruptionAllowed`, reason `InvalidSpec`) and in an Event.
+pub fn machine_disruption_budget() -> CustomResourceDefinition {
+    let schema = root_schema(
+        "Limits how many of the Machines a selector picks may be voluntarily disrupted at once.",
+        vec![
+            (
+                "spec",
+                structural_schema_for::<MachineDisruptionBudgetSpec>(),
+            ),
+            (
+                "status",
+                structural_schema_for::<MachineDisruptionBudgetStatus>(),
+            ),
+        ],
+    );
+    build(Spec {
+        group: POLICY_GROUP,
+        kind: MachineDisruptionBudget::KIND,
+        plural: MachineDisruptionBudget::PLURAL,
+        short_name: "mdb",
+        schema,
+        status: true,
+        scale: false,
+        columns: vec![
+            column(
+                "Min-Available",
+                "string",
+                ".spec.minAvailable",
+                "Selected machines that must stay available.",
+                0,
+            ),
+            column(
+                "Max-Unavailable",
+                "string",
+                ".spec.maxUnavailable",
+                "Selected machines that may be unavailable.",
+                0,
+            ),
+            column(
+                "Allowed",
+                "integer",
+                ".status.disruptionsAllowed",
+                "Voluntary disruptions allowed now.",
+                0,
+            ),
+            column(
+                "Age",
+                "date",
+                ".metadata.creationTimestamp",
+                "Time since the budget was created.",
                 0,
             ),
         ],
@@ -411,6 +481,7 @@ fn replicated_spec_rules(spec: &mut Value) {
 }
 
 struct Spec {
+    group: &'static str,
     kind: &'static str,
     plural: &'static str,
     short_name: &'static str,
@@ -490,9 +561,9 @@ fn build(spec: Spec) -> CustomResourceDefinition {
     let crd = json!({
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": format!("{}.{GROUP}", spec.plural)},
+        "metadata": {"name": format!("{}.{}", spec.plural, spec.group)},
         "spec": {
-            "group": GROUP,
+            "group": spec.group,
             "names": {
                 "kind": spec.kind,
                 "listKind": format!("{}List", spec.kind),

@@ -126,6 +126,19 @@ string_enum! {
 }
 
 string_enum! {
+    /// A voluntary disruption that a `MachineDisruptionBudget` can limit
+    /// ([`crate::disruption_budget`]).
+    DisruptionReason {
+        /// A rolling update of a MachineDeployment deletes a machine of an old MachineSet.
+        RollingUpdate => "RollingUpdate",
+        /// A MachineSet's replicas went down (the cluster-autoscaler's scale-down included).
+        ScaleDown => "ScaleDown",
+        /// A preserved Failed machine is deleted after its preservation ended.
+        PreservationRelease => "PreservationRelease",
+    }
+}
+
+string_enum! {
     /// State of the last operation on a Machine (`status.lastOperation.state`); Go calls this
     /// `MachineState` although it describes an operation.
     MachineState {

@@ -6,6 +6,10 @@
 //! ([`constants`]), small pure helpers ([`intstr`], [`duration`], [`quantity`]) and the
 //! generation of the CustomResourceDefinitions ([`crds`]). It performs no I/O.
 //!
+//! It also holds the policy kinds mcm-rs adds in its own group `policy.mcm-rs.io`:
+//! [`MachineDisruptionBudget`] ([`disruption_budget`], with the cron schedules of its windows
+//! in [`cron`]).
+//!
 //! Wire compatibility rules followed throughout:
 //! - every field has the JSON name of the Go field;
 //! - fields that Go marks `omitempty` are `Option`s that are skipped when `None`, so a
@@ -17,6 +21,8 @@
 
 pub mod constants;
 pub mod crds;
+pub mod cron;
+pub mod disruption_budget;
 pub mod duration;
 pub mod enums;
 pub mod intstr;
@@ -31,10 +37,15 @@ mod resource;
 mod schema;
 pub mod shared;
 
+pub use disruption_budget::{
+    DisruptionWindow, MachineDisruptionBudget, MachineDisruptionBudgetList,
+    MachineDisruptionBudgetSpec, MachineDisruptionBudgetStatus,
+};
 pub use duration::{DurationError, GoDuration};
 pub use enums::{
-    ConditionStatus, MachineDeploymentConditionType, MachineDeploymentStrategyType,
-    MachineOperationType, MachinePhase, MachineSetConditionType, MachineState, OrchestrationType,
+    ConditionStatus, DisruptionReason, MachineDeploymentConditionType,
+    MachineDeploymentStrategyType, MachineOperationType, MachinePhase, MachineSetConditionType,
+    MachineState, OrchestrationType,
 };
 pub use machine::{
     CurrentStatus, Machine, MachineList, MachineSpec, MachineStatus, NodeTemplateSpec,

@@ -85,14 +85,25 @@ fn names_and_short_names() {
                 "MachineDeployment".into(),
                 vec!["mcd".into()]
             ),
+            (
+                "policy.mcm-rs.io_machinedisruptionbudgets.yaml".into(),
+                "MachineDisruptionBudget".into(),
+                vec!["mdb".into()]
+            ),
         ]
     );
     for crd in crds::all() {
         assert_eq!(crd.spec.scope, "Namespaced");
-        assert_eq!(crd.spec.group, "machine.sapcloud.io");
+        // MCM's kinds keep MCM's group; mcm-rs's own kinds live in their own group.
+        let group = if crd.spec.names.kind == "MachineDisruptionBudget" {
+            "policy.mcm-rs.io"
+        } else {
+            "machine.sapcloud.io"
+        };
+        assert_eq!(crd.spec.group, group);
         assert_eq!(
             crd.metadata.name.as_deref(),
-            Some(format!("{}.machine.sapcloud.io", crd.spec.names.plural).as_str())
+            Some(format!("{}.{group}", crd.spec.names.plural).as_str())
         );
     }
 }
@@ -300,5 +311,34 @@ fn durations_and_quantities_have_the_right_schema() {
     assert_eq!(
         c["properties"]["nodeTemplate"]["properties"]["capacity"]["additionalProperties"]["x-kubernetes-int-or-string"],
         true
+    );
+}
+
+#[test]
+fn the_disruption_budget_has_a_status_and_its_columns() {
+    let crd = by_plural("machinedisruptionbudgets");
+    let version = &crd.spec.versions[0];
+    assert!(
+        version
+            .subresources
+            .as_ref()
+            .is_some_and(|s| s.status.is_some() && s.scale.is_none())
+    );
+    let columns: Vec<&str> = version
+        .additional_printer_columns
+        .iter()
+        .flatten()
+        .map(|c| c.name.as_str())
+        .collect();
+    assert_eq!(
+        columns,
+        ["Min-Available", "Max-Unavailable", "Allowed", "Age"]
+    );
+    let spec = &schema("machinedisruptionbudgets")["properties"]["spec"]["properties"];
+    assert_eq!(spec["maxUnavailable"]["x-kubernetes-int-or-string"], true);
+    assert_eq!(spec["minAvailable"]["x-kubernetes-int-or-string"], true);
+    assert_eq!(
+        spec["windows"]["items"]["required"],
+        serde_json::json!(["schedule", "duration"])
     );
 }

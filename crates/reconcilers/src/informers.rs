@@ -22,7 +22,7 @@ use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::runtime::reflector::{self, ObjectRef, ReflectHandle, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
-use mcm_api::{Machine, MachineClass, MachineDeployment, MachineSet};
+use mcm_api::{Machine, MachineClass, MachineDeployment, MachineDisruptionBudget, MachineSet};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -205,6 +205,37 @@ where
                 .for_each(|_| futures::future::ready(()))
                 .boxed(),
         )
+    }
+}
+
+impl Informer<MachineDisruptionBudget> {
+    /// The informer of the MachineDisruptionBudgets of `namespace`. It is kept apart from
+    /// [`Informers`] because only the manager reads budgets, and only when the cluster
+    /// serves the kind: the manager checks that first and then [`Informer::spawn`]s it.
+    pub fn disruption_budgets(control: &Client, namespace: &str) -> Self {
+        Informer::new(
+            ("MachineDisruptionBudget", control, namespace),
+            watcher::Config::default(),
+        )
+    }
+}
+
+impl<K> Informer<K>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    /// Starts the watch of this informer alone (one kept apart from [`Informers`]), until
+    /// `cancel` fires. Take its subscriptions first.
+    pub fn spawn(&mut self, cancel: CancellationToken) {
+        if let Some(watch) = self.watch() {
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = watch => {}
+                    () = cancel.cancelled() => {}
+                }
+            });
+        }
     }
 }
 

@@ -5,7 +5,8 @@
 //! validation, the Secrets classes reference), [`safety`] (orphan VMs, API-server freeze).
 //! Manager side (provider independent, [`manager`]): [`machineset`] and
 //! [`machinedeployment`] with Kubernetes Deployment semantics, and the overshooting guard
-//! ([`safety::overshoot`]).
+//! ([`safety::overshoot`]), and the MachineDisruptionBudget controller and gate
+//! ([`disruptionbudget`]).
 //!
 //! Every controller is a `kube_runtime::Controller` over the process's shared stores
 //! ([`informers`]: one watch per kind, whichever halves run in the process); the decisions
@@ -13,6 +14,7 @@
 //! [`metrics`] records every reconcile, [`events`] publishes Kubernetes Events.
 #![warn(missing_docs)]
 
+pub mod disruptionbudget;
 pub mod events;
 pub mod informers;
 pub mod kube_api;

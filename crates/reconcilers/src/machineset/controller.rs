@@ -16,8 +16,8 @@ use mcm_api::constants::annotations::preserve_values;
 use mcm_api::constants::{annotations, finalizers, labels};
 use mcm_api::owner::{controller_of, controller_reference};
 use mcm_api::{
-    ConditionStatus, Machine, MachineSet, MachineSetCondition, MachineSetConditionType,
-    MachineSetStatus,
+    ConditionStatus, DisruptionReason, Machine, MachineDeployment, MachineDisruptionBudget,
+    MachineSet, MachineSetCondition, MachineSetConditionType, MachineSetStatus,
 };
 use serde_json::{Value, json};
 
@@ -30,6 +30,7 @@ use super::decide::{
     slow_start_batches,
 };
 use super::selector::selector_matches;
+use crate::disruptionbudget::{self, BudgetGate, Refusal};
 use crate::events::EventPublisher;
 use crate::kube_api::{
     self, ApiCallError, ApiErrorExt, ApiResultExt, Outcome, Part, ReconcileFailure, RetryPolicy,
@@ -127,7 +128,21 @@ pub struct Context {
     pub overlaps: std::sync::Mutex<std::collections::HashMap<String, String>>,
     /// Paces status writes that change only counters.
     pub status_pacer: crate::pacer::StatusPacer,
+    /// Store of the MachineDeployments (is a set an old set of a rolling deployment?).
+    pub deployments: Store<MachineDeployment>,
+    /// The MachineDisruptionBudget gate voluntary deletions ask first.
+    pub budget_gate: BudgetGate,
+    /// The budget refusals announced per set (uid) by this process, so that the Warning is
+    /// published when they change, not on every reconcile.
+    pub announced_blocks: Mutex<HashMap<String, String>>,
 }
+
+/// Reason of the Warning Event when a MachineDisruptionBudget holds back a deletion.
+pub const DISRUPTION_BLOCKED: &str =
+    mcm_api::disruption_budget::condition_reasons::DISRUPTION_BLOCKED;
+/// How soon a set whose deletions a budget holds back looks again at the latest (a change
+/// of the budget's status wakes it sooner).
+pub const BUDGET_RECHECK: Duration = Duration::from_secs(10);
 
 /// Reason of the Warning Event about a selector that matches others' machines.
 pub const SELECTOR_OVERLAP: &str = "SelectorOverlap";
@@ -269,7 +284,9 @@ pub async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action
         deleting,
     };
     let plan = plan_replicas(&input, &views);
-    let manage = manage_replicas(&ctx, &machines_api, &set, &plan, &key).await;
+    let manage = manage_replicas(&ctx, &machines_api, &set, &plan, &key, &claimed).await;
+    let held_by_budget = matches!(manage, Ok(true));
+    let manage = manage.map(|_| ());
 
     let counts = count_machines(&views, set.spec.min_ready_seconds.unwrap_or(0), now);
     let held_back = update_status(&ctx, &sets, &set, &counts, manage.as_ref().err()).await?;
@@ -279,9 +296,180 @@ pub async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action
     let recheck = counts
         .recheck_after
         .map_or(RESYNC_PERIOD, |after| after + Duration::from_secs(1));
+    let recheck = if held_by_budget {
+        recheck.min(BUDGET_RECHECK)
+    } else {
+        recheck
+    };
     Ok(Action::requeue(
         held_back.map_or(recheck, |w| w.min(recheck)),
     ))
+}
+
+/// The sets a budget event concerns: the sets of the machines it selects.
+pub fn sets_for_budget(
+    budget: &MachineDisruptionBudget,
+    machines: &Store<Machine>,
+    sets: &Store<MachineSet>,
+) -> Vec<ObjectRef<MachineSet>> {
+    let mut out: Vec<ObjectRef<MachineSet>> = machines
+        .state()
+        .iter()
+        .filter(|m| disruptionbudget::decide::selects(budget, m))
+        .flat_map(|m| sets_for_machine(m, sets))
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out.dedup();
+    out
+}
+
+/// Whether `set` is an old set of a MachineDeployment whose template differs from it (its
+/// surplus deletions are a rolling update's).
+fn is_old_set_of_rollout(set: &MachineSet, deployments: &Store<MachineDeployment>) -> bool {
+    let Some(owner) = controller_of(&set.metadata) else {
+        return false;
+    };
+    if owner.kind != MachineDeployment::KIND {
+        return false;
+    }
+    let key = ObjectRef::new(&owner.name).within(&set.namespace().unwrap_or_default());
+    let Some(deployment) = deployments.get(&key) else {
+        return false;
+    };
+    set.spec.template.as_ref().is_none_or(|t| {
+        !crate::machinedeployment::hash::templates_equal(&deployment.spec.template, t)
+    })
+}
+
+/// Whether the Node of `machine` carries the `Preserved` condition (it was preserved).
+fn node_was_preserved(nodes: &Store<Node>, machine: &Machine) -> bool {
+    machine
+        .node_name()
+        .and_then(|n| nodes.get(&ObjectRef::new(n)))
+        .and_then(|n| n.status.as_ref()?.conditions.clone())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.type_ == disruptionbudget::decide::NODE_PRESERVED_CONDITION)
+        })
+}
+
+/// The voluntary reason of deleting `machine` of `set` (`None`: involuntary or not gated).
+fn voluntary_reason(
+    ctx: &Context,
+    set: &MachineSet,
+    machine: &Machine,
+    now: Timestamp,
+) -> Option<DisruptionReason> {
+    if set.metadata.deletion_timestamp.is_some() || machine.metadata.deletion_timestamp.is_some() {
+        // Deleting a set is a user's direct deletion, like deleting a Deployment's pods by
+        // deleting the Deployment: no budget is asked.
+        return None;
+    }
+    let failed_to_replace = machine.phase() == Some(&mcm_api::MachinePhase::Failed)
+        && mcm_api::preservation::failed_machine_to_terminate(
+            machine,
+            node_preserve_annotation(&ctx.nodes, machine).as_deref(),
+            now,
+        );
+    disruptionbudget::decide::deletion_reason(
+        failed_to_replace,
+        disruptionbudget::decide::was_preserved(machine, node_was_preserved(&ctx.nodes, machine)),
+        is_old_set_of_rollout(set, &ctx.deployments),
+    )
+}
+
+/// Asks the budget gate about each planned deletion: returns the names to delete now and
+/// the refusals. Involuntary deletions are never asked about.
+fn gate_deletions(
+    ctx: &Context,
+    set: &MachineSet,
+    names: &[String],
+    claimed: &[Arc<Machine>],
+) -> (Vec<String>, Vec<String>, Vec<Refusal>) {
+    let now = Timestamp::now();
+    let all = ctx.machines.state();
+    let mut issue = Vec::new();
+    let mut admitted = Vec::new();
+    let mut refused = Vec::new();
+    for name in names {
+        let Some(machine) = claimed.iter().find(|m| m.name_any() == *name) else {
+            issue.push(name.clone());
+            continue;
+        };
+        let Some(reason) = voluntary_reason(ctx, set, machine, now) else {
+            issue.push(name.clone());
+            continue;
+        };
+        match ctx.budget_gate.admit(&all, machine, &reason, now) {
+            Ok(()) => {
+                issue.push(name.clone());
+                admitted.push(name.clone());
+            }
+            Err(refusal) => refused.push(refusal),
+        }
+    }
+    (issue, admitted, refused)
+}
+
+/// Publishes the Warning Events of budget refusals (on the set and on each budget) when
+/// they differ from those announced last for the set.
+async fn announce_refusals(ctx: &Context, set: &MachineSet, refused: &[Refusal]) {
+    let blocked: Vec<&disruptionbudget::Blocked> = refused
+        .iter()
+        .filter_map(|r| match r {
+            Refusal::Blocked(b) => Some(b),
+            Refusal::NotSynced => None,
+        })
+        .collect();
+    let note = blocked
+        .iter()
+        .map(|b| format!("{}/{}", b.budget, b.machine))
+        .collect::<Vec<_>>()
+        .join(",");
+    let uid = set.metadata.uid.clone().unwrap_or_default();
+    let changed = {
+        let mut announced = ctx
+            .announced_blocks
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        announced.insert(uid, note.clone()).unwrap_or_default() != note
+    };
+    if !changed {
+        return;
+    }
+    let ns = set.namespace().unwrap_or_default();
+    for b in blocked {
+        let text = format!(
+            "Not deleting machine {} ({}) of MachineSet {}: MachineDisruptionBudget {} allows no disruption now ({})",
+            b.machine,
+            b.reason,
+            set.name_any(),
+            b.budget,
+            b.message
+        );
+        ctx.events
+            .warning(
+                &set_reference(set),
+                DISRUPTION_BLOCKED,
+                "Delete",
+                text.clone(),
+            )
+            .await;
+        if let Some(budget) = ctx
+            .budget_gate
+            .budgets
+            .get(&ObjectRef::new(&b.budget).within(&ns))
+        {
+            ctx.events
+                .warning(
+                    &crate::disruptionbudget::controller::budget_reference(&budget),
+                    DISRUPTION_BLOCKED,
+                    "Delete",
+                    text,
+                )
+                .await;
+        }
+    }
 }
 
 /// The preserve annotation of the Node of `machine` (named by its `node` label), from the
@@ -347,13 +535,16 @@ pub fn error_policy(set: Arc<MachineSet>, error: &Error, _ctx: Arc<Context>) -> 
     )
 }
 
+/// Creates and deletes machines as `plan` says; voluntary deletions ask the budget gate
+/// first. `Ok(true)`: a budget (or budgets not listed yet) held back some deletion.
 async fn manage_replicas(
     ctx: &Context,
     api: &Api<Machine>,
     set: &MachineSet,
     plan: &ReplicaPlan,
     key: &str,
-) -> Result<(), Error> {
+    claimed: &[Arc<Machine>],
+) -> Result<bool, Error> {
     let reference = set_reference(set);
     if let Some(reason) = plan.scale_up_blocked {
         tracing::debug!(reason, "not creating machines");
@@ -364,8 +555,18 @@ async fn manage_replicas(
         result = create_machines(ctx, api, set, plan.create, &mut created).await;
     }
     let mut deleted = Vec::new();
+    let mut held = false;
     if !plan.delete.is_empty() && result.is_ok() {
-        result = delete_machines(ctx, api, set, &plan.delete, &mut deleted).await;
+        let (issue, admitted, refused) = gate_deletions(ctx, set, &plan.delete, claimed);
+        held = !refused.is_empty();
+        announce_refusals(ctx, set, &refused).await;
+        if !issue.is_empty() {
+            result = delete_machines(ctx, api, set, &issue, &mut deleted).await;
+        }
+        let ns = set.namespace().unwrap_or_default();
+        for name in admitted.iter().filter(|n| !deleted.contains(n)) {
+            ctx.budget_gate.forget(&ns, name);
+        }
     }
     if !created.is_empty() || !deleted.is_empty() {
         ctx.expectations
@@ -379,7 +580,7 @@ async fn manage_replicas(
         );
         ctx.events.normal(&reference, "Scaled", "Scale", note).await;
     }
-    result
+    result.map(|()| held)
 }
 
 /// The set's `node.machine.sapcloud.io/effective-creation-timeout` annotation, parsed

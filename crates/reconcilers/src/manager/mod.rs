@@ -1,7 +1,9 @@
 //! The manager side of mcm-rs (`machine-controller-manager`): the MachineSet,
 //! MachineDeployment and overshooting-safety controllers over the process's shared informers
 //! ([`crate::informers`]), plus MCM's `mcm_machine_set_*` / `mcm_machine_deployment_*`
-//! metrics read from those stores ([`metrics`]).
+//! metrics read from those stores ([`metrics`]), and the MachineDisruptionBudget controller
+//! with the gate the MachineSet controller asks before a voluntary deletion
+//! ([`crate::disruptionbudget`]).
 //!
 //! Deleted Machines and MachineSets reach the controllers through the informers' deletion
 //! taps (shared-store subscribers never see deletions), mapped like the subscribed objects.
@@ -18,12 +20,14 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
-use mcm_api::{Machine, MachineDeployment, MachineSet};
+use mcm_api::{Machine, MachineDeployment, MachineDisruptionBudget, MachineSet};
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
+use crate::disruptionbudget::{self, BudgetGate, controller as mdb};
 use crate::events::EventPublisher;
-use crate::informers::Informers;
+use crate::informers::{Informer, Informers};
+use crate::kube_api::ApiErrorExt;
 use crate::machinedeployment::controller as md;
 use crate::machineset::controller as ms;
 use crate::metrics::ReconcileMetrics;
@@ -147,6 +151,10 @@ pub fn prepare(
     };
     let events = EventPublisher::new(control.clone(), "machine-controller-manager");
 
+    let mut budget_informer = Informer::disruption_budgets(&control, &config.namespace);
+    let budgets = budget_informer.store();
+    let (budget_gate, budget_wake) = BudgetGate::new(budgets.clone());
+
     let ms_ctx = Arc::new(ms::Context {
         client: control.clone(),
         machines: machines.clone(),
@@ -156,13 +164,24 @@ pub fn prepare(
         expectations: ms::Expectations::default(),
         overlaps: Default::default(),
         status_pacer: Default::default(),
+        deployments: deployments.clone(),
+        budget_gate: budget_gate.clone(),
+        announced_blocks: Default::default(),
     });
     let sets_for_machines = sets.clone();
+    let (machines_for_budgets, sets_for_budgets) = (machines.clone(), sets.clone());
     let ms_controller = runner.run(
         Controller::for_shared_stream(informers.sets.subscribe(), sets.clone())
             .watches_shared_stream(informers.machines.changes(), move |m: Arc<Machine>| {
                 ms::sets_for_machine(&m, &sets_for_machines)
-            }),
+            })
+            // A budget's status changes when a disruption it held back may go.
+            .watches_shared_stream(
+                budget_informer.subscribe(),
+                move |b: Arc<MachineDisruptionBudget>| {
+                    ms::sets_for_budget(&b, &machines_for_budgets, &sets_for_budgets)
+                },
+            ),
         (ms::CONTROLLER, ms::reconcile, ms::error_policy),
         ms_ctx,
     );
@@ -206,6 +225,30 @@ pub fn prepare(
         md_ctx,
     );
 
+    let mdb_ctx = Arc::new(mdb::Context {
+        client: control.clone(),
+        machines: machines.clone(),
+        gate: budget_gate.clone(),
+        events: events.clone(),
+        announced: Default::default(),
+    });
+    let budgets_for_machines = budgets.clone();
+    let mdb_controller = runner.run(
+        Controller::for_shared_stream(budget_informer.subscribe(), budgets)
+            .watches_shared_stream(informers.machines.changes(), move |m: Arc<Machine>| {
+                disruptionbudget::budgets_for_machine(&m, &budgets_for_machines)
+            })
+            .reconcile_on(budget_wake),
+        (mdb::CONTROLLER, mdb::reconcile, mdb::error_policy),
+        mdb_ctx,
+    );
+    let budget_start = start_budgets(
+        budget_informer,
+        kube::Api::namespaced(control.clone(), &config.namespace),
+        budget_gate,
+        cancel.clone(),
+    );
+
     let safety_ctx = Arc::new(SafetyContext {
         client: control,
         machines,
@@ -244,10 +287,58 @@ pub fn prepare(
             }
         };
         let controllers = async {
-            tokio::join!(ms_controller, md_controller, overshoot_guard);
+            tokio::join!(
+                ms_controller,
+                md_controller,
+                overshoot_guard,
+                mdb_controller,
+                budget_start
+            );
             cancel.cancel();
         };
         tokio::join!(readiness, controllers);
         ready.store(false, Ordering::SeqCst);
+    }
+}
+
+/// How long the manager waits before asking again whether the cluster serves
+/// MachineDisruptionBudgets, after an answer that was neither yes nor no.
+const BUDGET_PROBE_RETRY: Duration = Duration::from_secs(2);
+
+/// Starts the MachineDisruptionBudget watch once the cluster is known to serve the kind, and
+/// opens the gate when the budgets are listed. When the kind is not served (404: the CRD is
+/// not installed) or may not be listed (403: the RBAC predates it), budgets are not enforced
+/// and the manager behaves like MCM; the log says so. Other errors are retried.
+async fn start_budgets(
+    mut informer: Informer<MachineDisruptionBudget>,
+    api: kube::Api<MachineDisruptionBudget>,
+    gate: BudgetGate,
+    cancel: CancellationToken,
+) {
+    loop {
+        match api.list(&kube::api::ListParams::default().limit(1)).await {
+            Ok(_) => break,
+            Err(e) if e.is_not_found() || e.api_code() == Some(403) => {
+                tracing::warn!(
+                    error = %e,
+                    "MachineDisruptionBudgets are not served or not readable; budgets are not enforced (install the CRD and the RBAC, then restart)"
+                );
+                gate.set_absent();
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list MachineDisruptionBudgets; retrying");
+                tokio::select! {
+                    () = tokio::time::sleep(BUDGET_PROBE_RETRY) => {}
+                    () = cancel.cancelled() => return,
+                }
+            }
+        }
+    }
+    let synced = informer.synced();
+    informer.spawn(cancel.clone());
+    tokio::select! {
+        () = synced => gate.set_enforced(),
+        () = cancel.cancelled() => {}
     }
 }

@@ -1,5 +1,6 @@
 //! The scenarios of `cargo xtask e2e`.
 
+mod budget;
 mod faults;
 mod fleet;
 mod inplace;
@@ -48,11 +49,14 @@ pub enum Scenario {
     ZoneOutage,
     /// Lifecycle hooks hold a deletion before the drain and before the VM.
     LifecycleHooks,
+    /// A rollout that could replace two machines at once, held to one at a time by a
+    /// MachineDisruptionBudget `maxUnavailable: 1`.
+    DisruptionBudget,
 }
 
 impl Scenario {
     /// Every scenario, in the order the suite runs them.
-    pub const ALL: [Scenario; 15] = [
+    pub const ALL: [Scenario; 16] = [
         Scenario::Scale,
         Scenario::RollingUpdate,
         Scenario::VmCrash,
@@ -68,6 +72,7 @@ impl Scenario {
         Scenario::InPlaceUpdate,
         Scenario::ZoneOutage,
         Scenario::LifecycleHooks,
+        Scenario::DisruptionBudget,
     ];
 
     /// The name used on the command line and in reports.
@@ -88,6 +93,7 @@ impl Scenario {
             Scenario::InPlaceUpdate => "in-place-update",
             Scenario::ZoneOutage => "zone-outage",
             Scenario::LifecycleHooks => "lifecycle-hooks",
+            Scenario::DisruptionBudget => "disruption-budget",
         }
     }
 
@@ -109,6 +115,7 @@ impl Scenario {
             Scenario::InPlaceUpdate => inplace::in_place_update(ctx).await,
             Scenario::ZoneOutage => policy::zone_outage(ctx).await,
             Scenario::LifecycleHooks => policy::lifecycle_hooks(ctx).await,
+            Scenario::DisruptionBudget => budget::disruption_budget(ctx).await,
         }
     }
 }
