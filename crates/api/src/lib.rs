@@ -36,6 +36,7 @@ pub mod quantity;
 mod resource;
 mod schema;
 pub mod shared;
+pub mod syntax;
 
 pub use disruption_budget::{
     DisruptionWindow, MachineDisruptionBudget, MachineDisruptionBudgetList,

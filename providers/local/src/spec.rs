@@ -469,60 +469,12 @@ fn validate_duration(field: &str, v: &Value, p: &mut Problems) -> Option<Duratio
     }
 }
 
-/// Checks a label (or taint) key: an optional DNS-subdomain prefix and `/`, then a name of at
-/// most 63 characters.
 fn check_label_key(key: &str) -> Result<(), String> {
-    let (prefix, name) = match key.rsplit_once('/') {
-        Some((prefix, name)) => (Some(prefix), name),
-        None => (None, key),
-    };
-    if let Some(prefix) = prefix {
-        if prefix.is_empty() || prefix.len() > 253 {
-            return Err(format!(
-                "prefix {prefix:?} must be a DNS subdomain of 1 to 253 characters"
-            ));
-        }
-        let ok = prefix.split('.').all(|part| {
-            !part.is_empty()
-                && part
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-                && !part.starts_with('-')
-                && !part.ends_with('-')
-        });
-        if !ok {
-            return Err(format!(
-                "prefix {prefix:?} must be a lower-case DNS subdomain"
-            ));
-        }
-    }
-    if name.is_empty() {
-        return Err(format!("{key:?} has an empty name"));
-    }
-    check_label_value(name).map_err(|e| format!("name {name:?}: {e}"))
+    mcm_api::syntax::label_key(key).map_err(|e| e.to_string())
 }
 
-/// Checks a label value: empty, or at most 63 alphanumerics, `-`, `_`, `.` starting and ending
-/// with an alphanumeric.
 fn check_label_value(value: &str) -> Result<(), String> {
-    if value.is_empty() {
-        return Ok(());
-    }
-    if value.len() > 63 {
-        return Err("must be at most 63 characters".to_string());
-    }
-    let bytes = value.as_bytes();
-    let alnum = |b: &u8| b.is_ascii_alphanumeric();
-    let inner_ok = bytes
-        .iter()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
-    if !inner_ok || !bytes.first().is_some_and(alnum) || !bytes.last().is_some_and(alnum) {
-        return Err(
-            "must consist of alphanumerics, '-', '_' or '.', starting and ending with an alphanumeric"
-                .to_string(),
-        );
-    }
-    Ok(())
+    mcm_api::syntax::label_value(value).map_err(|e| e.to_string())
 }
 
 fn unknown_key_message(known: &[&str]) -> String {

@@ -416,58 +416,12 @@ fn labels(labels: Option<&BTreeMap<String, String>>, at: &str, out: &mut Vec<Spe
     }
 }
 
-/// Kubernetes' qualified name: an optional DNS-subdomain prefix and `/`, then a name of at
-/// most 63 alphanumerics, `-`, `_` or `.`, beginning and ending alphanumeric.
 fn qualified_name(key: &str) -> Result<(), String> {
-    let (prefix, name) = match key.rsplit_once('/') {
-        Some((p, n)) => (Some(p), n),
-        None => (None, key),
-    };
-    if let Some(p) = prefix
-        && !dns_subdomain(p)
-    {
-        return Err(format!(
-            "{key:?}: the prefix must be a DNS subdomain (lower-case alphanumerics, '-' and '.', at most 253 characters)"
-        ));
-    }
-    if name.is_empty() || name.len() > 63 || !name_chars(name) {
-        return Err(format!(
-            "{key:?} is not a valid label key: at most 63 alphanumerics, '-', '_' or '.', beginning and ending with an alphanumeric, after an optional DNS-subdomain prefix and '/'"
-        ));
-    }
-    Ok(())
+    mcm_api::syntax::label_key(key).map_err(|e| e.to_string())
 }
 
 fn label_value(value: &str) -> Result<(), String> {
-    if value.is_empty() || (value.len() <= 63 && name_chars(value)) {
-        Ok(())
-    } else {
-        Err(format!(
-            "{value:?} is not a valid label value: empty, or at most 63 alphanumerics, '-', '_' or '.', beginning and ending with an alphanumeric"
-        ))
-    }
-}
-
-fn name_chars(s: &str) -> bool {
-    let b = s.as_bytes();
-    b.first().is_some_and(u8::is_ascii_alphanumeric)
-        && b.last().is_some_and(u8::is_ascii_alphanumeric)
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
-}
-
-fn dns_subdomain(s: &str) -> bool {
-    !s.is_empty()
-        && s.len() <= 253
-        && s.split('.').all(|part| {
-            let b = part.as_bytes();
-            b.first()
-                .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
-                && b.last()
-                    .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
-                && b.iter()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-        })
+    mcm_api::syntax::label_value(value).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
