@@ -37,6 +37,8 @@ const EXPORTED: &[(&str, Kind, &str)] = &[
     ("mcm_machine_failed", Counter, MACHINE),
     ("mcm_machine_deletions", Counter, MACHINE),
     ("mcm_machine_drain_blocked_by_pdb", Counter, MACHINE),
+    ("mcm_machine_lifecycle_hook_waits", Counter, MACHINE),
+    ("mcm_machine_remediation_held", Counter, MACHINE),
     ("mcm_machine_create_duration_seconds", Gauge, MACHINE),
     ("mcm_machine_initialize_duration_seconds", Gauge, MACHINE),
     ("mcm_machine_join_duration_seconds", Gauge, MACHINE),
