@@ -3,8 +3,8 @@
 //! the controller that writes each budget's status and Events ([`controller`]).
 //!
 //! The gate is shared by every reconcile of the process. A deletion it admits is recorded in
-//! a small ledger until the machine store shows the machine deleting or gone (like kube's
-//! controller expectations), and counted as unavailable meanwhile, so that concurrent
+//! a small ledger for [`IN_FLIGHT_TIMEOUT`] (like kube's controller expectations), and
+//! counted as unavailable meanwhile, so that concurrent
 //! reconciles of several sets never overshoot a budget. Until the budgets have been listed
 //! once, voluntary deletions wait; when the cluster does not serve the kind at all (the CRD
 //! is not installed, or the manager may not list it), the gate admits everything, so a
@@ -114,9 +114,9 @@ impl BudgetGate {
     }
 
     /// Admits or refuses the voluntary deletion of `machine` for `reason`. `machines` are
-    /// the current machines of the store. An admitted deletion is in flight until the store
-    /// shows it (or [`IN_FLIGHT_TIMEOUT`]); call [`BudgetGate::forget`] when it was not
-    /// issued after all. A refusal by a budget is recorded as a wait on it.
+    /// the current machines of the store. An admitted deletion counts as in flight for
+    /// [`IN_FLIGHT_TIMEOUT`]; call [`BudgetGate::forget`] when it was not issued after
+    /// all. A refusal by a budget is recorded as a wait on it.
     pub fn admit(
         &self,
         machines: &[Arc<Machine>],
@@ -206,18 +206,14 @@ impl BudgetGate {
     }
 }
 
-/// Drops in-flight records the store has caught up with (machine deleting or gone) or that
-/// are older than [`IN_FLIGHT_TIMEOUT`].
-fn prune(in_flight: &mut HashMap<String, Instant>, machines: &[Arc<Machine>]) {
-    in_flight.retain(|key, since| {
-        if since.elapsed() > IN_FLIGHT_TIMEOUT {
-            return false;
-        }
-        let seen = machines
-            .iter()
-            .find(|m| format!("{}/{}", m.namespace().unwrap_or_default(), m.name_any()) == *key);
-        seen.is_some_and(|m| m.metadata.deletion_timestamp.is_none())
-    });
+/// Drops in-flight records older than [`IN_FLIGHT_TIMEOUT`]. A record is not dropped when
+/// one snapshot of the store shows the deletion: another reconcile may still decide from an
+/// older snapshot, taken before, in which the machine is not deleting yet, and without the
+/// record it would count that machine as available. Keeping it is free: a machine counts as
+/// deleting when its store copy says so *or* its name is in flight, and a machine that is
+/// gone is not counted at all.
+fn prune(in_flight: &mut HashMap<String, Instant>, _machines: &[Arc<Machine>]) {
+    in_flight.retain(|_, since| since.elapsed() <= IN_FLIGHT_TIMEOUT);
 }
 
 fn in_flight_of(in_flight: &HashMap<String, Instant>, namespace: &str) -> HashSet<String> {

@@ -6,12 +6,15 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
+use kube::api::{Api, DeleteParams};
 use kube::runtime::controller::Action;
 use mcm_api::{Machine, MachineClass};
 use mcm_driver::{DeleteMachineRequest, ListMachinesRequest, RequestId};
 
-use crate::machine::{Ctx, Error, act};
+use crate::kube_api;
+use crate::machine::{Ctx, Error, act, observe};
 
 /// The `controller` label of the collector's reconcile metrics.
 pub const CONTROLLER: &str = "orphans";
@@ -27,6 +30,24 @@ pub fn orphans<'a>(
         .filter(|(_, name)| !machine_names.contains(*name))
         .map(|(id, name)| (id.as_str(), name.as_str()))
         .collect()
+}
+
+/// The Node an orphan VM registered (its `spec.providerID`), unless a Machine claims that
+/// Node (its `node` label) or the Node is not managed by MCM. Once the VM is deleted such a
+/// Node would stay NotReady for ever. Pure.
+pub fn orphan_node<'a>(
+    nodes: &'a [Arc<Node>],
+    machines: &[Arc<Machine>],
+    provider_id: &str,
+) -> Option<&'a Node> {
+    let node = nodes
+        .iter()
+        .find(|n| n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(provider_id))?;
+    let name = node.name_any();
+    let claimed = machines
+        .iter()
+        .any(|m| m.node_name() == Some(name.as_str()));
+    (!claimed && !observe::node_not_managed(node)).then_some(node.as_ref())
 }
 
 /// What the collector needs: the machine controller's context and its period.
@@ -109,9 +130,42 @@ pub async fn collect(ctx: &Ctx, class: &MachineClass) -> Result<usize, Error> {
                 format!("deleted orphan VM {provider_id} (machine {machine_name} does not exist)"),
             )
             .await;
+        if ctx.settings.target_cluster {
+            delete_orphan_node(ctx, &class, provider_id).await?;
+        }
         deleted += 1;
     }
     Ok(deleted)
+}
+
+/// Deletes the Node the orphan VM `provider_id` registered, if the store has one that no
+/// Machine claims (see [`orphan_node`]).
+async fn delete_orphan_node(
+    ctx: &Ctx,
+    class: &MachineClass,
+    provider_id: &str,
+) -> Result<(), Error> {
+    let nodes = ctx.nodes.state();
+    let Some(node) = orphan_node(&nodes, &ctx.machines.state(), provider_id) else {
+        return Ok(());
+    };
+    let name = node.name_any();
+    let api: Api<Node> = Api::all(ctx.target.clone());
+    let outcome = kube_api::delete(&api, &name, &DeleteParams::default())
+        .await
+        .map_err(|e| Error::kube("delete the node of an orphan VM", e))?;
+    if !outcome.is_gone() {
+        tracing::info!(%provider_id, node = name, "deleted the node of an orphan VM");
+        ctx.events
+            .warning(
+                &kube::Resource::object_ref(class, &()),
+                "OrphanNodeDeleted",
+                "OrphanCollection",
+                format!("deleted node {name} of orphan VM {provider_id}"),
+            )
+            .await;
+    }
+    Ok(())
 }
 
 /// A Machine that names only `class_name`, to resolve the class and its secrets.
@@ -157,5 +211,54 @@ mod tests {
         let names = BTreeSet::from(["a".to_string()]);
         assert_eq!(orphans(&listed, &names), vec![("local:///b", "b")]);
         assert!(orphans(&listed, &BTreeSet::from(["a".into(), "b".into()])).is_empty());
+    }
+
+    #[test]
+    fn the_node_of_an_orphan_vm_goes_unless_a_machine_claims_it_or_it_is_not_managed() {
+        let node = |name: &str, id: &str, not_managed: bool| -> Arc<Node> {
+            let mut n: Node = serde_json::from_value(serde_json::json!({
+                "metadata": { "name": name }, "spec": { "providerID": id }
+            }))
+            .unwrap();
+            if not_managed {
+                n.metadata.annotations = Some(
+                    [(
+                        mcm_api::constants::annotations::NOT_MANAGED_BY_MCM.to_string(),
+                        "true".to_string(),
+                    )]
+                    .into(),
+                );
+            }
+            Arc::new(n)
+        };
+        let machine = |node: &str| -> Arc<Machine> {
+            Arc::new(
+                serde_json::from_value(serde_json::json!({
+                    "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "Machine",
+                    "metadata": { "name": "m", "labels": { "node": node } }, "spec": {}
+                }))
+                .unwrap(),
+            )
+        };
+        let nodes = vec![
+            node("a", "local:///a", false),
+            node("b", "local:///b", false),
+            node("c", "local:///c", true),
+        ];
+        let machines = vec![machine("b")];
+        let found = orphan_node(&nodes, &machines, "local:///a").map(|n| n.name_any());
+        assert_eq!(found.as_deref(), Some("a"));
+        assert!(
+            orphan_node(&nodes, &machines, "local:///b").is_none(),
+            "claimed"
+        );
+        assert!(
+            orphan_node(&nodes, &machines, "local:///c").is_none(),
+            "not managed"
+        );
+        assert!(
+            orphan_node(&nodes, &machines, "local:///x").is_none(),
+            "no node"
+        );
     }
 }

@@ -176,8 +176,21 @@ pub async fn orphan_vm(ctx: &mut Ctx<'_>) -> Result<String> {
         "the VM of {kept} must be kept: {:?}",
         ctx.vm_records()
     );
+    // The Node the stray VM registered goes with it (it would stay NotReady for ever).
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(ctx.client.clone());
+    wait_for("the orphan VM's node to be deleted", WAIT, || async {
+        Ok(match nodes.get_opt(&stray).await? {
+            None => Check::Done(()),
+            Some(_) => Check::Pending(format!("node {stray} still exists")),
+        })
+    })
+    .await?;
+    ensure!(
+        nodes.get_opt(&kept).await?.is_some(),
+        "the node of {kept} must be kept"
+    );
     Ok(format!(
-        "{stray} collected after {:.0}s (orphan period 5s); {kept} kept",
+        "{stray} and its node collected after {:.0}s (orphan period 5s); {kept} kept",
         began.elapsed().as_secs_f64()
     ))
 }
