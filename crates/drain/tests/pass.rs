@@ -4,7 +4,6 @@
 
 mod support;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -14,19 +13,9 @@ use mcm_drain::{
     DeleteReason, Options, PassInput, PassReport, PassState, Stores, drain_pass,
     start_volume_attachment_reflector,
 };
-use mcm_driver::FakeDriver;
 use mcm_testenv::kit::try_eventually;
 use serde_json::json;
 use support::*;
-
-fn options() -> Options {
-    let mut o = Options::new(Arc::new(FakeDriver::new()));
-    o.timeout = Duration::from_secs(600);
-    o.eviction_retry_interval = Duration::from_secs(1);
-    o.max_evict_retries = 30;
-    o.pv_detach_timeout = Duration::from_secs(30);
-    o
-}
 
 fn at(secs: u64) -> PassInput {
     PassInput {
@@ -92,7 +81,7 @@ async fn passes_cordon_evict_wait_and_finish() -> anyhow::Result<()> {
     wait_ready(&client, &ns, 2).await?;
 
     let stores = reflector.stores();
-    let first = drain_pass(client.clone(), &node, &options(), &at(0), &stores).await?;
+    let first = drain_pass(client.clone(), &node, &pass_options(), &at(0), &stores).await?;
     println!("{}", first.summary());
     assert_eq!(first.state(), PassState::Pods);
     assert_eq!(first.evicted, vec![format!("{ns}/a"), format!("{ns}/b")]);
@@ -101,14 +90,22 @@ async fn passes_cordon_evict_wait_and_finish() -> anyhow::Result<()> {
     assert_eq!(n.spec.and_then(|s| s.unschedulable), Some(true), "cordoned");
 
     // The next pass evicts nothing again: it waits for the terminating pods.
-    let second = drain_pass(client.clone(), &node, &options(), &at(1), &stores).await?;
+    let second = drain_pass(client.clone(), &node, &pass_options(), &at(1), &stores).await?;
     assert!(second.evicted.is_empty(), "{second:?}");
     assert_eq!(
         second.summary(),
         format!("draining node {node}: waiting for 2 pod(s) to terminate")
     );
 
-    let done = pass_until(&client, &node, &options(), &at(2), &stores, PassState::Done).await?;
+    let done = pass_until(
+        &client,
+        &node,
+        &pass_options(),
+        &at(2),
+        &stores,
+        PassState::Done,
+    )
+    .await?;
     assert_eq!(done.summary(), format!("node {node} drained"));
     Ok(())
 }
@@ -140,7 +137,7 @@ async fn a_budget_that_never_allows_an_eviction_is_named_until_the_retries_run_o
     .await?;
 
     let stores = reflector.stores();
-    let report = drain_pass(client.clone(), &node, &options(), &at(5), &stores).await?;
+    let report = drain_pass(client.clone(), &node, &pass_options(), &at(5), &stores).await?;
     println!("{}", report.summary());
     assert_eq!(report.state(), PassState::Pods);
     let named = report
@@ -163,13 +160,13 @@ async fn a_budget_that_never_allows_an_eviction_is_named_until_the_retries_run_o
     );
 
     // 30 retries of 1s have passed since the drain started: the pod is deleted instead.
-    let report = drain_pass(client.clone(), &node, &options(), &at(30), &stores).await?;
+    let report = drain_pass(client.clone(), &node, &pass_options(), &at(30), &stores).await?;
     assert_eq!(report.deleted.len(), 1, "{report:?}");
     assert_eq!(report.deleted[0].reason, DeleteReason::MaxEvictRetries);
     pass_until(
         &client,
         &node,
-        &options(),
+        &pass_options(),
         &at(31),
         &stores,
         PassState::Done,
@@ -189,9 +186,9 @@ async fn pods_on_an_unreachable_node_are_not_waited_for_and_force_deletes_them()
     let stores = reflector.stores();
 
     // Reachable: evicted, then waited for (it never terminates: its kubelet is "dead").
-    let report = drain_pass(client.clone(), &node, &options(), &at(0), &stores).await?;
+    let report = drain_pass(client.clone(), &node, &pass_options(), &at(0), &stores).await?;
     assert_eq!(report.evicted, vec![format!("{ns}/stuck")]);
-    let report = drain_pass(client.clone(), &node, &options(), &at(1), &stores).await?;
+    let report = drain_pass(client.clone(), &node, &pass_options(), &at(1), &stores).await?;
     assert_eq!(report.state(), PassState::Pods);
     assert_eq!(report.terminating, vec![format!("{ns}/stuck")]);
 
@@ -200,7 +197,14 @@ async fn pods_on_an_unreachable_node_are_not_waited_for_and_force_deletes_them()
         unreachable: true,
         ..at(2)
     };
-    let report = drain_pass(client.clone(), &node, &options(), &unreachable, &stores).await?;
+    let report = drain_pass(
+        client.clone(),
+        &node,
+        &pass_options(),
+        &unreachable,
+        &stores,
+    )
+    .await?;
     assert_eq!(report.state(), PassState::Done, "{report:?}");
     assert_eq!(report.released, vec![format!("{ns}/stuck")]);
     assert!(
@@ -212,7 +216,7 @@ async fn pods_on_an_unreachable_node_are_not_waited_for_and_force_deletes_them()
     assert!(pods.get_opt("stuck").await?.is_some(), "left to the pod GC");
 
     // Force mode deletes it (grace period 0), so it is gone at once.
-    let mut force = options();
+    let mut force = pass_options();
     force.force = true;
     let report = drain_pass(client.clone(), &node, &force, &at(3), &stores).await?;
     assert_eq!(report.state(), PassState::Done);
@@ -234,7 +238,7 @@ async fn volumes_are_waited_for_within_the_detach_timeout() -> anyhow::Result<()
     let report = pass_until(
         &client,
         &node,
-        &options(),
+        &pass_options(),
         &at(1),
         &stores,
         PassState::Volumes,
@@ -248,13 +252,13 @@ async fn volumes_are_waited_for_within_the_detach_timeout() -> anyhow::Result<()
         pods_gone_for: Some(Duration::from_secs(29)),
         ..at(40)
     };
-    let report = drain_pass(client.clone(), &node, &options(), &waiting, &stores).await?;
+    let report = drain_pass(client.clone(), &node, &pass_options(), &waiting, &stores).await?;
     assert_eq!(report.state(), PassState::Volumes);
     let expired = PassInput {
         pods_gone_for: Some(Duration::from_secs(30)),
         ..at(41)
     };
-    let report = drain_pass(client.clone(), &node, &options(), &expired, &stores).await?;
+    let report = drain_pass(client.clone(), &node, &pass_options(), &expired, &stores).await?;
     assert_eq!(report.state(), PassState::Done);
     assert!(report.detach_timeouts.contains(&attached), "{report:?}");
 
@@ -263,7 +267,7 @@ async fn volumes_are_waited_for_within_the_detach_timeout() -> anyhow::Result<()
     let report = pass_until(
         &client,
         &node,
-        &options(),
+        &pass_options(),
         &waiting,
         &stores,
         PassState::Done,
@@ -280,7 +284,7 @@ async fn a_missing_node_has_nothing_to_drain() -> anyhow::Result<()> {
     let report = drain_pass(
         client.clone(),
         &node_name("absent", &ns),
-        &options(),
+        &pass_options(),
         &at(0),
         &reflector.stores(),
     )

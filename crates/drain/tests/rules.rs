@@ -3,28 +3,17 @@
 
 mod support;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use mcm_drain::{
-    DRAIN_BEHAVIOR_KEY, InvalidDrainRule, Options, PassInput, PassState, RuleSource, SkipReason,
-    drain, drain_pass, start_volume_attachment_reflector,
+    DRAIN_BEHAVIOR_KEY, InvalidDrainRule, PassInput, PassState, RuleSource, SkipReason, drain,
+    drain_pass, start_volume_attachment_reflector,
 };
-use mcm_driver::FakeDriver;
 use mcm_testenv::kit::try_eventually;
 use serde_json::json;
 use support::*;
-
-fn options() -> Options {
-    let mut o = Options::new(Arc::new(FakeDriver::new()));
-    o.timeout = Duration::from_secs(600);
-    o.eviction_retry_interval = Duration::from_secs(1);
-    o.max_evict_retries = 30;
-    o.pv_detach_timeout = Duration::from_secs(30);
-    o
-}
 
 /// A pod bound to `node` with the given annotations.
 async fn create_annotated_pod(
@@ -116,7 +105,7 @@ async fn passes_skip_skip_pods_and_wait_for_wait_completed_pods() -> anyhow::Res
     let input = PassInput::default();
     let key = |name: &str| format!("{ns}/{name}");
 
-    let first = drain_pass(client.clone(), &node, &options(), &input, &stores).await?;
+    let first = drain_pass(client.clone(), &node, &pass_options(), &input, &stores).await?;
     println!("{}", first.summary());
     assert_eq!(first.state(), PassState::Pods);
     assert_eq!(first.evicted, vec![key("odd"), key("web")], "{first:?}");
@@ -140,7 +129,7 @@ async fn passes_skip_skip_pods_and_wait_for_wait_completed_pods() -> anyhow::Res
     let waiting = try_eventually(Duration::from_secs(30), "evicted pods gone", || {
         let (client, node, stores) = (client.clone(), node.clone(), stores.clone());
         async move {
-            let r = drain_pass(client, &node, &options(), &input, &stores).await?;
+            let r = drain_pass(client, &node, &pass_options(), &input, &stores).await?;
             anyhow::Ok(r.terminating.is_empty().then_some(r))
         }
     })
@@ -162,7 +151,7 @@ async fn passes_skip_skip_pods_and_wait_for_wait_completed_pods() -> anyhow::Res
     assert!(pods.get_opt("web").await?.is_none());
 
     // Force mode (before the drain timeout) still waits for it.
-    let mut force = options();
+    let mut force = pass_options();
     force.force = true;
     let forced = drain_pass(client.clone(), &node, &force, &input, &stores).await?;
     assert_eq!(forced.state(), PassState::Pods, "{forced:?}");
@@ -174,7 +163,7 @@ async fn passes_skip_skip_pods_and_wait_for_wait_completed_pods() -> anyhow::Res
     let done = try_eventually(Duration::from_secs(30), "drain done", || {
         let (client, node, stores) = (client.clone(), node.clone(), stores.clone());
         async move {
-            let r = drain_pass(client, &node, &options(), &input, &stores).await?;
+            let r = drain_pass(client, &node, &pass_options(), &input, &stores).await?;
             anyhow::Ok((r.state() == PassState::Done).then_some(r))
         }
     })
@@ -196,7 +185,7 @@ async fn a_whole_drain_waits_for_wait_completed_pods() -> anyhow::Result<()> {
 
     let task = tokio::spawn({
         let (client, node) = (client.clone(), node.clone());
-        async move { drain(client, &node, &options(), &stores).await }
+        async move { drain(client, &node, &pass_options(), &stores).await }
     });
     let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
     try_eventually(Duration::from_secs(30), "evicted pods gone", || {

@@ -610,3 +610,14 @@ pub fn is_ready(p: &Pod) -> bool {
 pub fn node_name(prefix: &str, ns: &str) -> String {
     format!("{prefix}-{ns}")
 }
+
+/// Drain options of the per-pass tests: a drain timeout no test reaches, evictions retried
+/// every second.
+pub fn pass_options() -> mcm_drain::Options {
+    let mut o = mcm_drain::Options::new(Arc::new(mcm_driver::FakeDriver::new()));
+    o.timeout = Duration::from_secs(600);
+    o.eviction_retry_interval = Duration::from_secs(1);
+    o.max_evict_retries = 30;
+    o.pv_detach_timeout = Duration::from_secs(30);
+    o
+}
