@@ -19,6 +19,7 @@
 
 #![warn(missing_docs)]
 
+pub mod canonical;
 pub mod constants;
 pub mod crds;
 pub mod cron;

@@ -4,9 +4,17 @@
 //! A process builds one [`Informers`], lets each controller [`Informer::subscribe`] to the
 //! kinds it reacts to (and [`Informer::deletions`] where a deletion matters), then calls
 //! [`Informers::start`]: from then on one watch per kind feeds one store, whichever halves of
-//! mcm-rs run in the process. Subscriptions are taken before the start because a shared
-//! store's broadcast waits for every subscriber: a subscription nobody reads would stall the
-//! watch, so none is created on speculation.
+//! mcm-rs run in the process. Subscriptions are taken before the start (a subscription made
+//! later would miss the initial list); each is an unbounded channel that a [`Tap`] fills with
+//! the objects themselves after the store applied them, so no subscriber can stall the watch
+//! and none can miss a change.
+//!
+//! kube-runtime's own shared-store subscription (`ReflectHandle`) is not used: it hands out
+//! object references and looks each one up in the store when its subscriber polls; when the
+//! object was deleted meanwhile it returns `Pending` without arranging a wake-up, and the
+//! subscribing controller hears of no further change until another stream wakes it (a
+//! MachineSet that missed its machine turning Running because another machine of it had just
+//! been deleted).
 //!
 //! Secrets are watched only when a class references them: the machineclass controller marks
 //! them with the label [`CLASS_CREDENTIALS_LABEL`], and the Secret watch selects that label.
@@ -19,7 +27,7 @@ use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::core::v1::{Node, Secret};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
-use kube::runtime::reflector::{self, ObjectRef, ReflectHandle, Store, store::Writer};
+use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client, Resource};
 use mcm_api::{Machine, MachineClass, MachineDeployment, MachineDisruptionBudget, MachineSet};
@@ -29,10 +37,6 @@ use tokio_util::sync::CancellationToken;
 /// The label the machineclass controller puts on every Secret a MachineClass references;
 /// the process watches only the Secrets that carry it.
 pub const CLASS_CREDENTIALS_LABEL: &str = "machine.sapcloud.io/class-credentials";
-
-/// Room for object references a subscriber has not read yet; a full buffer makes the watch
-/// wait for the slowest subscriber (the initial list of a large cluster fits).
-const BUFFER: usize = 8192;
 
 /// The watch of one kind: its store, its subscribers, and whether it has listed once.
 pub struct Informer<K>
@@ -45,7 +49,7 @@ where
     config: watcher::Config,
     store: Store<K>,
     writer: Option<Writer<K>>,
-    tap: DeletionTap<K>,
+    tap: Tap<K>,
     synced: watch::Sender<bool>,
     wanted: bool,
     disabled: bool,
@@ -108,12 +112,12 @@ where
     }
 
     fn with_api(kind: &'static str, api: Api<K>, config: watcher::Config) -> Self {
-        let (store, writer) = reflector::store_shared(BUFFER);
+        let (store, writer) = reflector::store();
         Informer {
             kind,
             api,
             config,
-            tap: DeletionTap::new(store.clone()),
+            tap: Tap::new(store.clone()),
             store,
             writer: Some(writer),
             synced: watch::Sender::new(false),
@@ -132,17 +136,19 @@ where
     }
 
     /// A stream of every object the watch applies (and of all objects after each complete
-    /// list), for `Controller::for_shared_stream` / `watches_shared_stream`. Must be taken
-    /// before [`Informers::start`] and must be read.
+    /// list), for `Controller::for_shared_stream` / `watches_shared_stream` (see [`Tap`]).
+    /// Must be taken before [`Informers::start`].
     ///
     /// # Panics
     /// After the watch started (a programming error: the stream would miss events).
-    pub fn subscribe(&mut self) -> ReflectHandle<K> {
+    pub fn subscribe(&mut self) -> mpsc::UnboundedReceiver<Arc<K>> {
+        assert!(
+            self.writer.is_some(),
+            "subscribe to {} before the informers start",
+            self.kind
+        );
         self.wanted = true;
-        self.writer
-            .as_ref()
-            .and_then(Writer::subscribe)
-            .unwrap_or_else(|| panic!("subscribe to {} before the informers start", self.kind))
+        self.tap.subscribe()
     }
 
     /// [`Informer::subscribe`] and [`Informer::deletions`] in one stream: every object that
@@ -151,10 +157,10 @@ where
         futures::stream::select(self.subscribe(), self.deletions())
     }
 
-    /// The objects deleted from the store from now on (see [`DeletionTap`]).
+    /// The objects deleted from the store from now on (see [`Tap`]).
     pub fn deletions(&mut self) -> mpsc::UnboundedReceiver<Arc<K>> {
         self.wanted = true;
-        self.tap.subscribe()
+        self.tap.deletions()
     }
 
     /// Resolves once the store holds a complete list (and at once if it already did). A
@@ -185,14 +191,14 @@ where
             return None;
         }
         let writer = self.writer.take()?;
-        let mut tap = std::mem::replace(&mut self.tap, DeletionTap::new(self.store.clone()));
+        let mut tap = std::mem::replace(&mut self.tap, Tap::new(self.store.clone()));
         let synced = self.synced.clone();
         let kind = self.kind;
         Some(
             watcher(self.api.clone(), self.config.clone())
                 .default_backoff()
                 .modify(self.slim)
-                .reflect_shared(writer)
+                .reflect(writer)
                 .inspect(move |event| match event {
                     Ok(event) => {
                         tap.observe(event);
@@ -353,27 +359,28 @@ impl Informers {
     }
 }
 
-/// Hands the objects that disappeared from a store to the controllers that must react.
+/// Hands the objects of one watch to the controllers that react to them, after the reflector
+/// applied each event to the store (a controller woken by it finds the store up to date):
 ///
-/// kube-runtime 5's `Writer::dispatch_event` broadcasts `Apply` and `InitDone` to shared-store
-/// subscribers but drops `Delete`, so a controller built with `watches_shared_stream` never
-/// hears that an object is gone. A tap observes the events of the one watch of a kind *after*
-/// the reflector applied them (the store no longer holds a deleted object when its
-/// controllers are woken) and sends every deleted object to each subscriber:
-/// - `Delete` events;
-/// - objects that vanished while the watch was re-listing (after a `410 Gone` or a broken
-///   connection the re-list replaces the store wholesale at `InitDone`, without a `Delete`
-///   for what is missing): the store's contents at `Init` minus the objects listed again.
+/// - to [`Tap::subscribe`]rs: every applied object (`Apply`), and every object of the store
+///   after each complete list (`InitDone`), as kube-runtime's shared stores broadcast them;
+/// - to [`Tap::deletions`] subscribers: every deleted object, which kube-runtime's shared
+///   streams never report: `Delete` events, and the objects that vanished while the watch was
+///   re-listing (after a `410 Gone` or a broken connection the re-list replaces the store
+///   wholesale at `InitDone`, without a `Delete` for what is missing): the store's contents at
+///   `Init` minus the objects listed again.
 ///
-/// Subscribers get unbounded channels: deletions are rare and bounded by the number of
-/// objects, and a tap must never block the watch that also feeds the store.
-pub struct DeletionTap<K>
+/// Each subscriber gets the object itself (shared with the store) on an unbounded channel: a
+/// tap never blocks the watch that also feeds the store, and a subscriber never has to look
+/// an object up in a store that may have lost it since.
+pub struct Tap<K>
 where
     K: Resource + Clone + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone,
 {
     store: Store<K>,
-    subscribers: Vec<mpsc::UnboundedSender<Arc<K>>>,
+    applied: Vec<mpsc::UnboundedSender<Arc<K>>>,
+    deleted: Vec<mpsc::UnboundedSender<Arc<K>>>,
     relist: Option<Relist<K>>,
 }
 
@@ -387,44 +394,59 @@ where
     listed: HashSet<ObjectRef<K>>,
 }
 
-impl<K> std::fmt::Debug for DeletionTap<K>
+impl<K> std::fmt::Debug for Tap<K>
 where
     K: Resource + Clone + 'static,
     K::DynamicType: Eq + std::hash::Hash + Clone,
 {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeletionTap")
-            .field("subscribers", &self.subscribers.len())
+        f.debug_struct("Tap")
+            .field("applied", &self.applied.len())
+            .field("deleted", &self.deleted.len())
             .field("relisting", &self.relist.is_some())
             .finish_non_exhaustive()
     }
 }
 
-impl<K> DeletionTap<K>
+impl<K> Tap<K>
 where
     K: Resource + Clone + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone,
 {
     /// A tap for the watch that feeds `store`.
     pub fn new(store: Store<K>) -> Self {
-        DeletionTap {
+        Tap {
             store,
-            subscribers: Vec::new(),
+            applied: Vec::new(),
+            deleted: Vec::new(),
             relist: None,
         }
     }
 
-    /// A stream of the objects deleted from now on, for `watches_shared_stream`.
+    /// A stream of the objects applied from now on, for `for_shared_stream` and
+    /// `watches_shared_stream`.
     pub fn subscribe(&mut self) -> mpsc::UnboundedReceiver<Arc<K>> {
         let (tx, rx) = mpsc::unbounded();
-        self.subscribers.push(tx);
+        self.applied.push(tx);
+        rx
+    }
+
+    /// A stream of the objects deleted from now on, for `watches_shared_stream`.
+    pub fn deletions(&mut self) -> mpsc::UnboundedReceiver<Arc<K>> {
+        let (tx, rx) = mpsc::unbounded();
+        self.deleted.push(tx);
         rx
     }
 
     /// Observes one watch event that the reflector has already applied to the store.
     pub fn observe(&mut self, event: &watcher::Event<K>) {
         match event {
-            watcher::Event::Delete(obj) => self.send(&Arc::new(obj.clone())),
+            watcher::Event::Apply(obj) => {
+                let stored = self.store.get(&ObjectRef::from_obj(obj));
+                let obj = stored.unwrap_or_else(|| Arc::new(obj.clone()));
+                send(&mut self.applied, &obj);
+            }
+            watcher::Event::Delete(obj) => send(&mut self.deleted, &Arc::new(obj.clone())),
             // `Init` leaves the store alone until `InitDone` swaps the new list in.
             watcher::Event::Init => {
                 self.relist = Some(Relist {
@@ -444,19 +466,20 @@ where
                         .iter()
                         .filter(|o| !relist.listed.contains(&ObjectRef::from_obj(o.as_ref())))
                     {
-                        self.send(gone);
+                        send(&mut self.deleted, gone);
                     }
                 }
+                for obj in self.store.state() {
+                    send(&mut self.applied, &obj);
+                }
             }
-            watcher::Event::Apply(_) => {}
         }
     }
+}
 
-    fn send(&mut self, obj: &Arc<K>) {
-        // A subscriber whose controller stopped is dropped.
-        self.subscribers
-            .retain(|tx| tx.unbounded_send(obj.clone()).is_ok());
-    }
+/// Sends `obj` to every subscriber; a subscriber whose controller stopped is dropped.
+fn send<K>(subscribers: &mut Vec<mpsc::UnboundedSender<Arc<K>>>, obj: &Arc<K>) {
+    subscribers.retain(|tx| tx.unbounded_send(obj.clone()).is_ok());
 }
 
 /// Passes on only the objects whose `fingerprint` changed since the stream last passed that
@@ -510,7 +533,7 @@ mod tests {
     /// Applies `event` to the store as the reflector does, then lets the tap see it.
     fn feed(
         writer: &mut reflector::store::Writer<Machine>,
-        tap: &mut DeletionTap<Machine>,
+        tap: &mut Tap<Machine>,
         event: watcher::Event<Machine>,
     ) {
         writer.apply_watcher_event(&event);
@@ -529,17 +552,22 @@ mod tests {
     #[test]
     fn deletions_and_objects_lost_in_a_relist_reach_every_subscriber() {
         let (store, mut writer) = reflector::store::<Machine>();
-        let mut tap = DeletionTap::new(store);
-        let mut first = tap.subscribe();
-        let mut second = tap.subscribe();
+        let mut tap = Tap::new(store);
+        let mut first = tap.deletions();
+        let mut second = tap.deletions();
+        let mut applied = tap.subscribe();
 
-        // Initial list: nothing was known before, nothing is reported.
+        // Initial list: nothing was known before, nothing is reported deleted; every listed
+        // object is applied once the list is complete.
         feed(&mut writer, &mut tap, watcher::Event::Init);
         for n in ["a", "b", "c", "d"] {
             feed(&mut writer, &mut tap, watcher::Event::InitApply(machine(n)));
         }
+        assert_eq!(drain(&mut applied), Vec::<String>::new());
         feed(&mut writer, &mut tap, watcher::Event::InitDone);
+        assert_eq!(drain(&mut applied), ["a", "b", "c", "d"]);
         feed(&mut writer, &mut tap, watcher::Event::Apply(machine("e")));
+        assert_eq!(drain(&mut applied), ["e"]);
         assert_eq!(drain(&mut first), Vec::<String>::new());
 
         feed(&mut writer, &mut tap, watcher::Event::Delete(machine("a")));
@@ -564,7 +592,69 @@ mod tests {
         drop(first);
         feed(&mut writer, &mut tap, watcher::Event::Delete(machine("b")));
         assert_eq!(drain(&mut second), ["b"]);
-        assert_eq!(tap.subscribers.len(), 1);
+        assert_eq!(tap.deleted.len(), 1);
+    }
+
+    /// A subscriber that looks at an applied object only after it was deleted from the store
+    /// still hears of every later change (the lost wake-up of a MachineSet whose machine
+    /// turned Running right after another machine of the set was deleted).
+    #[tokio::test]
+    async fn an_object_gone_before_its_subscriber_looked_does_not_stall_the_subscription() {
+        let (store, mut writer) = reflector::store::<Machine>();
+        let mut tap = Tap::new(store.clone());
+        let mut sub = tap.subscribe();
+        feed(&mut writer, &mut tap, watcher::Event::Init);
+        feed(&mut writer, &mut tap, watcher::Event::InitDone);
+        // `gone` is applied (its deletion timestamp set), then deleted before the
+        // subscriber polls.
+        feed(
+            &mut writer,
+            &mut tap,
+            watcher::Event::Apply(machine("gone")),
+        );
+        feed(
+            &mut writer,
+            &mut tap,
+            watcher::Event::Delete(machine("gone")),
+        );
+        assert!(store.get(&ObjectRef::new("gone").within("ns")).is_none());
+        let wakes = Arc::new(Wakes::default());
+        let waker = futures::task::waker(wakes.clone());
+        let mut cx = std::task::Context::from_waker(&waker);
+        // The controller polls its trigger stream until nothing is left (it is told of
+        // `gone`'s last state, which its store no longer has), then sleeps until woken.
+        let mut seen = Vec::new();
+        while let std::task::Poll::Ready(Some(m)) = sub.poll_next_unpin(&mut cx) {
+            seen.push(m.metadata.name.clone().unwrap_or_default());
+        }
+        assert_eq!(seen, ["gone"]);
+        let before = wakes.0.load(std::sync::atomic::Ordering::SeqCst);
+        // `running` changes next: the subscriber must be woken, and get it.
+        feed(
+            &mut writer,
+            &mut tap,
+            watcher::Event::Apply(machine("running")),
+        );
+        assert!(
+            wakes.0.load(std::sync::atomic::Ordering::SeqCst) > before,
+            "the subscriber is never woken for the next change"
+        );
+        let next = sub.poll_next_unpin(&mut cx);
+        let name = match next {
+            std::task::Poll::Ready(Some(m)) => m.metadata.name.clone(),
+            _ => None,
+        };
+        assert_eq!(name.as_deref(), Some("running"));
+    }
+
+    /// Counts the wake-ups of a task.
+    #[derive(Default)]
+    struct Wakes(std::sync::atomic::AtomicUsize);
+
+    impl futures::task::ArcWake for Wakes {
+        fn wake_by_ref(arc_self: &Arc<Self>) {
+            arc_self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
     }
 
     #[tokio::test]

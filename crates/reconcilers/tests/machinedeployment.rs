@@ -231,8 +231,11 @@ async fn scale_during_rollout_finishes_both() {
     h.stop().await;
 }
 
+/// A bare name in `trigger-deletion-by-mcm` (the autoscaler before 2026 writes them) with
+/// the replicas unchanged: the machine is marked with the replica-change time, deleted and
+/// replaced; the replicas stay what the scaler wrote (upstream never changes them for it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn priority_one_machines_go_first_on_trigger_deletion() {
+async fn a_machine_named_for_deletion_goes_and_the_replicas_stay() {
     let h = Harness::start("md-trigger").await;
     create_deployment(&h, &md(3).build()).await;
     let ms = wait_machines(&h, "3 running", |m| running_of_class(m, "c1") == 3).await;
@@ -245,17 +248,21 @@ async fn priority_one_machines_go_first_on_trigger_deletion() {
         }}}),
     )
     .await;
-    let left = wait_machines(&h, "2 machines", |m| {
-        m.len() == 2 && running_of_class(m, "c1") == 2
+    let left = wait_machines(&h, "the named machine replaced", |m| {
+        m.len() == 3
+            && running_of_class(m, "c1") == 3
+            && m.iter().all(|m: &Machine| m.name_any() != victim)
     })
     .await;
-    assert!(left.iter().all(|m: &Machine| m.name_any() != victim));
-    let d = h.deployments().get("md").await.expect("get");
-    assert_eq!(d.spec.replicas, Some(2));
-    assert!(
-        !d.annotations()
-            .contains_key("node.machine.sapcloud.io/trigger-deletion-by-mcm")
-    );
+    assert_eq!(left.len(), 3);
+    let d = wait_list(h.deployments(), "the annotation handled", |d| {
+        d.first().is_some_and(|d| {
+            !d.annotations()
+                .contains_key("node.machine.sapcloud.io/trigger-deletion-by-mcm")
+        })
+    })
+    .await;
+    assert_eq!(d[0].spec.replicas, Some(3));
     h.stop().await;
 }
 

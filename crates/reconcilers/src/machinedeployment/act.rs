@@ -9,9 +9,13 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Resource, ResourceExt};
+use mcm_api::canonical::{MACHINE_CONFIGURATION_KEYS, canonical, merge_patch_to};
 use mcm_api::constants::{annotations, finalizers, labels, taints};
 use mcm_api::owner::controller_reference;
-use mcm_api::{Machine, MachineDeployment, MachineDeploymentStatus, MachineSet, MachineSetSpec};
+use mcm_api::{
+    Machine, MachineDeployment, MachineDeploymentStatus, MachineSet, MachineSetSpec,
+    MachineTemplateSpec,
+};
 use serde_json::{Value, json};
 
 use super::controller::{Context, DeploymentProblem, Error};
@@ -212,14 +216,16 @@ impl<'a> Actor<'a> {
             .await;
     }
 
-    /// Marks the machine `name` with priority 1 and a marked-for-deletion time, so the next
-    /// scale-down removes it first.
-    pub async fn mark_for_deletion(&self, name: &str, time: &str) -> Result<(), Error> {
-        let marks = json!({"metadata": {"annotations": {
-            annotations::MACHINE_PRIORITY: "1",
-            annotations::MARKED_FOR_DELETION_TIME: time,
-        }}});
-        patch_existing(&self.machines, Part::Object, name, &marks)
+    /// Marks the machine `name` with priority 1 and, when `time` is given, that
+    /// marked-for-deletion time, so its set deletes it ([`TriggerPlan::mark`]).
+    pub async fn mark_for_deletion(&self, name: &str, time: Option<&str>) -> Result<(), Error> {
+        let mut marks = serde_json::Map::new();
+        marks.insert(annotations::MACHINE_PRIORITY.into(), json!("1"));
+        if let Some(time) = time {
+            marks.insert(annotations::MARKED_FOR_DELETION_TIME.into(), json!(time));
+        }
+        let patch = json!({"metadata": {"annotations": marks}});
+        patch_existing(&self.machines, Part::Object, name, &patch)
             .await
             .context("mark for deletion", Machine::KIND, name)?;
         let note = format!("Machine {name} marked with priority 1 for deletion");
@@ -228,32 +234,35 @@ impl<'a> Actor<'a> {
         Ok(())
     }
 
-    /// Writes the trigger-deletion annotation of `plan` and reduces the replicas by its
-    /// scale-down, guarded by the deployment's resourceVersion.
+    /// Writes the trigger-deletion annotation of `plan` (and the replica-change time when it
+    /// sets one), guarded by the deployment's resourceVersion. The replicas are the
+    /// scaler's: they are never changed here.
     pub async fn update_trigger_deletion(&self, plan: &TriggerPlan) -> Result<(), Error> {
-        let mut update = json!({"metadata": {
-            "resourceVersion": self.d.resource_version(),
-            "annotations": {annotations::TRIGGER_DELETION_BY_MCM: plan.annotation},
-        }});
-        if plan.scale_down > 0 {
-            let replicas = (self.d.spec.replicas() - plan.scale_down).max(0);
-            update["spec"] = json!({ "replicas": replicas });
-            let note = format!(
-                "Scaled down by {} for machines triggered for deletion",
-                plan.scale_down
+        let mut anns = serde_json::Map::new();
+        anns.insert(
+            annotations::TRIGGER_DELETION_BY_MCM.into(),
+            json!(plan.annotation),
+        );
+        if let Some(time) = &plan.replica_change_time {
+            anns.insert(
+                annotations::LAST_DEPLOYMENT_REPLICA_CHANGE_BY_SCALER_TIME.into(),
+                json!(time),
             );
-            self.normal_event("ScaledDownForTriggeredDeletion", "Scale", note)
-                .await;
         }
+        let update = json!({"metadata": {
+            "resourceVersion": self.d.resource_version(),
+            "annotations": anns,
+        }});
         self.patch_deployment(Part::Object, "update trigger-deletion of", &update)
             .await
     }
 
     /// Records the revision of `plan` on the new set (raising it above the old sets', with
     /// the replaced revision in its history) and on the deployment, copies the
-    /// deployment's annotations the set lacks ([`annotations_to_copy`]) and its
-    /// `spec.autoPreserveFailedMachineMax` when it differs ([`auto_preserve_max_update`]),
-    /// in one patch. Old sets keep theirs, as upstream.
+    /// deployment's annotations the set lacks ([`annotations_to_copy`]), its
+    /// `spec.autoPreserveFailedMachineMax` when it differs ([`auto_preserve_max_update`]) and
+    /// its node template, machine configuration and class kind when they differ
+    /// ([`in_place_template_patch`]), in one patch. Old sets keep theirs, as upstream.
     pub async fn sync_revision(
         &self,
         new_set: &MachineSet,
@@ -271,10 +280,14 @@ impl<'a> Actor<'a> {
             }
         }
         let max = auto_preserve_max_update(self.d, new_set);
-        if !anns.is_empty() || max.is_some() {
-            let mut update = json!({"metadata": {"annotations": anns}});
+        let template = in_place_template_patch(self.d, new_set);
+        if !anns.is_empty() || max.is_some() || template.is_some() {
+            let mut update = json!({"metadata": {"annotations": anns}, "spec": {}});
             if let Some(max) = max {
-                update["spec"] = json!({ "autoPreserveFailedMachineMax": max });
+                update["spec"]["autoPreserveFailedMachineMax"] = max;
+            }
+            if let Some(template) = template {
+                update["spec"]["template"] = json!({ "spec": template });
             }
             self.patch_set("update annotations of", &new_set.name_any(), &update)
                 .await?;
@@ -494,6 +507,40 @@ pub fn annotations_to_copy(d: &MachineDeployment, set: &MachineSet) -> BTreeMap<
         .into_iter()
         .filter(|(k, v)| have.get(k) != Some(v))
         .collect()
+}
+
+/// The parts of a template that are written into the existing new set instead of rolled
+/// out (upstream's `SetNewMachineSetNodeTemplate`, `SetNewMachineSetConfig`,
+/// `UpdateMachineSetClassKind`): the node template, the machine configuration and the class
+/// kind, as JSON.
+fn in_place_parts(template: Option<&MachineTemplateSpec>) -> Value {
+    let spec = template
+        .and_then(|t| t.spec.as_ref())
+        .and_then(|s| serde_json::to_value(s).ok())
+        .unwrap_or(Value::Null);
+    let mut parts = serde_json::Map::new();
+    for key in std::iter::once("nodeTemplate").chain(MACHINE_CONFIGURATION_KEYS.iter().copied()) {
+        if let Some(v) = spec.get(key) {
+            parts.insert(key.to_owned(), v.clone());
+        }
+    }
+    if let Some(kind) = spec.pointer("/class/kind") {
+        parts.insert("class".to_owned(), json!({ "kind": kind }));
+    }
+    Value::Object(parts)
+}
+
+/// The merge patch of `spec.template.spec` that brings the new set's node template, machine
+/// configuration and class kind in line with the deployment's, `None` when they are the
+/// same to a Go client (compared in canonical form, so a Go writer's representation of
+/// the same values changes nothing).
+pub fn in_place_template_patch(d: &MachineDeployment, set: &MachineSet) -> Option<Value> {
+    let want = in_place_parts(Some(&d.spec.template));
+    let have = in_place_parts(set.spec.template.as_ref());
+    if canonical(&want, &[]) == canonical(&have, &[]) {
+        return None;
+    }
+    merge_patch_to(&have, &want)
 }
 
 /// The deployment's `spec.autoPreserveFailedMachineMax` for its new set when the set has

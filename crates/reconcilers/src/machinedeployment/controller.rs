@@ -363,24 +363,32 @@ async fn apply_action(
 }
 
 /// Handles the trigger-deletion annotation ([`decide::plan_trigger_deletion`]): marks the
-/// named machines of this deployment for deletion and updates the annotation and replicas.
-/// Returns whether the deployment was updated.
+/// named machines of this deployment for deletion and rewrites the annotation. Returns
+/// whether anything was written: the reconcile then ends, so that no set is scaled before
+/// the machine store has seen the marks (the set controller reads the same store).
 async fn handle_trigger_deletion(
     d: &MachineDeployment,
     act: &Actor<'_>,
     observed: &Observed,
 ) -> Result<bool, Error> {
-    let Some(value) = d.annotations().get(annotations::TRIGGER_DELETION_BY_MCM) else {
+    let anns = d.annotations();
+    let Some(value) = anns.get(annotations::TRIGGER_DELETION_BY_MCM) else {
         return Ok(false);
     };
-    let machines = observed.trigger_machines();
-    let plan = decide::plan_trigger_deletion(value, &machines, &Timestamp::now().to_string());
+    let now = decide::rfc3339_seconds(Timestamp::now());
+    let input = decide::TriggerInput {
+        value,
+        replica_change_time: anns
+            .get(annotations::LAST_DEPLOYMENT_REPLICA_CHANGE_BY_SCALER_TIME)
+            .map(String::as_str),
+        now: &now,
+    };
+    let plan = decide::plan_trigger_deletion(&input, &observed.trigger_machines());
     for (machine, time) in &plan.mark {
-        act.mark_for_deletion(machine, time).await?;
+        act.mark_for_deletion(machine, time.as_deref()).await?;
     }
-    if !plan.update_deployment {
-        return Ok(false);
+    if plan.update_deployment {
+        act.update_trigger_deletion(&plan).await?;
     }
-    act.update_trigger_deletion(&plan).await?;
-    Ok(true)
+    Ok(plan.update_deployment || !plan.mark.is_empty())
 }

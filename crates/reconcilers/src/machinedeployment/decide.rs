@@ -721,60 +721,106 @@ pub fn parse_trigger_deletion(value: &str) -> Vec<TriggerEntry> {
         .collect()
 }
 
+/// `t` as Go's `time.RFC3339` formats a UTC time: whole seconds and `Z`.
+pub fn rfc3339_seconds(t: Timestamp) -> String {
+    t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
 /// What the trigger-deletion annotation asks for.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct TriggerPlan {
-    /// Machines to mark with priority 1 and this marked-for-deletion time.
-    pub mark: Vec<(String, String)>,
+    /// Machines to mark with priority 1, each with its marked-for-deletion time (`None`: it
+    /// already has one, which is kept).
+    pub mark: Vec<(String, Option<String>)>,
     /// The new value of the annotation (`None`: remove it).
     pub annotation: Option<String>,
-    /// Replicas to take off the deployment (one per bare name).
-    pub scale_down: i32,
-    /// Whether the deployment must be updated (annotation or replicas change).
+    /// The `last-deployment-replica-change-by-scaler-time` to set on the deployment (it had
+    /// none and bare names were rewritten with this time).
+    pub replica_change_time: Option<String>,
+    /// Whether the deployment must be updated (annotation or replica-change time).
     pub update_deployment: bool,
 }
 
-/// The plan for the trigger-deletion annotation `value`, given the deployment's machines by
-/// name (`marked`: already carries priority 1 and a marked-for-deletion time). Named
-/// machines that are not the deployment's, terminating or failed are dropped. Bare names
-/// (legacy format) reduce the replicas by one each and leave the annotation; `name~time`
-/// entries (the scaler already reduced the replicas) stay until their machine is
-/// terminating or gone. A machine not yet marked is marked with the entry's time or `now`.
+/// The deployment as the trigger-deletion plan sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct TriggerInput<'a> {
+    /// The value of `node.machine.sapcloud.io/trigger-deletion-by-mcm`.
+    pub value: &'a str,
+    /// The value of `machine.sapcloud.io/last-deployment-replica-change-by-scaler-time`.
+    pub replica_change_time: Option<&'a str>,
+    /// Now, in RFC 3339 with seconds (as Go's `time.RFC3339` formats it).
+    pub now: &'a str,
+}
+
+/// The plan for the trigger-deletion annotation, given the deployment's machines by name.
+///
+/// The protocol of Gardener's cluster-autoscaler, as upstream MCM implements it
+/// (`adjustingMachineDeploymentDeletionAnnotations`, `computeMachineTriggerDeletionData`):
+/// the scaler lowers `spec.replicas` **itself**, in the same update that names the machines
+/// it chose, so replicas are never changed here. Bare names are rewritten to
+/// `name~<last-deployment-replica-change-by-scaler-time>` (that annotation is set to now
+/// when it is missing); an entry of any other shape, with a time that is not RFC 3339, or
+/// naming a machine that is gone, not the deployment's, Failed or terminating is dropped;
+/// the machines of the remaining entries get priority 1 and, unless they have one, the
+/// entry's time as marked-for-deletion time. A machine that already has both is left alone.
+/// The MachineSet then deletes those machines ([`crate::machineset::decide::plan_replicas`]).
 pub fn plan_trigger_deletion(
-    value: &str,
+    input: &TriggerInput<'_>,
     machines: &BTreeMap<String, TriggerMachine>,
-    now: &str,
 ) -> TriggerPlan {
     let mut plan = TriggerPlan::default();
+    let value = input.value;
+    if value.trim().is_empty() {
+        // An empty annotation is removed.
+        plan.update_deployment = true;
+        return plan;
+    }
+    let mut rewritten = false;
+    let change_time = input.replica_change_time.unwrap_or(input.now);
     let mut keep = Vec::new();
-    for entry in parse_trigger_deletion(value) {
-        let Some(m) = machines.get(&entry.machine) else {
+    for raw in value.split(',') {
+        let entry = raw.trim();
+        let parts: Vec<&str> = entry.split('~').collect();
+        let (name, time) = match parts.as_slice() {
+            [name] => {
+                rewritten = true;
+                (name.trim(), change_time)
+            }
+            [name, time] => (name.trim(), time.trim()),
+            _ => continue,
+        };
+        if name.is_empty() || time.parse::<Timestamp>().is_err() {
+            continue;
+        }
+        let Some(m) = machines.get(name) else {
             continue;
         };
         if m.gone_or_failed {
             continue;
         }
-        if !m.marked {
-            let time = entry.time.clone().unwrap_or_else(|| now.to_owned());
-            plan.mark.push((entry.machine.clone(), time));
-        }
-        match &entry.time {
-            Some(t) => keep.push(format!("{}~{t}", entry.machine)),
-            None => plan.scale_down += 1,
+        keep.push(format!("{name}~{time}"));
+        if !(m.priority_one && m.marked) {
+            let time = (!m.marked).then(|| time.to_owned());
+            plan.mark.push((name.to_owned(), time));
         }
     }
+    if rewritten && input.replica_change_time.is_none() {
+        plan.replica_change_time = Some(input.now.to_owned());
+    }
     let new_value = keep.join(",");
-    plan.update_deployment = new_value != value || plan.scale_down > 0;
+    plan.update_deployment = new_value != value || plan.replica_change_time.is_some();
     plan.annotation = (!new_value.is_empty()).then_some(new_value);
     plan
 }
 
-/// A machine named in the trigger-deletion annotation, as the plan sees it.
+/// A machine of the deployment named in the trigger-deletion annotation, as the plan sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TriggerMachine {
     /// Terminating, being deleted or Failed: its entry is dropped.
     pub gone_or_failed: bool,
-    /// Already marked for deletion with priority 1.
+    /// Carries `machinepriority.machine.sapcloud.io: "1"`.
+    pub priority_one: bool,
+    /// Carries `machine.sapcloud.io/marked-for-deletion-time`.
     pub marked: bool,
 }
 
@@ -915,33 +961,92 @@ mod tests {
         assert_eq!(plan_revision(None, None, 0, None).bump, Some(None));
     }
 
-    #[test]
-    fn trigger_deletion_marks_and_scales_down() {
-        let machine = |gone_or_failed, marked| TriggerMachine {
+    const T0: &str = "2026-11-26T09:00:00Z";
+    const T1: &str = "2026-11-26T09:30:00Z";
+    const NOW: &str = "2026-11-26T10:00:00Z";
+
+    fn trigger_machine(gone_or_failed: bool, priority_one: bool, marked: bool) -> TriggerMachine {
+        TriggerMachine {
             gone_or_failed,
+            priority_one,
             marked,
-        };
+        }
+    }
+
+    fn trigger(value: &str, change: Option<&str>) -> TriggerPlan {
         let machines = BTreeMap::from([
-            ("a".to_owned(), machine(false, false)),
-            ("b".to_owned(), machine(false, true)),
-            ("c".to_owned(), machine(true, false)),
+            ("a".to_owned(), trigger_machine(false, false, false)),
+            ("b".to_owned(), trigger_machine(false, true, true)),
+            ("c".to_owned(), trigger_machine(true, false, false)),
+            ("d".to_owned(), trigger_machine(false, true, false)),
+            ("e".to_owned(), trigger_machine(false, false, true)),
         ]);
-        let plan = plan_trigger_deletion("a,b~t1,c~t2,x", &machines, "now");
+        let input = TriggerInput {
+            value,
+            replica_change_time: change,
+            now: NOW,
+        };
+        plan_trigger_deletion(&input, &machines)
+    }
+
+    #[test]
+    fn bare_names_take_the_replica_change_time_and_never_change_replicas() {
+        // The autoscaler wrote replicas and bare names in one update; no change time yet.
+        let plan = trigger("a,d", None);
         assert_eq!(
             plan,
             TriggerPlan {
-                mark: vec![("a".into(), "now".into())],
-                annotation: Some("b~t1".into()),
-                scale_down: 1,
+                mark: vec![
+                    ("a".into(), Some(NOW.into())),
+                    ("d".into(), Some(NOW.into()))
+                ],
+                annotation: Some(format!("a~{NOW},d~{NOW}")),
+                replica_change_time: Some(NOW.into()),
                 update_deployment: true,
             }
         );
-        let settled = plan_trigger_deletion("b~t1", &machines, "now");
-        assert!(!settled.update_deployment && settled.mark.is_empty());
+        // With a change time, bare names take it and it stays as it is.
+        let plan = trigger("a", Some(T0));
+        assert_eq!(plan.annotation, Some(format!("a~{T0}")));
+        assert_eq!(plan.replica_change_time, None);
+        assert_eq!(plan.mark, vec![("a".into(), Some(T0.into()))]);
+        assert!(plan.update_deployment);
+    }
+
+    #[test]
+    fn timed_entries_mark_with_their_time_and_stay() {
+        let value = format!("a~{T1},b~{T0}");
+        let plan = trigger(&value, Some(T1));
+        // b already has priority 1 and a time: left alone, its entry stays.
+        assert_eq!(plan.mark, vec![("a".into(), Some(T1.into()))]);
+        assert_eq!(plan.annotation.as_deref(), Some(value.as_str()));
+        assert!(!plan.update_deployment, "nothing changes on the deployment");
+        // A machine with a time but another priority gets priority 1 and keeps its time;
+        // one with priority 1 but no time gets the entry's time.
+        let plan = trigger(&format!("e~{T1},d~{T1}"), Some(T1));
         assert_eq!(
-            plan_trigger_deletion("c~t2", &machines, "now").annotation,
-            None
+            plan.mark,
+            vec![("e".into(), None), ("d".into(), Some(T1.into()))]
         );
+    }
+
+    #[test]
+    fn entries_of_gone_failed_or_malformed_are_dropped() {
+        let plan = trigger(
+            &format!("c~{T0},x~{T0},a~yesterday,a~{T0}~{T1},,b~{T0}"),
+            Some(T0),
+        );
+        assert_eq!(plan.annotation, Some(format!("b~{T0}")));
+        assert!(plan.mark.is_empty());
+        assert!(plan.update_deployment);
+        assert_eq!(plan.replica_change_time, None, "no bare name was rewritten");
+        // Nothing left: the annotation is removed.
+        let plan = trigger(&format!("c~{T0}"), Some(T0));
+        assert_eq!(plan.annotation, None);
+        assert!(plan.update_deployment);
+        let plan = trigger("", Some(T0));
+        assert_eq!(plan.annotation, None);
+        assert!(plan.update_deployment);
     }
 
     #[test]

@@ -2,15 +2,18 @@
 //! the `machine-template-hash` label.
 //!
 //! The Go controllers hash the Go struct dump of the template, which cannot be reproduced.
-//! New sets are therefore **found** by template equality (ignoring the hash label), like
-//! Kubernetes' `FindNewReplicaSet`, so sets created by the Go MCM are adopted as they are; the
-//! hash only has to be stable across our own restarts. It is FNV-1a (32 bit) over the
-//! template's canonical JSON (object keys sorted) and the collision count, encoded with
-//! Kubernetes' "safe" alphabet (no vowels, no confusable characters).
+//! New sets are therefore **found** by template equality as upstream's `EqualIgnoreHash`
+//! compares ([`templates_equal`]), so sets created by the Go MCM are adopted as they are; the
+//! hash only has to be stable across our own restarts and across Go clients' round trips of
+//! the template. It is FNV-1a (32 bit) over the template's canonical JSON
+//! ([`mcm_api::canonical`]: keys sorted, `null`/empty values and Go's non-pointer zero values
+//! removed, as a Go struct makes them equal) and the collision count, encoded with Kubernetes'
+//! "safe" alphabet (no vowels, no confusable characters).
 
 use mcm_api::MachineTemplateSpec;
+use mcm_api::canonical::canonical_template;
+#[cfg(test)]
 use mcm_api::constants::labels;
-use serde_json::Value;
 
 const SAFE_ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
 
@@ -22,65 +25,25 @@ fn fnv1a(bytes: &[u8], mut hash: u32) -> u32 {
     hash
 }
 
-fn canonical(value: &Value, out: &mut String) {
-    match value {
-        Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort();
-            out.push('{');
-            for (i, k) in keys.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                out.push_str(&Value::String((*k).clone()).to_string());
-                out.push(':');
-                if let Some(v) = map.get(*k) {
-                    canonical(v, out);
-                }
-            }
-            out.push('}');
-        }
-        Value::Array(items) => {
-            out.push('[');
-            for (i, v) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                canonical(v, out);
-            }
-            out.push(']');
-        }
-        other => out.push_str(&other.to_string()),
-    }
+/// The template in canonical form, as one line of JSON with sorted keys
+/// ([`mcm_api::canonical::canonical_template`]).
+fn canonical_text(template: &MachineTemplateSpec) -> String {
+    // serde_json keeps the (sorted) key order of the canonical map.
+    canonical_template(template).to_string()
 }
 
-/// The template as JSON without the `machine-template-hash` label, with empty label and
-/// annotation maps removed, for equality checks.
-pub fn template_without_hash(template: &MachineTemplateSpec) -> Value {
-    let mut t = template.clone();
-    if let Some(meta) = t.metadata.as_mut() {
-        if let Some(l) = meta.labels.as_mut() {
-            l.remove(labels::MACHINE_TEMPLATE_HASH);
-            if l.is_empty() {
-                meta.labels = None;
-            }
-        }
-        if meta.annotations.as_ref().is_some_and(|a| a.is_empty()) {
-            meta.annotations = None;
-        }
-    }
-    serde_json::to_value(&t).unwrap_or(Value::Null)
-}
-
-/// Whether two templates are equal when the hash label is ignored.
+/// Whether a set with template `a` is the set of a deployment with template `b`: upstream's
+/// `EqualIgnoreHash` on canonical forms ([`mcm_api::canonical::same_set_template`]): the
+/// hash label, the node template, the machine configuration and the class kind do not count
+/// (they are written into the existing set instead), nor does how a Go client represents
+/// empty and zero values.
 pub fn templates_equal(a: &MachineTemplateSpec, b: &MachineTemplateSpec) -> bool {
-    template_without_hash(a) == template_without_hash(b)
+    mcm_api::canonical::same_set_template(a, b)
 }
 
 /// The template hash for `collision_count`.
 pub fn template_hash(template: &MachineTemplateSpec, collision_count: Option<i32>) -> String {
-    let mut text = String::new();
-    canonical(&template_without_hash(template), &mut text);
+    let text = canonical_text(template);
     let mut hash = fnv1a(text.as_bytes(), 0x811c_9dc5);
     if let Some(c) = collision_count {
         hash = fnv1a(&c.to_le_bytes(), hash);
@@ -139,5 +102,96 @@ mod tests {
                 .chars()
                 .all(|c| SAFE_ALPHABET.contains(&(c as u8)))
         );
+    }
+
+    /// The template of a MachineDeployment fixture.
+    fn fixture_template(json: &str) -> MachineTemplateSpec {
+        let d: mcm_api::MachineDeployment = serde_json::from_str(json).expect("a deployment");
+        d.spec.template
+    }
+
+    /// Each case as we wrote it and as a Go client (the cluster-autoscaler's MCM types,
+    /// v0.53.0) sends it back on its `Update`: `tests/fixtures/go-roundtrip`.
+    const ROUND_TRIPS: &[(&str, &str, &str)] = &[
+        (
+            "minimal",
+            include_str!("../../tests/fixtures/go-roundtrip/minimal.in.json"),
+            include_str!("../../tests/fixtures/go-roundtrip/minimal.go.json"),
+        ),
+        (
+            "node-template",
+            include_str!("../../tests/fixtures/go-roundtrip/node-template.in.json"),
+            include_str!("../../tests/fixtures/go-roundtrip/node-template.go.json"),
+        ),
+        (
+            "machine-config",
+            include_str!("../../tests/fixtures/go-roundtrip/machine-config.in.json"),
+            include_str!("../../tests/fixtures/go-roundtrip/machine-config.go.json"),
+        ),
+        (
+            "gardener-like",
+            include_str!("../../tests/fixtures/go-roundtrip/gardener-like.in.json"),
+            include_str!("../../tests/fixtures/go-roundtrip/gardener-like.go.json"),
+        ),
+        (
+            "explicit-empties",
+            include_str!("../../tests/fixtures/go-roundtrip/explicit-empties.in.json"),
+            include_str!("../../tests/fixtures/go-roundtrip/explicit-empties.go.json"),
+        ),
+        (
+            "zero-counters",
+            include_str!("../../tests/fixtures/go-roundtrip/zero-counters.in.json"),
+            include_str!("../../tests/fixtures/go-roundtrip/zero-counters.go.json"),
+        ),
+    ];
+
+    #[test]
+    fn a_go_clients_round_trip_keeps_the_set_and_the_hash() {
+        for (case, ours, go) in ROUND_TRIPS {
+            let ours = fixture_template(ours);
+            let go = fixture_template(go);
+            assert!(templates_equal(&ours, &go), "{case}: another set");
+            if *case == "machine-config" {
+                // The v0.53 types do not know `disableHealthTimeout`: Go drops it. The set
+                // stays (the configuration is written into it); the full template differs.
+                assert!(!mcm_api::canonical::templates_equal(&ours, &go), "{case}");
+                let mut without = ours.clone();
+                if let Some(spec) = without.spec.as_mut() {
+                    spec.configuration.disable_health_timeout = None;
+                }
+                assert_eq!(
+                    template_hash(&without, None),
+                    template_hash(&go, None),
+                    "{case}"
+                );
+            } else {
+                assert_eq!(
+                    template_hash(&ours, None),
+                    template_hash(&go, None),
+                    "{case}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_real_change_after_a_round_trip_is_another_template() {
+        let (_, _, go) = ROUND_TRIPS[0];
+        let go = fixture_template(go);
+        let mut other_class = go.clone();
+        if let Some(class) = other_class.spec.as_mut().and_then(|s| s.class.as_mut()) {
+            class.name = Some("c2".into());
+        }
+        assert!(!templates_equal(&go, &other_class));
+        assert_ne!(template_hash(&go, None), template_hash(&other_class, None));
+        let mut labelled = go.clone();
+        labelled
+            .metadata
+            .get_or_insert_with(Default::default)
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert("extra".into(), "1".into());
+        assert!(!templates_equal(&go, &labelled));
+        assert_ne!(template_hash(&go, None), template_hash(&labelled, None));
     }
 }

@@ -283,8 +283,10 @@ pub fn trigger_machine(m: &Machine) -> TriggerMachine {
     let anns = m.annotations();
     TriggerMachine {
         gone_or_failed: is_terminating(m) || m.phase() == Some(&MachinePhase::Failed),
-        marked: anns.get(annotations::MACHINE_PRIORITY).map(String::as_str) == Some("1")
-            && anns.contains_key(annotations::MARKED_FOR_DELETION_TIME),
+        priority_one: anns.get(annotations::MACHINE_PRIORITY).map(String::as_str) == Some("1"),
+        marked: anns
+            .get(annotations::MARKED_FOR_DELETION_TIME)
+            .is_some_and(|t| !t.is_empty()),
     }
 }
 

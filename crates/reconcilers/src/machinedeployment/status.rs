@@ -310,11 +310,9 @@ pub fn compute_status(
     let d = s.rollout.replicas;
     let counters = Counters::of(s.new_set.as_ref(), &s.old_sets);
     let Counters {
-        replicas,
-        updated,
-        ready,
         available,
         preserved_failed,
+        ..
     } = counters;
     let prev = input.previous;
     let mut conditions = prev.and_then(|p| p.conditions.clone()).unwrap_or_default();
@@ -346,22 +344,52 @@ pub fn compute_status(
         );
     }
 
-    let mut recheck = None;
+    let recheck = progressing_condition(&mut conditions, s, counters, input);
+    (status_with(d, counters, conditions, input), recheck)
+}
+
+/// Updates the `Progressing` condition in `conditions` as upstream MCM does
+/// (`checkPausedConditions`, then `syncRolloutStatus`), with or without a progress deadline
+/// (the cluster-autoscaler reads its reason: it scales a deployment down only when the
+/// reason is `NewMachineSetAvailable`):
+///
+/// - paused: `Unknown/DeploymentPaused`; resumed: `Unknown/DeploymentResumed` (a timed-out
+///   condition is kept); nothing else while paused;
+/// - a complete deployment whose condition is already `NewMachineSetAvailable` keeps it (a
+///   scale-up or scale-down that leaves every machine in the new set is not a rollout);
+/// - complete (every desired machine updated and available, no old machine):
+///   `True/NewMachineSetAvailable`;
+/// - progress (this reconcile created or scaled a set, or more updated, ready or available
+///   machines, or fewer machines), or no condition yet: `True/MachineSetUpdated`, with a new
+///   update time (the transition time kept while it stays True);
+/// - otherwise, only with a progress deadline: `False/ProgressDeadlineExceeded` once the
+///   last update is older than the deadline.
+///
+/// Returns when to look again while a deadline runs. Pure.
+pub fn progressing_condition(
+    conditions: &mut Vec<MachineDeploymentCondition>,
+    s: &Snapshot,
+    counters: Counters,
+    input: &StatusInput<'_>,
+) -> Option<Duration> {
+    let now = input.now;
+    let prev = input.previous;
     let deadline = input
         .progress_deadline_seconds
         .filter(|d| *d > 0 && *d != i32::MAX);
-    let progressing = condition(
-        Some(&conditions),
-        &MachineDeploymentConditionType::Progressing,
-    )
-    .cloned();
-    if let Some(deadline) = deadline {
-        let was_paused = progressing
-            .as_ref()
-            .is_some_and(|c| c.reason.as_deref() == Some(reasons::PAUSED));
-        if s.rollout.paused {
+    let reason_of = |conditions: &Vec<MachineDeploymentCondition>| {
+        condition(
+            Some(conditions),
+            &MachineDeploymentConditionType::Progressing,
+        )
+        .and_then(|c| c.reason.clone())
+    };
+    let reason = reason_of(conditions);
+    if reason.as_deref() != Some(reasons::PROGRESS_DEADLINE_EXCEEDED) {
+        let paused_before = reason.as_deref() == Some(reasons::PAUSED);
+        if s.rollout.paused && !paused_before {
             set_condition(
-                &mut conditions,
+                conditions,
                 make(
                     MachineDeploymentConditionType::Progressing,
                     ConditionStatus::Unknown,
@@ -370,23 +398,9 @@ pub fn compute_status(
                     now,
                 ),
             );
-        } else if s.is_complete() {
+        } else if !s.rollout.paused && paused_before {
             set_condition(
-                &mut conditions,
-                make(
-                    MachineDeploymentConditionType::Progressing,
-                    ConditionStatus::True,
-                    reasons::NEW_MACHINE_SET_AVAILABLE,
-                    format!(
-                        "MachineSet {:?} has successfully progressed.",
-                        s.new_set.as_ref().map(|n| n.name.as_str()).unwrap_or("")
-                    ),
-                    now,
-                ),
-            );
-        } else if was_paused {
-            set_condition(
-                &mut conditions,
+                conditions,
                 make(
                     MachineDeploymentConditionType::Progressing,
                     ConditionStatus::Unknown,
@@ -395,69 +409,91 @@ pub fn compute_status(
                     now,
                 ),
             );
-            recheck = Some(Duration::from_secs(u64::try_from(deadline).unwrap_or(600)));
-        } else {
-            let moved = input.progressed
-                || prev.is_none_or(|p| {
-                    updated > p.updated_replicas.unwrap_or(0)
-                        || ready > p.ready_replicas.unwrap_or(0)
-                        || available > p.available_replicas.unwrap_or(0)
-                        || replicas < p.replicas.unwrap_or(0)
-                });
-            let last = progressing
-                .as_ref()
-                .and_then(|c| c.last_update_time.as_ref())
-                .map(|t| t.0);
-            let timed_out_already = progressing
-                .as_ref()
-                .is_some_and(|c| c.reason.as_deref() == Some(reasons::PROGRESS_DEADLINE_EXCEEDED));
-            if moved || last.is_none() {
-                let mut c = make(
-                    MachineDeploymentConditionType::Progressing,
-                    ConditionStatus::True,
-                    reasons::MACHINE_SET_UPDATED,
-                    format!(
-                        "MachineSet {:?} is progressing.",
-                        s.new_set.as_ref().map(|n| n.name.as_str()).unwrap_or("")
-                    ),
-                    now,
-                );
-                if let Some(p) = &progressing
-                    && p.status == ConditionStatus::True
-                {
-                    c.last_transition_time = p.last_transition_time.clone();
-                }
-                // Replace unconditionally: progress refreshes the update time.
-                conditions.retain(|x| x.type_ != MachineDeploymentConditionType::Progressing);
-                conditions.push(c);
-                recheck = Some(Duration::from_secs(u64::try_from(deadline).unwrap_or(600)));
-            } else if let Some(last) = last
-                && !timed_out_already
-            {
-                let elapsed = now.as_second() - last.as_second();
-                if elapsed >= i64::from(deadline) {
-                    set_condition(
-                        &mut conditions,
-                        make(
-                            MachineDeploymentConditionType::Progressing,
-                            ConditionStatus::False,
-                            reasons::PROGRESS_DEADLINE_EXCEEDED,
-                            format!(
-                                "MachineSet {:?} has timed out progressing.",
-                                s.new_set.as_ref().map(|n| n.name.as_str()).unwrap_or("")
-                            ),
-                            now,
-                        ),
-                    );
-                } else {
-                    let left = i64::from(deadline) - elapsed;
-                    recheck = Some(Duration::from_secs(u64::try_from(left).unwrap_or(1)));
-                }
-            }
         }
     }
-
-    (status_with(d, counters, conditions, input), recheck)
+    if s.rollout.paused {
+        return None;
+    }
+    let reason = reason_of(conditions);
+    if counters.replicas == counters.updated
+        && reason.as_deref() == Some(reasons::NEW_MACHINE_SET_AVAILABLE)
+    {
+        return None;
+    }
+    let new_set = s.new_set.as_ref().map(|n| n.name.as_str()).unwrap_or("");
+    if s.is_complete() {
+        set_condition(
+            conditions,
+            make(
+                MachineDeploymentConditionType::Progressing,
+                ConditionStatus::True,
+                reasons::NEW_MACHINE_SET_AVAILABLE,
+                format!("MachineSet {new_set:?} has successfully progressed."),
+                now,
+            ),
+        );
+        return None;
+    }
+    let progressing = condition(
+        Some(conditions),
+        &MachineDeploymentConditionType::Progressing,
+    )
+    .cloned();
+    let Counters {
+        replicas,
+        updated,
+        ready,
+        available,
+        ..
+    } = counters;
+    let moved = input.progressed
+        || prev.is_none_or(|p| {
+            updated > p.updated_replicas.unwrap_or(0)
+                || ready > p.ready_replicas.unwrap_or(0)
+                || available > p.available_replicas.unwrap_or(0)
+                || replicas < p.replicas.unwrap_or(0)
+        });
+    let recheck_in = |secs: i64| Some(Duration::from_secs(u64::try_from(secs.max(1)).unwrap_or(1)));
+    let Some(progressing) = progressing.filter(|_| !moved) else {
+        let mut c = make(
+            MachineDeploymentConditionType::Progressing,
+            ConditionStatus::True,
+            reasons::MACHINE_SET_UPDATED,
+            format!("MachineSet {new_set:?} is progressing."),
+            now,
+        );
+        if let Some(p) = condition(
+            Some(conditions),
+            &MachineDeploymentConditionType::Progressing,
+        ) && p.status == ConditionStatus::True
+        {
+            c.last_transition_time = p.last_transition_time.clone();
+        }
+        // Replace unconditionally: progress refreshes the update time.
+        conditions.retain(|x| x.type_ != MachineDeploymentConditionType::Progressing);
+        conditions.push(c);
+        return deadline.and_then(|d| recheck_in(i64::from(d)));
+    };
+    let deadline = deadline?;
+    if progressing.reason.as_deref() == Some(reasons::PROGRESS_DEADLINE_EXCEEDED) {
+        return None;
+    }
+    let last = progressing.last_update_time.as_ref().map_or(now, |t| t.0);
+    let elapsed = now.as_second() - last.as_second();
+    if elapsed < i64::from(deadline) {
+        return recheck_in(i64::from(deadline) - elapsed);
+    }
+    set_condition(
+        conditions,
+        make(
+            MachineDeploymentConditionType::Progressing,
+            ConditionStatus::False,
+            reasons::PROGRESS_DEADLINE_EXCEEDED,
+            format!("MachineSet {new_set:?} has timed out progressing."),
+            now,
+        ),
+    );
+    None
 }
 
 /// `status` without what changes as machines come and go: the replica counters, and the
@@ -607,6 +643,75 @@ mod tests {
         assert_eq!(fourth.unavailable_replicas, Some(0));
     }
 
+    /// A deployment of `d` replicas whose new set has `machines` machines, `available` of
+    /// them available, and `old` machines in an old set.
+    fn rollout(d: i32, machines: i32, available: i32, old: i32) -> Snapshot {
+        let mut new = SetState::new("new", machines);
+        new.machines = machines;
+        new.ready = available;
+        new.available = available;
+        let mut s = snapshot(0);
+        s.rollout.replicas = d;
+        s.new_set = Some(new);
+        s.old_sets = Vec::new();
+        if old > 0 {
+            let mut o = SetState::new("old", old);
+            o.machines = old;
+            o.available = old;
+            s.old_sets.push(o);
+        }
+        s
+    }
+
+    #[test]
+    fn progressing_is_kept_without_a_deadline_with_the_reasons_the_autoscaler_reads() {
+        let at = |previous, now| {
+            let mut i = input(previous, now);
+            i.progress_deadline_seconds = None;
+            i
+        };
+        // Rolling out: MachineSetUpdated, no recheck (no deadline).
+        let (rolling, recheck) = compute_status(&rollout(2, 1, 0, 2), &at(None, 1_000));
+        assert_eq!(
+            progressing(&rolling),
+            Some((ConditionStatus::True, reasons::MACHINE_SET_UPDATED.into()))
+        );
+        assert_eq!(recheck, None);
+        // Stuck for an hour: no timeout without a deadline.
+        let (stuck, _) = compute_status(&rollout(2, 1, 0, 2), &at(Some(&rolling), 4_600));
+        assert_eq!(progressing(&stuck), progressing(&rolling));
+        // Complete: NewMachineSetAvailable.
+        let (done, _) = compute_status(&rollout(2, 2, 2, 0), &at(Some(&stuck), 4_700));
+        assert_eq!(
+            progressing(&done),
+            Some((
+                ConditionStatus::True,
+                reasons::NEW_MACHINE_SET_AVAILABLE.into()
+            ))
+        );
+        // The autoscaler scales up: new machines in the new set are not a rollout, the
+        // reason stays (even while this reconcile scaled the set).
+        let mut scaled = at(Some(&done), 4_800);
+        scaled.progressed = true;
+        let (up, _) = compute_status(&rollout(4, 4, 2, 0), &scaled);
+        assert_eq!(progressing(&up), progressing(&done));
+        // Paused: Unknown/DeploymentPaused; resumed: Unknown/DeploymentResumed.
+        let mut paused = rollout(2, 1, 0, 2);
+        paused.rollout.paused = true;
+        let (p, _) = compute_status(&paused, &at(Some(&up), 4_900));
+        assert_eq!(
+            progressing(&p),
+            Some((ConditionStatus::Unknown, reasons::PAUSED.into()))
+        );
+        let (p2, _) = compute_status(&paused, &at(Some(&p), 4_950));
+        assert_eq!(p2.conditions, p.conditions, "nothing changes while paused");
+        let (resumed, _) = compute_status(&rollout(2, 1, 0, 2), &at(Some(&p), 5_000));
+        assert_eq!(
+            progressing(&resumed),
+            Some((ConditionStatus::Unknown, reasons::RESUMED.into()))
+        );
+    }
+
     #[test]
     fn invalid_strategy_condition_is_set_once_and_replaced_when_fixed() {
         let s = snapshot(0);
@@ -643,11 +748,14 @@ mod tests {
             progressing(&fixed),
             Some((ConditionStatus::True, reasons::MACHINE_SET_UPDATED.into()))
         );
-        // Fixed, without a deadline: the condition is dropped.
+        // Fixed, without a deadline: the usual condition too (upstream keeps it always).
         let mut no_deadline = input(Some(&invalid), 1_030);
         no_deadline.progress_deadline_seconds = None;
         let (fixed, _) = compute_status(&s, &no_deadline);
-        assert_eq!(progressing(&fixed), None);
+        assert_eq!(
+            progressing(&fixed),
+            Some((ConditionStatus::True, reasons::MACHINE_SET_UPDATED.into()))
+        );
     }
 
     #[test]

@@ -282,6 +282,10 @@ pub async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action
             .as_ref()
             .is_some_and(|l| l.contains_key(labels::MACHINE_SET_SCALE_UP_DISABLED)),
         deleting,
+        replica_change_time: set
+            .annotations()
+            .get(annotations::LAST_DEPLOYMENT_REPLICA_CHANGE_BY_SCALER_TIME)
+            .and_then(|t| t.parse().ok()),
     };
     let plan = plan_replicas(&input, &views);
     let manage = manage_replicas(&ctx, &machines_api, &set, &plan, &key, &claimed).await;
@@ -819,11 +823,13 @@ async fn set_controller(
 pub fn machine_spec_patch(set: &MachineSet, machine: &Machine) -> Option<Value> {
     let template = set.spec.template.as_ref()?.spec.as_ref()?;
     let mut spec = serde_json::Map::new();
-    if template.node_template != machine.spec.node_template {
-        spec.insert(
-            "nodeTemplate".into(),
-            serde_json::to_value(&template.node_template).unwrap_or(Value::Null),
-        );
+    let want = serde_json::to_value(&template.node_template).unwrap_or(Value::Null);
+    let have = serde_json::to_value(&machine.spec.node_template).unwrap_or(Value::Null);
+    if mcm_api::canonical::canonical(&want, &[]) != mcm_api::canonical::canonical(&have, &[]) {
+        // A merge patch that also removes the labels, annotations and taints the set no
+        // longer has.
+        let patch = mcm_api::canonical::merge_patch_to(&have, &want).unwrap_or(Value::Null);
+        spec.insert("nodeTemplate".into(), patch);
     }
     // A machine created under an effective creation timeout keeps it.
     let mut configuration = template.configuration.clone();

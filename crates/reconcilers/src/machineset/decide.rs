@@ -259,6 +259,21 @@ pub struct SetInput {
     pub scale_up_disabled: bool,
     /// The set has a deletion timestamp.
     pub deleting: bool,
+    /// The set's `machine.sapcloud.io/last-deployment-replica-change-by-scaler-time`
+    /// (copied from its deployment): machines the scaler marked for deletion at or before
+    /// it are deleted ([`marked_by_scaler`]).
+    pub replica_change_time: Option<Timestamp>,
+}
+
+/// Whether the scaler chose `m` for deletion at or before `replica_change_time`: priority 1
+/// with a marked-for-deletion time not after the set's last replica change by the scaler
+/// (upstream's `getMachinesMarkedForDeletion`). Such a machine is deleted even when the
+/// replicas do not call for it, so the set follows what the scaler decided.
+pub fn marked_by_scaler(m: &MachineView, replica_change_time: Option<Timestamp>) -> bool {
+    match (replica_change_time, m.marked_for_deletion) {
+        (Some(change), Some(marked)) => m.priority == MARKED_PRIORITY && marked <= change,
+        _ => false,
+    }
 }
 
 /// Machines to create and to delete.
@@ -280,7 +295,8 @@ pub struct ReplicaPlan {
 /// set's replicas go down). Surplus machines are chosen by [`deletion_order`] among the
 /// machines **without** the label `update-result: successful` (one just moved here by an
 /// in-place rollout is never deleted before the set's replicas are raised for it), as
-/// upstream. Failed machines without that label are deleted as well (they are replaced on
+/// upstream. Machines the scaler marked ([`marked_by_scaler`]) are deleted as well, even
+/// when no machine is surplus; failed machines without that label too (they are replaced on
 /// the next pass) unless the set keeps them for their preservation
 /// ([`MachineView::keep_if_failed`]): a kept Failed machine counts among the set's machines,
 /// so no replacement is created for it.
@@ -321,7 +337,10 @@ pub fn plan_replicas(set: &SetInput, machines: &[MachineView]) -> ReplicaPlan {
     let mut chosen: BTreeSet<&str> = BTreeSet::new();
     let mut delete = Vec::new();
     let failed = active.iter().filter(|m| m.is_failed_to_replace());
-    for m in active.iter().take(surplus).chain(failed) {
+    let marked = active
+        .iter()
+        .filter(|m| marked_by_scaler(m, set.replica_change_time));
+    for m in active.iter().take(surplus).chain(marked).chain(failed) {
         if delete.len() >= BURST_REPLICAS {
             break;
         }
@@ -645,6 +664,71 @@ mod tests {
             moved(view("moved", MachinePhase::Running, 3, 2)),
         ];
         assert_eq!(plan_replicas(&input, &ms), ReplicaPlan::default());
+    }
+
+    fn marked(mut v: MachineView, at: i64) -> MachineView {
+        v.marked_for_deletion = Timestamp::from_second(at).ok();
+        v
+    }
+
+    #[test]
+    fn machines_the_scaler_marked_go_even_when_the_replicas_do_not_change() {
+        // Upstream #1078: the autoscaler's priority-1 machine beyond what its replica count
+        // removed is deleted, though the set has exactly its replicas.
+        let input = SetInput {
+            replicas: 2,
+            replica_change_time: Timestamp::from_second(100).ok(),
+            ..SetInput::default()
+        };
+        let ms = [
+            view("a", MachinePhase::Running, 3, 1),
+            marked(view("b", MachinePhase::Running, 1, 2), 100),
+        ];
+        assert_eq!(plan_replicas(&input, &ms).delete, vec!["b"]);
+        // Marked after the last replica change, or without the set's change time, or with
+        // another priority: only the surplus goes.
+        let later = [
+            view("a", MachinePhase::Running, 3, 1),
+            marked(view("b", MachinePhase::Running, 1, 2), 101),
+        ];
+        assert_eq!(plan_replicas(&input, &later), ReplicaPlan::default());
+        let no_time = SetInput {
+            replica_change_time: None,
+            ..input
+        };
+        assert_eq!(plan_replicas(&no_time, &ms), ReplicaPlan::default());
+        let priority_two = [
+            view("a", MachinePhase::Running, 3, 1),
+            marked(view("b", MachinePhase::Running, 2, 2), 50),
+        ];
+        assert_eq!(plan_replicas(&input, &priority_two), ReplicaPlan::default());
+        // Scaled down by one together with the mark: that machine, and only it, goes.
+        let down = SetInput {
+            replicas: 1,
+            ..input
+        };
+        assert_eq!(plan_replicas(&down, &ms).delete, vec!["b"]);
+        // While machines are missing the set creates first (as upstream).
+        let up = SetInput {
+            replicas: 3,
+            ..input
+        };
+        assert_eq!(plan_replicas(&up, &ms).create, 1);
+        assert!(plan_replicas(&up, &ms).delete.is_empty());
+        // A terminating marked machine is not deleted again.
+        let mut going = marked(view("b", MachinePhase::Running, 1, 2), 100);
+        going.deleting = true;
+        let ms = [view("a", MachinePhase::Running, 3, 1), going];
+        assert_eq!(
+            plan_replicas(
+                &SetInput {
+                    replicas: 1,
+                    ..input
+                },
+                &ms
+            ),
+            ReplicaPlan::default()
+        );
     }
 
     #[test]

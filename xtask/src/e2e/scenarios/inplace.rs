@@ -66,13 +66,14 @@ fn owner(m: &Machine) -> String {
         .unwrap_or_default()
 }
 
-/// Two in-place deployments get a new node template: `good` (3 machines) is updated where
+/// Two in-place deployments get a new class and node template: `good` (3 machines) is updated where
 /// its machines stand — the same Machines and VM processes end up in the new MachineSet, one
 /// node selected at a time, with the new node labels; `bad` (its VM reports the update as
 /// failed) goes InPlaceUpdateFailed, then Failed after the health timeout, and is replaced by
 /// a fresh machine of the new set.
 pub async fn in_place_update(ctx: &mut Ctx<'_>) -> Result<String> {
     ctx.create_class("v", json!({})).await?;
+    ctx.create_class("v2", json!({})).await?;
     let mut failing = ctx.class_body("failing", json!({}));
     failing["providerSpec"]["failInPlaceUpdate"] = json!(true);
     ctx.apply(&failing).await?;
@@ -112,11 +113,16 @@ pub async fn in_place_update(ctx: &mut Ctx<'_>) -> Result<String> {
     let (watch, most_selected) = watch_selected(Api::all(ctx.client.clone()));
     let (recorder, log) = record_phases(ctx.machines_api());
     let began = Instant::now();
-    let template = json!({"spec": {"template": {"spec": {"nodeTemplate": {
-        "metadata": {"labels": {"version": "v2"}}
-    }}}}});
-    ctx.patch_deployment("good", template.clone()).await?;
-    ctx.patch_deployment("bad", template).await?;
+    // A new class is a new MachineSet (as upstream, a node template change alone is written
+    // into the existing set, not rolled out); the node template comes with it.
+    let template = |class: &str| {
+        json!({"spec": {"template": {"spec": {
+            "class": {"kind": "MachineClass", "name": class},
+            "nodeTemplate": {"metadata": {"labels": {"version": "v2"}}}
+        }}}})
+    };
+    ctx.patch_deployment("good", template("v2")).await?;
+    ctx.patch_deployment("bad", template("v2")).await?;
 
     let sets: Api<MachineSet> = Api::namespaced(ctx.client.clone(), &ctx.ns);
     let nodes: Api<Node> = Api::all(ctx.client.clone());
