@@ -72,7 +72,7 @@ fn canonical_at<'v>(
 }
 
 fn at_zero_path(path: &[&str], zero_paths: &[&[&str]]) -> bool {
-    zero_paths.iter().any(|p| *p == path)
+    zero_paths.contains(&path)
 }
 
 /// The canonical form of a machine template ([`canonical`] with [`TEMPLATE_ZERO_PATHS`]),

@@ -119,8 +119,58 @@ async fn autoscaler_update(h: &Harness, change: impl Fn(&mut Value)) {
     panic!("update md: conflicts did not stop");
 }
 
-/// Records every name a watch of `api` ever reports.
-fn names_ever<K>(api: Api<K>) -> (Arc<Mutex<BTreeSet<String>>>, tokio::task::JoinHandle<()>)
+/// Records `f` of every object a watch of `api` ever reports, from its initial list on
+/// (returns once that list is recorded).
+async fn record_ever<K, T>(
+    api: Api<K>,
+    f: fn(&K) -> Option<T>,
+) -> (Arc<Mutex<Vec<T>>>, tokio::task::JoinHandle<()>)
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static,
+    T: PartialEq + Send + 'static,
+{
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let (listed, synced) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(async move {
+        let mut listed = Some(listed);
+        let mut stream = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        while let Some(Ok(event)) = stream.next().await {
+            match event {
+                watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => {
+                    if let Some(v) = f(&obj) {
+                        let mut all = record.lock().expect("lock");
+                        if all.last() != Some(&v) {
+                            all.push(v);
+                        }
+                    }
+                }
+                watcher::Event::InitDone => {
+                    if let Some(tx) = listed.take() {
+                        let _ = tx.send(());
+                    }
+                }
+                _ => {}
+            }
+        }
+    });
+    tokio::time::timeout(WAIT, synced)
+        .await
+        .expect("the watch listed")
+        .expect("the watch runs");
+    (seen, task)
+}
+
+/// Every name a watch of `api` ever reports.
+async fn names_ever<K>(api: Api<K>) -> (Arc<Mutex<Vec<String>>>, tokio::task::JoinHandle<()>)
 where
     K: kube::Resource<DynamicType = ()>
         + Clone
@@ -130,35 +180,11 @@ where
         + Sync
         + 'static,
 {
-    let seen = Arc::new(Mutex::new(BTreeSet::new()));
-    let record = seen.clone();
-    let task = tokio::spawn(async move {
-        let mut stream = watcher(api, watcher::Config::default())
-            .default_backoff()
-            .applied_objects()
-            .boxed();
-        while let Some(Ok(obj)) = stream.next().await {
-            record.lock().expect("lock").insert(obj.name_any());
-        }
-    });
-    (seen, task)
+    record_ever(api, |o: &K| Some(o.name_any())).await
 }
 
-/// Records every `spec.replicas` the deployment `md` ever had.
-fn replicas_ever(h: &Harness) -> (Arc<Mutex<BTreeSet<i32>>>, tokio::task::JoinHandle<()>) {
-    let seen = Arc::new(Mutex::new(BTreeSet::new()));
-    let record = seen.clone();
-    let api = h.deployments();
-    let task = tokio::spawn(async move {
-        let mut stream = watcher(api, watcher::Config::default())
-            .default_backoff()
-            .applied_objects()
-            .boxed();
-        while let Some(Ok(d)) = stream.next().await {
-            record.lock().expect("lock").insert(d.spec.replicas());
-        }
-    });
-    (seen, task)
+fn set_of(seen: &Mutex<Vec<String>>) -> BTreeSet<String> {
+    seen.lock().expect("lock").iter().cloned().collect()
 }
 
 fn progressing_reason(d: &MachineDeployment) -> Option<String> {
@@ -201,7 +227,7 @@ fn names(ms: &[Machine]) -> BTreeSet<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_autoscaler_scale_up_never_creates_a_machine_set() {
     let h = Harness::start("ca-up").await;
-    let (sets, sets_task) = names_ever(h.sets());
+    let (sets, sets_task) = names_ever(h.sets()).await;
     create_deployment(&h, &md(3)).await;
     wait_machines(&h, "3 running", |m| running_of_class(m, "c1") == 3).await;
     wait_rollout_finished(&h).await;
@@ -224,7 +250,7 @@ async fn an_autoscaler_scale_up_never_creates_a_machine_set() {
     })
     .await;
     wait_rollout_finished(&h).await;
-    let seen = sets.lock().expect("lock").clone();
+    let seen = set_of(&sets);
     assert_eq!(seen.len(), 1, "MachineSets seen: {seen:?}");
     sets_task.abort();
     h.stop().await;
@@ -233,12 +259,13 @@ async fn an_autoscaler_scale_up_never_creates_a_machine_set() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_autoscaler_scale_down_deletes_exactly_the_machines_it_names() {
     let h = Harness::start("ca-down").await;
-    let (sets, sets_task) = names_ever(h.sets());
+    let (sets, sets_task) = names_ever(h.sets()).await;
     create_deployment(&h, &md(5)).await;
     let all = wait_machines(&h, "5 running", |m| running_of_class(m, "c1") == 5).await;
     wait_rollout_finished(&h).await;
-    let (replicas, replicas_task) = replicas_ever(&h);
-    let (machines, machines_task) = names_ever(h.machines());
+    let (replicas, replicas_task) =
+        record_ever(h.deployments(), |d: &MachineDeployment| d.spec.replicas).await;
+    let (machines, machines_task) = names_ever(h.machines()).await;
     let chosen: Vec<String> = all.iter().take(2).map(ResourceExt::name_any).collect();
     let kept: BTreeSet<String> = all.iter().skip(2).map(ResourceExt::name_any).collect();
 
@@ -285,10 +312,13 @@ async fn an_autoscaler_scale_down_deletes_exactly_the_machines_it_names() {
     // Never fewer replicas than the autoscaler set, never a machine it did not name
     // deleted (no machine created either: nothing was replaced).
     let seen = replicas.lock().expect("lock").clone();
-    assert_eq!(seen, BTreeSet::from([2, 3, 5]), "replicas seen");
-    let ever = machines.lock().expect("lock").clone();
-    assert_eq!(ever, names(&all), "machines seen besides the first 5");
-    assert_eq!(sets.lock().expect("lock").len(), 1);
+    assert_eq!(seen, [5, 3, 2], "replicas seen");
+    assert_eq!(
+        set_of(&machines),
+        names(&all),
+        "machines seen besides the first 5"
+    );
+    assert_eq!(set_of(&sets).len(), 1);
     for t in [sets_task, replicas_task, machines_task] {
         t.abort();
     }
@@ -308,11 +338,21 @@ async fn a_marked_machine_goes_even_when_the_replicas_do_not_change() {
     let time = "2026-01-01T00:00:00Z";
     // Named in the current format with the replicas unchanged (the scale-down and the
     // scale-up met in one object).
-    autoscaler_update(&h, |d| {
-        d["metadata"]["annotations"][annotations::TRIGGER_DELETION_BY_MCM] =
-            json!(format!("{victim}~{time}"));
-        d["metadata"]["annotations"][annotations::LAST_DEPLOYMENT_REPLICA_CHANGE_BY_SCALER_TIME] =
-            json!(time);
+    let (sets, sets_task) = names_ever(h.sets()).await;
+    patch_deployment(
+        &h,
+        "md",
+        json!({"metadata": {"annotations": {
+            annotations::TRIGGER_DELETION_BY_MCM: format!("{victim}~{time}"),
+            annotations::LAST_DEPLOYMENT_REPLICA_CHANGE_BY_SCALER_TIME: time,
+        }}}),
+    )
+    .await;
+    wait_list(h.deployments(), "the annotation handled", |d| {
+        d.first().is_some_and(|d| {
+            !d.annotations()
+                .contains_key(annotations::TRIGGER_DELETION_BY_MCM)
+        })
     })
     .await;
     let after = wait_machines(&h, "the named machine replaced", |m| {
@@ -324,6 +364,8 @@ async fn a_marked_machine_goes_even_when_the_replicas_do_not_change() {
         2,
         "only the named machine was replaced"
     );
+    assert_eq!(set_of(&sets).len(), 1);
+    sets_task.abort();
     let d = h.deployments().get("md").await.expect("md");
     assert_eq!(d.spec.replicas, Some(3));
     h.stop().await;
@@ -332,23 +374,7 @@ async fn a_marked_machine_goes_even_when_the_replicas_do_not_change() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn progressing_carries_the_reasons_the_autoscaler_gates_on_without_a_deadline() {
     let h = Harness::start("ca-progress").await;
-    let api = h.deployments();
-    let reasons = Arc::new(Mutex::new(Vec::<String>::new()));
-    let record = reasons.clone();
-    let recorder = tokio::spawn(async move {
-        let mut stream = watcher(api, watcher::Config::default())
-            .default_backoff()
-            .applied_objects()
-            .boxed();
-        while let Some(Ok(d)) = stream.next().await {
-            if let Some(r) = progressing_reason(&d) {
-                let mut all = record.lock().expect("lock");
-                if all.last() != Some(&r) {
-                    all.push(r);
-                }
-            }
-        }
-    });
+    let (reasons, recorder) = record_ever(h.deployments(), progressing_reason).await;
     let mut d = md(3);
     d.spec.progress_deadline_seconds = None;
     create_deployment(&h, &d).await;

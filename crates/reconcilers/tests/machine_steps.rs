@@ -273,6 +273,47 @@ async fn an_invalid_argument_is_reported_in_the_status_and_an_event() {
     w.stop().await;
 }
 
+/// Out of capacity: the cluster-autoscaler reads a machine without a Node by its
+/// `lastOperation` (`type: Create`, `state: Failed`, `errorCode: ResourceExhausted`) to back
+/// off the node group; the description says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resource_exhausted_is_reported_as_the_autoscaler_reads_it() {
+    let w = World::start("steps-exhausted").await;
+    w.cloud.set(
+        Operation::CreateMachine,
+        FaultSpec::always(Code::ResourceExhausted),
+    );
+    w.create_machine(MachineBuilder::new("full").class(CLASS).build())
+        .await;
+    let m = w
+        .await_machine("full", "the ResourceExhausted to be reported", |m| {
+            m.status
+                .as_ref()
+                .and_then(|s| s.last_operation.as_ref())
+                .is_some_and(|o| o.error_code.as_deref() == Some("ResourceExhausted"))
+        })
+        .await;
+    let op = m
+        .status
+        .as_ref()
+        .and_then(|s| s.last_operation.as_ref())
+        .expect("lastOperation");
+    assert_eq!(op.type_.as_ref().map(|t| t.as_str()), Some("Create"));
+    assert_eq!(op.state.as_ref().map(|s| s.as_str()), Some("Failed"));
+    assert!(
+        op.description
+            .as_deref()
+            .is_some_and(|d| d.contains("fault injected into")),
+        "{op:?}"
+    );
+    assert_eq!(
+        node_label(&m),
+        None,
+        "no node: the autoscaler looks at the operation"
+    );
+    w.stop().await;
+}
+
 /// Deleting a running machine deletes its VM, then the finalizer goes and the Machine with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn deletion_removes_the_vm_and_the_finalizer() {

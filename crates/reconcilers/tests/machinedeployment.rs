@@ -266,6 +266,109 @@ async fn a_machine_named_for_deletion_goes_and_the_replicas_stay() {
     h.stop().await;
 }
 
+/// A rollout of machines that boot slowly, while the old ones are deleted: every machine
+/// turning Running reaches its set at once (no set misses it and stalls the rollout until
+/// something else touches the set). Each step is bounded by [`PROMPT`].
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_rollout_never_misses_a_machine_turning_running() {
+    let boot = Duration::from_secs(2);
+    let h = Harness::start_slow("md-slow", boot).await;
+    create_deployment(&h, &md(4).build()).await;
+    wait_machines(&h, "4 running c1", |m| running_of_class(m, "c1") == 4).await;
+    roll_to(&h, "c2").await;
+    for n in 1..=4usize {
+        await_list(
+            h.machines(),
+            PROMPT + boot,
+            &format!("{n} running c2"),
+            |m| running_of_class(m, "c2") >= n,
+        )
+        .await;
+    }
+    await_list(h.machines(), PROMPT + boot, "only c2", |m| {
+        m.len() == 4 && running_of_class(m, "c2") == 4
+    })
+    .await;
+    await_list(h.deployments(), PROMPT, "the rollout complete", |d| {
+        observed_status(d).is_some_and(|s| {
+            s.updated_replicas == Some(4)
+                && s.available_replicas == Some(4)
+                && s.replicas == Some(4)
+        })
+    })
+    .await;
+    h.stop().await;
+}
+
+/// The node-template labels of a machine or set template spec.
+fn node_labels(spec: Option<&mcm_api::MachineSpec>) -> BTreeMap<String, String> {
+    spec.and_then(|s| s.node_template.as_ref())
+        .and_then(|t| t.metadata.as_ref())
+        .and_then(|m| m.labels.clone())
+        .unwrap_or_default()
+}
+
+/// As upstream: a change of the node template, the machine configuration or the class kind
+/// is written into the existing set and its machines, not rolled out; a label removed from
+/// the node template is removed from them too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_template_change_is_applied_in_place_not_rolled_out() {
+    let h = Harness::start("md-nodetemplate").await;
+    let mut d = md(2).build();
+    if let Some(spec) = d.spec.template.spec.as_mut() {
+        spec.node_template = Some(mcm_api::NodeTemplateSpec {
+            metadata: Some(ObjectMeta {
+                labels: Some(BTreeMap::from([
+                    ("a".to_owned(), "1".to_owned()),
+                    ("b".to_owned(), "2".to_owned()),
+                ])),
+                ..ObjectMeta::default()
+            }),
+            spec: None,
+        });
+    }
+    create_deployment(&h, &d).await;
+    let before = wait_machines(&h, "2 running", |m| running_of_class(m, "c1") == 2).await;
+    let set = wait_list(h.sets(), "one set", |s| s.len() == 1).await;
+    patch_deployment(
+        &h,
+        "md",
+        json!({"spec": {"template": {"spec": {
+            "nodeTemplate": {"metadata": {"labels": {"b": null, "c": "3"}}},
+            "drainTimeout": "1h",
+        }}}}),
+    )
+    .await;
+    let want = BTreeMap::from([
+        ("a".to_owned(), "1".to_owned()),
+        ("c".to_owned(), "3".to_owned()),
+    ]);
+    let sets = wait_list(h.sets(), "the set's node template updated", |s| {
+        s.len() == 1
+            && node_labels(s[0].spec.template.as_ref().and_then(|t| t.spec.as_ref())) == want
+    })
+    .await;
+    assert_eq!(sets[0].name_any(), set[0].name_any(), "no new set");
+    let drain = sets[0]
+        .spec
+        .template
+        .as_ref()
+        .and_then(|t| t.spec.as_ref())
+        .and_then(|s| s.configuration.drain_timeout);
+    assert_eq!(drain.map(|d| d.0), Some(Duration::from_secs(3600)));
+    let after = wait_machines(&h, "the machines' node templates updated", |m| {
+        m.len() == 2 && m.iter().all(|m| node_labels(Some(&m.spec)) == want)
+    })
+    .await;
+    let names = |ms: &[Machine]| {
+        ms.iter()
+            .map(ResourceExt::name_any)
+            .collect::<BTreeSet<_>>()
+    };
+    assert_eq!(names(&after), names(&before), "no machine replaced");
+    h.stop().await;
+}
+
 /// The first deployment's status, when its generation is observed.
 fn observed_status(d: &[MachineDeployment]) -> Option<&MachineDeploymentStatus> {
     let d = d.first()?;

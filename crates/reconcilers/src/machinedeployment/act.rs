@@ -349,16 +349,18 @@ impl<'a> Actor<'a> {
     }
 
     /// Scales the set `name` (now as `current`) to `replicas` and refreshes its replica
-    /// annotations; an Event when the replicas change.
+    /// annotations ([`scale_annotations`]; `new_set`: it is the deployment's new set); an
+    /// Event when the replicas change.
     pub async fn scale_set(
         &self,
         name: &str,
         current: Option<&SetState>,
         replicas: i32,
         max_surge: i32,
+        new_set: bool,
     ) -> Result<(), Error> {
         let update = json!({
-            "metadata": {"annotations": replica_annotations(self.d, max_surge)},
+            "metadata": {"annotations": scale_annotations(self.d, max_surge, new_set)},
             "spec": {"replicas": replicas},
         });
         self.patch_set("scale", name, &update).await?;
@@ -501,12 +503,37 @@ pub fn copied_annotations(d: &MachineDeployment) -> BTreeMap<String, String> {
 
 /// The copied annotations the set lacks or has with another value (added or overwritten,
 /// never removed, as upstream).
+///
+/// The scaler's `last-deployment-replica-change-by-scaler-time` waits while the set still
+/// has more replicas than the deployment: the set deletes the machines the scaler marked up
+/// to that time, and before its replicas come down it would replace them. It then comes with
+/// the replicas, in [`Actor::scale_set`]'s patch.
 pub fn annotations_to_copy(d: &MachineDeployment, set: &MachineSet) -> BTreeMap<String, String> {
     let have = set.annotations();
+    let scale_down_pending = set.spec.replicas() > d.spec.replicas();
     copied_annotations(d)
         .into_iter()
+        .filter(|(k, _)| {
+            !(scale_down_pending && k == annotations::LAST_DEPLOYMENT_REPLICA_CHANGE_BY_SCALER_TIME)
+        })
         .filter(|(k, v)| have.get(k) != Some(v))
         .collect()
+}
+
+/// The annotations a set gets with its replicas: [`replica_annotations`], and on the new
+/// set the scaler's `last-deployment-replica-change-by-scaler-time` (see
+/// [`annotations_to_copy`]).
+pub fn scale_annotations(
+    d: &MachineDeployment,
+    max_surge: i32,
+    new_set: bool,
+) -> BTreeMap<String, String> {
+    let mut anns = replica_annotations(d, max_surge);
+    let key = annotations::LAST_DEPLOYMENT_REPLICA_CHANGE_BY_SCALER_TIME;
+    if let Some(time) = d.annotations().get(key).filter(|_| new_set) {
+        anns.insert(key.to_owned(), time.clone());
+    }
+    anns
 }
 
 /// The parts of a template that are written into the existing new set instead of rolled
@@ -652,6 +679,26 @@ mod tests {
                 "5m".to_owned()
             )])
         );
+    }
+
+    #[test]
+    fn the_replica_change_time_waits_for_a_pending_scale_down() {
+        let key = annotations::LAST_DEPLOYMENT_REPLICA_CHANGE_BY_SCALER_TIME;
+        let mut d = MachineDeployment::default();
+        d.spec.replicas = Some(3);
+        d.metadata.annotations = Some(BTreeMap::from([(
+            key.to_owned(),
+            "2026-11-26T10:00:00Z".to_owned(),
+        )]));
+        let mut set = new_machine_set(&d, 5, 1, 1);
+        set.annotations_mut().remove(key);
+        // The set still has 5 replicas: the time comes with the scale-down.
+        assert!(!annotations_to_copy(&d, &set).contains_key(key));
+        assert!(scale_annotations(&d, 1, true).contains_key(key));
+        assert!(!scale_annotations(&d, 1, false).contains_key(key));
+        // Replicas as the deployment's (or fewer): copied at once.
+        set.spec.replicas = Some(3);
+        assert!(annotations_to_copy(&d, &set).contains_key(key));
     }
 
     #[test]

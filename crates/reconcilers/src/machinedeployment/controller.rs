@@ -357,7 +357,8 @@ async fn apply_action(
                 .iter()
                 .chain(snapshot.old_sets.iter())
                 .find(|s| &s.name == set);
-            act.scale_set(set, current, *replicas, surge).await
+            let new_set = snapshot.new_set.as_ref().is_some_and(|n| &n.name == set);
+            act.scale_set(set, current, *replicas, surge, new_set).await
         }
     }
 }
@@ -375,7 +376,15 @@ async fn handle_trigger_deletion(
     let Some(value) = anns.get(annotations::TRIGGER_DELETION_BY_MCM) else {
         return Ok(false);
     };
-    let now = decide::rfc3339_seconds(Timestamp::now());
+    let set_time = observed
+        .new_set
+        .as_ref()
+        .and_then(|s| {
+            s.annotations()
+                .get(annotations::LAST_DEPLOYMENT_REPLICA_CHANGE_BY_SCALER_TIME)
+        })
+        .and_then(|t| t.parse().ok());
+    let now = decide::replica_change_time(Timestamp::now(), set_time);
     let input = decide::TriggerInput {
         value,
         replica_change_time: anns

@@ -726,6 +726,16 @@ pub fn rfc3339_seconds(t: Timestamp) -> String {
     t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
+/// The time a replica change by the scaler is recorded with: now, but strictly after the
+/// change time the new set already has (`set_time`), in whole seconds. The set deletes the
+/// machines marked at or before its change time; a machine marked now must not look like one
+/// to a set whose replicas have not come down yet (it would replace the machine first).
+pub fn replica_change_time(now: Timestamp, set_time: Option<Timestamp>) -> String {
+    let after = set_time.and_then(|t| t.checked_add(jiff::SignedDuration::from_secs(1)).ok());
+    let at = after.filter(|a| *a > now).unwrap_or(now);
+    rfc3339_seconds(at)
+}
+
 /// What the trigger-deletion annotation asks for.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct TriggerPlan {
@@ -757,9 +767,11 @@ pub struct TriggerInput<'a> {
 /// The protocol of Gardener's cluster-autoscaler, as upstream MCM implements it
 /// (`adjustingMachineDeploymentDeletionAnnotations`, `computeMachineTriggerDeletionData`):
 /// the scaler lowers `spec.replicas` **itself**, in the same update that names the machines
-/// it chose, so replicas are never changed here. Bare names are rewritten to
-/// `name~<last-deployment-replica-change-by-scaler-time>` (that annotation is set to now
-/// when it is missing); an entry of any other shape, with a time that is not RFC 3339, or
+/// it chose, so replicas are never changed here. Bare names are rewritten to `name~<now>`
+/// and `last-deployment-replica-change-by-scaler-time` is set to now (upstream sets it only
+/// when missing and rewrites with the old time; then the machine of a second scale-down is
+/// marked before the old time its set already has, and the set replaces it before its
+/// replicas come down); an entry of any other shape, with a time that is not RFC 3339, or
 /// naming a machine that is gone, not the deployment's, Failed or terminating is dropped;
 /// the machines of the remaining entries get priority 1 and, unless they have one, the
 /// entry's time as marked-for-deletion time. A machine that already has both is left alone.
@@ -776,14 +788,15 @@ pub fn plan_trigger_deletion(
         return plan;
     }
     let mut rewritten = false;
-    let change_time = input.replica_change_time.unwrap_or(input.now);
+    // Bare names come with the scaler's replica change: this is its time.
+    let change_time = input.now;
     let mut keep = Vec::new();
     for raw in value.split(',') {
         let entry = raw.trim();
         let parts: Vec<&str> = entry.split('~').collect();
         let (name, time) = match parts.as_slice() {
             [name] => {
-                rewritten = true;
+                rewritten |= !name.trim().is_empty();
                 (name.trim(), change_time)
             }
             [name, time] => (name.trim(), time.trim()),
@@ -804,7 +817,7 @@ pub fn plan_trigger_deletion(
             plan.mark.push((name.to_owned(), time));
         }
     }
-    if rewritten && input.replica_change_time.is_none() {
+    if rewritten && input.replica_change_time != Some(input.now) {
         plan.replica_change_time = Some(input.now.to_owned());
     }
     let new_value = keep.join(",");
@@ -1005,12 +1018,24 @@ mod tests {
                 update_deployment: true,
             }
         );
-        // With a change time, bare names take it and it stays as it is.
-        let plan = trigger("a", Some(T0));
-        assert_eq!(plan.annotation, Some(format!("a~{T0}")));
-        assert_eq!(plan.replica_change_time, None);
-        assert_eq!(plan.mark, vec![("a".into(), Some(T0.into()))]);
+        // After an earlier change, bare names are a new change: now, and the change time
+        // moves to now (a set still at the old time does not see them marked before it).
+        let plan = trigger(&format!("a,b~{T0}"), Some(T0));
+        assert_eq!(plan.annotation, Some(format!("a~{NOW},b~{T0}")));
+        assert_eq!(plan.replica_change_time, Some(NOW.into()));
+        assert_eq!(plan.mark, vec![("a".into(), Some(NOW.into()))]);
         assert!(plan.update_deployment);
+    }
+
+    #[test]
+    fn the_change_time_is_after_the_sets() {
+        let now: Timestamp = "2026-11-26T10:00:00.7Z".parse().expect("time");
+        assert_eq!(replica_change_time(now, None), "2026-11-26T10:00:00Z");
+        let earlier = "2026-11-26T09:00:00Z".parse().ok();
+        assert_eq!(replica_change_time(now, earlier), "2026-11-26T10:00:00Z");
+        // The set's time is this very second: one second later.
+        let same = "2026-11-26T10:00:00Z".parse().ok();
+        assert_eq!(replica_change_time(now, same), "2026-11-26T10:00:01Z");
     }
 
     #[test]

@@ -215,7 +215,9 @@ async fn scale(
         .find(|x| x.state.name == name)
         .map(|x| x.state.clone());
     // Upstream's MaxSurge is 0 for in-place updates: max-replicas is the replicas.
-    act.scale_set(name, current.as_ref(), replicas, 0).await?;
+    let new_set = s.new_set.state.name == name;
+    act.scale_set(name, current.as_ref(), replicas, 0, new_set)
+        .await?;
     s.scale(name, replicas);
     Ok(())
 }

@@ -38,6 +38,19 @@ impl Harness {
 
     /// [`Harness::start`] with the manager's configuration changed by `configure`.
     pub async fn start_with(prefix: &str, configure: impl FnOnce(&mut ManagerConfig)) -> Harness {
+        Self::start_playing(prefix, configure, None).await
+    }
+
+    /// [`Harness::start`] with VMs that boot for `boot` ([`slow_machine_controller`]).
+    pub async fn start_slow(prefix: &str, boot: Duration) -> Harness {
+        Self::start_playing(prefix, |_| {}, Some(boot)).await
+    }
+
+    async fn start_playing(
+        prefix: &str,
+        configure: impl FnOnce(&mut ManagerConfig),
+        boot: Option<Duration>,
+    ) -> Harness {
         let TestNamespace { client, ns, .. } = TestNamespace::new(
             mcm_testenv::Components {
                 controller_manager: true,
@@ -63,7 +76,10 @@ impl Harness {
             })
             .await;
         });
-        let fake = tokio::spawn(fake_machine_controller(client.clone(), ns.clone()));
+        let fake = match boot {
+            None => tokio::spawn(fake_machine_controller(client.clone(), ns.clone())),
+            Some(boot) => tokio::spawn(slow_machine_controller(client.clone(), ns.clone(), boot)),
+        };
         Harness {
             client,
             ns,
@@ -119,6 +135,54 @@ pub async fn fake_machine_controller(client: Client, ns: String) {
                 &Patch::Merge(&patch),
             )
             .await;
+    }
+}
+
+/// The finalizer [`slow_machine_controller`] holds its machines with.
+pub const SLOW_FINALIZER: &str = "test.mcm-rs.io/vm";
+
+/// Plays a machine controller whose VMs take `boot` to become `Running`: a new machine gets
+/// a finalizer at once and turns Running after `boot`; a deleted machine loses its finalizer
+/// at once (so its last update and its removal follow each other closely, as when the real
+/// machine controller finishes a deletion).
+pub async fn slow_machine_controller(client: Client, ns: String, boot: Duration) {
+    let api: Api<Machine> = Api::namespaced(client, &ns);
+    let mut booting = std::collections::BTreeSet::new();
+    let mut stream = watcher(api.clone(), watcher::Config::default())
+        .default_backoff()
+        .applied_objects()
+        .boxed();
+    while let Some(ev) = stream.next().await {
+        let Ok(m) = ev else { continue };
+        let name = m.name_any();
+        let held = m.finalizers().iter().any(|f| f == SLOW_FINALIZER);
+        if m.metadata.deletion_timestamp.is_some() {
+            if held {
+                let patch = json!({"metadata": {"finalizers": null}});
+                let _ = api
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                    .await;
+            }
+            continue;
+        }
+        if m.phase().is_some() || !booting.insert(name.clone()) {
+            continue;
+        }
+        let patch = json!({"metadata": {"finalizers": [SLOW_FINALIZER]}});
+        let _ = api
+            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await;
+        let api = api.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(boot).await;
+            let patch = json!({"status": {"currentStatus": {
+                "phase": "Running",
+                "lastUpdateTime": Time(jiff::Timestamp::now()),
+            }}});
+            let _ = api
+                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                .await;
+        });
     }
 }
 
