@@ -126,13 +126,7 @@ async fn record_ever<K, T>(
     f: fn(&K) -> Option<T>,
 ) -> (Arc<Mutex<Vec<T>>>, tokio::task::JoinHandle<()>)
 where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
+    K: Watched,
     T: PartialEq + Send + 'static,
 {
     let seen = Arc::new(Mutex::new(Vec::new()));
@@ -170,16 +164,9 @@ where
 }
 
 /// Every name a watch of `api` ever reports.
-async fn names_ever<K>(api: Api<K>) -> (Arc<Mutex<Vec<String>>>, tokio::task::JoinHandle<()>)
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
+async fn names_ever<K: Watched>(
+    api: Api<K>,
+) -> (Arc<Mutex<Vec<String>>>, tokio::task::JoinHandle<()>) {
     record_ever(api, |o: &K| Some(o.name_any())).await
 }
 

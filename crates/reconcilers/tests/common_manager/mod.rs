@@ -112,6 +112,40 @@ impl Harness {
     }
 }
 
+/// What the tests watch: the kinds of the control plane.
+pub trait Watched:
+    kube::Resource<DynamicType = ()>
+    + Clone
+    + std::fmt::Debug
+    + serde::de::DeserializeOwned
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> Watched for K where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+/// Sets the phase of the machine `name` to `Running`, as the machine controller does.
+async fn set_running(api: &Api<Machine>, name: &str) {
+    let patch = json!({"status": {"currentStatus": {
+        "phase": "Running",
+        "lastUpdateTime": Time(jiff::Timestamp::now()),
+    }}});
+    let _ = api
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await;
+}
+
 /// Plays the machine controller: every new machine becomes `Running` at once.
 pub async fn fake_machine_controller(client: Client, ns: String) {
     let api: Api<Machine> = Api::namespaced(client, &ns);
@@ -124,17 +158,7 @@ pub async fn fake_machine_controller(client: Client, ns: String) {
         if m.metadata.deletion_timestamp.is_some() || m.phase().is_some() {
             continue;
         }
-        let patch = json!({"status": {"currentStatus": {
-            "phase": "Running",
-            "lastUpdateTime": Time(jiff::Timestamp::now()),
-        }}});
-        let _ = api
-            .patch_status(
-                &m.name_any(),
-                &PatchParams::default(),
-                &Patch::Merge(&patch),
-            )
-            .await;
+        set_running(&api, &m.name_any()).await;
     }
 }
 
@@ -175,13 +199,7 @@ pub async fn slow_machine_controller(client: Client, ns: String, boot: Duration)
         let api = api.clone();
         tokio::spawn(async move {
             tokio::time::sleep(boot).await;
-            let patch = json!({"status": {"currentStatus": {
-                "phase": "Running",
-                "lastUpdateTime": Time(jiff::Timestamp::now()),
-            }}});
-            let _ = api
-                .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
-                .await;
+            set_running(&api, &name).await;
         });
     }
 }
@@ -218,16 +236,7 @@ pub async fn wait_machines(
 }
 
 /// Waits (on a watch) until the objects of `api` satisfy `pred`, for at most [`WAIT`].
-pub async fn wait_list<K>(api: Api<K>, what: &str, pred: impl Fn(&[K]) -> bool) -> Vec<K>
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::de::DeserializeOwned
-        + Send
-        + Sync
-        + 'static,
-{
+pub async fn wait_list<K: Watched>(api: Api<K>, what: &str, pred: impl Fn(&[K]) -> bool) -> Vec<K> {
     await_list(api, WAIT, what, pred).await
 }
 
