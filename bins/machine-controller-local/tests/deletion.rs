@@ -117,7 +117,7 @@ async fn a_vm_that_may_exist_blocks_deletion_until_the_class_is_fixed() {
     assert!(
         m.finalizers()
             .iter()
-            .any(|f| f == mcm_api::constants::finalizers::MACHINE_CONTROLLER),
+            .any(|f| f == mcm_api::constants::finalizers::MACHINE_CONTROLLER_MANAGER),
         "the finalizer stays while the VM may exist"
     );
     assert!(h.vm_alive("v1"), "the VM is neither leaked nor deleted");

@@ -80,7 +80,7 @@ async fn a_machine_runs_with_its_bootstrap_token_consumed_and_is_deleted_cleanly
         running
             .finalizers()
             .iter()
-            .any(|f| f == "machine.sapcloud.io/machine-controller"),
+            .any(|f| f == "machine.sapcloud.io/machine-controller-manager"),
         "finalizer"
     );
     // The VM booted with the token (it refuses to boot with a bad one), and the token is

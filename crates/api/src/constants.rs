@@ -177,9 +177,12 @@ pub mod annotations {
 
 /// Finalizers.
 pub mod finalizers {
-    /// Finalizer of the machine-controller-manager on machine objects and MachineClasses.
+    /// The finalizer the Go MCM puts on Machines, MachineClasses, MachineSets and
+    /// MachineDeployments (both its machine controller and its manager use it).
     pub const MACHINE_CONTROLLER_MANAGER: &str = "machine.sapcloud.io/machine-controller-manager";
-    /// Finalizer of the machine controller (e.g. on Secrets referenced by MachineClasses).
+    /// The finalizer the Go machine controller puts on the Secrets that MachineClasses
+    /// reference (only there). Earlier mcm-rs releases put it on Machines and MachineClasses
+    /// too: it is taken off them as a legacy name.
     pub const MACHINE_CONTROLLER: &str = "machine.sapcloud.io/machine-controller";
 }
 

@@ -117,18 +117,64 @@ pub type ApiResult = Result<Outcome, kube::Error>;
 /// The finalizer list of `current` with `finalizer` present or absent, or `None` when it
 /// already is so. Other finalizers keep their order; an added one goes last.
 pub fn finalizers_with(current: &[String], finalizer: &str, present: bool) -> Option<Vec<String>> {
-    if current.iter().any(|f| f == finalizer) == present {
+    finalizers_as(current, finalizer, &[], present)
+}
+
+/// The finalizer list with `finalizer` present or absent and each of the `legacy` names (the
+/// same finalizer under an older name) absent, or `None` when `current` already is so. Pure.
+pub fn finalizers_as(
+    current: &[String],
+    finalizer: &str,
+    legacy: &[&str],
+    present: bool,
+) -> Option<Vec<String>> {
+    let has = current.iter().any(|f| f == finalizer);
+    let has_legacy = current.iter().any(|f| legacy.contains(&f.as_str()));
+    if has == present && !has_legacy {
         return None;
     }
     let mut list: Vec<String> = current
         .iter()
-        .filter(|f| *f != finalizer)
+        .filter(|f| *f != finalizer && !legacy.contains(&f.as_str()))
         .cloned()
         .collect();
     if present {
         list.push(finalizer.to_owned());
     }
     Some(list)
+}
+
+/// The merge patch of [`finalizers_as`], guarded by the object's resourceVersion, or `None`
+/// when nothing needs to change.
+pub fn finalizer_patch_as<K: Resource>(
+    obj: &K,
+    finalizer: &str,
+    legacy: &[&str],
+    present: bool,
+) -> Option<Value> {
+    let list = finalizers_as(obj.finalizers(), finalizer, legacy, present)?;
+    Some(json!({"metadata": {
+        "finalizers": list,
+        "resourceVersion": obj.resource_version(),
+    }}))
+}
+
+/// Makes `finalizer` present or absent on `obj` and its `legacy` names absent
+/// ([`finalizer_patch_as`]). Idempotent like [`set_finalizer`].
+pub async fn set_finalizer_as<K>(
+    api: &Api<K>,
+    obj: &K,
+    finalizer: &str,
+    legacy: &[&str],
+    present: bool,
+) -> ApiResult
+where
+    K: Resource + ApiObject,
+{
+    match finalizer_patch_as(obj, finalizer, legacy, present) {
+        Some(patch) => merge_patch(api, Part::Object, &obj.name_any(), &patch).await,
+        None => Ok(Outcome::Done),
+    }
 }
 
 /// The merge patch that makes `finalizer` present or absent on `obj`, guarded by the
@@ -327,6 +373,34 @@ pub fn error_policy<E: ReconcileError + 'static>(
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn a_legacy_finalizer_name_is_replaced_or_removed_with_ours() {
+        let list = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let (ours, old) = ("new", "old");
+        // Ours missing, the old name there: swapped, others kept in order.
+        assert_eq!(
+            finalizers_as(&list(&["x", old]), ours, &[old], true),
+            Some(list(&["x", ours]))
+        );
+        // Both there: the old one goes.
+        assert_eq!(
+            finalizers_as(&list(&[old, ours]), ours, &[old], true),
+            Some(list(&[ours]))
+        );
+        assert_eq!(finalizers_as(&list(&[ours]), ours, &[old], true), None);
+        // Removal takes either name.
+        assert_eq!(
+            finalizers_as(&list(&[old, "x", ours]), ours, &[old], false),
+            Some(list(&["x"]))
+        );
+        assert_eq!(finalizers_as(&list(&["x"]), ours, &[old], false), None);
+        assert_eq!(
+            finalizers_with(&list(&["x"]), ours, true),
+            Some(list(&["x", ours]))
+        );
+    }
+
     use super::*;
     use kube::core::Status;
     use mcm_api::MachineSet;

@@ -15,7 +15,12 @@ use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
-use mcm_api::constants::finalizers::MACHINE_CONTROLLER as FINALIZER;
+use mcm_api::constants::finalizers;
+
+/// The finalizer on MachineClasses (the Go MCM's name; the legacy name is replaced).
+const CLASS_FINALIZER: &str = finalizers::MACHINE_CONTROLLER_MANAGER;
+/// The finalizer on the Secrets classes reference (the Go machine controller's name there).
+const SECRET_FINALIZER: &str = finalizers::MACHINE_CONTROLLER;
 use mcm_api::{Machine, MachineClass};
 use mcm_driver::{Driver, SpecProblem};
 use serde_json::json;
@@ -154,8 +159,10 @@ pub fn classes_referencing(
         .collect()
 }
 
-/// The metadata patch that gives (`wanted`) or takes away our finalizer and, for Secrets,
-/// the watch label; `None` when the object already is as wanted. Pure.
+/// The metadata patch that gives (`wanted`) or takes away our finalizer (on classes the Go
+/// MCM's `machine-controller-manager`, replacing the legacy name; on Secrets its
+/// `machine-controller`) and, for Secrets, the watch label; `None` when the object already
+/// is as wanted. Pure.
 pub fn marking_patch<K: Resource>(obj: &K, wanted: bool, label: bool) -> Option<serde_json::Value> {
     let has_label = obj
         .labels()
@@ -163,7 +170,13 @@ pub fn marking_patch<K: Resource>(obj: &K, wanted: bool, label: bool) -> Option<
         .map(String::as_str)
         == Some("true");
     let label_ok = !label || has_label == wanted;
-    let finalizers = kube_api::finalizers_with(obj.finalizers(), FINALIZER, wanted);
+    // `label` marks a Secret; a class's legacy finalizer name goes either way.
+    let (finalizer, legacy): (&str, &[&str]) = if label {
+        (SECRET_FINALIZER, &[])
+    } else {
+        (CLASS_FINALIZER, crate::machine::LEGACY_FINALIZERS)
+    };
+    let finalizers = kube_api::finalizers_as(obj.finalizers(), finalizer, legacy, wanted);
     if finalizers.is_none() && label_ok {
         return None;
     }
@@ -349,6 +362,36 @@ pub fn error_policy(class: Arc<MachineClass>, err: &ClassError, _ctx: Arc<ClassC
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn classes_carry_the_go_mcms_finalizer_and_secrets_the_machine_controllers() {
+        use k8s_openapi::api::core::v1::Secret;
+        let finalizers =
+            |patch: Option<serde_json::Value>| patch.map(|p| p["metadata"]["finalizers"].clone());
+        // A class of an earlier mcm-rs: the legacy name is replaced.
+        let mut class = MachineClass::default();
+        class.metadata.finalizers = Some(vec![finalizers::MACHINE_CONTROLLER.into()]);
+        assert_eq!(
+            finalizers(marking_patch(&class, true, false)),
+            Some(serde_json::json!([finalizers::MACHINE_CONTROLLER_MANAGER]))
+        );
+        // Released: both names go.
+        class.metadata.finalizers = Some(vec![
+            finalizers::MACHINE_CONTROLLER.into(),
+            finalizers::MACHINE_CONTROLLER_MANAGER.into(),
+        ]);
+        assert_eq!(
+            finalizers(marking_patch(&class, false, false)),
+            Some(serde_json::json!([]))
+        );
+        // A Secret keeps the Go machine controller's name.
+        let mut secret = Secret::default();
+        secret.metadata.finalizers = Some(vec![finalizers::MACHINE_CONTROLLER.into()]);
+        secret.metadata.labels =
+            Some([(CLASS_CREDENTIALS_LABEL.to_string(), "true".to_string())].into());
+        assert_eq!(marking_patch(&secret, true, true), None);
+    }
+
     use super::*;
     use k8s_openapi::api::core::v1::SecretReference;
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use kube::api::{Api, DeleteParams};
 use kube::{Client, ResourceExt};
 use mcm_api::constants::{finalizers, labels};
-use mcm_api::{Machine, MachinePhase};
+use mcm_api::{Machine, MachineClass, MachinePhase};
 use mcm_driver::{Code, Driver, FakeDriver, FaultInjecting, FaultSpec, Operation};
 use mcm_reconcilers::machine::observe::Defaults;
 use mcm_reconcilers::machine::{MachineMetrics, Settings};
@@ -166,7 +166,7 @@ fn node_label(m: &Machine) -> Option<&str> {
 fn has_our_finalizer(m: &Machine) -> bool {
     m.finalizers()
         .iter()
-        .any(|f| f == finalizers::MACHINE_CONTROLLER)
+        .any(|f| f == finalizers::MACHINE_CONTROLLER_MANAGER)
 }
 
 /// A VM for the machine (its name, the class), and the Machine's providerID and `node`
@@ -346,6 +346,58 @@ async fn deletion_removes_the_vm_and_the_finalizer() {
                 && state.as_deref() == Some("created fake:///d1")),
         "{seen:?}"
     );
+    w.stop().await;
+}
+
+/// Swapped in for the Go MCM (or for an earlier mcm-rs): a Machine holding the Go MCM's
+/// finalizer is finished by us, one holding the earlier `machine-controller` name gets the Go
+/// name instead (so the Go MCM can finish it after a swap back) and is finished with both
+/// gone; the class carries the Go name, its Secret the Go machine controller's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn machines_of_a_go_fleet_or_an_earlier_release_are_finished() {
+    let w = World::start("steps-swap").await;
+    let held_with = |name: &str, finalizer: &str| {
+        let mut m = MachineBuilder::new(name).class(CLASS).build();
+        m.metadata.finalizers = Some(vec![finalizer.to_owned()]);
+        m
+    };
+    w.create_machine(held_with("go1", finalizers::MACHINE_CONTROLLER_MANAGER))
+        .await;
+    w.create_machine(held_with("old1", finalizers::MACHINE_CONTROLLER))
+        .await;
+    for name in ["go1", "old1"] {
+        let m = w
+            .await_machine(name, "the VM and the Go finalizer alone", |m| {
+                m.spec.provider_id.is_some()
+                    && m.finalizers() == [finalizers::MACHINE_CONTROLLER_MANAGER]
+            })
+            .await;
+        let provider_id = m.spec.provider_id.clone().unwrap_or_default();
+        create_ready_node(&w.client, name, &provider_id, &[]).await;
+        w.await_machine(name, "the machine to run", |m| {
+            m.phase() == Some(&MachinePhase::Running)
+        })
+        .await;
+    }
+    let classes: Api<MachineClass> = Api::namespaced(w.client.clone(), &w.ns);
+    await_object(
+        classes,
+        CLASS,
+        WAIT,
+        "the class's Go finalizer",
+        |c: Option<&MachineClass>| {
+            c.is_some_and(|c| c.finalizers() == [finalizers::MACHINE_CONTROLLER_MANAGER])
+        },
+    )
+    .await;
+    for name in ["go1", "old1"] {
+        w.machines()
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("delete");
+        await_gone(w.machines(), name, WAIT).await;
+    }
+    assert!(w.fake().vms().is_empty(), "VM left: {:?}", w.fake().vms());
     w.stop().await;
 }
 

@@ -436,7 +436,7 @@ mod tests {
         );
         let new = machine(
             json!({"machinepriority.machine.sapcloud.io": "high"}),
-            json!(["machine.sapcloud.io/machine-controller"]),
+            json!(["machine.sapcloud.io/machine-controller-manager"]),
         );
         assert!(review_request(&update("Machine", "UPDATE", new, old.clone()), &ctx).allowed);
         // A new problem on top of the old one is refused, naming only the new one.

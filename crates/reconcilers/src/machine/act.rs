@@ -11,7 +11,7 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::EventType;
 use kube::{Resource, ResourceExt};
 use mcm_api::constants::annotations::progress;
-use mcm_api::constants::{annotations, finalizers, labels, node_conditions};
+use mcm_api::constants::{annotations, labels, node_conditions};
 use mcm_api::{Machine, MachineClass, MachineOperationType, MachinePhase};
 use mcm_driver::{
     Code, CreateMachineRequest, DeleteMachineRequest, DriverError, GetMachineStatusRequest,
@@ -23,7 +23,7 @@ use super::decide::{ClassProblem, MachineConfig, VmReport};
 use super::hooks::HookStage;
 use super::metrics::{DeploymentLabels, PlacementLabels, Timed};
 use super::status::{self, Operation};
-use super::{Ctx, Error, token};
+use super::{Ctx, Error, FINALIZER, LEGACY_FINALIZERS, token};
 use crate::kube_api::{self, ApiErrorExt};
 
 const RECHECK: Duration = Duration::from_secs(30);
@@ -174,16 +174,17 @@ async fn announce_deletion_step(
     announce(ctx, m, None, op, notice).await
 }
 
-/// Adds our finalizer, guarded by the resource version. A Machine gone meanwhile needs
-/// nothing more.
+/// Adds our finalizer (replacing a legacy name), guarded by the resource version. A Machine
+/// gone meanwhile needs nothing more.
 pub async fn add_finalizer(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
-    let _ = kube_api::add_finalizer(&machine_api(ctx), m, finalizers::MACHINE_CONTROLLER)
+    let api = machine_api(ctx);
+    let _ = kube_api::set_finalizer_as(&api, m, FINALIZER, LEGACY_FINALIZERS, true)
         .await
         .map_err(|e| Error::kube("add the machine finalizer", e))?;
     Ok(Action::await_change())
 }
 
-/// Removes our finalizer (the last step of deletion).
+/// Removes our finalizer, under either name (the last step of deletion).
 ///
 /// The deletion wrote the Machine's status on the way (Terminating, drain results), so the
 /// resourceVersion of `m` is stale by now: guarding the patch with it failed with a conflict
@@ -193,7 +194,7 @@ async fn remove_finalizer(ctx: &Ctx, m: &Machine) -> Result<(), Error> {
     let api = machine_api(ctx);
     // With the reconciled copy first (its resourceVersion guards the patch); a conflict
     // means it was stale: read the Machine and try again.
-    match kube_api::remove_finalizer(&api, m, finalizers::MACHINE_CONTROLLER).await {
+    match kube_api::set_finalizer_as(&api, m, FINALIZER, LEGACY_FINALIZERS, false).await {
         Ok(_) => return Ok(()),
         Err(e) if e.is_conflict() => {}
         Err(e) => return Err(Error::kube("remove the machine finalizer", e)),
@@ -205,7 +206,7 @@ async fn remove_finalizer(ctx: &Ctx, m: &Machine) -> Result<(), Error> {
         Err(e) => return Err(Error::kube("read the machine", e)),
     };
     // Gone meanwhile: nothing left to remove.
-    let _ = kube_api::remove_finalizer(&api, &current, finalizers::MACHINE_CONTROLLER)
+    let _ = kube_api::set_finalizer_as(&api, &current, FINALIZER, LEGACY_FINALIZERS, false)
         .await
         .map_err(|e| Error::kube("remove the machine finalizer", e))?;
     Ok(())
@@ -496,7 +497,7 @@ async fn try_create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Ac
 /// Writes the `vm-requested` progress (when `first_request`) and our finalizer (when it is
 /// missing) in one patch, guarded by the resource version; nothing when both are there.
 async fn record_vm_request(ctx: &Ctx, m: &Machine, first_request: bool) -> Result<(), Error> {
-    let mut patch = kube_api::finalizer_patch(m, finalizers::MACHINE_CONTROLLER, true)
+    let mut patch = kube_api::finalizer_patch_as(m, FINALIZER, LEGACY_FINALIZERS, true)
         .unwrap_or_else(|| json!({ "metadata": {} }));
     if first_request {
         patch["metadata"]["annotations"] =

@@ -171,8 +171,8 @@ impl NodeHealth {
 pub struct Observed {
     /// `metadata.deletionTimestamp` is set.
     pub deleting: bool,
-    /// Our finalizer is on the Machine.
-    pub has_finalizer: bool,
+    /// How the Machine carries our finalizer.
+    pub finalizer: super::Finalizer,
     /// `status.currentStatus.phase`.
     pub phase: Option<MachinePhase>,
     /// When the phase began (`status.currentStatus.lastUpdateTime`), else creation time.
@@ -354,7 +354,7 @@ pub fn next_step(o: &Observed, cfg: &MachineConfig, now: Timestamp) -> Step {
     let step = lifecycle_step(o, cfg, now);
     // Our finalizer first; a machine about to get its VM gets it with the record of the VM
     // request, in one write.
-    if !o.has_finalizer && step != Step::CreateVm {
+    if o.finalizer != crate::machine::Finalizer::Held && step != Step::CreateVm {
         return Step::AddFinalizer;
     }
     step
@@ -528,7 +528,7 @@ fn lifecycle_step(o: &Observed, cfg: &MachineConfig, now: Timestamp) -> Step {
 }
 
 fn deletion_step(o: &Observed, cfg: &MachineConfig, now: Timestamp) -> Step {
-    if !o.has_finalizer {
+    if o.finalizer == crate::machine::Finalizer::Missing {
         return Step::Nothing;
     }
     if o.phase != Some(MachinePhase::Terminating) {
@@ -730,7 +730,7 @@ mod tests {
     fn fresh() -> Observed {
         Observed {
             deleting: false,
-            has_finalizer: true,
+            finalizer: crate::machine::Finalizer::Held,
             phase: None,
             phase_since: t0(),
             provider_id: None,
@@ -767,7 +767,7 @@ mod tests {
             (
                 "no finalizer yet, VM to create: added with the VM request",
                 Observed {
-                    has_finalizer: false,
+                    finalizer: crate::machine::Finalizer::Missing,
                     ..fresh()
                 },
                 0,
@@ -776,7 +776,7 @@ mod tests {
             (
                 "no finalizer yet, class missing: the finalizer first",
                 Observed {
-                    has_finalizer: false,
+                    finalizer: crate::machine::Finalizer::Missing,
                     class: Err(missing.clone()),
                     ..fresh()
                 },
@@ -784,9 +784,18 @@ mod tests {
                 Step::AddFinalizer,
             ),
             (
+                "an earlier release's finalizer name: renamed first",
+                Observed {
+                    finalizer: crate::machine::Finalizer::Legacy,
+                    ..with_vm(MachinePhase::Running)
+                },
+                0,
+                Step::AddFinalizer,
+            ),
+            (
                 "no finalizer on a machine with a VM: the finalizer first",
                 Observed {
-                    has_finalizer: false,
+                    finalizer: crate::machine::Finalizer::Missing,
                     ..with_vm(MachinePhase::Running)
                 },
                 0,
@@ -1243,9 +1252,18 @@ mod tests {
                 Step::RemoveFinalizer,
             ),
             (
+                "an earlier release's finalizer name: ours, the deletion goes on",
+                Observed {
+                    finalizer: crate::machine::Finalizer::Legacy,
+                    ..terminating()
+                },
+                0,
+                next_step(&terminating(), &cfg(), at(0)),
+            ),
+            (
                 "someone else's finalizer only",
                 Observed {
-                    has_finalizer: false,
+                    finalizer: crate::machine::Finalizer::Missing,
                     ..terminating()
                 },
                 0,
@@ -1255,6 +1273,11 @@ mod tests {
         for (name, o, minute, want) in cases {
             assert_eq!(next_step(&o, &cfg(), at(minute)), want, "{name}");
         }
+        assert_ne!(
+            next_step(&terminating(), &cfg(), at(0)),
+            Step::Nothing,
+            "a terminating machine with our finalizer has a step"
+        );
     }
 
     #[test]

@@ -32,3 +32,39 @@ pub use metrics::MachineMetrics;
 pub use policy::{backoff_delay, max_replacements, rollout_protection};
 pub use reconcile::{CONTROLLER, error_policy, reconcile};
 pub use settings::Settings;
+
+/// The finalizer Machines are held with: the Go MCM's name, so that after a swap either
+/// implementation finishes the other's machines.
+pub const FINALIZER: &str = mcm_api::constants::finalizers::MACHINE_CONTROLLER_MANAGER;
+/// The name earlier mcm-rs releases held Machines and MachineClasses with: replaced by
+/// [`FINALIZER`] on a live object, removed with it when the object is finished (the Go MCM
+/// would never remove it).
+pub const LEGACY_FINALIZERS: &[&str] = &[mcm_api::constants::finalizers::MACHINE_CONTROLLER];
+
+/// How a Machine carries the machine controller's finalizer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finalizer {
+    /// [`FINALIZER`], and no legacy name.
+    Held,
+    /// A legacy name (with or without [`FINALIZER`]): ours, to be renamed while the machine
+    /// lives.
+    Legacy,
+    /// Neither: not (or no longer) ours.
+    Missing,
+}
+
+impl Finalizer {
+    /// How `finalizers` carry ours. Pure.
+    pub fn of(finalizers: &[String]) -> Self {
+        if finalizers
+            .iter()
+            .any(|f| LEGACY_FINALIZERS.contains(&f.as_str()))
+        {
+            Finalizer::Legacy
+        } else if finalizers.iter().any(|f| f == FINALIZER) {
+            Finalizer::Held
+        } else {
+            Finalizer::Missing
+        }
+    }
+}

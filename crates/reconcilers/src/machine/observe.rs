@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, NodeCondition};
-use mcm_api::constants::{annotations, finalizers, labels, node_conditions};
+use mcm_api::constants::{annotations, labels, node_conditions};
 use mcm_api::{Machine, MachineClass, MachinePhase};
 
 use std::collections::BTreeMap;
@@ -282,10 +282,7 @@ pub fn observe(machine: &Machine, cfg: &MachineConfig, ctx: Context<'_>) -> Obse
     let m = &machine.metadata;
     Observed {
         deleting: m.deletion_timestamp.is_some(),
-        has_finalizer: m
-            .finalizers
-            .as_ref()
-            .is_some_and(|f| f.iter().any(|f| f == finalizers::MACHINE_CONTROLLER)),
+        finalizer: crate::machine::Finalizer::of(m.finalizers.as_deref().unwrap_or_default()),
         phase: machine.phase().cloned(),
         phase_since: phase_since(machine),
         provider_id: machine.spec.provider_id.clone().filter(|p| !p.is_empty()),
