@@ -214,9 +214,24 @@ async fn creation_records_the_vm_and_its_node_then_runs() {
             .is_empty()
     })
     .await;
-    let _ = Api::<k8s_openapi::api::core::v1::Node>::all(w.client.clone())
-        .delete("m1", &DeleteParams::default())
-        .await;
+    // As the Go MCM, the Node is labelled with its machine's name.
+    let nodes = Api::<k8s_openapi::api::core::v1::Node>::all(w.client.clone());
+    await_object(
+        nodes.clone(),
+        "m1",
+        WAIT,
+        "the machine-name label",
+        |n: Option<&k8s_openapi::api::core::v1::Node>| {
+            n.is_some_and(|n| {
+                n.labels()
+                    .get(labels::NODE_MACHINE_NAME)
+                    .map(String::as_str)
+                    == Some("m1")
+            })
+        },
+    )
+    .await;
+    let _ = nodes.delete("m1", &DeleteParams::default()).await;
     w.stop().await;
 }
 

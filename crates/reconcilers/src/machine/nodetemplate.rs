@@ -11,6 +11,7 @@ use kube::ResourceExt;
 use kube::api::Api;
 use mcm_api::Machine;
 use mcm_api::constants::annotations::LAST_APPLIED_ANNO_LABELS_TAINTS;
+use mcm_api::constants::labels::NODE_MACHINE_NAME;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -100,10 +101,12 @@ fn same_taint(a: &Taint, b: &Taint) -> bool {
 }
 
 /// The Node labels, annotations and taints after applying `want` over what was `last`
-/// applied; `None` when the Node already matches.
-pub fn plan(node: &Node, want: &Applied) -> Option<serde_json::Value> {
+/// applied, with the label `node.gardener.cloud/machine-name: <machine>` that the Go MCM
+/// puts on every Node of a machine; `None` when the Node already matches.
+pub fn plan(node: &Node, want: &Applied, machine: &str) -> Option<serde_json::Value> {
     let last = last_applied(node);
-    let labels = merge_map(node.labels(), &last.labels, &want.labels);
+    let mut labels = merge_map(node.labels(), &last.labels, &want.labels);
+    labels.insert(NODE_MACHINE_NAME.to_owned(), machine.to_owned());
     let mut annotations = merge_map(node.annotations(), &last.annotations, &want.annotations);
     let current_taints = node
         .spec
@@ -140,10 +143,9 @@ pub fn plan(node: &Node, want: &Applied) -> Option<serde_json::Value> {
     // The record is compared by meaning, not by its JSON text. A missing record means
     // nothing was applied, which an empty template leaves as it is: like the Go MCM, the
     // record is written only with a change (a Node of an empty template costs no write).
-    let unchanged = &labels == node.labels()
-        && without_record(&annotations) == without_record(node.annotations())
-        && last == *want
-        && taints == current_taints;
+    let record_unchanged =
+        without_record(&annotations) == without_record(node.annotations()) && last == *want;
+    let unchanged = &labels == node.labels() && record_unchanged && taints == current_taints;
     if unchanged {
         return None;
     }
@@ -157,19 +159,24 @@ pub fn plan(node: &Node, want: &Applied) -> Option<serde_json::Value> {
         m.extend(new.iter().map(|(k, v)| (k.clone(), json!(v))));
         serde_json::Value::Object(m)
     };
-    Some(json!({
+    let mut patch = json!({
         "metadata": {
             "labels": nulls(node.labels(), &labels),
-            "annotations": nulls(node.annotations(), &annotations),
             "resourceVersion": node.resource_version(),
         },
         "spec": { "taints": taints },
-    }))
+    });
+    // Only the machine-name label is new: the record stays as it is (none for an empty
+    // template).
+    if !record_unchanged {
+        patch["metadata"]["annotations"] = nulls(node.annotations(), &annotations);
+    }
+    Some(patch)
 }
 
 /// Applies the machine's node template to its Node when it differs.
 pub async fn sync(ctx: &Ctx, machine: &Machine, node: &Node) -> Result<(), Error> {
-    let Some(patch) = plan(node, &desired(machine)) else {
+    let Some(patch) = plan(node, &desired(machine), &machine.name_any()) else {
         return Ok(());
     };
     let nodes: Api<Node> = Api::all(ctx.target.clone());
@@ -212,8 +219,10 @@ mod tests {
                 .unwrap(),
             );
         }
+        let mut labels = map(labels);
+        labels.insert(NODE_MACHINE_NAME.into(), "m".into());
         let node = json!({
-            "metadata": { "labels": map(labels), "annotations": annotations },
+            "metadata": { "labels": labels, "annotations": annotations },
             "spec": { "taints": taints },
         });
         serde_json::from_value(node).unwrap()
@@ -231,7 +240,7 @@ mod tests {
             vec![taint("other")],
             None,
         );
-        let p = plan(&node, &want).unwrap();
+        let p = plan(&node, &want, "m").unwrap();
         assert_eq!(p["metadata"]["labels"]["pool"], "a");
         assert_eq!(p["metadata"]["labels"]["kubernetes.io/hostname"], "n");
         let taints: Vec<Taint> = serde_json::from_value(p["spec"]["taints"].clone()).unwrap();
@@ -254,7 +263,7 @@ mod tests {
             vec![taint("old"), taint("foreign")],
             Some(&last),
         );
-        let p = plan(&node, &want).unwrap();
+        let p = plan(&node, &want, "m").unwrap();
         assert_eq!(p["metadata"]["labels"]["gone"], serde_json::Value::Null);
         assert_eq!(p["metadata"]["labels"]["third"], "party");
         let taints: Vec<Taint> = serde_json::from_value(p["spec"]["taints"].clone()).unwrap();
@@ -268,7 +277,7 @@ mod tests {
             vec![taint("other")],
             None,
         );
-        assert_eq!(plan(&node, &Applied::default()), None);
+        assert_eq!(plan(&node, &Applied::default(), "m"), None);
     }
 
     #[test]
@@ -278,7 +287,7 @@ mod tests {
             ..Default::default()
         };
         let node = node_with(&[("pool", "a")], vec![], Some(&last));
-        let p = plan(&node, &Applied::default()).unwrap();
+        let p = plan(&node, &Applied::default(), "m").unwrap();
         assert_eq!(p["metadata"]["labels"]["pool"], serde_json::Value::Null);
         let record = p["metadata"]["annotations"][LAST_APPLIED_ANNO_LABELS_TAINTS]
             .as_str()
@@ -294,6 +303,25 @@ mod tests {
             ..Default::default()
         };
         let node = node_with(&[("pool", "a")], vec![], Some(&want));
-        assert_eq!(plan(&node, &want), None);
+        assert_eq!(plan(&node, &want, "m"), None);
+    }
+
+    #[test]
+    fn every_node_gets_its_machines_name_and_nothing_else_with_it() {
+        let mut node = node_with(&[("kubernetes.io/hostname", "n")], vec![], None);
+        node.metadata
+            .labels
+            .as_mut()
+            .map(|l| l.remove(NODE_MACHINE_NAME));
+        let p = plan(&node, &Applied::default(), "m").unwrap();
+        assert_eq!(p["metadata"]["labels"][NODE_MACHINE_NAME], "m");
+        assert!(
+            p["metadata"].get("annotations").is_none(),
+            "no record for an empty template: {p}"
+        );
+        // Another machine's name is corrected.
+        let node = node_with(&[], vec![], None);
+        let p = plan(&node, &Applied::default(), "other").unwrap();
+        assert_eq!(p["metadata"]["labels"][NODE_MACHINE_NAME], "other");
     }
 }
