@@ -788,20 +788,13 @@ pub fn plan_trigger_deletion(
         return plan;
     }
     let mut rewritten = false;
-    // Bare names come with the scaler's replica change: this is its time.
-    let change_time = input.now;
     let mut keep = Vec::new();
-    for raw in value.split(',') {
-        let entry = raw.trim();
-        let parts: Vec<&str> = entry.split('~').collect();
-        let (name, time) = match parts.as_slice() {
-            [name] => {
-                rewritten |= !name.trim().is_empty();
-                (name.trim(), change_time)
-            }
-            [name, time] => (name.trim(), time.trim()),
-            _ => continue,
-        };
+    // An entry with more than one `~` keeps the rest in its time, which then is no time.
+    for entry in parse_trigger_deletion(value) {
+        // Bare names come with the scaler's replica change: now is its time.
+        let time = entry.time.as_deref().unwrap_or(input.now);
+        rewritten |= entry.time.is_none();
+        let name = entry.machine.as_str();
         if name.is_empty() || time.parse::<Timestamp>().is_err() {
             continue;
         }
