@@ -184,6 +184,11 @@ pub mod finalizers {
     /// reference (only there). Earlier mcm-rs releases put it on Machines and MachineClasses
     /// too: it is taken off them as a legacy name.
     pub const MACHINE_CONTROLLER: &str = "machine.sapcloud.io/machine-controller";
+    /// The finalizer the Go machine controller (since 0.61) puts on the Node of every machine
+    /// that is not being deleted, so that deleting the Node first deletes its machine (drain,
+    /// VM deletion); it is removed just before the machine's deletion deletes the Node, and
+    /// from Nodes no machine claims.
+    pub const NODE: &str = "node.machine.sapcloud.io/machine-controller";
 }
 
 /// Node taints.

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams};
 use kube::{Client, ResourceExt};
 use mcm_api::constants::{finalizers, labels};
@@ -37,6 +38,7 @@ struct World {
     client: Client,
     ns: String,
     cloud: Arc<Cloud>,
+    handles: Handles,
     cancel: CancellationToken,
     controller: Option<tokio::task::JoinHandle<()>>,
 }
@@ -61,19 +63,21 @@ impl World {
         let reconciles = ReconcileMetrics::register(&mut registry);
         let metrics = MachineMetrics::register(&mut registry, reconciles);
         let cancel = CancellationToken::new();
+        let handles = Handles::default();
         let side = machine_controller::MachineSide {
             control: client.clone(),
             target: client.clone(),
             driver,
             config: config(&ns),
             metrics,
-            handles: Handles::default(),
+            handles: handles.clone(),
         };
         let controller = tokio::spawn(side.run(cancel.clone()));
         World {
             client,
             ns,
             cloud,
+            handles,
             cancel,
             controller: Some(controller),
         }
@@ -413,6 +417,120 @@ async fn machines_of_a_go_fleet_or_an_earlier_release_are_finished() {
         await_gone(w.machines(), name, WAIT).await;
     }
     assert!(w.fake().vms().is_empty(), "VM left: {:?}", w.fake().vms());
+    w.stop().await;
+}
+
+fn holds_node_finalizer(n: &Node) -> bool {
+    n.finalizers().iter().any(|f| f == finalizers::NODE)
+}
+
+/// As the Go MCM since 0.61: the Node of a running machine carries the Node finalizer and the
+/// `node.gardener.cloud/machine-name` label; `kubectl delete node` deletes the machine, whose
+/// deletion drains the Node (which the finalizer keeps until then: its Terminating condition
+/// is set) and deletes the VM, and only then the Node object goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deleting_a_node_deletes_its_machine_with_a_drain_first() {
+    let w = World::start("steps-nodedel").await;
+    w.create_machine(MachineBuilder::new("nd1").class(CLASS).build())
+        .await;
+    w.await_machine("nd1", "the VM to be recorded", |m| {
+        m.spec.provider_id.is_some()
+    })
+    .await;
+    create_ready_node(&w.client, "nd1", "fake:///nd1", &[]).await;
+    w.await_machine("nd1", "the machine to run", |m| {
+        m.phase() == Some(&MachinePhase::Running)
+    })
+    .await;
+    let nodes: Api<Node> = Api::all(w.client.clone());
+    await_object(
+        nodes.clone(),
+        "nd1",
+        WAIT,
+        "the node finalizer and the machine-name label",
+        |n: Option<&Node>| {
+            n.is_some_and(|n| {
+                holds_node_finalizer(n)
+                    && n.labels()
+                        .get(labels::NODE_MACHINE_NAME)
+                        .map(String::as_str)
+                        == Some("nd1")
+            })
+        },
+    )
+    .await;
+
+    nodes
+        .delete("nd1", &DeleteParams::default())
+        .await
+        .expect("delete the node");
+    // The Node stays while the machine's deletion drains it.
+    let node = await_object(
+        nodes.clone(),
+        "nd1",
+        WAIT,
+        "the drain to mark the node Terminating",
+        |n: Option<&Node>| {
+            n.is_some_and(|n| {
+                n.status
+                    .as_ref()
+                    .and_then(|s| s.conditions.as_ref())
+                    .is_some_and(|c| {
+                        c.iter()
+                            .any(|c| c.type_ == "Terminating" && c.status == "True")
+                    })
+            })
+        },
+    )
+    .await
+    .expect("the node exists while its machine drains it");
+    assert!(node.metadata.deletion_timestamp.is_some());
+    await_gone(w.machines(), "nd1", WAIT).await;
+    await_gone(nodes, "nd1", WAIT).await;
+    assert!(w.fake().vms().is_empty(), "VM left: {:?}", w.fake().vms());
+    assert!(
+        !events_for(&w.client, &w.ns, "nd1", "NodeDeleted")
+            .await
+            .is_empty(),
+        "a NodeDeleted Event on the machine"
+    );
+    w.stop().await;
+}
+
+/// A Node left holding the Node finalizer by a machine that is gone (its finalizer removed
+/// by hand) is released, so that deleting it completes; a machine's deletion releases its
+/// Node's finalizer before it deletes the Node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_no_machine_claims_is_released_from_the_node_finalizer() {
+    let w = World::start("steps-nodefree").await;
+    let nodes: Api<Node> = Api::all(w.client.clone());
+    create_ready_node(
+        &w.client,
+        "stray",
+        "fake:///stray",
+        &[(labels::NODE_MACHINE_NAME, "gone-machine")],
+    )
+    .await;
+    nodes
+        .patch(
+            "stray",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({
+                "metadata": { "finalizers": [finalizers::NODE] }
+            })),
+        )
+        .await
+        .expect("hold the node");
+    nodes
+        .delete("stray", &DeleteParams::default())
+        .await
+        .expect("delete the node");
+    // A collection pass releases it (asked for again until the store has seen the deletion).
+    eventually(WAIT, "the stray node to be released and gone", || async {
+        w.handles.orphan_trigger.notify_one();
+        nodes.get_opt("stray").await.map(|n| n.is_none())
+    })
+    .await;
     w.stop().await;
 }
 

@@ -1311,9 +1311,16 @@ pub async fn deletion_blocked(
     Ok(Action::requeue(ctx.backoff(m, None)))
 }
 
-/// The VM is gone: delete the Node.
+/// The VM is gone: delete the Node, after releasing its finalizer (the Go MCM's order: the
+/// Node object goes at once).
 pub async fn delete_node(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
     if let Some(node_name) = m.node_name() {
+        if ctx
+            .node(node_name)
+            .is_none_or(|n| super::nodefinalizer::held(&n))
+        {
+            super::nodefinalizer::release(ctx, node_name).await?;
+        }
         let nodes: Api<Node> = Api::all(ctx.target.clone());
         let _ = kube_api::delete(&nodes, node_name, &DeleteParams::default())
             .await

@@ -4,7 +4,8 @@
 //! pure) and acts ([`act`], one idempotent action per step). [`ctx`] is what a reconcile
 //! reads and uses, [`policy`] the pure rules around the decision (rollout protection,
 //! replacement budget, backoff), [`health`], [`remediation`] and [`hooks`] the
-//! additive health and disruption policies.
+//! additive health and disruption policies, [`nodetemplate`] and [`nodefinalizer`] what a
+//! machine keeps on its Node.
 
 pub mod act;
 pub mod ctx;
@@ -15,6 +16,7 @@ pub mod health;
 pub mod hooks;
 pub mod inplace;
 pub mod metrics;
+pub mod nodefinalizer;
 pub mod nodetemplate;
 pub mod observe;
 pub mod policy;

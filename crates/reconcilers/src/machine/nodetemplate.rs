@@ -174,9 +174,14 @@ pub fn plan(node: &Node, want: &Applied, machine: &str) -> Option<serde_json::Va
     Some(patch)
 }
 
-/// Applies the machine's node template to its Node when it differs.
+/// Applies the machine's node template to its Node when it differs, and the Node finalizer
+/// with it when the Node misses it ([`super::nodefinalizer`]): one write for both.
 pub async fn sync(ctx: &Ctx, machine: &Machine, node: &Node) -> Result<(), Error> {
-    let Some(patch) = plan(node, &desired(machine), &machine.name_any()) else {
+    let mut patch = plan(node, &desired(machine), &machine.name_any());
+    if super::nodefinalizer::to_add(machine, node) {
+        patch = super::nodefinalizer::add_to_patch(patch, node);
+    }
+    let Some(patch) = patch else {
         return Ok(());
     };
     let nodes: Api<Node> = Api::all(ctx.target.clone());

@@ -8,7 +8,7 @@ use kube::runtime::controller::Action;
 use mcm_api::{Machine, MachinePhase};
 
 use super::decide::{self, ClassProblem, Step};
-use super::{Ctx, Error, act, inplace, observe, preserve};
+use super::{Ctx, Error, act, inplace, nodefinalizer, observe, preserve};
 
 /// One reconcile of a Machine: observe, decide, act.
 pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Action, Error> {
@@ -164,6 +164,14 @@ async fn reconcile_once(m: &Machine, ctx: &Ctx) -> Result<Action, Error> {
     let step = decide::next_step(&observed, &cfg, Timestamp::now());
     tracing::debug!(?step, "next step");
     let node = node.as_deref();
+    // The Node finalizer: with the node template's write where this step makes one.
+    if let Some(node) = node
+        && !ctx.freeze.is_frozen()
+        && step != Step::KeepRunning
+        && nodefinalizer::to_add(m, node)
+    {
+        nodefinalizer::hold(ctx, node).await?;
+    }
     match step {
         Step::AddFinalizer => act::add_finalizer(ctx, m).await,
         Step::ReportClassProblem(p) => act::report_class_problem(ctx, m, &p).await,
@@ -249,30 +257,57 @@ pub fn error_policy(machine: Arc<Machine>, err: &Error, ctx: Arc<Ctx>) -> Action
     Action::requeue(ctx.backoff(&machine, driver_err))
 }
 
-/// Whether the Node of `m` was deleted: the machine had joined (Running or Unknown), is not
-/// being deleted, and the synced Node store no longer holds its node. A level-triggered
+/// What the Node store says about the Node a Machine records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeState {
+    /// The machine records no node.
+    NotRecorded,
+    /// The Node exists (or is not managed by MCM: deleting it is not ours to act on).
+    Present,
+    /// The Node is being deleted: our finalizer (or another) holds it.
+    Deleting,
+    /// The Node is gone.
+    Gone,
+}
+
+/// Whether the Node of `m` was deleted ([`node_gone`] on the stores). A level-triggered
 /// observation: a failed deletion of the Machine is retried by the next reconcile. A Node
 /// deleted while annotated not-managed-by-MCM counts as present: its Machine stays.
 fn node_was_deleted(m: &Machine, ctx: &Ctx, frozen: bool) -> bool {
-    let present =
-        observe::node_name(m).map(|n| ctx.node(n).is_some() || ctx.unmanaged_node_deleted(n));
-    node_gone(m, present, frozen)
+    let state = match observe::node_name(m) {
+        None => NodeState::NotRecorded,
+        Some(n) => match ctx.node(n) {
+            Some(node) if observe::node_not_managed(&node) => NodeState::Present,
+            Some(node) if node.metadata.deletion_timestamp.is_some() => NodeState::Deleting,
+            Some(_) => NodeState::Present,
+            None if ctx.unmanaged_node_deleted(n) => NodeState::Present,
+            None => NodeState::Gone,
+        },
+    };
+    node_gone(m, state, frozen)
 }
 
-/// `node_was_deleted` on facts: `node_present` is `None` when no node name is recorded.
-/// Pure.
-pub fn node_gone(m: &Machine, node_present: Option<bool>, frozen: bool) -> bool {
-    m.metadata.deletion_timestamp.is_none()
-        && !frozen
-        && node_present == Some(false)
-        && matches!(
+/// Whether the deletion of its Node deletes `m`, as in the Go MCM: a Node being deleted
+/// (held by the Node finalizer) deletes the machine in any phase, which then drains the
+/// Node and deletes the VM before the Node object goes; a Node already gone deletes a machine
+/// that had joined (Running or Unknown; before that its Node is only missing). Never a
+/// machine already being deleted, nor while frozen. Pure.
+pub fn node_gone(m: &Machine, node: NodeState, frozen: bool) -> bool {
+    if m.metadata.deletion_timestamp.is_some() || frozen {
+        return false;
+    }
+    match node {
+        NodeState::Deleting => true,
+        NodeState::Gone => matches!(
             m.phase(),
             Some(MachinePhase::Running | MachinePhase::Unknown)
-        )
+        ),
+        NodeState::NotRecorded | NodeState::Present => false,
+    }
 }
 
 /// Deletes a Machine whose Node was deleted (MCM's rule: the node's deletion deletes its
-/// machine, which then drains nothing and deletes the VM).
+/// machine, which then drains the Node if it still exists and deletes the VM).
 async fn delete_machine_of_deleted_node(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
     let node = observe::node_name(m).unwrap_or_default();
     tracing::info!(node, "node deleted: deleting its machine");
@@ -316,19 +351,26 @@ mod tests {
     }
 
     #[test]
-    fn only_a_joined_machine_whose_node_is_gone_is_deleted() {
-        // (phase, deleting, node present, frozen) -> deleted
+    fn a_deleting_node_or_a_joined_machine_whose_node_is_gone_deletes_the_machine() {
+        use NodeState::*;
+        // (phase, deleting, node, frozen) -> deleted
         let cases = [
-            (Some("Running"), false, Some(false), false, true),
-            (Some("Unknown"), false, Some(false), false, true),
+            (Some("Running"), false, Gone, false, true),
+            (Some("Unknown"), false, Gone, false, true),
             // The node has not joined yet.
-            (Some("Pending"), false, Some(false), false, false),
-            (None, false, Some(false), false, false),
+            (Some("Pending"), false, Gone, false, false),
+            (None, false, Gone, false, false),
+            // A Node being deleted deletes its machine in any phase.
+            (Some("Running"), false, Deleting, false, true),
+            (Some("Pending"), false, Deleting, false, true),
+            (Some("Failed"), false, Deleting, false, true),
             // Present, no node recorded, already deleting, or frozen.
-            (Some("Running"), false, Some(true), false, false),
-            (Some("Running"), false, None, false, false),
-            (Some("Running"), true, Some(false), false, false),
-            (Some("Running"), false, Some(false), true, false),
+            (Some("Running"), false, Present, false, false),
+            (Some("Running"), false, NotRecorded, false, false),
+            (Some("Running"), true, Gone, false, false),
+            (Some("Running"), true, Deleting, false, false),
+            (Some("Running"), false, Gone, true, false),
+            (Some("Running"), false, Deleting, true, false),
         ];
         for (phase, deleting, present, frozen, want) in cases {
             assert_eq!(

@@ -14,7 +14,7 @@ use mcm_api::{Machine, MachineClass};
 use mcm_driver::{DeleteMachineRequest, ListMachinesRequest, RequestId};
 
 use crate::kube_api;
-use crate::machine::{Ctx, Error, act, observe};
+use crate::machine::{Ctx, Error, act, nodefinalizer, observe};
 
 /// The `controller` label of the collector's reconcile metrics.
 pub const CONTROLLER: &str = "orphans";
@@ -63,6 +63,9 @@ pub struct OrphanCtx {
 pub async fn collect(ctx: &Ctx, class: &MachineClass) -> Result<usize, Error> {
     if ctx.freeze.is_frozen() || class.metadata.deletion_timestamp.is_some() {
         return Ok(0);
+    }
+    if ctx.settings.target_cluster {
+        release_unclaimed_nodes(ctx).await?;
     }
     let class_name = class.name_any();
     let (class, secret) = match act::class_and_secret(ctx, &class_probe(&class_name)).await {
@@ -150,6 +153,9 @@ async fn delete_orphan_node(
         return Ok(());
     };
     let name = node.name_any();
+    if nodefinalizer::held(node) {
+        nodefinalizer::release(ctx, &name).await?;
+    }
     let api: Api<Node> = Api::all(ctx.target.clone());
     let outcome = kube_api::delete(&api, &name, &DeleteParams::default())
         .await
@@ -164,6 +170,32 @@ async fn delete_orphan_node(
                 format!("deleted node {name} of orphan VM {provider_id}"),
             )
             .await;
+    }
+    Ok(())
+}
+
+/// Releases the Node finalizer from Nodes that no Machine claims any longer
+/// ([`nodefinalizer::unclaimed`]): a Machine whose finalizer was removed by hand leaves its
+/// Node held, and `kubectl delete node` would wait for ever. Each candidate's Machine (named by
+/// the Node's label) is confirmed absent on the API server first.
+async fn release_unclaimed_nodes(ctx: &Ctx) -> Result<(), Error> {
+    let nodes = ctx.nodes.state();
+    let machines = ctx.machines.state();
+    let timeout = ctx.settings.defaults.creation_timeout;
+    for node in nodefinalizer::unclaimed(&nodes, &machines, timeout, jiff::Timestamp::now()) {
+        let name = node.name_any();
+        if let Some(machine) = node
+            .labels()
+            .get(mcm_api::constants::labels::NODE_MACHINE_NAME)
+            && act::machine_exists(ctx, machine).await?
+        {
+            continue;
+        }
+        tracing::info!(
+            node = name,
+            "releasing the finalizer of a node no machine claims"
+        );
+        nodefinalizer::release(ctx, &name).await?;
     }
     Ok(())
 }
