@@ -214,6 +214,63 @@ async fn pause_stops_and_resume_finishes_a_rollout() {
     h.stop().await;
 }
 
+/// Paused with a template of an earlier set (the set exists, so a resume would roll back to
+/// it at once): as in the Go MCM, which only scales a paused deployment, no Node gets the
+/// old-set taint or the autoscaler's scale-down-disabled annotation until it is resumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_deployment_marks_no_node() {
+    let h = Harness::start("md-pause-marks").await;
+    start_with_3_c1(&h).await;
+    roll_to(&h, "c2").await;
+    wait_only(&h, 3, "c2").await;
+    let ms = h
+        .machines()
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items;
+    let nodes = give_nodes(&h, &ms).await;
+    patch_deployment(
+        &h,
+        "md",
+        json!({"spec": {"paused": true, "template": {"spec": {"class": {"name": "c1"}}}}}),
+    )
+    .await;
+    // The reconcile that records the observation has applied its markers before.
+    wait_list(h.deployments(), "paused observed", |d| {
+        d.first().is_some_and(|d| {
+            d.status.as_ref().and_then(|s| s.observed_generation) == d.metadata.generation
+        })
+    })
+    .await;
+    for node in nodes.values() {
+        let n = nodes_api(&h).get(node).await.expect("node");
+        let taints: Vec<&str> = n
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .into_iter()
+            .flatten()
+            .map(|t| t.key.as_str())
+            .collect();
+        assert!(
+            !taints.contains(&taints::PREFER_NO_SCHEDULE),
+            "{node}: {taints:?}"
+        );
+        assert!(
+            !n.annotations()
+                .contains_key(annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED),
+            "{node}: {:?}",
+            n.annotations()
+        );
+    }
+    // Resumed, the rollback to c1 runs and marks the Nodes of the old set meanwhile.
+    patch_deployment(&h, "md", json!({"spec": {"paused": false}})).await;
+    wait_only(&h, 3, "c1").await;
+    delete_nodes(&h).await;
+    h.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scale_during_rollout_finishes_both() {
     let h = Harness::start("md-scale-roll").await;

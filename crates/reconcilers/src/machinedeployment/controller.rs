@@ -206,16 +206,19 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
             .await?;
     }
 
-    // Rollout markers on the target cluster's nodes.
-    apply_markers(
-        &ctx.target,
-        &ctx.nodes,
-        &observed.old_machines(),
-        &observed.all_machines(),
-        decide::is_rolling_out(&snapshot),
-        ctx.autoscaler_annotations,
-    )
-    .await;
+    // Rollout markers on the target cluster's nodes; none are added or removed while
+    // paused (as in the Go MCM, which only scales a paused deployment).
+    if let Some(rolling_out) = decide::markers_wanted(&snapshot) {
+        apply_markers(
+            &ctx.target,
+            &ctx.nodes,
+            &observed.old_machines(),
+            &observed.all_machines(),
+            rolling_out,
+            ctx.autoscaler_annotations,
+        )
+        .await;
+    }
 
     let input = observe::status_input(&d, failed, progressed, now);
     let (mut status, recheck) = compute_status(&snapshot, &input);

@@ -557,6 +557,13 @@ pub fn is_rolling_out(s: &Snapshot) -> bool {
     s.new_set.is_some() && s.old_sets.iter().any(|o| o.machines > 0 || o.replicas > 0)
 }
 
+/// Whether the Nodes get the rollout markers (the old-set taint and the autoscaler's
+/// scale-down-disabled annotation) added (`Some(true)`) or removed (`Some(false)`); `None`
+/// while paused, when they are left as they are. Pure.
+pub fn markers_wanted(s: &Snapshot) -> Option<bool> {
+    (!s.rollout.paused).then(|| is_rolling_out(s))
+}
+
 /// When to reconcile again after a successful pass: at the status's recheck time (else
 /// `resync`), while incomplete no later than `minReadySeconds`, plus a margin of 500 ms.
 pub fn requeue_after(
@@ -859,6 +866,20 @@ mod tests {
             desired_annotation: None,
             ..SetState::new(name, replicas)
         }
+    }
+
+    #[test]
+    fn markers_follow_the_rollout_and_are_left_alone_while_paused() {
+        let mut s = rolling_snapshot(3, 1, 0);
+        s.old_sets.push(set("old", 3, 3, 1));
+        // No new set: not rolling out, markers are removed.
+        assert_eq!(markers_wanted(&s), Some(false));
+        s.new_set = Some(set("new", 0, 0, 2));
+        assert_eq!(markers_wanted(&s), Some(true));
+        s.rollout.paused = true;
+        assert_eq!(markers_wanted(&s), None);
+        s.new_set = None;
+        assert_eq!(markers_wanted(&s), None);
     }
 
     #[test]
