@@ -271,6 +271,62 @@ async fn a_paused_deployment_marks_no_node() {
     h.stop().await;
 }
 
+/// The Events Go clients filter on, with the Go MCM's reasons and texts: on the deployment
+/// `ScalingMachineSet` for each set it scales (a new set created with machines included),
+/// on the sets `SuccessfulCreate`/`SuccessfulDelete`; no other reason for the same change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scaling_events_carry_the_go_reasons() {
+    let h = Harness::start("md-events").await;
+    start_with_3_c1(&h).await;
+    roll_to(&h, "c2").await;
+    wait_only(&h, 3, "c2").await;
+    let sets = h.sets().list(&Default::default()).await.expect("list").items;
+    let old = set_of_class(&sets, "c1").expect("the c1 set").name_any();
+    let new = set_of_class(&sets, "c2").expect("the c2 set").name_any();
+    // One Event per change; the recorder counts repeats of a reason in the Event's series
+    // (3 changes: the first set up to 3, the new set up to 1, the old set down, by steps).
+    let scaling = eventually(WAIT, "the deployment's scaling Events", || async {
+        let events = events_of(&h, "ScalingMachineSet").await;
+        let count: i32 = events
+            .iter()
+            .map(|e| e.series.as_ref().map_or(1, |s| s.count))
+            .sum();
+        if count >= 3 {
+            Ok(Some(events))
+        } else {
+            Err(format!("{count} ScalingMachineSet Events: {events:#?}"))
+        }
+    })
+    .await;
+    let first = scaling[0].note.clone().unwrap_or_default();
+    assert_eq!(first, format!("Scaled up machine set {old} to 3"));
+    let all = Api::<Event>::namespaced(h.client.clone(), &h.ns)
+        .list(&ListParams::default())
+        .await
+        .expect("list events")
+        .items;
+    let reasons_on = |name: &str| -> BTreeSet<String> {
+        all.iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .filter_map(|e| e.reason.clone())
+            .collect()
+    };
+    assert_eq!(
+        reasons_on("md"),
+        BTreeSet::from(["ScalingMachineSet".to_string()]),
+        "{all:#?}"
+    );
+    assert_eq!(
+        reasons_on(&old),
+        BTreeSet::from(["SuccessfulCreate".to_string(), "SuccessfulDelete".to_string()])
+    );
+    assert_eq!(
+        reasons_on(&new),
+        BTreeSet::from(["SuccessfulCreate".to_string()])
+    );
+    h.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scale_during_rollout_finishes_both() {
     let h = Harness::start("md-scale-roll").await;

@@ -30,6 +30,10 @@ use crate::machineset::controller::status_patch;
 /// The finalizer of the manager's controllers.
 pub const FINALIZER: &str = finalizers::MACHINE_CONTROLLER_MANAGER;
 
+/// The reason of the deployment's Event for each change of a set's replicas, the Go MCM's
+/// (`Scaled up machine set <name> to <n>`, `Scaled down ...`).
+pub const SCALING_MACHINE_SET: &str = "ScalingMachineSet";
+
 /// The actions on one deployment: its API handles (the deployment's namespace), its name
 /// and its Event reference.
 pub struct Actor<'a> {
@@ -102,7 +106,8 @@ impl<'a> Actor<'a> {
     }
 
     /// Deletes the deployment's sets that are not being deleted yet (the deployment is being
-    /// deleted), with an Event per deleted set.
+    /// deleted), with an Event per deleted set (`DeletingMachineSet`: ours, the Go MCM reports
+    /// no Event there).
     pub async fn delete_sets(&self, sets: &[&MachineSet]) -> Result<(), Error> {
         for s in sets {
             let name = s.name_any();
@@ -313,9 +318,12 @@ impl<'a> Actor<'a> {
         let name = set.name_any();
         match self.sets.create(&PostParams::default(), &set).await {
             Ok(_) => {
-                let note = format!("Created new MachineSet {name} with {replicas} replicas");
-                self.normal_event("NewMachineSetCreated", "Rollout", note)
-                    .await;
+                // The Go MCM's Event (reason and text): a new set created with machines. Its
+                // creation itself is in the Progressing condition (`NewMachineSetCreated`).
+                if replicas > 0 {
+                    let note = format!("Scaled up machine set {name} to {replicas}");
+                    self.normal_event(SCALING_MACHINE_SET, "Scale", note).await;
+                }
                 Ok(())
             }
             Err(e) if e.is_conflict() => {
@@ -370,9 +378,8 @@ impl<'a> Actor<'a> {
             } else {
                 "down"
             };
-            let from = cur.replicas;
-            let note = format!("Scaled {direction} MachineSet {name} from {from} to {replicas}");
-            self.normal_event("ScalingMachineSet", "Scale", note).await;
+            let note = format!("Scaled {direction} machine set {name} to {replicas}");
+            self.normal_event(SCALING_MACHINE_SET, "Scale", note).await;
         }
         Ok(())
     }

@@ -549,7 +549,6 @@ async fn manage_replicas(
     key: &str,
     claimed: &[Arc<Machine>],
 ) -> Result<bool, Error> {
-    let reference = set_reference(set);
     if let Some(reason) = plan.scale_up_blocked {
         tracing::debug!(reason, "not creating machines");
     }
@@ -572,17 +571,11 @@ async fn manage_replicas(
             ctx.budget_gate.forget(&ns, name);
         }
     }
+    // The Events are the Go MCM's, one per batch: `SuccessfulCreate` and `SuccessfulDelete`
+    // (no summary besides them).
     if !created.is_empty() || !deleted.is_empty() {
         ctx.expectations
             .record(key, created.clone(), deleted.clone());
-        let note = format!(
-            "Scaled MachineSet {} to {} replicas: created {}, deleted {}",
-            set.name_any(),
-            set.spec.replicas(),
-            created.len(),
-            deleted.len()
-        );
-        ctx.events.normal(&reference, "Scaled", "Scale", note).await;
     }
     result.map(|()| held)
 }
