@@ -280,7 +280,12 @@ async fn scaling_events_carry_the_go_reasons() {
     start_with_3_c1(&h).await;
     roll_to(&h, "c2").await;
     wait_only(&h, 3, "c2").await;
-    let sets = h.sets().list(&Default::default()).await.expect("list").items;
+    let sets = h
+        .sets()
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items;
     let old = set_of_class(&sets, "c1").expect("the c1 set").name_any();
     let new = set_of_class(&sets, "c2").expect("the c2 set").name_any();
     // One Event per change; the recorder counts repeats of a reason in the Event's series
@@ -318,7 +323,10 @@ async fn scaling_events_carry_the_go_reasons() {
     );
     assert_eq!(
         reasons_on(&old),
-        BTreeSet::from(["SuccessfulCreate".to_string(), "SuccessfulDelete".to_string()])
+        BTreeSet::from([
+            "SuccessfulCreate".to_string(),
+            "SuccessfulDelete".to_string()
+        ])
     );
     assert_eq!(
         reasons_on(&new),

@@ -258,7 +258,66 @@ pub fn status_input(
         failed_machines: failed,
         progressed,
         now,
+        max_unavailable: availability_max_unavailable(d),
     }
+}
+
+/// The machines that may be unavailable while the deployment still counts as `Available`:
+/// the Go MCM's rule (`MaxUnavailable`), read from the spec as written. It is 0 unless the
+/// strategy is explicitly `RollingUpdate` or `InPlaceUpdate` with both limits set (an unset
+/// or unusable limit makes upstream's resolution fail, which counts as 0), and when there
+/// are no replicas; a `Manual` in-place update has no surge; both resolving to 0 gives 1;
+/// never more than the replicas. So a deployment without a strategy, none of whose machines
+/// is available, is not `Available`. (The rollout itself uses [`strategy_of`], which
+/// defaults unset limits to 1.) Pure.
+pub fn availability_max_unavailable(d: &MachineDeployment) -> i32 {
+    use mcm_api::intstr::scaled_value;
+    let replicas = d.spec.replicas();
+    let Some(strategy) = d.spec.strategy.as_ref() else {
+        return 0;
+    };
+    let (limits, manual) = match strategy.type_ {
+        Some(MachineDeploymentStrategyType::RollingUpdate) => (
+            strategy
+                .rolling_update
+                .as_ref()
+                .map(|r| &r.update_configuration),
+            false,
+        ),
+        Some(MachineDeploymentStrategyType::InPlaceUpdate) => {
+            let in_place = strategy.in_place_update.as_ref();
+            (
+                in_place.map(|i| &i.update_configuration),
+                in_place.and_then(|i| i.orchestration_type.as_ref())
+                    == Some(&mcm_api::OrchestrationType::Manual),
+            )
+        }
+        _ => return 0,
+    };
+    if replicas == 0 {
+        return 0;
+    }
+    let Some(limits) = limits else {
+        return 0;
+    };
+    let zero = k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(0);
+    let surge = if manual {
+        Some(&zero)
+    } else {
+        limits.max_surge.as_ref()
+    };
+    let resolved = surge
+        .zip(limits.max_unavailable.as_ref())
+        .and_then(|(s, u)| {
+            let surge = scaled_value(s, replicas, true).ok()?;
+            let unavailable = scaled_value(u, replicas, false).ok()?;
+            Some(if surge == 0 && unavailable == 0 {
+                1
+            } else {
+                unavailable
+            })
+        });
+    resolved.unwrap_or(0).min(replicas)
 }
 
 /// Whether the deployment's selector is missing or empty (it would select every machine).
@@ -298,6 +357,68 @@ pub fn is_terminating(m: &Machine) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn max_unavailable_for_availability_is_the_go_mcm_s() {
+        let d = |replicas: i32, strategy: serde_json::Value| -> MachineDeployment {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "MachineDeployment",
+                "metadata": { "name": "md" },
+                "spec": { "replicas": replicas, "template": {}, "strategy": strategy }
+            }))
+            .unwrap()
+        };
+        let rolling = |surge: serde_json::Value, unavailable: serde_json::Value| {
+            serde_json::json!({ "type": "RollingUpdate",
+                "rollingUpdate": { "maxSurge": surge, "maxUnavailable": unavailable } })
+        };
+        use serde_json::json;
+        let cases = [
+            // No strategy, Recreate, no replicas: 0.
+            (d(3, json!(null)), 0),
+            (d(3, json!({ "type": "Recreate" })), 0),
+            (d(0, rolling(json!(1), json!(1))), 0),
+            // Rolling, resolved as upstream: percent rounds down, clamped to replicas.
+            (d(3, rolling(json!(1), json!(2))), 2),
+            (d(10, rolling(json!("25%"), json!("25%"))), 2),
+            (d(2, rolling(json!(1), json!(5))), 2),
+            // Both 0 gives 1; an unset limit fails upstream's resolution: 0.
+            (d(3, rolling(json!(0), json!(0))), 1),
+            (
+                d(
+                    3,
+                    json!({ "type": "RollingUpdate", "rollingUpdate": { "maxSurge": 1 } }),
+                ),
+                0,
+            ),
+            (d(3, json!({ "type": "RollingUpdate" })), 0),
+            // In place: a manual one has no surge.
+            (
+                d(
+                    3,
+                    json!({ "type": "InPlaceUpdate", "inPlaceUpdate": {
+                    "maxSurge": 1, "maxUnavailable": 0, "orchestrationType": "Manual" } }),
+                ),
+                1,
+            ),
+            (
+                d(
+                    3,
+                    json!({ "type": "InPlaceUpdate", "inPlaceUpdate": {
+                    "maxSurge": 1, "maxUnavailable": 0, "orchestrationType": "Auto" } }),
+                ),
+                0,
+            ),
+        ];
+        for (deployment, want) in cases {
+            assert_eq!(
+                availability_max_unavailable(&deployment),
+                want,
+                "{:?}",
+                deployment.spec.strategy
+            );
+        }
+    }
     use mcm_api::machine_deployment::MachineDeploymentStrategy;
 
     fn with_type(type_: Option<&str>) -> MachineDeployment {

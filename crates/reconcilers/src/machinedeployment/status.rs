@@ -49,6 +49,9 @@ pub struct StatusInput<'a> {
     pub progressed: bool,
     /// Current time.
     pub now: Timestamp,
+    /// The machines that may be unavailable for `Available=True`
+    /// ([`super::observe::availability_max_unavailable`]).
+    pub max_unavailable: i32,
 }
 
 /// Finds a condition by type.
@@ -319,7 +322,7 @@ pub fn compute_status(
     conditions.retain(|c| !is_invalid_strategy(c));
     let now = input.now;
 
-    let min_available = min_available(d, s.rollout.strategy.max_unavailable(), preserved_failed);
+    let min_available = min_available(d, input.max_unavailable, preserved_failed);
     if available >= min_available {
         set_condition(
             &mut conditions,
@@ -518,6 +521,7 @@ pub fn without_counters(status: &MachineDeploymentStatus) -> MachineDeploymentSt
 mod tests {
     use super::*;
     use crate::machinedeployment::decide::{Rollout, SetState, Strategy};
+    use mcm_api::MachineDeployment;
 
     fn snapshot(new_available: i32) -> Snapshot {
         let mut new = SetState::new("new", 2);
@@ -550,7 +554,59 @@ mod tests {
             failed_machines: Vec::new(),
             progressed: false,
             now: Timestamp::from_second(now).expect("time"),
+            max_unavailable: 0,
         }
+    }
+
+    /// As the Go MCM: a deployment without a strategy has no allowance for unavailable
+    /// machines, so one whose only machine is not available (its class is missing, say) is
+    /// not `Available`; with `maxUnavailable: 1` written it is.
+    #[test]
+    fn availability_follows_the_go_rule_for_a_deployment_without_strategy() {
+        let d: MachineDeployment = serde_json::from_value(serde_json::json!({
+            "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "MachineDeployment",
+            "metadata": { "name": "md", "generation": 1 },
+            "spec": { "replicas": 1, "template": {} }
+        }))
+        .unwrap();
+        let mut new = SetState::new("new", 1);
+        new.machines = 1;
+        let s = Snapshot {
+            rollout: Rollout {
+                replicas: 1,
+                strategy: crate::machinedeployment::observe::strategy_of(&d, true).unwrap(),
+                paused: false,
+                frozen: false,
+            },
+            new_set: Some(new),
+            old_sets: vec![],
+        };
+        let now = Timestamp::from_second(100).unwrap();
+        let available = |d: &MachineDeployment| {
+            let input = crate::machinedeployment::observe::status_input(d, vec![], false, now);
+            let (status, _) = compute_status(&s, &input);
+            condition(
+                status.conditions.as_ref(),
+                &MachineDeploymentConditionType::Available,
+            )
+            .map(|c| (c.status.clone(), c.reason.clone()))
+        };
+        assert_eq!(
+            available(&d),
+            Some((
+                ConditionStatus::False,
+                Some(reasons::MINIMUM_REPLICAS_UNAVAILABLE.to_string())
+            ))
+        );
+        let mut rolling = d.clone();
+        rolling.spec.strategy = serde_json::from_value(serde_json::json!({
+            "type": "RollingUpdate", "rollingUpdate": { "maxSurge": 1, "maxUnavailable": 1 }
+        }))
+        .unwrap();
+        assert_eq!(
+            available(&rolling).map(|(s, _)| s),
+            Some(ConditionStatus::True)
+        );
     }
 
     fn progressing(s: &MachineDeploymentStatus) -> Option<(ConditionStatus, String)> {
