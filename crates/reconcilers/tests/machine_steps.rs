@@ -188,6 +188,13 @@ async fn creation_records_the_vm_and_its_node_then_runs() {
         .await;
     assert_eq!(m.spec.provider_id.as_deref(), Some("fake:///m1"));
     assert_eq!(node_label(&m), Some("m1"));
+    // The default deletion priority, as the Go machine controller records it.
+    assert_eq!(
+        m.annotations()
+            .get(mcm_api::constants::annotations::MACHINE_PRIORITY)
+            .map(String::as_str),
+        Some("3")
+    );
     assert!(has_our_finalizer(&m), "finalizer: {:?}", m.finalizers());
     let vms = w.fake().vms();
     assert_eq!(vms.len(), 1, "{vms:?}");

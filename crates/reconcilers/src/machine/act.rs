@@ -458,18 +458,10 @@ async fn try_create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Ac
         Err(e) => return Err(Error::driver("get_machine_status", e)),
     };
 
-    // Without a target cluster there is no Node: no `node` label (upstream's rule), and the
-    // addresses come from the driver.
-    let (patch, addresses) = if ctx.settings.target_cluster {
-        let patch = json!({
-            "metadata": { "labels": { labels::NODE: node_name } },
-            "spec": { "providerID": provider_id },
-        });
-        (patch, None)
-    } else {
-        let patch = json!({ "spec": { "providerID": provider_id } });
-        (patch, Some(status::address_status(&addresses, &node_name)))
-    };
+    let patch = record_vm_patch(m, &provider_id, &node_name, ctx.settings.target_cluster);
+    // Without a target cluster the addresses come from the driver.
+    let addresses =
+        (!ctx.settings.target_cluster).then(|| status::address_status(&addresses, &node_name));
     patch_machine(ctx, m, &patch, "record the machine's providerID").await?;
     if let Some(p) =
         status::driver_state_patch(m, last_known_state.as_deref(), addresses.as_deref())
@@ -579,6 +571,28 @@ async fn creation_failed(
     let notice = Notice::warning("CreationFailed", "Create");
     announce(ctx, m, Some(&MachinePhase::CrashLoopBackOff), op, notice).await?;
     Ok(Action::requeue(ctx.backoff(m, Some(&err))))
+}
+
+/// The patch that records a Machine's VM, as the Go machine controller writes it: the
+/// providerID, the `node` label (not without a target cluster: there is no Node, upstream's
+/// rule) and, unless set, the default deletion priority `machinepriority.machine.sapcloud.io:
+/// "3"`. Pure.
+pub fn record_vm_patch(
+    m: &Machine,
+    provider_id: &str,
+    node_name: &str,
+    target_cluster: bool,
+) -> serde_json::Value {
+    let mut patch = json!({ "spec": { "providerID": provider_id } });
+    if target_cluster {
+        patch["metadata"]["labels"] = json!({ labels::NODE: node_name });
+    }
+    if !m.annotations().contains_key(annotations::MACHINE_PRIORITY) {
+        patch["metadata"]["annotations"] = json!({
+            annotations::MACHINE_PRIORITY: mcm_api::constants::DEFAULT_MACHINE_PRIORITY,
+        });
+    }
+    patch
 }
 
 /// The VM is recorded (providerID, `node` label): Pending, the creation timeout runs.
@@ -1410,4 +1424,37 @@ pub async fn machine_exists(ctx: &Ctx, name: &str) -> Result<bool, Error> {
         .await
         .map_err(|e| Error::kube("read the machine", e))?
         .is_some())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_vm_is_recorded_as_the_go_machine_controller_records_it() {
+        let m: Machine = serde_json::from_value(json!({
+            "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "Machine",
+            "metadata": { "name": "m" }, "spec": {}
+        }))
+        .unwrap();
+        assert_eq!(
+            record_vm_patch(&m, "aws:///eu/i-1", "ip-10-0-0-1", true),
+            json!({
+                "metadata": {
+                    "labels": { "node": "ip-10-0-0-1" },
+                    "annotations": { "machinepriority.machine.sapcloud.io": "3" },
+                },
+                "spec": { "providerID": "aws:///eu/i-1" },
+            })
+        );
+        // A priority set already (the autoscaler's 1) is kept; no node label without a
+        // target cluster.
+        let mut marked = m.clone();
+        marked.metadata.annotations =
+            Some([(annotations::MACHINE_PRIORITY.to_string(), "1".to_string())].into());
+        assert_eq!(
+            record_vm_patch(&marked, "aws:///eu/i-1", "ip-10-0-0-1", false),
+            json!({ "spec": { "providerID": "aws:///eu/i-1" } })
+        );
+    }
 }
