@@ -154,6 +154,7 @@ pub fn prepare(
         reconciles: ctx.metrics.reconciles.clone(),
         config: controller::Config::default().concurrency(config.concurrent_syncs),
         cancel: cancel.clone(),
+        synced: ctx.synced.subscribe(),
     };
 
     // The machine controller: Machines, their Nodes (not heartbeats; deletions too) and

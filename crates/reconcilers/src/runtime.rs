@@ -1,6 +1,7 @@
 //! How every controller of a process runs: concurrency, shutdown on the process's one
-//! cancellation token, a tracing span per reconcile naming the object, and the reconcile
-//! metrics ([`ReconcileMetrics`]).
+//! cancellation token, no reconcile before every store of the process has listed once, a
+//! tracing span per reconcile naming the object, and the reconcile metrics
+//! ([`ReconcileMetrics`]).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -22,6 +23,11 @@ pub struct Runner {
     pub config: controller::Config,
     /// The process's cancellation token: controllers stop taking work when it fires.
     pub cancel: CancellationToken,
+    /// Turns true once every store of the process has listed once. Reconciles wait for it:
+    /// a decision read from a store that has not listed yet sees objects missing (a
+    /// deployment whose sets are not in the store yet would create a new set: with a set
+    /// named by the Go MCM, a rollout of the whole pool after every restart).
+    pub synced: tokio::sync::watch::Receiver<bool>,
 }
 
 impl std::fmt::Debug for Runner {
@@ -58,7 +64,12 @@ impl Runner {
             .with_config(self.config.clone())
             .graceful_shutdown_on(self.cancel.clone().cancelled_owned())
             .run(
-                timed(self.reconciles.clone(), name, reconcile),
+                timed(
+                    self.reconciles.clone(),
+                    name,
+                    self.synced.clone(),
+                    reconcile,
+                ),
                 error_policy,
                 ctx,
             )
@@ -66,11 +77,12 @@ impl Runner {
     }
 }
 
-/// A reconcile function that records its duration and errors under `controller`, inside a
-/// span naming the object.
+/// A reconcile function that waits for `synced` (once, at start-up), then records its
+/// duration and errors under `controller`, inside a span naming the object.
 pub fn timed<K, C, E, F, Fut>(
     reconciles: ReconcileMetrics,
     controller: &'static str,
+    synced: tokio::sync::watch::Receiver<bool>,
     reconcile: F,
 ) -> impl FnMut(Arc<K>, Arc<C>) -> BoxFuture<'static, Result<Action, E>>
 where
@@ -88,9 +100,46 @@ where
             namespace = obj.meta().namespace.as_deref().unwrap_or_default(),
             name = obj.meta().name.as_deref().unwrap_or_default(),
         );
-        let fut = reconcile(obj, ctx);
-        async move { reconciles.time(controller, fut).await }
-            .instrument(span)
-            .boxed()
+        let reconcile = reconcile.clone();
+        let mut synced = synced.clone();
+        async move {
+            // A dropped sender means the process is shutting down before it synced.
+            let _ = synced.wait_for(|s| *s).await;
+            reconciles.time(controller, reconcile(obj, ctx)).await
+        }
+        .instrument(span)
+        .boxed()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    /// No reconcile runs before the stores listed: the reconcile waits for `synced`.
+    #[tokio::test]
+    async fn a_reconcile_waits_until_the_stores_synced() {
+        let mut registry = prometheus_client::registry::Registry::default();
+        let metrics = ReconcileMetrics::register(&mut registry);
+        let (tx, rx) = tokio::sync::watch::channel(false);
+        let ran = Arc::new(AtomicBool::new(false));
+        let reconcile = |_: Arc<k8s_openapi::api::core::v1::Node>, ran: Arc<AtomicBool>| async move {
+            ran.store(true, Ordering::SeqCst);
+            Ok::<_, std::convert::Infallible>(Action::await_change())
+        };
+        let mut timed = timed(metrics, "test", rx, reconcile);
+        let task = tokio::spawn(timed(Arc::new(Default::default()), ran.clone()));
+        for _ in 0..20 {
+            tokio::task::yield_now().await;
+        }
+        assert!(
+            !ran.load(Ordering::SeqCst),
+            "reconciled before the stores synced"
+        );
+        tx.send_replace(true);
+        task.await.expect("task").expect("reconcile");
+        assert!(ran.load(Ordering::SeqCst));
     }
 }

@@ -335,6 +335,108 @@ async fn scaling_events_carry_the_go_reasons() {
     h.stop().await;
 }
 
+/// A deployment whose set the Go MCM created (named `<deployment>-<5 characters>` after Go's
+/// decimal template hash, which the label carries) and whose machines run, taken over by a
+/// manager that starts on them: the set is the deployment's new set, no set is created and
+/// no machine replaced. A manager that reconciled before its set store had listed created a
+/// set of its own name, and rolled the pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_set_the_go_mcm_named_is_taken_over_without_a_rollout() {
+    let (client, ns) = Harness::namespace("md-go-set").await;
+    let mds: Api<MachineDeployment> = Api::namespaced(client.clone(), &ns);
+    let created = mds
+        .create(&PostParams::default(), &md(2).build())
+        .await
+        .expect("create md");
+    let hash = "2736514098";
+    let mut template = serde_json::to_value(&created.spec.template).expect("template");
+    template["metadata"]["labels"][labels::MACHINE_TEMPLATE_HASH] = json!(hash);
+    let mut selector = serde_json::to_value(&created.spec.selector).expect("selector");
+    selector["matchLabels"][labels::MACHINE_TEMPLATE_HASH] = json!(hash);
+    let owner = |kind: &str, name: &str, uid: Option<String>| {
+        json!([{ "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": kind, "name": name,
+                 "uid": uid, "controller": true, "blockOwnerDeletion": true }])
+    };
+    let set: MachineSet = serde_json::from_value(json!({
+        "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "MachineSet",
+        "metadata": {
+            "name": "md-6c7b9",
+            "labels": template["metadata"]["labels"],
+            "annotations": { annotations::REVISION: "1" },
+            "ownerReferences": owner("MachineDeployment", "md", created.uid()),
+        },
+        "spec": { "replicas": 2, "selector": selector, "template": template },
+    }))
+    .expect("set");
+    let sets: Api<MachineSet> = Api::namespaced(client.clone(), &ns);
+    let set = sets
+        .create(&PostParams::default(), &set)
+        .await
+        .expect("create set");
+    let machines: Api<Machine> = Api::namespaced(client.clone(), &ns);
+    for name in ["md-6c7b9-fq8zx", "md-6c7b9-r2b6c"] {
+        let m: Machine = serde_json::from_value(json!({
+            "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "Machine",
+            "metadata": {
+                "name": name,
+                "labels": template["metadata"]["labels"],
+                "ownerReferences": owner("MachineSet", "md-6c7b9", set.uid()),
+            },
+            "spec": template["spec"],
+        }))
+        .expect("machine");
+        machines
+            .create(&PostParams::default(), &m)
+            .await
+            .expect("create machine");
+        machines
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"currentStatus": {
+                    "phase": "Running", "lastUpdateTime": Time(jiff::Timestamp::now()),
+                }}})),
+            )
+            .await
+            .expect("running");
+    }
+
+    let h = Harness::start_in(client, ns).await;
+    // The reconcile that records the observation has decided about the sets.
+    wait_list(
+        h.deployments(),
+        "the deployment observed with 2 available",
+        |d| {
+            d.first().is_some_and(|d| {
+                let s = d.status.as_ref();
+                s.and_then(|s| s.observed_generation) == d.metadata.generation
+                    && s.and_then(|s| s.available_replicas) == Some(2)
+            })
+        },
+    )
+    .await;
+    let names: Vec<String> = h
+        .sets()
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items
+        .iter()
+        .map(|s| s.name_any())
+        .collect();
+    assert_eq!(names, ["md-6c7b9"]);
+    let ms = h
+        .machines()
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items;
+    let mut names: Vec<String> = ms.iter().map(|m| m.name_any()).collect();
+    names.sort();
+    assert_eq!(names, ["md-6c7b9-fq8zx", "md-6c7b9-r2b6c"]);
+    h.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scale_during_rollout_finishes_both() {
     let h = Harness::start("md-scale-roll").await;

@@ -503,7 +503,19 @@ impl<'a> Ctx<'a> {
         .await
     }
 
-    /// Stops the controllers, kills the VMs and deletes the scenario's Nodes.
+    /// Stops both controllers (SIGTERM; killed after 10 s), as an operator stops them
+    /// before a swap.
+    pub async fn stop_controllers(&mut self) {
+        if let Some(m) = self.machine.take() {
+            m.stop(Duration::from_secs(10)).await;
+        }
+        if let Some(m) = self.manager.take() {
+            m.stop(Duration::from_secs(10)).await;
+        }
+    }
+
+    /// Stops the controllers, kills the VMs and deletes the scenario's Nodes (releasing the
+    /// Node finalizer, which no controller will release any more).
     pub async fn cleanup(mut self) {
         if let Some(m) = self.machine.take() {
             m.stop(Duration::from_secs(2)).await;
@@ -514,6 +526,21 @@ impl<'a> Ctx<'a> {
         kill_vms(&self.state);
         let nodes: Api<Node> = Api::all(self.client.clone());
         let lp = ListParams::default().labels(&format!("{RUN_LABEL}={}", self.ns));
+        if let Ok(list) = nodes.list(&lp).await {
+            let release = json!({ "metadata": { "finalizers": null } });
+            let held = |n: &&Node| {
+                n.metadata
+                    .finalizers
+                    .as_ref()
+                    .is_some_and(|f| !f.is_empty())
+            };
+            for n in list.items.iter().filter(held) {
+                let name = n.metadata.name.clone().unwrap_or_default();
+                let _ = nodes
+                    .patch(&name, &PatchParams::default(), &Patch::Merge(&release))
+                    .await;
+            }
+        }
         let _ = nodes.delete_collection(&DeleteParams::default(), &lp).await;
     }
 }

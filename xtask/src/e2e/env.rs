@@ -328,7 +328,12 @@ impl Controller {
     /// The value of a metric on `/metrics` (summed over label sets), `None` when absent or
     /// unreachable.
     pub async fn metric(&self, name: &str) -> Option<f64> {
-        metric(&http_get(self.port, "/metrics").await?, name)
+        metric(&self.metrics_text().await?, name)
+    }
+
+    /// The text of `/metrics`, `None` when unreachable.
+    pub async fn metrics_text(&self) -> Option<String> {
+        http_get(self.port, "/metrics").await
     }
 }
 

@@ -144,10 +144,12 @@ pub fn prepare(
         .reconciles
         .clone()
         .unwrap_or_else(|| ReconcileMetrics::register(registry));
+    let (synced_tx, synced_rx) = tokio::sync::watch::channel(false);
     let runner = Runner {
         reconciles,
         config: ControllerConfig::default().concurrency(config.concurrent_syncs),
         cancel: cancel.clone(),
+        synced: synced_rx,
     };
     let events = EventPublisher::new(control.clone(), "machine-controller-manager");
 
@@ -282,7 +284,10 @@ pub fn prepare(
     async move {
         let readiness = async {
             tokio::select! {
-                _ = synced => ready.store(true, Ordering::SeqCst),
+                _ = synced => {
+                    ready.store(true, Ordering::SeqCst);
+                    synced_tx.send_replace(true);
+                }
                 () = cancel.cancelled() => {}
             }
         };

@@ -46,11 +46,9 @@ impl Harness {
         Self::start_playing(prefix, |_| {}, Some(boot)).await
     }
 
-    async fn start_playing(
-        prefix: &str,
-        configure: impl FnOnce(&mut ManagerConfig),
-        boot: Option<Duration>,
-    ) -> Harness {
+    /// A namespace of its own, for objects that exist before the manager starts
+    /// ([`Harness::start_in`]).
+    pub async fn namespace(prefix: &str) -> (Client, String) {
         let TestNamespace { client, ns, .. } = TestNamespace::new(
             mcm_testenv::Components {
                 controller_manager: true,
@@ -59,6 +57,29 @@ impl Harness {
             prefix,
         )
         .await;
+        (client, ns)
+    }
+
+    /// [`Harness::start`] in the namespace `ns` of [`Harness::namespace`].
+    pub async fn start_in(client: Client, ns: String) -> Harness {
+        Self::run_in(client, ns, |_| {}, None)
+    }
+
+    async fn start_playing(
+        prefix: &str,
+        configure: impl FnOnce(&mut ManagerConfig),
+        boot: Option<Duration>,
+    ) -> Harness {
+        let (client, ns) = Self::namespace(prefix).await;
+        Self::run_in(client, ns, configure, boot)
+    }
+
+    fn run_in(
+        client: Client,
+        ns: String,
+        configure: impl FnOnce(&mut ManagerConfig),
+        boot: Option<Duration>,
+    ) -> Harness {
         let (tx, rx) = oneshot::channel::<()>();
         let mut config = ManagerConfig {
             namespace: ns.clone(),

@@ -7,6 +7,7 @@ mod inplace;
 mod policy;
 mod preserve;
 mod rollout;
+mod swap;
 mod upstream;
 
 use anyhow::Result;
@@ -52,11 +53,16 @@ pub enum Scenario {
     /// A rollout that could replace two machines at once, held to one at a time by a
     /// MachineDisruptionBudget `maxUnavailable: 1`.
     DisruptionBudget,
+    /// A fleet exactly as the Go MCM leaves it, handed to mcm-rs: no rollout, nothing
+    /// replaced; then a scale-down, a rollout and the deletion complete.
+    SwapIn,
+    /// After mcm-rs ran, every object carries what the Go MCM needs to finish it.
+    SwapBack,
 }
 
 impl Scenario {
     /// Every scenario, in the order the suite runs them.
-    pub const ALL: [Scenario; 16] = [
+    pub const ALL: [Scenario; 18] = [
         Scenario::Scale,
         Scenario::RollingUpdate,
         Scenario::VmCrash,
@@ -73,6 +79,8 @@ impl Scenario {
         Scenario::ZoneOutage,
         Scenario::LifecycleHooks,
         Scenario::DisruptionBudget,
+        Scenario::SwapIn,
+        Scenario::SwapBack,
     ];
 
     /// The name used on the command line and in reports.
@@ -94,6 +102,8 @@ impl Scenario {
             Scenario::ZoneOutage => "zone-outage",
             Scenario::LifecycleHooks => "lifecycle-hooks",
             Scenario::DisruptionBudget => "disruption-budget",
+            Scenario::SwapIn => "swap-in",
+            Scenario::SwapBack => "swap-back",
         }
     }
 
@@ -116,6 +126,8 @@ impl Scenario {
             Scenario::ZoneOutage => policy::zone_outage(ctx).await,
             Scenario::LifecycleHooks => policy::lifecycle_hooks(ctx).await,
             Scenario::DisruptionBudget => budget::disruption_budget(ctx).await,
+            Scenario::SwapIn => swap::swap_in(ctx).await,
+            Scenario::SwapBack => swap::swap_back(ctx).await,
         }
     }
 }
