@@ -1329,11 +1329,9 @@ pub async fn deletion_blocked(
 /// Node object goes at once).
 pub async fn delete_node(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
     if let Some(node_name) = m.node_name() {
-        if ctx
-            .node(node_name)
-            .is_none_or(|n| super::nodefinalizer::held(&n))
-        {
-            super::nodefinalizer::release(ctx, node_name).await?;
+        let known = ctx.node(node_name);
+        if known.as_deref().is_none_or(super::nodefinalizer::held) {
+            super::nodefinalizer::release(ctx, node_name, known.as_deref()).await?;
         }
         let nodes: Api<Node> = Api::all(ctx.target.clone());
         let _ = kube_api::delete(&nodes, node_name, &DeleteParams::default())

@@ -97,11 +97,19 @@ pub async fn hold(ctx: &Ctx, node: &Node) -> Result<(), Error> {
     }
 }
 
-/// Removes the finalizer from the Node `name`, if it holds it. The Node is read from the API
-/// server (the store's copy may predate our own writes to it, and its resourceVersion guards
-/// the patch); one retry after a conflict. A vanished Node needs nothing.
-pub async fn release(ctx: &Ctx, name: &str) -> Result<(), Error> {
+/// Removes the finalizer from the Node `name`, if it holds it: from the store's copy `known`
+/// first (its resourceVersion guards the patch: one request), and after a conflict, or
+/// without a copy, from the Node read from the API server (the store's copy may predate our
+/// own writes to it). A vanished Node needs nothing.
+pub async fn release(ctx: &Ctx, name: &str, known: Option<&Node>) -> Result<(), Error> {
     let nodes: Api<Node> = Api::all(ctx.target.clone());
+    if let Some(node) = known {
+        match kube_api::set_finalizer(&nodes, node, NODE_FINALIZER, false).await {
+            Ok(_) => return Ok(()),
+            Err(e) if e.is_conflict() => {}
+            Err(e) => return Err(Error::kube("remove the node finalizer", e)),
+        }
+    }
     for _ in 0..2 {
         let Some(node) = nodes
             .get_opt(name)
