@@ -16,7 +16,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
 use mcm_api::constants::annotations;
 use mcm_api::{ConditionStatus, Machine, MachineDeployment, MachineDeploymentConditionType};
-use mcm_testenv::kit::MachineDeploymentBuilder;
+use mcm_testenv::kit::{MachineDeploymentBuilder, eventually};
 use serde_json::{Value, json};
 
 /// A rolling deployment `md` of `replicas` machines of class `c1`, without a node template
@@ -384,6 +384,11 @@ async fn progressing_carries_the_reasons_the_autoscaler_gates_on_without_a_deadl
         d.first()
             .and_then(progressing_reason)
             .is_some_and(|r| r == "DeploymentPaused")
+    })
+    .await;
+    // The recorder's own watch delivers that write too (it may lag behind the wait's watch).
+    eventually(WAIT, "the recorder to see DeploymentPaused", || async {
+        reasons.lock().expect("lock").last().map(String::as_str) == Some("DeploymentPaused")
     })
     .await;
     recorder.abort();
