@@ -137,6 +137,7 @@
 mod error;
 mod fake;
 mod fault;
+pub mod gojson;
 mod instrumented;
 mod ratelimit;
 pub mod spec;
@@ -149,6 +150,7 @@ use async_trait::async_trait;
 pub use error::{BoxError, Code, DriverError};
 pub use fake::{FakeDriver, FakeVm};
 pub use fault::{FaultConfigError, FaultInjecting, FaultSpec};
+pub use gojson::{GoDecoded, UnknownKey, go_decode};
 pub use instrumented::{DriverMetrics, Instrumented};
 pub use ratelimit::{RateLimited, TokenBucket};
 pub use spec::{SpecError, SpecProblem};
@@ -218,6 +220,17 @@ pub trait Driver: Send + Sync + 'static {
         let _ = class;
         Vec::new()
     }
+
+    /// The keys of a MachineClass's `providerSpec` that this provider ignores, as Go's
+    /// decoder ignores keys no field takes ([`gojson::go_decode`] reports them), each saying
+    /// where it is and the nearest known field. They do not make the class invalid: the
+    /// admission webhook returns them as warnings (`kubectl apply` prints them) and the class
+    /// controller's `Valid`/`Invalid` Event lists them. No cloud calls, no credentials. The
+    /// default: none.
+    fn machine_class_warnings(&self, class: &mcm_api::MachineClass) -> Vec<String> {
+        let _ = class;
+        Vec::new()
+    }
 }
 
 macro_rules! forward_driver {
@@ -262,6 +275,9 @@ macro_rules! forward_driver {
             }
             fn validate_machine_class(&self, class: &mcm_api::MachineClass) -> Vec<SpecProblem> {
                 (**self).validate_machine_class(class)
+            }
+            fn machine_class_warnings(&self, class: &mcm_api::MachineClass) -> Vec<String> {
+                (**self).machine_class_warnings(class)
             }
         }
     };
@@ -342,6 +358,9 @@ macro_rules! wrap_driver {
                 class: &mcm_api::MachineClass,
             ) -> Vec<$crate::SpecProblem> {
                 self.inner.validate_machine_class(class)
+            }
+            fn machine_class_warnings(&self, class: &mcm_api::MachineClass) -> Vec<String> {
+                self.inner.machine_class_warnings(class)
             }
         }
     };

@@ -122,6 +122,35 @@ pub fn class_problems<S>(
     }
 }
 
+/// The root of the paths of a providerSpec's keys.
+pub const PROVIDER_SPEC: &str = "providerSpec";
+
+/// Decodes a class's `providerSpec` into `S` as the provider's Go driver decodes it
+/// ([`crate::gojson::go_decode`]: keys matched ignoring case, unknown keys ignored and
+/// reported); a value of the wrong type is [`SpecError::Decode`].
+pub fn decode_provider_spec<S: serde::de::DeserializeOwned>(
+    class: &mcm_api::MachineClass,
+    provider: &'static str,
+) -> Result<crate::GoDecoded<S>, SpecError> {
+    crate::gojson::go_decode(&class.provider_spec, PROVIDER_SPEC)
+        .map_err(|source| SpecError::Decode { provider, source })
+}
+
+/// The warnings of a class for [`crate::Driver::machine_class_warnings`]: the keys of its
+/// `providerSpec` that decoding into `S` ignores. None for a class of another provider or
+/// one that does not decode (that is a problem, reported by validation).
+pub fn class_warnings<S: serde::de::DeserializeOwned>(
+    class: &mcm_api::MachineClass,
+    provider: &'static str,
+) -> Vec<String> {
+    if !is_for_provider(class, provider) {
+        return Vec::new();
+    }
+    decode_provider_spec::<S>(class, provider)
+        .map(|d| d.unknown.iter().map(ToString::to_string).collect())
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

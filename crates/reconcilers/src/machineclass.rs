@@ -290,6 +290,16 @@ async fn mark_class(
         .context(action, MachineClass::KIND, &class.name_any())
 }
 
+/// The part of the validation Event that names the providerSpec keys the provider ignores
+/// (`""` without any). Pure.
+pub fn ignored_note(warnings: &[String]) -> String {
+    if warnings.is_empty() {
+        String::new()
+    } else {
+        format!("; ignored: {}", warnings.join("; "))
+    }
+}
+
 /// Reconciles one class.
 pub async fn reconcile(class: Arc<MachineClass>, ctx: Arc<ClassCtx>) -> Result<Action, ClassError> {
     let api: Api<MachineClass> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
@@ -327,6 +337,7 @@ pub async fn reconcile(class: Arc<MachineClass>, ctx: Arc<ClassCtx>) -> Result<A
         .unwrap_or(false);
     if !seen {
         let problems = validate(&class, ctx.driver.as_ref());
+        let ignored = ignored_note(&ctx.driver.machine_class_warnings(&class));
         let reference = class.object_ref(&());
         if problems.is_empty() {
             ctx.events
@@ -334,7 +345,7 @@ pub async fn reconcile(class: Arc<MachineClass>, ctx: Arc<ClassCtx>) -> Result<A
                     &reference,
                     "Valid",
                     "Validate",
-                    format!("MachineClass {name} is valid"),
+                    format!("MachineClass {name} is valid{ignored}"),
                 )
                 .await;
         } else {
@@ -343,7 +354,10 @@ pub async fn reconcile(class: Arc<MachineClass>, ctx: Arc<ClassCtx>) -> Result<A
                     &reference,
                     "Invalid",
                     "Validate",
-                    format!("MachineClass {name} is invalid: {}", problems.join("; ")),
+                    format!(
+                        "MachineClass {name} is invalid: {}{ignored}",
+                        problems.join("; ")
+                    ),
                 )
                 .await;
         }
@@ -362,6 +376,15 @@ pub fn error_policy(class: Arc<MachineClass>, err: &ClassError, _ctx: Arc<ClassC
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_validation_event_names_the_ignored_keys() {
+        assert_eq!(ignored_note(&[]), "");
+        assert_eq!(
+            ignored_note(&["providerSpec.a: unknown field, ignored".into(), "b".into()]),
+            "; ignored: providerSpec.a: unknown field, ignored; b"
+        );
+    }
 
     #[test]
     fn classes_carry_the_go_mcms_finalizer_and_secrets_the_machine_controllers() {

@@ -308,6 +308,10 @@ impl Driver for AwsDriver {
         spec::class_problems(class)
     }
 
+    fn machine_class_warnings(&self, class: &mcm_api::MachineClass) -> Vec<String> {
+        spec::class_warnings(class)
+    }
+
     async fn create_machine(
         &self,
         req: CreateMachineRequest,

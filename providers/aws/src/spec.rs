@@ -85,6 +85,10 @@ pub struct ProviderSpec {
     /// Placement (group, tenancy, host, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<Placement>,
+    /// Market options (spot, capacity block). Not served yet: a class that sets them is
+    /// refused (`validate`), never launched on demand instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub instance_market_options: Option<serde_json::Value>,
 }
 
 /// One block device mapping.
@@ -280,12 +284,16 @@ pub struct Placement {
     pub availability_zone: Option<String>,
 }
 
-/// Decodes the providerSpec of `class` (no validation).
+/// Decodes the providerSpec of `class` as Gardener's Go driver decodes it (keys matched
+/// ignoring case, unknown keys ignored: [`class_warnings`] names them); no validation.
 pub fn parse_provider_spec(class: &MachineClass) -> Result<ProviderSpec, SpecError> {
-    serde_json::from_value(class.provider_spec.clone()).map_err(|source| SpecError::Decode {
-        provider: PROVIDER,
-        source,
-    })
+    mcm_driver::spec::decode_provider_spec(class, PROVIDER).map(|d| d.value)
+}
+
+/// The keys of the class's providerSpec that Gardener's Go driver would ignore, and so do we
+/// (admission warnings, the class's Event).
+pub fn class_warnings(class: &MachineClass) -> Vec<String> {
+    mcm_driver::spec::class_warnings::<ProviderSpec>(class, PROVIDER)
 }
 
 const SPEC: &str = "providerSpec";
@@ -294,6 +302,13 @@ impl ProviderSpec {
     /// Every problem of the spec (empty: valid).
     pub fn validate(&self) -> Vec<SpecProblem> {
         let mut out = Vec::new();
+        if self.instance_market_options.is_some() {
+            out.push(SpecProblem::new(
+                format!("{SPEC}.instanceMarketOptions"),
+                "market options (spot, capacity blocks) are not supported by this driver yet; \
+                 spotPrice requests a one-time spot instance",
+            ));
+        }
         for (value, field) in [
             (&self.ami, "ami"),
             (&self.region, "region"),

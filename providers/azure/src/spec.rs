@@ -347,6 +347,9 @@ pub struct OsDisk {
     /// E.g. `FromImage`.
     #[serde(default)]
     pub create_option: String,
+    /// Accepted and unused, as Gardener's driver leaves it unused (the OS disk is named after the machine).
+    #[serde(default, skip_serializing)]
+    pub name: Option<serde_json::Value>,
 }
 
 /// A managed disk's parameters.
@@ -359,6 +362,9 @@ pub struct ManagedDisk {
     /// Confidential VM disk encryption.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub security_profile: Option<DiskSecurityProfile>,
+    /// Accepted and unused, as Gardener's driver leaves it unused (a new disk has no id yet).
+    #[serde(default, skip_serializing)]
+    pub id: Option<serde_json::Value>,
 }
 
 /// A disk's security profile.
@@ -404,6 +410,15 @@ pub struct OsProfile {
     /// Linux settings.
     #[serde(default)]
     pub linux_configuration: LinuxConfiguration,
+    /// Accepted and unused, as Gardener's driver leaves it unused (password login is disabled).
+    #[serde(default, skip_serializing)]
+    pub admin_password: Option<serde_json::Value>,
+    /// Accepted and unused, as Gardener's driver leaves it unused (the computer is named after the machine).
+    #[serde(default, skip_serializing)]
+    pub computer_name: Option<serde_json::Value>,
+    /// Accepted and unused, as Gardener's driver leaves it unused (the user data comes from the Secret).
+    #[serde(default, skip_serializing)]
+    pub custom_data: Option<serde_json::Value>,
 }
 
 /// Linux settings.
@@ -446,16 +461,23 @@ pub struct NetworkProfile {
     /// Enable accelerated networking on the NIC.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub accelerated_networking: Option<bool>,
+    /// Accepted and unused, as Gardener's driver leaves it unused (the NIC is created for the machine).
+    #[serde(default, skip_serializing)]
+    pub network_interfaces: Option<serde_json::Value>,
 }
 
-/// Decodes the providerSpec of `class` (no validation), moving a deprecated `machineSet` into
-/// `availabilitySet` (kind `availabilityset`) or `virtualMachineScaleSet` (kind `vmo`).
+/// The keys of the class's providerSpec that Gardener's Go driver would ignore, and so do we
+/// (admission warnings, the class's Event).
+pub fn class_warnings(class: &MachineClass) -> Vec<String> {
+    mcm_driver::spec::class_warnings::<ProviderSpec>(class, PROVIDER)
+}
+
+/// Decodes the providerSpec of `class` as Gardener's Go driver decodes it (keys matched
+/// ignoring case, unknown keys ignored: [`class_warnings`] names them), no validation; a
+/// deprecated `machineSet` is moved into `availabilitySet` (kind `availabilityset`) or
+/// `virtualMachineScaleSet` (kind `vmo`).
 pub fn parse_provider_spec(class: &MachineClass) -> Result<ProviderSpec, SpecError> {
-    let mut spec: ProviderSpec =
-        serde_json::from_value(class.provider_spec.clone()).map_err(|e| SpecError::Decode {
-            provider: PROVIDER,
-            source: e,
-        })?;
+    let mut spec: ProviderSpec = mcm_driver::spec::decode_provider_spec(class, PROVIDER)?.value;
     let p = &mut spec.properties;
     if let Some(ms) = p.machine_set.clone() {
         match ms.kind.as_str() {

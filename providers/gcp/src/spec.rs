@@ -201,8 +201,9 @@ pub struct MetadataItem {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NetworkInterface {
-    /// Do not attach an ephemeral external IP.
-    #[serde(default, alias = "disableExternalIp")]
+    /// Do not attach an ephemeral external IP (Gardener's key `disableExternalIP`, set on
+    /// every class its extension writes).
+    #[serde(default, rename = "disableExternalIP")]
     pub disable_external_ip: bool,
     /// The network name.
     #[serde(default)]
@@ -216,8 +217,8 @@ pub struct NetworkInterface {
     /// `EXTERNAL` or `INTERNAL` (Gardener's JSON key is `ipv6accessType`).
     #[serde(default, rename = "ipv6accessType", alias = "ipv6AccessType")]
     pub ipv6_access_type: String,
-    /// Give the interface an alias IP range.
-    #[serde(default, alias = "useAliasIps")]
+    /// Give the interface an alias IP range (Gardener's key `useAliasIPs`).
+    #[serde(default, rename = "useAliasIPs")]
     pub use_alias_ips: bool,
     /// The alias range's CIDR size, e.g. `/24`.
     #[serde(default)]
@@ -289,12 +290,16 @@ pub struct AdvancedMachineFeatures {
     pub enable_nested_virtualization: bool,
 }
 
-/// Decodes the providerSpec of `class` (no validation).
+/// Decodes the providerSpec of `class` as Gardener's Go driver decodes it (keys matched
+/// ignoring case, unknown keys ignored: [`class_warnings`] names them); no validation.
 pub fn parse_provider_spec(class: &MachineClass) -> Result<ProviderSpec, SpecError> {
-    serde_json::from_value(class.provider_spec.clone()).map_err(|source| SpecError::Decode {
-        provider: PROVIDER,
-        source,
-    })
+    mcm_driver::spec::decode_provider_spec(class, PROVIDER).map(|d| d.value)
+}
+
+/// The keys of the class's providerSpec that Gardener's Go driver would ignore, and so do we
+/// (admission warnings, the class's Event).
+pub fn class_warnings(class: &MachineClass) -> Vec<String> {
+    mcm_driver::spec::class_warnings::<ProviderSpec>(class, PROVIDER)
 }
 
 const SPEC: &str = "providerSpec";
@@ -1144,6 +1149,35 @@ pub(crate) mod tests {
         assert_eq!(
             p(&[("credentialsConfig", &ok), ("userData", "")]),
             Vec::<String>::new()
+        );
+    }
+
+    /// Go's decoder takes Gardener's `disableExternalIP` in any case and ignores unknown keys;
+    /// so do we, and an unknown key is named with the field it is nearest to.
+    #[test]
+    fn keys_are_read_as_gardeners_go_driver_reads_them() {
+        let mut spec = gardener_spec();
+        spec["networkInterfaces"] = json!([
+            { "disableExternalIp": true, "useAliasIPS": true, "subnetwork": "s" },
+            { "disableExternalIPs": true, "subnetwork": "s" },
+        ]);
+        let class = MachineClass {
+            provider: Some("GCP".into()),
+            provider_spec: spec,
+            ..MachineClass::default()
+        };
+        let parsed = parse_provider_spec(&class).unwrap();
+        assert!(parsed.network_interfaces[0].disable_external_ip);
+        assert!(parsed.network_interfaces[0].use_alias_ips);
+        assert!(!parsed.network_interfaces[1].disable_external_ip);
+        assert_eq!(
+            class_warnings(&class),
+            vec![
+                "providerSpec.networkInterfaces[1].disableExternalIPs: unknown field, ignored \
+                 (did you mean disableExternalIP?)"
+                    .to_string(),
+                "providerSpec.someFutureField: unknown field, ignored".to_string(),
+            ]
         );
     }
 }

@@ -91,6 +91,17 @@ pub fn problems(kind: Kind, object: &serde_json::Value, ctx: &Context<'_>) -> Ve
     }
 }
 
+/// The admission warnings of `object` as a `kind`: a MachineClass's providerSpec keys the
+/// provider ignores ([`Driver::machine_class_warnings`]); none for other kinds.
+pub fn warnings(kind: Kind, object: &serde_json::Value, ctx: &Context<'_>) -> Vec<String> {
+    match kind {
+        Kind::MachineClass => decoded::<MachineClass>(object)
+            .map(|c| ctx.driver.machine_class_warnings(&c))
+            .unwrap_or_default(),
+        Kind::Machine | Kind::MachineSet | Kind::MachineDeployment => Vec::new(),
+    }
+}
+
 /// The denial message of `problems`: `invalid <Kind> "<name>": <field>: <detail>; ...`.
 pub fn message(kind: Kind, name: &str, problems: &[SpecProblem]) -> String {
     format!(
@@ -659,6 +670,16 @@ mod tests {
                     _ => vec![],
                 }
             }
+            fn machine_class_warnings(&self, class: &MachineClass) -> Vec<String> {
+                #[derive(serde::Deserialize)]
+                struct Spec {
+                    #[serde(default, rename = "cpu")]
+                    _cpu: Option<String>,
+                }
+                mcm_driver::go_decode::<Spec>(&class.provider_spec, "providerSpec")
+                    .map(|d| d.unknown.iter().map(ToString::to_string).collect())
+                    .unwrap_or_default()
+            }
         }
         let class = |spec: serde_json::Value, secret: bool| {
             let mut c = json!({
@@ -689,6 +710,25 @@ mod tests {
             fields(&p),
             vec!["secretRef.name", "providerSpec.cpu"],
             "{p:?}"
+        );
+        // Keys the provider ignores are warnings, not problems (`CPU` is `cpu` to Go's
+        // decoder).
+        let spelled = class(json!({"CPU": "2", "cpus": "2"}), true);
+        assert_eq!(problems(Kind::MachineClass, &spelled, &ctx), vec![]);
+        assert_eq!(
+            warnings(Kind::MachineClass, &spelled, &ctx),
+            vec!["providerSpec.cpus: unknown field, ignored (did you mean cpu?)"]
+        );
+        let review = crate::webhook::review_request(
+            &crate::webhook::tests::request("MachineClass", "CREATE", spelled),
+            &ctx,
+        );
+        assert!(review.allowed);
+        assert_eq!(
+            review.warnings,
+            Some(vec![
+                "providerSpec.cpus: unknown field, ignored (did you mean cpu?)".to_string()
+            ])
         );
         // The default of the SPI method accepts what the generic rules accept.
         let fake = FakeDriver::new();

@@ -248,6 +248,13 @@ pub fn review_request(
         Err(e) => return response.deny(format!("the object cannot be read: {e}")),
     };
     let mut problems = checks::problems(kind, &json, ctx);
+    // Keys the provider ignores are allowed (as Gardener's Go driver ignores them), never
+    // silently: `kubectl apply` prints the warnings.
+    let warnings = checks::warnings(kind, &json, ctx);
+    let mut response = response;
+    if !warnings.is_empty() {
+        response.warnings = Some(warnings);
+    }
     // Ratcheting, as Kubernetes does for CRD validation: an update is refused only for what
     // it makes wrong, so an object stored before the webhook existed (or before a rule did)
     // can still be labelled, annotated and finalized by the controllers.
@@ -343,12 +350,12 @@ impl axum::serve::Listener for TlsListener {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use mcm_driver::FakeDriver;
     use serde_json::json;
 
-    fn request(
+    pub(crate) fn request(
         kind: &str,
         operation: &str,
         object: serde_json::Value,
