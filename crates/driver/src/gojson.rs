@@ -443,8 +443,8 @@ mod tests {
 ///
 /// The keys come as data (`<path>\t<go type>` lines under a `[spec]` header, paths like
 /// `disks[].labels{}`: `[]` a slice element, `{}` a map value), e.g. read from a provider's
-/// `*_provider_spec.go`. [`document`] builds one spec that sets every key, with a value of its
-/// Go type; [`missing_keys`] decodes it and returns the keys the Rust type would ignore.
+/// `*_provider_spec.go`. [`coverage::document`] builds one spec that sets every key, with a value of its
+/// Go type; [`coverage::missing_keys`] decodes it and returns the keys the Rust type would ignore.
 pub mod coverage {
     use serde::de::DeserializeOwned;
     use serde_json::{Map, Value, json};

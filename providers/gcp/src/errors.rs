@@ -73,9 +73,7 @@ pub fn classify_http(f: &HttpFailure) -> Classification {
         Some(404) => Classification::code(Code::NotFound),
         Some(409) => Classification::code(Code::AlreadyExists),
         Some(429) => throttled(THROTTLE_RETRY_AFTER),
-        Some(403) if reason.contains("RateLimitExceeded") || reason == "rateLimitExceeded" => {
-            throttled(THROTTLE_RETRY_AFTER)
-        }
+        Some(403) if is_rate_limit(reason) => throttled(THROTTLE_RETRY_AFTER),
         Some(403) if reason.eq_ignore_ascii_case("quotaExceeded") => {
             Classification::code(Code::ResourceExhausted)
         }
@@ -93,6 +91,19 @@ pub fn classify_http(f: &HttpFailure) -> Classification {
         Some(500) => Classification::retry(Code::Internal, UNAVAILABLE_RETRY_AFTER),
         Some(_) => Classification::code(Code::Internal),
     }
+}
+
+/// Whether a reason names a rate limit, however GCE spells it: the legacy `errors[].reason`
+/// (`rateLimitExceeded`, `userRateLimitExceeded`) or an `ErrorInfo` reason
+/// (`RATE_LIMIT_EXCEEDED`). A 403 for a rate limit is throttling, not a missing permission.
+/// Pure.
+pub fn is_rate_limit(reason: &str) -> bool {
+    let folded: String = reason
+        .chars()
+        .filter(|c| *c != '_')
+        .flat_map(char::to_lowercase)
+        .collect();
+    folded.contains("ratelimitexceeded")
 }
 
 /// Operation error codes that mean "no capacity now" (`ResourceExhausted`), besides any code
@@ -365,6 +376,12 @@ mod tests {
             ),
             (
                 http(403, Some("userRateLimitExceeded"), "x"),
+                Code::Unavailable,
+                Some(10),
+            ),
+            // The ErrorInfo reason comes first when GCE sends one.
+            (
+                http(403, Some("RATE_LIMIT_EXCEEDED"), "x"),
                 Code::Unavailable,
                 Some(10),
             ),

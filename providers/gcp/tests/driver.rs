@@ -334,6 +334,21 @@ async fn throttling_is_unavailable_with_the_retry_after_gce_gives() {
     assert_eq!(e.retry_after, Some(Duration::from_secs(7)), "{e}");
     assert_eq!(fake.instance(ZONE, "m-t"), None);
 
+    // Compute's per-project rate limit comes as a 403: still throttling, not a permission.
+    fake.fail_next_inserts(
+        1,
+        Fault::RateLimitedForbidden {
+            retry_after_secs: 4,
+        },
+    );
+    let e = create(&d, &c, "m-t").await.unwrap_err();
+    assert_eq!(
+        (e.code, e.retry_after),
+        (Code::Unavailable, Some(Duration::from_secs(4))),
+        "{e}"
+    );
+    assert_eq!(fake.instance(ZONE, "m-t"), None);
+
     fake.fail_next_inserts(1, Fault::Unavailable);
     let e = create(&d, &c, "m-t").await.unwrap_err();
     assert_eq!(e.code, Code::Unavailable, "{e}");

@@ -203,6 +203,13 @@ pub enum Fault {
         /// The `Retry-After` header value, in seconds.
         retry_after_secs: u64,
     },
+    /// The insert is rejected at once with HTTP 403 for Compute's per-project rate limit
+    /// (`status` `PERMISSION_DENIED`, `errors[0].reason` `rateLimitExceeded`, `ErrorInfo` reason
+    /// `RATE_LIMIT_EXCEEDED`), as the Compute API answers it, with a `Retry-After` header.
+    RateLimitedForbidden {
+        /// The `Retry-After` header value, in seconds.
+        retry_after_secs: u64,
+    },
     /// The insert is rejected at once: HTTP 503, reason `backendError`, no `status`.
     Unavailable,
 }
@@ -1041,6 +1048,13 @@ fn sync_fault_error(fault: &Fault, project: &str, zone: &str) -> ApiError {
     match fault {
         Fault::RateLimited { retry_after_secs } => {
             ApiError::rate_limited(project, *retry_after_secs)
+        }
+        Fault::RateLimitedForbidden { retry_after_secs } => {
+            let mut e = ApiError::rate_limited(project, *retry_after_secs);
+            e.status = StatusCode::FORBIDDEN;
+            e.body["error"]["code"] = json!(403);
+            e.body["error"]["status"] = json!("PERMISSION_DENIED");
+            e
         }
         Fault::Unavailable => ApiError::gce(
             503,
