@@ -558,24 +558,30 @@ fn validate_cpu_options(c: Option<&CpuOptions>) -> Vec<SpecProblem> {
     let Some(c) = c else { return vec![] };
     let base = format!("{SPEC}.cpuOptions");
     let mut out = Vec::new();
-    match c.core_count {
-        None => out.push(SpecProblem::new(format!("{base}.coreCount"), "is required")),
-        Some(n) if n <= 0 => out.push(SpecProblem::new(
+    // Both counts or neither (Gardener renders `cpuOptions` with only `amdSevSnp` for
+    // confidential machines), as Gardener's provider validates them.
+    match (c.core_count, c.threads_per_core) {
+        (None, Some(_)) => out.push(SpecProblem::new(
+            format!("{base}.coreCount"),
+            "is required when threadsPerCore is set",
+        )),
+        (Some(_), None) => out.push(SpecProblem::new(
+            format!("{base}.threadsPerCore"),
+            "is required when coreCount is set",
+        )),
+        _ => {}
+    }
+    if c.core_count.is_some_and(|n| n <= 0) {
+        out.push(SpecProblem::new(
             format!("{base}.coreCount"),
             "must be positive",
-        )),
-        Some(_) => {}
+        ));
     }
-    match c.threads_per_core {
-        None => out.push(SpecProblem::new(
-            format!("{base}.threadsPerCore"),
-            "is required",
-        )),
-        Some(1 | 2) => {}
-        Some(_) => out.push(SpecProblem::new(
+    if c.threads_per_core.is_some_and(|t| t != 1 && t != 2) {
+        out.push(SpecProblem::new(
             format!("{base}.threadsPerCore"),
             "must be 1 or 2",
-        )),
+        ));
     }
     if let Some(v) = &c.amd_sev_snp {
         out.extend(one_of(
