@@ -75,7 +75,10 @@ pub fn block_device_mappings(
 }
 
 /// The network interfaces; device indexes default to the position in the list and
-/// interfaces are deleted with the instance unless the spec says otherwise.
+/// interfaces are deleted with the instance unless the spec says otherwise. An interface
+/// with an `ipv6AddressCount` gets a primary IPv6 address unless `primaryIpv6` says
+/// otherwise (load balancers of IPv6 shoots target it), and `primaryIpv6` alone is not sent,
+/// as Gardener's provider does.
 pub fn network_interfaces(spec: &ProviderSpec) -> Vec<InstanceNetworkInterfaceSpecification> {
     spec.network_interfaces
         .iter()
@@ -92,7 +95,7 @@ pub fn network_interfaces(spec: &ProviderSpec) -> Vec<InstanceNetworkInterfaceSp
                 .set_ipv6_prefix_count(n.ipv6_prefix_count)
                 .set_interface_type(n.interface_type.clone())
                 .set_network_card_index(n.network_card_index)
-                .set_primary_ipv6(n.primary_ipv6)
+                .set_primary_ipv6(n.ipv6_address_count.map(|_| n.primary_ipv6.unwrap_or(true)))
                 .build()
         })
         .collect()

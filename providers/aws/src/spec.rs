@@ -22,6 +22,11 @@ pub const ACCESS_KEY_ID: &str = "providerAccessKeyId";
 pub const SECRET_ACCESS_KEY: &str = "providerSecretAccessKey";
 /// Alternative secret key of the access key id.
 pub const ALT_ACCESS_KEY_ID: &str = "accessKeyID";
+/// The secret key of the web-identity token file of workload identity (Gardener's
+/// `cloudprovider` Secret).
+pub const WORKLOAD_IDENTITY_TOKEN_FILE: &str = "workloadIdentityTokenFile";
+/// The secret key of the IAM role workload identity assumes.
+pub const ROLE_ARN: &str = "roleARN";
 /// Alternative secret key of the secret access key.
 pub const ALT_SECRET_ACCESS_KEY: &str = "secretAccessKey";
 /// The `deviceName` that stands for the AMI's root device.
@@ -648,13 +653,25 @@ pub fn access_key(secret: &SecretData) -> Option<AccessKey> {
 /// (creation; deletion and listing must work without it).
 pub fn validate_secret(secret: &SecretData, need_user_data: bool) -> Vec<SpecProblem> {
     let mut out = Vec::new();
-    if non_blank(secret, &[ACCESS_KEY_ID, ALT_ACCESS_KEY_ID]).is_none() {
+    let has_key = non_blank(secret, &[ACCESS_KEY_ID, ALT_ACCESS_KEY_ID]).is_some();
+    let workload_identity = non_blank(secret, &[WORKLOAD_IDENTITY_TOKEN_FILE, ROLE_ARN]).is_some();
+    if !has_key && workload_identity {
+        out.push(SpecProblem::new(
+            format!("secretRef.{WORKLOAD_IDENTITY_TOKEN_FILE}"),
+            format!(
+                "workload identity credentials ({ROLE_ARN} with {WORKLOAD_IDENTITY_TOKEN_FILE}) \
+                 are not supported yet; give {ALT_ACCESS_KEY_ID} and {ALT_SECRET_ACCESS_KEY}"
+            ),
+        ));
+    } else if !has_key {
         out.push(SpecProblem::new(
             format!("secretRef.{ACCESS_KEY_ID}"),
             format!("one of {ACCESS_KEY_ID} and {ALT_ACCESS_KEY_ID} is required"),
         ));
     }
-    if non_blank(secret, &[SECRET_ACCESS_KEY, ALT_SECRET_ACCESS_KEY]).is_none() {
+    if !workload_identity
+        && non_blank(secret, &[SECRET_ACCESS_KEY, ALT_SECRET_ACCESS_KEY]).is_none()
+    {
         out.push(SpecProblem::new(
             format!("secretRef.{SECRET_ACCESS_KEY}"),
             format!("one of {SECRET_ACCESS_KEY} and {ALT_SECRET_ACCESS_KEY} is required"),

@@ -4,8 +4,14 @@
 //! either served (no problem, no ignored key) or refused with the fields it cannot serve yet,
 //! never served as something else.
 
+use std::sync::{Arc, Mutex};
+
+use aws_config::BehaviorVersion;
+use aws_sdk_ec2::config::interceptors::BeforeTransmitInterceptorContextRef;
+use aws_sdk_ec2::config::{ConfigBag, Credentials, Intercept, Region, RuntimeComponents};
+use aws_sdk_ec2::error::BoxError;
 use mcm_api::MachineClass;
-use mcm_provider_aws::spec;
+use mcm_provider_aws::{launch, spec};
 
 fn class(pool: &str) -> MachineClass {
     let path = format!("{}/tests/golden/{pool}.json", env!("CARGO_MANIFEST_DIR"));
@@ -54,4 +60,185 @@ fn each_pool_is_served_or_refused_with_its_fields() {
             .collect();
         assert_eq!(fields, *refused, "{pool}");
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The RunInstances request of each served pool, as the SDK puts it on the wire.
+// ---------------------------------------------------------------------------------------------
+
+/// The machine every golden request is for.
+const MACHINE: &str = "shoot--dev--my-shoot-pool-z1-5b7c4-abcde";
+/// The root device name of the Garden Linux AMI (what `DescribeImages` answers).
+const ROOT_DEVICE: &str = "/dev/xvda";
+/// The user data of the machine class Secret.
+const USER_DATA: &[u8] = b"#!/bin/bash\necho golden\n";
+/// The request id the machine controller gives the call.
+const REQUEST_ID: &str = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
+
+/// Keeps the serialized body of the first request and stops it before it is signed or sent.
+#[derive(Debug, Clone, Default)]
+struct CaptureBody(Arc<Mutex<Option<String>>>);
+
+/// The error [`CaptureBody`] stops every request with.
+#[derive(Debug, thiserror::Error)]
+#[error("request captured, not sent")]
+struct Captured;
+
+impl Intercept for CaptureBody {
+    fn name(&self) -> &'static str {
+        "CaptureBody"
+    }
+
+    fn read_after_serialization(
+        &self,
+        context: &BeforeTransmitInterceptorContextRef<'_>,
+        _runtime_components: &RuntimeComponents,
+        _cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let body = context.request().body().bytes().unwrap_or_default();
+        *self.0.lock().unwrap() = Some(String::from_utf8_lossy(body).into_owned());
+        Err(Box::new(Captured))
+    }
+}
+
+/// Decodes one `application/x-www-form-urlencoded` component.
+fn form_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => out.push(b' '),
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).expect("ascii");
+                out.push(u8::from_str_radix(hex, 16).expect("percent escape"));
+                i += 2;
+            }
+            b => out.push(b),
+        }
+        i += 1;
+    }
+    String::from_utf8(out).expect("UTF-8 parameter")
+}
+
+/// The `RunInstances` parameters of `pool`, one `Name=value` per line, sorted by name.
+async fn run_instances_parameters(pool: &str) -> String {
+    let c = class(pool);
+    let spec = spec::parse_provider_spec(&c).expect("decodes");
+    let capture = CaptureBody::default();
+    let conf = aws_sdk_ec2::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new(spec.region.clone()))
+        .credentials_provider(Credentials::new(
+            "AKIDGOLDEN",
+            "golden",
+            None,
+            None,
+            "golden",
+        ))
+        .interceptor(capture.clone())
+        .build();
+    let client = aws_sdk_ec2::Client::from_conf(conf);
+    let request = launch::run_instances_request(
+        client.run_instances(),
+        &spec,
+        MACHINE,
+        USER_DATA,
+        Some(ROOT_DEVICE),
+        REQUEST_ID,
+    )
+    .expect("request");
+    let err = request
+        .send()
+        .await
+        .expect_err("the capture stops the request");
+    assert!(
+        format!("{:?}", err).contains("Captured"),
+        "{pool}: stopped by something else: {err:?}"
+    );
+    let body = capture.0.lock().unwrap().take().expect("body captured");
+    let mut params: Vec<(String, String)> = body
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (form_decode(k), form_decode(v))
+        })
+        .collect();
+    params.sort_by(|a, b| natural_key(&a.0).cmp(&natural_key(&b.0)));
+    params
+        .into_iter()
+        .map(|(k, v)| format!("{k}={v}\n"))
+        .collect()
+}
+
+/// Orders `Tag.10` after `Tag.9`.
+fn natural_key(name: &str) -> Vec<(String, u32)> {
+    name.split('.')
+        .map(|part| match part.parse::<u32>() {
+            Ok(n) => (String::new(), n),
+            Err(_) => (part.to_string(), 0),
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn each_served_pool_becomes_exactly_its_run_instances_request() {
+    let update = std::env::var_os("MCM_GOLDEN_UPDATE").is_some();
+    for (pool, refused) in POOLS {
+        if !refused.is_empty() {
+            continue;
+        }
+        let got = run_instances_parameters(pool).await;
+        let path = format!(
+            "{}/tests/golden/{pool}.run-instances.txt",
+            env!("CARGO_MANIFEST_DIR")
+        );
+        if update {
+            std::fs::write(&path, &got).expect("write golden request");
+            continue;
+        }
+        let want = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("{path}: {e} (MCM_GOLDEN_UPDATE=1 writes it)"));
+        pretty_assertions::assert_eq!(got, want, "{pool}: RunInstances parameters");
+    }
+}
+
+/// The `cloudprovider` Secret of `file` as the driver reads it (its decoded example), with the
+/// user data of the class's own Secret.
+fn credentials(file: &str) -> mcm_driver::SecretData {
+    let path = format!("{}/tests/golden/{file}.json", env!("CARGO_MANIFEST_DIR"));
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("golden secret")).unwrap();
+    let decoded = doc["credentialsSecret"]["exampleDecoded"]
+        .as_object()
+        .expect("exampleDecoded");
+    let mut pairs: Vec<(&str, &str)> = decoded
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str().expect("string")))
+        .collect();
+    pairs.push(("userData", "#!/bin/bash\n"));
+    mcm_driver::SecretData::from_pairs(pairs)
+}
+
+#[test]
+fn the_static_key_secret_is_served_and_workload_identity_refused_by_name() {
+    let fields = |file: &str| -> Vec<(String, String)> {
+        spec::validate_secret(&credentials(file), true)
+            .into_iter()
+            .map(|p| (p.field, p.detail))
+            .collect()
+    };
+    assert_eq!(fields("secret"), Vec::<(String, String)>::new());
+    let key = spec::access_key(&credentials("secret")).expect("access key");
+    assert_eq!(key.id, "AKIAIOSFODNN7EXAMPLE");
+    // Workload identity is not served yet (issue 33): refused naming the keys it would use,
+    // never read as "no access key".
+    let refused = fields("secret-workload-identity");
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert_eq!(refused[0].0, "secretRef.workloadIdentityTokenFile");
+    assert!(
+        refused[0].1.contains("roleARN") && refused[0].1.contains("not supported yet"),
+        "{refused:?}"
+    );
 }

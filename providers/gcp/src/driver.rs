@@ -6,7 +6,7 @@
 //! | `initialize_machine` | none (`Unimplemented`, as Gardener's provider) |
 //! | `get_machine_status` | `instances.get` in the providerID's zone (else the class's); not there or another cluster's → `NotFound` |
 //! | `delete_machine` | `instances.get`, `instances.delete` (with `requestId`) and `zoneOperations.get` until done; gone = success; an instance of another cluster is never deleted |
-//! | `list_machines` | `instances.aggregatedList` pages, the zones of the class's region, instances with the cluster and role tags |
+//! | `list_machines` | `instances.aggregatedList` pages filtered by the class's `k8s-cluster-name` label when it has one, the zones of the class's region, instances with the cluster and role tags |
 //! | `get_volume_ids` | none (disk ids from the PersistentVolume specs) |
 
 use std::sync::Arc;
@@ -391,6 +391,7 @@ impl Driver for GcpDriver {
             .lookup(&req.machine_class, &req.secret, &req.request_id)
             .await?;
         let region_prefix = format!("zones/{}-", region_of(&spec));
+        let filter = instance::list_filter(&spec);
         let mut out = ListMachinesResponse::default();
         let mut page_token: Option<String> = None;
         let mut pages = 0usize;
@@ -400,6 +401,7 @@ impl Driver for GcpDriver {
                 .aggregated_list()
                 .set_project(&call.project)
                 .set_max_results(self.config.page_size.clamp(1, 500))
+                .set_or_clear_filter(filter.clone())
                 .set_or_clear_page_token(page_token.take())
                 .with_user_agent(call.user_agent())
                 .send()

@@ -14,6 +14,21 @@ use crate::spec::{
     DISK_TYPE_SCRATCH, ProviderSpec, STARTUP_SCRIPT_METADATA_KEY, USER_DATA_METADATA_KEY,
 };
 
+/// The label Gardener's GCP extension puts on every instance of a shoot (its technical id,
+/// sanitised), since gardener-extension-provider-gcp v1.34 (January 2024).
+pub const CLUSTER_NAME_LABEL: &str = "k8s-cluster-name";
+
+/// The server-side filter of the instance listing: the class's [`CLUSTER_NAME_LABEL`] when
+/// it has one, so Compute sends only this cluster's instances instead of the whole
+/// project's. `None` (no filter) for a class without that label: the network tags that
+/// identify a cluster's instances cannot be filtered by Compute, so they are checked on
+/// every listed instance either way.
+pub fn list_filter(spec: &ProviderSpec) -> Option<String> {
+    let value = spec.labels.get(CLUSTER_NAME_LABEL)?;
+    let escaped = value.replace('\\', "\\\\").replace('"', "\\\"");
+    Some(format!("labels.{CLUSTER_NAME_LABEL} = \"{escaped}\""))
+}
+
 /// The metadata key user data goes under: `user-data` for cloud-config, else
 /// `startup-script` (as Gardener's provider decides).
 pub fn user_data_key(user_data: &str) -> &'static str {
@@ -301,6 +316,25 @@ pub fn network_tags(instance: &Instance) -> &[String] {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_listing_filters_on_the_cluster_label_of_the_class_if_it_has_one() {
+        let mut spec = ProviderSpec::default();
+        assert_eq!(list_filter(&spec), None);
+        spec.labels
+            .insert(CLUSTER_NAME_LABEL.into(), "shoot--dev--my-shoot".into());
+        assert_eq!(
+            list_filter(&spec).as_deref(),
+            Some(r#"labels.k8s-cluster-name = "shoot--dev--my-shoot""#)
+        );
+        spec.labels
+            .insert(CLUSTER_NAME_LABEL.into(), r#"a"b\c"#.into());
+        assert_eq!(
+            list_filter(&spec).as_deref(),
+            Some(r#"labels.k8s-cluster-name = "a\"b\\c""#)
+        );
+    }
+
     use super::*;
     use crate::spec::tests::gardener_spec;
     use pretty_assertions::assert_eq;

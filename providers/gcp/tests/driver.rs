@@ -152,9 +152,15 @@ fn provider_id(zone: &str, name: &str) -> String {
 
 /// An instance of the cluster planted without the driver (e.g. an orphan).
 fn plant(fake: &FakeCompute, zone: &str, name: &str, tags: &[&str]) {
+    plant_labelled(fake, zone, name, tags, json!({}));
+}
+
+/// [`plant`] with instance labels.
+fn plant_labelled(fake: &FakeCompute, zone: &str, name: &str, tags: &[&str], labels: Value) {
     fake.insert_instance_directly(
         zone,
         json!({
+            "labels": labels,
             "name": name,
             "machineType": format!("zones/{zone}/machineTypes/n1-standard-2"),
             "disks": [{"boot": true, "autoDelete": true,
@@ -419,6 +425,57 @@ async fn wrong_credentials_are_unauthenticated() {
         .await
         .unwrap_err();
     assert_eq!(e.code, Code::Unauthenticated, "{e}");
+}
+
+#[tokio::test]
+async fn listing_asks_compute_for_the_clusters_label_only() {
+    let fake = FakeCompute::start(PROJECT, EMAIL).await;
+    let d = driver(&fake);
+    let mut labelled = spec();
+    labelled["labels"]["k8s-cluster-name"] = json!("shoot--test");
+    for i in 0..3 {
+        plant_labelled(
+            &fake,
+            ZONE,
+            &format!("ours-{i}"),
+            &[CLUSTER_TAG, ROLE_TAG],
+            json!({"k8s-cluster-name": "shoot--test"}),
+        );
+    }
+    for i in 0..5 {
+        plant_labelled(
+            &fake,
+            ZONE,
+            &format!("theirs-{i}"),
+            &["kubernetes-io-cluster-shoot--other", ROLE_TAG],
+            json!({"k8s-cluster-name": "shoot--other"}),
+        );
+    }
+    let ours: Vec<String> = (0..3).map(|i| format!("ours-{i}")).collect();
+    let names = |m: std::collections::BTreeMap<String, String>| m.into_values().collect::<Vec<_>>();
+
+    // A Gardener class carries the label: Compute sends this cluster's instances only.
+    fake.clear_request_log();
+    let before = fake.instances_listed();
+    assert_eq!(names(list(&d, &class(labelled)).await), ours);
+    assert_eq!(fake.instances_listed() - before, 3, "instances read");
+    let filters: Vec<Option<String>> = fake
+        .request_log()
+        .iter()
+        .filter(|r| r.path.contains("/aggregated/"))
+        .map(|r| r.query_param("filter").map(String::from))
+        .collect();
+    assert_eq!(
+        filters,
+        vec![Some(
+            r#"labels.k8s-cluster-name = "shoot--test""#.to_string()
+        )]
+    );
+
+    // A class without it: every instance of the project is read, the tags pick ours.
+    let before = fake.instances_listed();
+    assert_eq!(names(list(&d, &class(spec())).await), ours);
+    assert_eq!(fake.instances_listed() - before, 8, "instances read");
 }
 
 #[tokio::test]

@@ -475,6 +475,12 @@ impl FakeCompute {
         self.shared.lock().log.clear();
     }
 
+    /// How many instances list and aggregated-list responses carried so far, all pages
+    /// together (what a caller had to read).
+    pub fn instances_listed(&self) -> usize {
+        self.shared.lock().instances_listed
+    }
+
     /// How many inserts of instance `name` were accepted (each created an operation; replays of
     /// a `requestId`, rejected and failed-validation requests do not count).
     pub fn insert_count(&self, name: &str) -> usize {
@@ -550,6 +556,7 @@ impl Shared {
                 insert_faults: VecDeque::new(),
                 request_faults: VecDeque::new(),
                 log: Vec::new(),
+                instances_listed: 0,
                 insert_counts: BTreeMap::new(),
                 next_ip: 2,
                 next_nat_ip: 2,
@@ -680,6 +687,8 @@ struct World {
     request_faults: VecDeque<Fault>,
     log: Vec<RequestRecord>,
     insert_counts: BTreeMap<String, usize>,
+    /// Instances sent back in list and aggregated-list responses, all pages together.
+    instances_listed: usize,
     next_ip: u32,
     next_nat_ip: u32,
     rng: u64,
@@ -1820,11 +1829,12 @@ async fn list_instances(
         "compute.instances.list",
         &format!("projects/{project}/zones/{zone}"),
     )?;
-    let w = s.lock();
+    let mut w = s.lock();
     check_zone(&w, &zone)?;
     let params = list_params(&query, false)?;
     let zones = BTreeSet::from([zone.clone()]);
     let (items, token) = page(&w, &zones, &params);
+    let listed = items.len();
     let mut body = json!({
         "kind": "compute#instanceList",
         "id": format!("projects/{project}/zones/{zone}/instances"),
@@ -1836,6 +1846,7 @@ async fn list_instances(
     if let Some(token) = token {
         body["nextPageToken"] = json!(token);
     }
+    w.instances_listed += listed;
     Ok(json_response(StatusCode::OK, &body))
 }
 
@@ -1850,9 +1861,10 @@ async fn aggregated_list(
         "compute.instances.list",
         &format!("projects/{project}"),
     )?;
-    let w = s.lock();
+    let mut w = s.lock();
     let params = list_params(&query, true)?;
     let (items, token) = page(&w, &w.zones, &params);
+    let listed = items.len();
     let mut scopes = Map::new();
     for zone in &w.zones {
         let scope = format!("zones/{zone}");
@@ -1881,6 +1893,7 @@ async fn aggregated_list(
     if let Some(token) = token {
         body["nextPageToken"] = json!(token);
     }
+    w.instances_listed += listed;
     Ok(json_response(StatusCode::OK, &body))
 }
 
