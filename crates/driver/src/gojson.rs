@@ -4,7 +4,8 @@
 //! preferred) and ignores keys it does not know; serde matches exactly. [`go_decode`] decodes
 //! through a `Deserializer` that, wherever a struct is decoded, renames each key to the
 //! field (or alias) it matches ignoring case, and reports the keys that match no field
-//! ([`UnknownKey`]), with the nearest field's name. Maps keep their keys as they are.
+//! ([`UnknownKey`]), with the nearest field's name. Maps keep their keys as they are. A `null`
+//! leaves a field as it is, as in Go.
 
 use std::cell::RefCell;
 use std::fmt;
@@ -246,7 +247,11 @@ impl<'de, 'u> de::Deserializer<'de> for GoValue<'u> {
     ) -> Result<V::Value, Self::Error> {
         match self.value {
             Value::Object(map) => {
-                let matched = match_keys(map, fields, &self.path, &mut self.unknown.borrow_mut());
+                let mut matched =
+                    match_keys(map, fields, &self.path, &mut self.unknown.borrow_mut());
+                // Go: a JSON null leaves a field as it is (its zero value, or nil for a
+                // pointer, slice or map), so a null is a key not given.
+                matched.retain(|_, v| !v.is_null());
                 visitor.visit_map(GoMap {
                     entries: matched.into_iter(),
                     value: None,
@@ -431,6 +436,30 @@ mod tests {
             d.unknown[0].to_string(),
             "n.subnetwrk: unknown field, ignored (did you mean subnetwork?)"
         );
+    }
+
+    #[test]
+    fn a_null_leaves_the_field_as_go_leaves_it() {
+        let d: GoDecoded<Spec> = go_decode(
+            &json!({
+                "networkInterfaces": [{ "subnetwork": null, "disableExternalIP": null }],
+                "labels": null,
+                "sizeGB": null,
+                "nic": null,
+                "apiVersion": null,
+            }),
+            "providerSpec",
+        )
+        .unwrap();
+        assert_eq!(d.value.network_interfaces, vec![Nic::default()]);
+        assert_eq!(
+            d.value,
+            Spec {
+                network_interfaces: vec![Nic::default()],
+                ..Spec::default()
+            }
+        );
+        assert!(d.unknown.is_empty());
     }
 
     #[test]

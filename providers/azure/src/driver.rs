@@ -229,8 +229,14 @@ impl AzureDriver {
     ) -> Result<(), AzureError> {
         let what = format!("PUT virtualMachines {vm}");
         let model: azure_mgmt_compute::models::VirtualMachine =
-            serde_json::from_value(resources::vm_body(spec, &call.subscription, vm, user_data))
-                .map_err(|e| AzureError::Client(Box::new(e.into())))?;
+            serde_json::from_value(resources::vm_body(
+                spec,
+                &call.subscription,
+                vm,
+                user_data,
+                &resources::ssh_key_data(spec),
+            ))
+            .map_err(|e| AzureError::Client(Box::new(e.into())))?;
         let response = call
             .compute
             .virtual_machines_client()

@@ -161,9 +161,57 @@ fn image_reference(r: &crate::spec::ImageReference) -> Value {
     }
 }
 
+/// The SSH public key of a machine: the class's, else [`unusable_ssh_key`] (Gardener's classes
+/// have none when the shoot's SSH access is off, and Azure refuses a Linux VM without
+/// password authentication and without a key).
+pub fn ssh_key_data(spec: &ProviderSpec) -> String {
+    let key = &spec
+        .properties
+        .os_profile
+        .linux_configuration
+        .ssh
+        .public_keys
+        .key_data;
+    if key.trim().is_empty() {
+        unusable_ssh_key()
+    } else {
+        key.clone()
+    }
+}
+
+/// A fresh `ssh-ed25519` public key whose private half is dropped at once, so nobody can log
+/// in with it (Gardener's provider does the same with an RSA key).
+pub fn unusable_ssh_key() -> String {
+    use ring::signature::KeyPair as _;
+    let rng = ring::rand::SystemRandom::new();
+    let public = ring::signature::Ed25519KeyPair::generate_pkcs8(&rng)
+        .ok()
+        .and_then(|pkcs8| ring::signature::Ed25519KeyPair::from_pkcs8(pkcs8.as_ref()).ok())
+        .map(|pair| pair.public_key().as_ref().to_vec())
+        // The system's random source failing is not recoverable here; an all-zero key is
+        // still a key nobody holds (no private key maps to it in practice).
+        .unwrap_or_else(|| vec![0; 32]);
+    let mut blob = Vec::with_capacity(51);
+    for part in [b"ssh-ed25519".as_slice(), public.as_slice()] {
+        blob.extend_from_slice(&(part.len() as u32).to_be_bytes());
+        blob.extend_from_slice(part);
+    }
+    format!(
+        "ssh-ed25519 {}",
+        base64::engine::general_purpose::STANDARD.encode(blob)
+    )
+}
+
 /// The body of the VM PUT: the spec, the machine's NIC, OS disk and data disks (deleted with
-/// the VM), the user data as `customData`.
-pub fn vm_body(spec: &ProviderSpec, subscription: &str, vm: &str, user_data: &[u8]) -> Value {
+/// the VM), the user data as `customData`, `ssh_key` as the admin user's SSH key
+/// ([`ssh_key_data`]).
+pub fn vm_body(
+    spec: &ProviderSpec,
+    subscription: &str,
+    vm: &str,
+    user_data: &[u8],
+    ssh_key: &str,
+) -> Value {
     let p = &spec.properties;
     let sp = &p.storage_profile;
     let nic_id = resource_id(
@@ -214,12 +262,10 @@ pub fn vm_body(spec: &ProviderSpec, subscription: &str, vm: &str, user_data: &[u
         storage["diskControllerType"] = json!(sp.disk_controller_type);
     }
     let ssh = &p.os_profile.linux_configuration.ssh.public_keys;
-    let mut linux = json!({
+    let linux = json!({
         "disablePasswordAuthentication": p.os_profile.linux_configuration.disable_password_authentication,
+        "ssh": { "publicKeys": [{ "path": ssh.path, "keyData": ssh_key }] },
     });
-    if !ssh.key_data.trim().is_empty() {
-        linux["ssh"] = json!({ "publicKeys": [{ "path": ssh.path, "keyData": ssh.key_data }] });
-    }
     let mut props = json!({
         "hardwareProfile": { "vmSize": p.hardware_profile.vm_size },
         "networkProfile": { "networkInterfaces": [{
@@ -352,6 +398,30 @@ mod tests {
     }
 
     #[test]
+    fn a_class_without_an_ssh_key_gets_a_fresh_key_nobody_holds() {
+        let mut s = spec();
+        assert_eq!(ssh_key_data(&s), "ssh-rsa AAAA");
+        s.properties
+            .os_profile
+            .linux_configuration
+            .ssh
+            .public_keys
+            .key_data = " ".into();
+        let (a, b) = (ssh_key_data(&s), ssh_key_data(&s));
+        assert_ne!(a, b, "a fresh key each time");
+        let blob = base64::engine::general_purpose::STANDARD
+            .decode(a.strip_prefix("ssh-ed25519 ").expect("an ssh-ed25519 key"))
+            .unwrap();
+        assert_eq!(blob.len(), 4 + 11 + 4 + 32);
+        assert_eq!(&blob[4..15], b"ssh-ed25519");
+        let vm = vm_body(&s, "sub", "m-0", b"", &a);
+        assert_eq!(
+            vm["properties"]["osProfile"]["linuxConfiguration"]["ssh"]["publicKeys"][0]["keyData"],
+            a.as_str()
+        );
+    }
+
+    #[test]
     fn the_nic_and_vm_bodies_are_what_gardeners_provider_sends() {
         let s = spec();
         let nic = nic_body(&s, "sub", "m-0");
@@ -361,7 +431,7 @@ mod tests {
         );
         assert_eq!(nic["properties"]["enableAcceleratedNetworking"], true);
         assert_eq!(nic["tags"]["kubernetes.io-role-node"], "1");
-        let vm = vm_body(&s, "sub", "m-0", b"#cloud-config\n");
+        let vm = vm_body(&s, "sub", "m-0", b"#cloud-config\n", &ssh_key_data(&s));
         assert_eq!(vm["zones"], json!(["2"]));
         assert_eq!(vm["identity"]["type"], "UserAssigned");
         let p = &vm["properties"];

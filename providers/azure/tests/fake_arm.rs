@@ -367,7 +367,7 @@ fn vm_body(name: &str, nic_id: &str, delete_option: &str) -> VirtualMachine {
                     "disablePasswordAuthentication": true,
                     "ssh": {"publicKeys": [{
                         "path": "/home/core/.ssh/authorized_keys",
-                        "keyData": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIFakeKeyFakeKeyFakeKey",
+                        "keyData": "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh8g",
                     }]},
                 },
             },

@@ -63,7 +63,9 @@
 //!   operation, [`FakeArm::set_operation_delay`]); [`FakeArm::pause_operations`] freezes it.
 //! - Virtual machines: the request body is validated like Compute does for the fields a driver
 //!   sends (`Required parameter 'adminPassword' is missing (null).` and friends, with `target`;
-//!   `customData` must be base64 and at most 87380 characters); server-side fields are filled
+//!   `customData` must be base64 and at most 87380 characters; a Linux VM without password
+//!   authentication needs an SSH key, each key `ssh-rsa` or a well-formed `ssh-ed25519`, the
+//!   types Azure supports); server-side fields are filled
 //!   (`vmId`, `timeCreated`, `etag`, `osDisk.managedDisk.id`, disk names, `osType`, caching and
 //!   delete-option defaults, `exactVersion`, Linux configuration defaults); `customData`,
 //!   `adminPassword` and `userData` are write-only (`userData` comes back with `$expand=userData`).
@@ -3080,6 +3082,48 @@ struct VmPlan {
 }
 
 /// Compute's validation of a VM body (the fields a driver sends).
+/// Compute's checks of a Linux VM's SSH keys: a VM without password authentication needs
+/// one, and each must be an `ssh-rsa` key or a well-formed `ssh-ed25519` key (the two types
+/// Azure supports).
+fn validate_ssh_keys(os_profile: &Value, no_password: bool) -> Result<(), ArmError> {
+    let keys = os_profile["linuxConfiguration"]["ssh"]["publicKeys"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if no_password && keys.is_empty() {
+        return Err(ArmError::new(
+            400,
+            "InvalidParameter",
+            "Authentication using either SSH or by user name and password must be enabled in \
+             Linux profile.",
+        )
+        .target("linuxConfiguration"));
+    }
+    let invalid = || ArmError::invalid("linuxConfiguration.ssh.publicKeys.keyData");
+    for key in &keys {
+        let data = key["keyData"].as_str().ok_or_else(invalid)?;
+        let mut fields = data.split_whitespace();
+        match fields.next() {
+            Some("ssh-rsa") => {}
+            Some("ssh-ed25519") => {
+                let blob = fields
+                    .next()
+                    .and_then(|b| STANDARD.decode(b).ok())
+                    .ok_or_else(invalid)?;
+                // string "ssh-ed25519", string <32-byte key>
+                let mut want = 11u32.to_be_bytes().to_vec();
+                want.extend_from_slice(b"ssh-ed25519");
+                want.extend_from_slice(&32u32.to_be_bytes());
+                if blob.len() != want.len() + 32 || !blob.starts_with(&want) {
+                    return Err(invalid());
+                }
+            }
+            _ => return Err(invalid()),
+        }
+    }
+    Ok(())
+}
+
 fn validate_vm(name: &str, body: &Value) -> Result<(), ArmError> {
     let props = body
         .get("properties")
@@ -3107,6 +3151,9 @@ fn validate_vm(name: &str, body: &Value) -> Result<(), ArmError> {
             .unwrap_or(false);
         if (!linux || !no_password) && os_profile.get("adminPassword").is_none() {
             return Err(ArmError::missing("adminPassword"));
+        }
+        if linux {
+            validate_ssh_keys(os_profile, no_password)?;
         }
         if let Some(cd) = os_profile.get("customData") {
             let cd = cd.as_str().unwrap_or_default();
