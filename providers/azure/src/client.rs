@@ -21,12 +21,17 @@
 //!
 //! # Endpoints
 //!
-//! [`AzureDriverConfig::arm_endpoint`] (`MCM_AZURE_ARM_ENDPOINT` in the binaries) overrides
-//! `https://management.azure.com`; [`AzureDriverConfig::authority_host`]
-//! (`AZURE_AUTHORITY_HOST`) overrides `https://login.microsoftonline.com`.
+//! The class's `cloudConfiguration.name` chooses the cloud, and the cloud its ARM endpoint and
+//! Entra ID authority ([`AzureDriverConfig::clouds`], by default [`CloudEndpoints::known`]):
+//! `AzurePublic` (also without a `cloudConfiguration`), `AzureChina` or `AzureGovernment`.
+//! Tokens are asked for the ARM endpoint's `/.default` scope of that cloud, and a service
+//! principal gets one credential per authority.
+//! [`AzureDriverConfig::arm_endpoint`] (`MCM_AZURE_ARM_ENDPOINT` in the binaries) and
+//! [`AzureDriverConfig::authority_host`] (`AZURE_AUTHORITY_HOST`) override them for every
+//! cloud.
 
-use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;
+use std::collections::{BTreeMap, HashMap};
 use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -44,6 +49,51 @@ use crate::spec::Credentials;
 pub const PUBLIC_ARM: &str = "https://management.azure.com";
 /// Public Azure's authority host.
 pub const PUBLIC_AUTHORITY: &str = "https://login.microsoftonline.com";
+/// The name of public Azure in `cloudConfiguration.name`.
+pub const AZURE_PUBLIC: &str = "AzurePublic";
+/// The name of Azure operated by 21Vianet in China.
+pub const AZURE_CHINA: &str = "AzureChina";
+/// The name of Azure Government (US).
+pub const AZURE_GOVERNMENT: &str = "AzureGovernment";
+
+/// Where the clients of one Azure cloud go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CloudEndpoints {
+    /// The ARM endpoint; tokens are asked for its `/.default` scope.
+    pub arm: String,
+    /// The Entra ID authority host.
+    pub authority: String,
+}
+
+impl CloudEndpoints {
+    /// The endpoints of the clouds `cloudConfiguration.name` can name (those of Azure's SDKs).
+    pub fn known() -> BTreeMap<String, CloudEndpoints> {
+        [
+            (AZURE_PUBLIC, PUBLIC_ARM, PUBLIC_AUTHORITY),
+            (
+                AZURE_CHINA,
+                "https://management.chinacloudapi.cn",
+                "https://login.chinacloudapi.cn",
+            ),
+            (
+                AZURE_GOVERNMENT,
+                "https://management.usgovcloudapi.net",
+                "https://login.microsoftonline.us",
+            ),
+        ]
+        .into_iter()
+        .map(|(name, arm, authority)| {
+            (
+                name.to_string(),
+                CloudEndpoints {
+                    arm: arm.to_string(),
+                    authority: authority.to_string(),
+                },
+            )
+        })
+        .collect()
+    }
+}
 /// The environment variable the binaries read [`AzureDriverConfig::arm_endpoint`] from.
 pub const ARM_ENDPOINT_ENV: &str = "MCM_AZURE_ARM_ENDPOINT";
 /// The environment variable of [`AzureDriverConfig::authority_host`] (azure_identity's).
@@ -66,6 +116,10 @@ pub struct AzureDriverConfig {
     pub arm_endpoint: Option<String>,
     /// The Entra ID authority host. `None`: public Azure.
     pub authority_host: Option<String>,
+    /// The endpoints of each cloud a class can name in `cloudConfiguration.name` (by default
+    /// [`CloudEndpoints::known`]); [`AzureDriverConfig::arm_endpoint`] and
+    /// [`AzureDriverConfig::authority_host`] win over them.
+    pub clouds: BTreeMap<String, CloudEndpoints>,
     /// How long a create or delete waits for one long-running operation.
     pub operation_timeout: Duration,
     /// The shortest pause between polls of an operation.
@@ -79,6 +133,7 @@ impl Default for AzureDriverConfig {
         AzureDriverConfig {
             arm_endpoint: None,
             authority_host: None,
+            clouds: CloudEndpoints::known(),
             operation_timeout: Duration::from_secs(600),
             poll_interval: Duration::from_secs(1),
             max_poll_interval: Duration::from_secs(15),
@@ -97,13 +152,27 @@ impl AzureDriverConfig {
         }
     }
 
-    fn arm(&self) -> Result<Url, AzureError> {
-        parse_url(self.arm_endpoint.as_deref().unwrap_or(PUBLIC_ARM))
+    /// The ARM endpoint and the authority host of `cloud` (`None`: public Azure). Pure.
+    pub fn endpoints(&self, cloud: Option<&str>) -> Result<(Url, Url), AzureError> {
+        let name = cloud.unwrap_or(AZURE_PUBLIC);
+        let known = self.clouds.get(name);
+        let pick =
+            |over: &Option<String>, of: fn(&CloudEndpoints) -> &str| match (over.as_deref(), known)
+            {
+                (Some(url), _) => parse_url(url),
+                (None, Some(c)) => parse_url(of(c)),
+                (None, None) => Err(AzureError::UnknownCloud(name.to_string())),
+            };
+        Ok((
+            pick(&self.arm_endpoint, |c| &c.arm)?,
+            pick(&self.authority_host, |c| &c.authority)?,
+        ))
     }
+}
 
-    fn authority(&self) -> Result<Url, AzureError> {
-        parse_url(self.authority_host.as_deref().unwrap_or(PUBLIC_AUTHORITY))
-    }
+/// The `/.default` scope of an ARM endpoint (what a token for it is asked for).
+pub fn arm_scope(arm: &Url) -> String {
+    format!("{}/.default", arm.as_str().trim_end_matches('/'))
 }
 
 fn parse_url(s: &str) -> Result<Url, AzureError> {
@@ -191,11 +260,17 @@ impl Default for Clients {
 impl Clients {
     fn credential(
         &self,
-        config: &AzureDriverConfig,
+        authority: &Url,
         c: &Credentials,
     ) -> Result<Arc<ClientSecretCredential>, AzureError> {
         let mut h = DefaultHasher::new();
-        (&c.tenant_id, &c.client_id, &c.client_secret).hash(&mut h);
+        (
+            authority.as_str(),
+            &c.tenant_id,
+            &c.client_id,
+            &c.client_secret,
+        )
+            .hash(&mut h);
         let key = h.finish();
         let mut map = self.credentials.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(cred) = map.get(&key) {
@@ -206,7 +281,7 @@ impl Clients {
         }
         let cred = Arc::new(ClientSecretCredential::new(
             self.http.clone(),
-            config.authority()?,
+            authority.clone(),
             c.tenant_id.clone(),
             c.client_id.clone(),
             c.client_secret.clone(),
@@ -215,21 +290,23 @@ impl Clients {
         Ok(cred)
     }
 
-    /// The clients of one driver call.
+    /// The clients of one driver call in `cloud` (the class's `cloudConfiguration.name`;
+    /// `None`: public Azure).
     pub fn call(
         &self,
         config: &AzureDriverConfig,
+        cloud: Option<&str>,
         c: &Credentials,
         request_id: &RequestId,
     ) -> Result<Call, AzureError> {
-        let credential = self.credential(config, c)?;
+        let (arm, authority) = config.endpoints(cloud)?;
+        let credential = self.credential(&authority, c)?;
         let transport = Arc::new(CallTransport {
             inner: self.http.clone(),
             request_id: request_id.to_string(),
             last_error: Mutex::default(),
         });
-        let arm = config.arm()?;
-        let scope = format!("{}/.default", arm.as_str().trim_end_matches('/'));
+        let scope = arm_scope(&arm);
         let compute = azure_mgmt_compute::Client::builder(credential.clone())
             .endpoint(arm.clone())
             .scopes(&[&scope])
@@ -434,6 +511,51 @@ impl Call {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_cloud_has_its_endpoints_and_the_overrides_win() {
+        let config = AzureDriverConfig::default();
+        let of = |cloud: Option<&str>| {
+            let (arm, authority) = config.endpoints(cloud).unwrap();
+            (arm_scope(&arm), authority.to_string())
+        };
+        assert_eq!(
+            of(None),
+            (
+                "https://management.azure.com/.default".to_string(),
+                "https://login.microsoftonline.com/".to_string()
+            )
+        );
+        assert_eq!(of(Some(AZURE_PUBLIC)), of(None));
+        assert_eq!(
+            of(Some(AZURE_CHINA)),
+            (
+                "https://management.chinacloudapi.cn/.default".to_string(),
+                "https://login.chinacloudapi.cn/".to_string()
+            )
+        );
+        assert_eq!(
+            of(Some(AZURE_GOVERNMENT)),
+            (
+                "https://management.usgovcloudapi.net/.default".to_string(),
+                "https://login.microsoftonline.us/".to_string()
+            )
+        );
+        assert!(matches!(
+            config.endpoints(Some("AzureStack")),
+            Err(AzureError::UnknownCloud(c)) if c == "AzureStack"
+        ));
+        let overridden = AzureDriverConfig {
+            arm_endpoint: Some("http://127.0.0.1:1".into()),
+            authority_host: Some("http://127.0.0.1:2".into()),
+            ..AzureDriverConfig::default()
+        };
+        let (arm, authority) = overridden.endpoints(Some(AZURE_CHINA)).unwrap();
+        assert_eq!(
+            (arm.as_str(), authority.as_str()),
+            ("http://127.0.0.1:1/", "http://127.0.0.1:2/")
+        );
+    }
 
     #[test]
     fn how_to_wait_for_an_operation() {

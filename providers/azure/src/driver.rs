@@ -146,11 +146,13 @@ impl AzureDriver {
 
     fn call(
         &self,
+        spec: &ProviderSpec,
         creds: &spec::Credentials,
         request_id: &mcm_driver::RequestId,
     ) -> Result<Call, DriverError> {
+        let cloud = spec.cloud_configuration.as_ref().map(|c| c.name.as_str());
         self.clients
-            .call(&self.config, creds, request_id)
+            .call(&self.config, cloud, creds, request_id)
             .map_err(|e| e.into_driver_error("preparing the Azure clients", request_id))
     }
 
@@ -378,7 +380,7 @@ impl Driver for AzureDriver {
     ) -> Result<CreateMachineResponse, DriverError> {
         let vm = machine_name(&req.machine)?;
         let (spec, creds) = spec::checked_spec(&req.machine_class, &req.secret).map_err(invalid)?;
-        let call = self.call(&creds, &req.request_id)?;
+        let call = self.call(&spec, &creds, &req.request_id)?;
         let group = &spec.resource_group;
         let context = format!("creating VM {vm}");
         let err = |e: AzureError| e.into_driver_error(&context, &req.request_id);
@@ -447,7 +449,7 @@ impl Driver for AzureDriver {
         let vm = machine_name(&req.machine)?;
         let (spec, tags, creds) =
             spec::lookup_spec(&req.machine_class, &req.secret).map_err(invalid)?;
-        let call = self.call(&creds, &req.request_id)?;
+        let call = self.call(&spec, &creds, &req.request_id)?;
         let context = format!("deleting VM {vm}");
         let err = |e: AzureError| e.into_driver_error(&context, &req.request_id);
         if let Some(v) = self
@@ -473,7 +475,7 @@ impl Driver for AzureDriver {
         let vm = machine_name(&req.machine)?;
         let (spec, tags, creds) =
             spec::lookup_spec(&req.machine_class, &req.secret).map_err(invalid)?;
-        let call = self.call(&creds, &req.request_id)?;
+        let call = self.call(&spec, &creds, &req.request_id)?;
         let context = format!("reading VM {vm}");
         let err = |e: AzureError| e.into_driver_error(&context, &req.request_id);
         let group = &spec.resource_group;
@@ -546,7 +548,7 @@ impl Driver for AzureDriver {
     ) -> Result<ListMachinesResponse, DriverError> {
         let (spec, tags, creds) =
             spec::lookup_spec(&req.machine_class, &req.secret).map_err(invalid)?;
-        let call = self.call(&creds, &req.request_id)?;
+        let call = self.call(&spec, &creds, &req.request_id)?;
         let all = self
             .list_all(&call, &spec.resource_group)
             .await

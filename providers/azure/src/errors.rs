@@ -163,6 +163,9 @@ pub enum AzureError {
     /// The ARM client could not be built or used.
     #[error("the Azure client cannot be used")]
     Client(#[source] Box<azure_core::Error>),
+    /// The class names a cloud the driver has no endpoints for.
+    #[error("no endpoints are known for the cloud {0:?} (cloudConfiguration.name)")]
+    UnknownCloud(String),
 }
 
 fn describe(f: &ArmFailure) -> String {
@@ -203,6 +206,7 @@ impl AzureError {
                 Classification::retry(Code::Unavailable, TRANSIENT_RETRY_AFTER)
             }
             AzureError::Client(_) => Classification::code(Code::Internal),
+            AzureError::UnknownCloud(_) => Classification::code(Code::InvalidArgument),
         }
     }
 

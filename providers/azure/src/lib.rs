@@ -30,7 +30,7 @@ pub mod errors;
 pub mod resources;
 pub mod spec;
 
-pub use client::{ARM_ENDPOINT_ENV, AUTHORITY_HOST_ENV, AzureDriverConfig};
+pub use client::{ARM_ENDPOINT_ENV, AUTHORITY_HOST_ENV, AzureDriverConfig, CloudEndpoints};
 pub use driver::AzureDriver;
 pub use errors::classify;
 pub use mcm_driver::{SpecError, SpecProblem};

@@ -13,7 +13,7 @@ use mcm_driver::{
     GetMachineStatusRequest, GetMachineStatusResponse, GetVolumeIdsRequest, ListMachinesRequest,
     RequestId, ResourceKind, ResourceState, SecretData,
 };
-use mcm_provider_azure::{AzureDriver, AzureDriverConfig};
+use mcm_provider_azure::{AzureDriver, AzureDriverConfig, CloudEndpoints};
 use serde_json::{Value, json};
 
 const SUB: &str = "00000000-0000-0000-0000-00000000000a";
@@ -38,6 +38,7 @@ fn config(fake: &FakeArm) -> AzureDriverConfig {
         operation_timeout: Duration::from_secs(20),
         poll_interval: Duration::from_millis(50),
         max_poll_interval: Duration::from_millis(200),
+        ..AzureDriverConfig::default()
     }
 }
 
@@ -164,6 +165,59 @@ fn names(resources: Vec<Value>) -> Vec<String> {
 
 fn nothing_left(fake: &FakeArm) -> bool {
     fake.vms(RG).is_empty() && fake.nics(RG).is_empty() && fake.disks(RG).is_empty()
+}
+
+#[tokio::test]
+async fn each_cloud_is_served_by_its_own_endpoints() {
+    let public = fake().await;
+    let china = fake().await;
+    let mut clouds = CloudEndpoints::known();
+    for (name, f) in [("AzurePublic", &public), ("AzureChina", &china)] {
+        clouds.insert(
+            name.to_string(),
+            CloudEndpoints {
+                arm: f.url(),
+                authority: f.url(),
+            },
+        );
+    }
+    let d = AzureDriver::new(AzureDriverConfig {
+        arm_endpoint: None,
+        authority_host: None,
+        clouds,
+        ..config(&public)
+    });
+    // No cloudConfiguration: public Azure.
+    create(&d, &class(spec()), "m-pub").await.unwrap();
+    // AzureChina: China's ARM and authority, a token for China's ARM (not the public one's,
+    // although the service principal's tenant and id are the same).
+    let mut cn = spec();
+    cn["cloudConfiguration"] = json!({"name": "AzureChina"});
+    cn["location"] = json!("chinanorth3");
+    create(&d, &class(cn), "m-cn").await.unwrap();
+    assert_eq!(names(public.vms(RG)), vec!["m-pub"]);
+    assert_eq!(names(china.vms(RG)), vec!["m-cn"]);
+    let scopes = |f: &FakeArm| -> Vec<String> {
+        f.request_log()
+            .iter()
+            .filter(|r| r.is_token_request())
+            .map(|r| {
+                r.body.as_ref().unwrap()["scope"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect()
+    };
+    assert_eq!(scopes(&china), vec![format!("{}/.default", china.url())]);
+    assert_eq!(scopes(&public), vec![format!("{}/.default", public.url())]);
+    assert!(
+        public
+            .request_log()
+            .iter()
+            .all(|r| !r.path.contains("m-cn")),
+        "nothing of the China machine went to the public cloud"
+    );
 }
 
 #[tokio::test]
