@@ -210,6 +210,11 @@ impl Env {
 
     /// Starts `machine-controller-gcp --controllers=machine,manager` against the fake.
     fn spawn_controller(&self) -> ProviderController {
+        self.spawn_controller_with(&[])
+    }
+
+    /// [`Env::spawn_controller`] with `extra` flags.
+    fn spawn_controller_with(&self, extra: &[String]) -> ProviderController {
         let env: Vec<(String, String)> = vec![
             ("MCM_GCP_COMPUTE_ENDPOINT".into(), self.fake.url()),
             (
@@ -217,13 +222,14 @@ impl Env {
                 "info,mcm_reconcilers=debug,mcm_provider_gcp=debug".into(),
             ),
         ];
-        ProviderController::spawn(
+        ProviderController::spawn_with_args(
             "machine-controller-gcp",
             env!("CARGO_BIN_EXE_machine-controller-gcp"),
             &env,
             self.cp.kubeconfig_path(),
             &self.ns,
             self.logs.path(),
+            extra,
         )
     }
 
@@ -402,4 +408,92 @@ async fn a_machine_deployment_runs_on_the_fake_compute_api_through_quota_scale_d
     .await;
     drop(controller);
     drop(player);
+}
+
+/// What the API server answered a raw `POST` of `class` into the namespace: the status and
+/// the `Warning` headers (what `kubectl apply` prints as `Warning: ...`).
+async fn post_class(env: &Env, class: &Value) -> (u16, Vec<String>) {
+    let uri = format!(
+        "/apis/machine.sapcloud.io/v1alpha1/namespaces/{}/machineclasses",
+        env.ns
+    );
+    let request = http::Request::post(uri)
+        .header("content-type", "application/json")
+        .body(kube::client::Body::from(serde_json::to_vec(class).unwrap()))
+        .unwrap();
+    let response = env
+        .client
+        .send(request)
+        .await
+        .expect("the API server answers");
+    let warnings = response
+        .headers()
+        .get_all("warning")
+        .iter()
+        .map(|v| v.to_str().unwrap_or_default().to_string())
+        .collect();
+    (response.status().as_u16(), warnings)
+}
+
+/// A GCP class named `name` whose first network interface sets `key` to `true`.
+fn class_with_nic_key(name: &str, ns: &str, key: &str) -> Value {
+    let mut spec = provider_spec();
+    let nic = spec["networkInterfaces"][0].as_object_mut().unwrap();
+    nic.remove("disableExternalIP");
+    nic.insert(key.to_string(), json!(true));
+    json!({
+        "apiVersion": "machine.sapcloud.io/v1alpha1",
+        "kind": "MachineClass",
+        "metadata": {"name": name, "namespace": ns},
+        "provider": "GCP",
+        "providerSpec": spec,
+        "secretRef": {"name": "gcp-secret", "namespace": ns},
+        "credentialsSecretRef": {"name": "gcp-secret", "namespace": ns},
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_webhook_warns_of_keys_gardeners_driver_would_ignore() {
+    use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+    use mcm_testenv::kit::{free_port, webhook_args, webhook_configuration};
+
+    let env = Env::new("gcp-webhook").await;
+    let name = format!("mcm-{}", env.ns);
+    let port = free_port();
+    let configs: Api<ValidatingWebhookConfiguration> = Api::all(env.client.clone());
+    let cfg: ValidatingWebhookConfiguration =
+        serde_json::from_value(webhook_configuration(&name, &env.ns, port, "Fail")).unwrap();
+    configs.create(&PostParams::default(), &cfg).await.unwrap();
+    let _controller = env.spawn_controller_with(&webhook_args(port, &name));
+
+    // An unknown key: stored (Gardener's driver ignores it too), with a warning naming the key
+    // and the field it is nearest to. The configuration takes a moment to be in effect, so
+    // fresh classes are posted until the webhook answers.
+    let attempt = std::sync::atomic::AtomicU32::new(0);
+    let warnings = eventually(WAIT, "a warning for disableExternalIPs", || async {
+        let n = attempt.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let class = class_with_nic_key(&format!("typo-{n}"), &env.ns, "disableExternalIPs");
+        match post_class(&env, &class).await {
+            (201, w) if !w.is_empty() => Ok(Some(w)),
+            (201, _) => Err(format!(
+                "typo-{n} stored without a warning: webhook not in effect yet"
+            )),
+            (status, w) => Err(format!("typo-{n}: HTTP {status} {w:?}")),
+        }
+    })
+    .await;
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].contains("providerSpec.networkInterfaces[0].disableExternalIPs")
+            && warnings[0].contains("did you mean disableExternalIP?"),
+        "{warnings:?}"
+    );
+
+    // The wrong case of a known key: Go matches it, so do we: stored, no warning.
+    let (status, warnings) = post_class(
+        &env,
+        &class_with_nic_key("wrong-case", &env.ns, "disableExternalIp"),
+    )
+    .await;
+    assert_eq!((status, warnings), (201, Vec::<String>::new()));
 }

@@ -186,8 +186,22 @@ impl ProviderController {
         ns: &str,
         logs: &Path,
     ) -> ProviderController {
+        Self::spawn_with_args(name, exe, env, kubeconfig, ns, logs, &[])
+    }
+
+    /// [`ProviderController::spawn`] with `extra` flags after the usual ones (e.g.
+    /// [`crate::kit::webhook_args`]).
+    pub fn spawn_with_args(
+        name: &str,
+        exe: &str,
+        env: &[(String, String)],
+        kubeconfig: &Path,
+        ns: &str,
+        logs: &Path,
+        extra: &[String],
+    ) -> ProviderController {
         let kc = kubeconfig.display().to_string();
-        let args: Vec<String> = vec![
+        let mut args: Vec<String> = vec![
             format!("--control-kubeconfig={kc}"),
             format!("--target-kubeconfig={kc}"),
             format!("--namespace={ns}"),
@@ -207,6 +221,7 @@ impl ProviderController {
             "--kube-api-qps=200".into(),
             "--kube-api-burst=400".into(),
         ];
+        args.extend_from_slice(extra);
         let process = crate::process::ManagedProcess::spawn_with_env(
             name,
             Path::new(exe),
