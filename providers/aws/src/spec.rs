@@ -207,7 +207,7 @@ pub struct NetworkInterface {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CapacityReservation {
-    /// `open` or `none` (not together with an id or group ARN).
+    /// `capacity-reservations-only`, `open` or `none` (not together with an id or group ARN).
     #[serde(default)]
     pub capacity_reservation_preference: String,
     /// A reservation id.
@@ -443,6 +443,10 @@ fn validate_block_devices(devices: &[BlockDevice]) -> Vec<SpecProblem> {
     out
 }
 
+/// The values EC2 takes for `CapacityReservationPreference`.
+pub const CAPACITY_RESERVATION_PREFERENCES: [&str; 3] =
+    ["capacity-reservations-only", "open", "none"];
+
 fn validate_capacity_reservation(c: Option<&CapacityReservation>) -> Vec<SpecProblem> {
     let Some(c) = c else { return vec![] };
     let field = format!("{SPEC}.capacityReservation");
@@ -456,10 +460,10 @@ fn validate_capacity_reservation(c: Option<&CapacityReservation>) -> Vec<SpecPro
                 "capacityReservationPreference cannot be set together with capacityReservationId or capacityReservationResourceGroupArn",
             ));
         }
-        if !["open", "none"].contains(&c.capacity_reservation_preference.as_str()) {
+        if !CAPACITY_RESERVATION_PREFERENCES.contains(&c.capacity_reservation_preference.as_str()) {
             out.push(SpecProblem::new(
                 format!("{field}.capacityReservationPreference"),
-                "must be `open` or `none`",
+                "must be `capacity-reservations-only`, `open` or `none`",
             ));
         }
     } else if targeted && grouped {
@@ -800,6 +804,23 @@ mod tests {
         );
         assert_eq!(spec.validate(), vec![]);
         assert!(checked_spec(&class(valid_json()), &secret(), true).is_ok());
+    }
+
+    #[test]
+    fn a_capacity_reservation_preference_is_one_ec2_takes() {
+        let problems = |preference: &str| {
+            validate_capacity_reservation(Some(&CapacityReservation {
+                capacity_reservation_preference: preference.into(),
+                ..CapacityReservation::default()
+            }))
+        };
+        for ok in ["capacity-reservations-only", "open", "none"] {
+            assert_eq!(problems(ok), vec![], "{ok}");
+        }
+        assert_eq!(
+            problems("targeted")[0].field,
+            "providerSpec.capacityReservation.capacityReservationPreference"
+        );
     }
 
     #[test]

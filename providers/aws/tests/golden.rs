@@ -34,14 +34,12 @@ const POOLS: &[(&str, &[&str])] = &[
     // Market options are not served yet (issue 33): refused, never launched on demand.
     ("spot", &["providerSpec.instanceMarketOptions"]),
     ("capacity-block", &["providerSpec.instanceMarketOptions"]),
-    // Gardener's provider refuses a preference together with a reservation id, and so do we;
-    // the extension renders `capacity-reservations-only` with the id (see SOURCE.md).
+    // Gardener's provider refuses a preference together with a reservation id, and so do we
+    // (EC2 takes one or the other); the extension renders `capacity-reservations-only` with
+    // the id (see SOURCE.md).
     (
         "capacity-reservation",
-        &[
-            "providerSpec.capacityReservation",
-            "providerSpec.capacityReservation.capacityReservationPreference",
-        ],
+        &["providerSpec.capacityReservation"],
     ),
 ];
 
