@@ -163,7 +163,7 @@ async fn run_instances_parameters(pool: &str) -> String {
             (form_decode(k), form_decode(v))
         })
         .collect();
-    params.sort_by(|a, b| natural_key(&a.0).cmp(&natural_key(&b.0)));
+    params.sort_by_key(|p| natural_key(&p.0));
     params
         .into_iter()
         .map(|(k, v)| format!("{k}={v}\n"))
