@@ -2,7 +2,7 @@
 //!
 //! [`parse_provider_spec`] decodes a MachineClass's `providerSpec` (and moves the deprecated
 //! `properties.machineSet` into `availabilitySet` / `virtualMachineScaleSet`, as Gardener's
-//! provider does); [`ProviderSpec::validate`] and [`validate_secret`] return *every* problem at
+//! provider does); [`ProviderSpec::validate`] and [`credentials`] return *every* problem at
 //! once, with Gardener's field paths and messages (data disks are indexed here:
 //! `dataDisks[1].lun` instead of `dataDisks.lun`).
 
