@@ -25,7 +25,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use mcm_api::{Machine, MachineDeployment, MachinePhase};
 use mcm_testenv::kit::{
     MachineClassBuilder, MachineDeploymentBuilder, ProviderController, TestNamespace,
-    binary_beside, create_class_with_secret, events_for, eventually, secret,
+    binary_beside, create_class_with_secret, events_for, eventually, node_events_for, secret,
 };
 use mcm_testenv::process::ManagedProcess;
 use mcm_testenv::{Components, ControlPlane};
@@ -97,6 +97,15 @@ struct VmPlayer {
     dir: tempfile::TempDir,
 }
 
+/// Whether the instance view of VM `name` says it runs.
+fn powered_on(fake: &FakeArm, name: &str) -> bool {
+    fake.vm_instance_view(RG, name)
+        .and_then(|v| v["statuses"].as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .any(|s| s["code"] == "PowerState/running")
+}
+
 impl VmPlayer {
     fn start(fake: Arc<FakeArm>, kubeconfig: PathBuf) -> VmPlayer {
         let dir = tempfile::tempdir().unwrap();
@@ -107,7 +116,10 @@ impl VmPlayer {
             loop {
                 let vms = our_vms(&fake);
                 for (name, vm) in &vms {
-                    let running = vm["properties"]["provisioningState"] == "Succeeded";
+                    // A VM runs once provisioned, and keeps running when a later operation
+                    // on it fails (provisioningState Failed, power state running).
+                    let running = vm["properties"]["provisioningState"] == "Succeeded"
+                        || powered_on(&fake, name);
                     let known = a.lock().unwrap().contains_key(name);
                     if running && !known {
                         let user_data = custom_data(&fake, name).unwrap_or_default();
@@ -348,6 +360,39 @@ async fn a_machine_deployment_runs_on_the_fake_arm_through_failures_scale_down_a
         );
     }
     assert_eq!(player.running(), 3);
+
+    // A VM that failed a later operation but still runs (a failed extension) is reported as
+    // there, not gone: deleting its machine drains the node first.
+    let failed = running[0].metadata.name.clone().unwrap();
+    assert!(env.fake.fail_vm_directly(
+        RG,
+        &failed,
+        "VMExtensionProvisioningError",
+        "VM has reported a failure when processing extension 'node-agent'.",
+    ));
+    env.machines()
+        .delete(&failed, &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually(WAIT, "the failed VM's machine drained and gone", || async {
+        let gone = env.machines().get_opt(&failed).await.unwrap().is_none()
+            && !our_vms(&env.fake).contains_key(&failed);
+        // The node says it was cordoned and drained (no Event when the VM is gone: there is
+        // nothing to drain then).
+        let drained = !node_events_for(&env.client, &failed, "DrainStarted")
+            .await
+            .is_empty();
+        (gone && drained).then_some(())
+    })
+    .await;
+    eventually(WAIT, "3 machines Running again", || async {
+        let ms = env.machine_list().await;
+        (ms.len() == 3
+            && ms.iter().all(|m| m.phase() == Some(&MachinePhase::Running))
+            && our_vms(&env.fake).len() == 3)
+            .then_some(())
+    })
+    .await;
 
     // Scale down to 1: two VMs go with their NICs and disks.
     mds.patch(

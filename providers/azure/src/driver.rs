@@ -3,7 +3,7 @@
 //! | operation | ARM calls |
 //! |---|---|
 //! | `create_machine` | GET NIC, PUT NIC (when missing or failed) and wait; GET VM, PUT VM (when missing or failed) and wait; a capacity or quota failure removes the VM, NIC and disks again |
-//! | `get_machine_status` | GET VM (another cluster's, or one a failed create left `Failed` → `NotFound`), GET NIC; reports VM, NIC and disks |
+//! | `get_machine_status` | GET VM (another cluster's → `NotFound`; `Failed` before the machine has a providerID → `NotFound`, create repairs it; `Failed` after → GET with the instance view, the VM's state from its power state), GET NIC; reports VM, NIC and disks |
 //! | `delete_machine` | GET VM, DELETE VM and wait; DELETE NIC, OS disk, data disks (each when present, even when the VM is gone) and wait |
 //! | `list_machines` | list VMs, NICs and disks of the resource group (`nextLink` pages); everything with the cluster and role tags, by machine |
 //! | `get_volume_ids` | none (disk ids from the PersistentVolume specs) |
@@ -74,6 +74,50 @@ fn status_of(kind: ResourceKind, name: &str, r: &Value) -> ResourceStatus {
         id: name.to_string(),
         state: resource_state(state),
         message: (!state.is_empty()).then(|| format!("provisioningState {state}")),
+    }
+}
+
+/// The state of a VM whose `provisioningState` is `Failed`, from its instance view: an
+/// operation on it failed (an extension, an update), which does not stop it. Running (or
+/// starting) is `Running`; stopped or deallocated is `Stopped`; without a power state it is
+/// `Failed`. The message names the failure and the power state. Pure.
+pub fn failed_vm_status(name: &str, vm: &Value) -> ResourceStatus {
+    let statuses = vm
+        .pointer("/properties/instanceView/statuses")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let code_of = |prefix: &str| {
+        statuses.iter().find_map(|s| {
+            let code = s.get("code")?.as_str()?;
+            code.strip_prefix(prefix).map(|rest| (rest.to_string(), s))
+        })
+    };
+    let power = code_of("PowerState/").map(|(p, _)| p);
+    let failure = code_of("ProvisioningState/failed/").map(|(code, s)| {
+        match s.get("message").and_then(Value::as_str) {
+            Some(m) if !m.is_empty() => format!("{code}: {m}"),
+            _ => code,
+        }
+    });
+    let state = match power.as_deref() {
+        Some("running" | "starting") => ResourceState::Running,
+        Some("stopped" | "stopping" | "deallocated" | "deallocating") => ResourceState::Stopped,
+        _ => ResourceState::Failed,
+    };
+    let mut message = "provisioningState Failed".to_string();
+    if let Some(f) = failure {
+        message.push_str(&format!(" ({f})"));
+    }
+    message.push_str(&format!(
+        ", power state {}",
+        power.as_deref().unwrap_or("unknown")
+    ));
+    ResourceStatus {
+        kind: ResourceKind::Vm,
+        id: name.to_string(),
+        state,
+        message: Some(message),
     }
 }
 
@@ -165,6 +209,34 @@ impl AzureDriver {
     ) -> Result<Option<Value>, AzureError> {
         let what = format!("GET {} {name}", kind_name(kind));
         let sent = by_kind!(get, call, kind, group, name);
+        match sent {
+            Ok(r) => json_of(r)
+                .await
+                .map(Some)
+                .map_err(|e| call.api_error(what, e)),
+            Err(e) => {
+                let e = call.api_error(what, e);
+                if e.is_not_found() { Ok(None) } else { Err(e) }
+            }
+        }
+    }
+
+    /// A VM with its instance view (`$expand=instanceView`), if it exists.
+    async fn get_vm_viewed(
+        &self,
+        call: &Call,
+        group: &str,
+        name: &str,
+    ) -> Result<Option<Value>, AzureError> {
+        let what = format!("GET virtualMachines {name} (instance view)");
+        let sent = call
+            .compute
+            .virtual_machines_client()
+            .get(group, name, &call.subscription)
+            .expand("instanceView")
+            .send()
+            .await
+            .map(|r| r.into_raw_response());
         match sent {
             Ok(r) => json_of(r)
                 .await
@@ -479,16 +551,24 @@ impl Driver for AzureDriver {
         let context = format!("reading VM {vm}");
         let err = |e: AzureError| e.into_driver_error(&context, &req.request_id);
         let group = &spec.resource_group;
-        let v = match self
+        let created = req
+            .machine
+            .spec
+            .provider_id
+            .as_deref()
+            .is_some_and(|p| !p.is_empty());
+        let vm_status = match self
             .get(&call, group, ResourceType::Vm, vm)
             .await
             .map_err(err)?
         {
             // A create that failed leaves the VM behind in provisioningState Failed (its NIC
-            // and disks with it): there is no machine to wait for, and creating it again
-            // repairs it in place (create_machine puts a failed VM again).
+            // and disks with it): before the machine was ever created there is nothing to wait
+            // for, and creating it again repairs it in place (create_machine puts a failed VM
+            // again).
             Some(v)
                 if ours(&v, &tags)
+                    && !created
                     && resource_state(provisioning_state(&v)) == ResourceState::Failed =>
             {
                 return Err(DriverError::not_found(format!(
@@ -497,7 +577,20 @@ impl Driver for AzureDriver {
                     req.request_id
                 )));
             }
-            Some(v) if ours(&v, &tags) => v,
+            // A machine that was created: its VM failed an operation later and may well still
+            // run its pods, so it exists, in the state its power state says.
+            Some(v)
+                if ours(&v, &tags)
+                    && resource_state(provisioning_state(&v)) == ResourceState::Failed =>
+            {
+                let viewed = self
+                    .get_vm_viewed(&call, group, vm)
+                    .await
+                    .map_err(err)?
+                    .unwrap_or(v);
+                failed_vm_status(vm, &viewed)
+            }
+            Some(v) if ours(&v, &tags) => status_of(ResourceKind::Vm, vm, &v),
             Some(_) => {
                 return Err(DriverError::not_found(format!(
                     "VM: [ResourceGroup: {group}, Name: {vm}] does not carry the tags {} and {} (request id {})",
@@ -516,7 +609,8 @@ impl Driver for AzureDriver {
             .get(&call, group, ResourceType::Nic, &nic_name)
             .await
             .map_err(err)?;
-        let mut statuses = vec![status_of(ResourceKind::Vm, vm, &v)];
+        let vm_state = vm_status.state;
+        let mut statuses = vec![vm_status];
         match &nic {
             Some(n) => statuses.push(status_of(ResourceKind::NetworkInterface, &nic_name, n)),
             None => statuses.push(ResourceStatus {
@@ -530,7 +624,7 @@ impl Driver for AzureDriver {
             statuses.push(ResourceStatus {
                 kind: ResourceKind::Disk,
                 id: disk,
-                state: resource_state(provisioning_state(&v)),
+                state: vm_state,
                 message: Some("managed by the VM".into()),
             });
         }

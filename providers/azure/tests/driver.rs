@@ -132,6 +132,23 @@ async fn status(
     .await
 }
 
+/// [`status`] of a machine that was created (it has its providerID).
+async fn status_of_created(
+    d: &AzureDriver,
+    c: &MachineClass,
+    name: &str,
+) -> Result<GetMachineStatusResponse, DriverError> {
+    let mut m = machine(name);
+    m.spec.provider_id = Some(format!("azure:///westeurope/{name}"));
+    d.get_machine_status(GetMachineStatusRequest {
+        machine: m,
+        machine_class: c.clone(),
+        secret: secret(),
+        request_id: RequestId::generate(),
+    })
+    .await
+}
+
 async fn delete(d: &AzureDriver, c: &MachineClass, name: &str) -> Result<(), DriverError> {
     d.delete_machine(DeleteMachineRequest {
         machine: machine(name),
@@ -218,6 +235,48 @@ async fn each_cloud_is_served_by_its_own_endpoints() {
             .all(|r| !r.path.contains("m-cn")),
         "nothing of the China machine went to the public cloud"
     );
+}
+
+#[tokio::test]
+async fn a_created_vm_that_failed_an_operation_but_runs_exists() {
+    let fake = fake().await;
+    let d = driver(&fake);
+    let c = class(spec());
+    create(&d, &c, "m-0").await.unwrap();
+    assert!(fake.fail_vm_directly(
+        RG,
+        "m-0",
+        "VMExtensionProvisioningError",
+        "VM has reported a failure when processing extension 'node-agent'."
+    ));
+    let vm_of = |s: &GetMachineStatusResponse| {
+        s.resources
+            .iter()
+            .find(|r| r.kind == ResourceKind::Vm)
+            .cloned()
+            .unwrap()
+    };
+
+    // The machine has its providerID: the VM is there and runs (its pods with it).
+    let s = status_of_created(&d, &c, "m-0").await.unwrap();
+    let vm = vm_of(&s);
+    assert_eq!(vm.state, ResourceState::Running, "{vm:?}");
+    let message = vm.message.unwrap();
+    assert!(
+        message.contains("VMExtensionProvisioningError") && message.contains("power state running"),
+        "{message}"
+    );
+    assert_eq!(s.provider_id, "azure:///westeurope/m-0");
+
+    // Stopped as well: the machine's VM is not coming back by itself.
+    assert!(fake.set_vm_power_state(RG, "m-0", "deallocated"));
+    let vm = vm_of(&status_of_created(&d, &c, "m-0").await.unwrap());
+    assert_eq!(vm.state, ResourceState::Stopped, "{vm:?}");
+
+    // Before the machine has its providerID, a Failed VM is one a create left: NotFound, so
+    // that creating it again repairs it.
+    let e = status(&d, &c, "m-0").await.unwrap_err();
+    assert_eq!(e.code, Code::NotFound, "{e}");
 }
 
 #[tokio::test]

@@ -725,6 +725,22 @@ impl FakeArm {
         true
     }
 
+    /// Makes VM `name` `Failed` out of band, as a failed extension or update does to a VM that
+    /// keeps running: `provisioningState` `Failed`, the instance view's
+    /// `ProvisioningState/failed/<code>` with `message`, the power state unchanged. Returns
+    /// whether the VM exists.
+    pub fn fail_vm_directly(&self, rg: &str, name: &str, code: &str, message: &str) -> bool {
+        let mut w = self.shared.lock();
+        let Some(vm) = w.vms.get_mut(&key(rg, name)) else {
+            return false;
+        };
+        vm.json["properties"]["provisioningState"] = json!(FAILED);
+        vm.failure = Some((code.to_owned(), message.to_owned()));
+        drop(w);
+        self.shared.bump();
+        true
+    }
+
     /// Every request received so far, in order.
     pub fn request_log(&self) -> Vec<RequestRecord> {
         self.shared.lock().log.clone()
