@@ -195,7 +195,7 @@ fn provider_spec() -> Value {
         "properties": {
             "hardwareProfile": {"vmSize": "Standard_D2s_v5"},
             "storageProfile": {
-                "imageReference": {"urn": "sap:gardenlinux:greatest:1443.3.0", "skipMarketplaceAgreement": true},
+                "imageReference": {"urn": "sap:gardenlinux:greatest:1443.3.0"},
                 "osDisk": {"caching": "None", "diskSizeGB": 50, "createOption": "FromImage",
                            "managedDisk": {"storageAccountType": "Premium_LRS"}}
             },
@@ -225,6 +225,12 @@ impl Env {
         } = TestNamespace::new(Components::ALL, prefix).await;
         let fake = Arc::new(FakeArm::start(SUB, TENANT, CLIENT, CLIENT_SECRET).await);
         fake.add_subnet(RG, "shoot--e2e", "shoot--e2e-nodes");
+        // The class's marketplace image has a plan whose terms are not accepted yet.
+        fake.add_vm_image(
+            LOCATION,
+            "sap:gardenlinux:greatest:1443.3.0",
+            Some(("greatest", "gardenlinux", "sap")),
+        );
         let class = MachineClassBuilder::new("azure")
             .provider("Azure")
             .spec(provider_spec())
@@ -341,6 +347,12 @@ async fn a_machine_deployment_runs_on_the_fake_arm_through_failures_scale_down_a
     .await;
     let vms = our_vms(&env.fake);
     assert_eq!(vms.len(), 3, "one VM per machine: {:?}", vms.keys());
+    // Made from the marketplace image with its plan, its terms accepted on the way.
+    assert!(vms.values().all(|vm| vm["plan"]["name"] == "greatest"));
+    assert!(
+        env.fake
+            .agreement_accepted("greatest", "gardenlinux", "sap")
+    );
     let mut machine_ids: Vec<String> = running
         .iter()
         .map(|m| m.spec.provider_id.clone().unwrap_or_default())

@@ -315,7 +315,7 @@ impl Clients {
             .build()
             .map_err(|e| AzureError::Client(Box::new(e)))?;
         let network = azure_mgmt_network::Client::builder(credential.clone())
-            .endpoint(arm)
+            .endpoint(arm.clone())
             .scopes(&[&scope])
             .retry(RetryOptions::none())
             .transport(TransportOptions::new(transport.clone()))
@@ -327,6 +327,7 @@ impl Clients {
             transport,
             credential,
             scope,
+            arm,
             subscription: c.subscription_id.clone(),
             request_id: request_id.clone(),
         })
@@ -344,6 +345,8 @@ pub struct Call {
     pub transport: Arc<CallTransport>,
     credential: Arc<ClientSecretCredential>,
     scope: String,
+    /// The ARM endpoint of the call's cloud.
+    pub arm: Url,
     /// The subscription.
     pub subscription: String,
     /// The driver's request id.
@@ -403,6 +406,75 @@ impl Call {
             failure: Box::new(failure),
             source: Box::new(e),
         }
+    }
+
+    /// Sends `method` to the ARM path `path` (below the cloud's endpoint, with its query) with
+    /// `body`, through the call's transport and token; the JSON answer of a 2xx, else the
+    /// failure ARM describes. For the APIs the management crates do not cover (marketplace
+    /// terms).
+    pub async fn arm_json(
+        &self,
+        call: &str,
+        method: Method,
+        path: &str,
+        body: Option<&serde_json::Value>,
+    ) -> Result<serde_json::Value, AzureError> {
+        let url = self.arm.join(path).map_err(|e| {
+            AzureError::Client(Box::new(azure_core::Error::full(
+                azure_core::error::ErrorKind::DataConversion,
+                e,
+                format!("invalid ARM path {path:?}"),
+            )))
+        })?;
+        let token = self
+            .credential
+            .get_token(&[&self.scope])
+            .await
+            .map_err(|e| self.api_error(format!("{call} (token)"), e))?;
+        let mut request = Request::new(url, method);
+        request.insert_header(
+            azure_core::headers::AUTHORIZATION,
+            format!("Bearer {}", token.token.secret()),
+        );
+        if let Some(body) = body {
+            request.insert_header(azure_core::headers::CONTENT_TYPE, "application/json");
+            request.set_body(serde_json::to_vec(body).unwrap_or_default());
+        }
+        let response = self
+            .transport
+            .execute_request(&request)
+            .await
+            .map_err(|e| self.api_error(call.to_string(), e))?;
+        let (status, headers, body) = response.deconstruct();
+        let bytes = body
+            .collect()
+            .await
+            .map_err(|e| self.api_error(call.to_string(), e))?;
+        let json = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+        let status = u16::from(status);
+        if (200..300).contains(&status) {
+            return Ok(json);
+        }
+        let (code, message) = error_of(&json);
+        let source = azure_core::Error::message(
+            azure_core::error::ErrorKind::HttpResponse {
+                status: azure_core::StatusCode::try_from(status)
+                    .unwrap_or(azure_core::StatusCode::InternalServerError),
+                error_code: code.clone(),
+            },
+            message.clone(),
+        );
+        Err(AzureError::Api {
+            call: call.to_string(),
+            failure: Box::new(ArmFailure {
+                status: Some(status),
+                code,
+                message,
+                request_id: headers.get_optional_string(&MS_REQUEST_ID),
+                retry_after: retry_after(&headers),
+            }),
+            source: Box::new(source),
+        })
     }
 
     async fn get_json(

@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use azure_core::Method;
 use futures::StreamExt as _;
 use mcm_api::Machine;
 use mcm_driver::{
@@ -20,7 +21,7 @@ use mcm_driver::{
     GetVolumeIdsResponse, ListMachinesRequest, ListMachinesResponse, ResourceKind, ResourceState,
     ResourceStatus, SpecError, USER_DATA_KEY,
 };
-use serde_json::Value;
+use serde_json::{Value, json};
 use tracing::{debug, info, warn};
 
 use crate::client::{AzureDriverConfig, Call, Clients, Poll};
@@ -221,6 +222,78 @@ impl AzureDriver {
         }
     }
 
+    /// The plan of the class's marketplace image, with its terms accepted, as Gardener's
+    /// provider does before it creates a VM (`ProcessVMImageConfiguration`): for a URN image
+    /// without `skipMarketPlaceAgreement`, the image version is read; when it has a plan, the
+    /// plan's terms are read and accepted if they are not yet. `None`: no plan to send.
+    async fn marketplace_plan(
+        &self,
+        call: &Call,
+        spec: &ProviderSpec,
+    ) -> Result<Option<Value>, AzureError> {
+        let Some(urn) = spec
+            .properties
+            .storage_profile
+            .image_reference
+            .marketplace_urn()
+        else {
+            return Ok(None);
+        };
+        let what = format!(
+            "GET virtualMachineImages {}:{}:{}:{}",
+            urn.publisher, urn.offer, urn.sku, urn.version
+        );
+        let image = call
+            .compute
+            .virtual_machine_images_client()
+            .get(
+                &spec.location,
+                &urn.publisher,
+                &urn.offer,
+                &urn.sku,
+                &urn.version,
+                &call.subscription,
+            )
+            .send()
+            .await
+            .map(|r| r.into_raw_response());
+        let image = match image {
+            Ok(r) => json_of(r)
+                .await
+                .map_err(|e| call.api_error(what.clone(), e))?,
+            Err(e) => {
+                let e = call.api_error(what, e);
+                return Err(if e.is_not_found() {
+                    AzureError::ImageNotFound {
+                        urn: format!(
+                            "{}:{}:{}:{}",
+                            urn.publisher, urn.offer, urn.sku, urn.version
+                        ),
+                        location: spec.location.clone(),
+                        source: Box::new(e),
+                    }
+                } else {
+                    e
+                });
+            }
+        };
+        let Some(plan) = resources::image_plan(&image) else {
+            return Ok(None);
+        };
+        let path = resources::agreement_path(&call.subscription, &plan);
+        let terms = call
+            .arm_json("GET marketplace terms", Method::Get, &path, None)
+            .await?;
+        if !resources::terms_accepted(&terms) {
+            let mut accepted = terms.clone();
+            accepted["properties"]["accepted"] = json!(true);
+            call.arm_json("PUT marketplace terms", Method::Put, &path, Some(&accepted))
+                .await?;
+            info!(plan = %plan, request_id = %call.request_id, "accepted the marketplace terms of the image's plan");
+        }
+        Ok(Some(plan))
+    }
+
     /// A VM with its instance view (`$expand=instanceView`), if it exists.
     async fn get_vm_viewed(
         &self,
@@ -301,6 +374,7 @@ impl AzureDriver {
         vm: &str,
         user_data: &[u8],
     ) -> Result<(), AzureError> {
+        let plan = self.marketplace_plan(call, spec).await?;
         let what = format!("PUT virtualMachines {vm}");
         let model: azure_mgmt_compute::models::VirtualMachine =
             serde_json::from_value(resources::vm_body(
@@ -309,6 +383,7 @@ impl AzureDriver {
                 vm,
                 user_data,
                 &resources::ssh_key_data(spec),
+                plan.as_ref(),
             ))
             .map_err(|e| AzureError::Client(Box::new(e.into())))?;
         let response = call

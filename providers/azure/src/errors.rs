@@ -163,6 +163,17 @@ pub enum AzureError {
     /// The ARM client could not be built or used.
     #[error("the Azure client cannot be used")]
     Client(#[source] Box<azure_core::Error>),
+    /// The class's marketplace image does not exist in its location.
+    #[error("the marketplace image {urn} does not exist in {location}")]
+    ImageNotFound {
+        /// `publisher:offer:sku:version`.
+        urn: String,
+        /// The class's location.
+        location: String,
+        /// What ARM answered.
+        #[source]
+        source: Box<AzureError>,
+    },
     /// The class names a cloud the driver has no endpoints for.
     #[error("no endpoints are known for the cloud {0:?} (cloudConfiguration.name)")]
     UnknownCloud(String),
@@ -206,7 +217,9 @@ impl AzureError {
                 Classification::retry(Code::Unavailable, TRANSIENT_RETRY_AFTER)
             }
             AzureError::Client(_) => Classification::code(Code::Internal),
-            AzureError::UnknownCloud(_) => Classification::code(Code::InvalidArgument),
+            AzureError::UnknownCloud(_) | AzureError::ImageNotFound { .. } => {
+                Classification::code(Code::InvalidArgument)
+            }
         }
     }
 

@@ -202,15 +202,52 @@ pub fn unusable_ssh_key() -> String {
     )
 }
 
+/// The API version of the Marketplace Ordering terms.
+pub const MARKETPLACE_ORDERING_API_VERSION: &str = "2021-01-01";
+
+/// The purchase plan of a marketplace image version (`properties.plan`: `name`, `product`,
+/// `publisher`), if it has one. Pure.
+pub fn image_plan(image: &Value) -> Option<Value> {
+    let plan = image.pointer("/properties/plan")?;
+    let field = |f: &str| {
+        plan.get(f)
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+    };
+    Some(json!({
+        "name": field("name")?,
+        "product": field("product")?,
+        "publisher": field("publisher")?,
+    }))
+}
+
+/// The ARM path (with its query) of the marketplace terms of `plan`.
+pub fn agreement_path(subscription: &str, plan: &Value) -> String {
+    let field = |f: &str| plan[f].as_str().unwrap_or_default().to_string();
+    format!(
+        "/subscriptions/{subscription}/providers/Microsoft.MarketplaceOrdering/offerTypes/virtualmachine\
+         /publishers/{}/offers/{}/plans/{}/agreements/current?api-version={MARKETPLACE_ORDERING_API_VERSION}",
+        field("publisher"),
+        field("product"),
+        field("name"),
+    )
+}
+
+/// Whether marketplace terms say they are accepted. Pure.
+pub fn terms_accepted(terms: &Value) -> bool {
+    terms.pointer("/properties/accepted") == Some(&Value::Bool(true))
+}
+
 /// The body of the VM PUT: the spec, the machine's NIC, OS disk and data disks (deleted with
 /// the VM), the user data as `customData`, `ssh_key` as the admin user's SSH key
-/// ([`ssh_key_data`]).
+/// ([`ssh_key_data`]), the marketplace image's `plan` if it has one.
 pub fn vm_body(
     spec: &ProviderSpec,
     subscription: &str,
     vm: &str,
     user_data: &[u8],
     ssh_key: &str,
+    plan: Option<&Value>,
 ) -> Value {
     let p = &spec.properties;
     let sp = &p.storage_profile;
@@ -330,6 +367,9 @@ pub fn vm_body(
     if let Some(id) = p.identity_id.as_deref().filter(|s| !s.trim().is_empty()) {
         body["identity"] = json!({ "type": "UserAssigned", "userAssignedIdentities": { id: {} } });
     }
+    if let Some(plan) = plan {
+        body["plan"] = plan.clone();
+    }
     body
 }
 
@@ -414,7 +454,7 @@ mod tests {
             .unwrap();
         assert_eq!(blob.len(), 4 + 11 + 4 + 32);
         assert_eq!(&blob[4..15], b"ssh-ed25519");
-        let vm = vm_body(&s, "sub", "m-0", b"", &a);
+        let vm = vm_body(&s, "sub", "m-0", b"", &a, None);
         assert_eq!(
             vm["properties"]["osProfile"]["linuxConfiguration"]["ssh"]["publicKeys"][0]["keyData"],
             a.as_str()
@@ -431,7 +471,14 @@ mod tests {
         );
         assert_eq!(nic["properties"]["enableAcceleratedNetworking"], true);
         assert_eq!(nic["tags"]["kubernetes.io-role-node"], "1");
-        let vm = vm_body(&s, "sub", "m-0", b"#cloud-config\n", &ssh_key_data(&s));
+        let vm = vm_body(
+            &s,
+            "sub",
+            "m-0",
+            b"#cloud-config\n",
+            &ssh_key_data(&s),
+            None,
+        );
         assert_eq!(vm["zones"], json!(["2"]));
         assert_eq!(vm["identity"]["type"], "UserAssigned");
         let p = &vm["properties"];

@@ -273,6 +273,15 @@ impl ImageReference {
         }
     }
 
+    /// The URN whose marketplace plan and terms a create looks at: a URN image without
+    /// `skipMarketPlaceAgreement` (as Gardener's provider decides).
+    pub fn marketplace_urn(&self) -> Option<Urn> {
+        if self.skip_marketplace_agreement {
+            return None;
+        }
+        self.urn_parts()
+    }
+
     fn set(&self) -> Vec<&'static str> {
         let mut out = Vec::new();
         if !self.id.trim().is_empty() {

@@ -280,6 +280,52 @@ async fn a_created_vm_that_failed_an_operation_but_runs_exists() {
 }
 
 #[tokio::test]
+async fn a_marketplace_image_with_a_plan_gets_its_plan_and_accepted_terms() {
+    let fake = fake().await;
+    let d = driver(&fake);
+    fake.add_vm_image(
+        "westeurope",
+        "sap:gardenlinux:greatest:1443.3.0",
+        Some(("greatest", "gardenlinux", "sap")),
+    );
+    let mut s = spec();
+    s["properties"]["storageProfile"]["imageReference"] =
+        json!({"urn": "sap:gardenlinux:greatest:1443.3.0"});
+    let c = class(s.clone());
+    assert!(!fake.agreement_accepted("greatest", "gardenlinux", "sap"));
+
+    create(&d, &c, "m-0").await.unwrap();
+    let vm = fake.vm(RG, "m-0").unwrap();
+    assert_eq!(
+        vm["plan"],
+        json!({"name": "greatest", "product": "gardenlinux", "publisher": "sap"})
+    );
+    assert!(fake.agreement_accepted("greatest", "gardenlinux", "sap"));
+    // Accepted once: the next machine reads the terms and sends the plan, nothing more.
+    create(&d, &c, "m-1").await.unwrap();
+    let terms_puts = fake
+        .request_log()
+        .iter()
+        .filter(|r| r.method == "PUT" && r.path.ends_with("/agreements/current"))
+        .count();
+    assert_eq!(terms_puts, 1);
+
+    // skipMarketPlaceAgreement (the extension's spelling): no lookup and no plan, as
+    // Gardener's provider does; Compute then refuses the image that needs one.
+    s["properties"]["storageProfile"]["imageReference"] =
+        json!({"urn": "sap:gardenlinux:greatest:1443.3.0", "skipMarketPlaceAgreement": true});
+    let e = create(&d, &class(s.clone()), "m-2").await.unwrap_err();
+    assert!(e.message.contains("VMMarketplaceInvalidInput"), "{e}");
+
+    // An image that does not exist is the class's mistake.
+    s["properties"]["storageProfile"]["imageReference"] =
+        json!({"urn": "sap:gardenlinux:greatest:0.0.0"});
+    let e = create(&d, &class(s), "m-3").await.unwrap_err();
+    assert_eq!(e.code, Code::InvalidArgument, "{e}");
+    assert!(e.message.contains("sap:gardenlinux:greatest:0.0.0"), "{e}");
+}
+
+#[tokio::test]
 async fn create_status_list_delete() {
     let fake = fake().await;
     let d = driver(&fake);

@@ -75,7 +75,7 @@ const MACHINE: &str = "shoot--dev--my-shoot-pool-z1-5b7c4-abcde";
 /// The user data of the machine class Secret.
 const USER_DATA: &str = "#cloud-config\nbootstrap: golden\n";
 
-/// The `PUT`s creating `pool`'s machine sent (NIC, then VM), each as `{"put": path without
+/// The `PUT`s creating `pool`'s machine sent (NIC, marketplace terms, VM), each as `{"put": path without
 /// the subscription, "api-version", "body"}`.
 async fn creation_requests(pool: &str) -> Value {
     let c = class(pool);
@@ -86,6 +86,16 @@ async fn creation_requests(pool: &str) -> Value {
         &spec.subnet_info.vnet_name,
         &spec.subnet_info.subnet_name,
     );
+    // Gardener Linux's marketplace image has a plan, whose terms start unaccepted.
+    if let Some(u) = spec
+        .properties
+        .storage_profile
+        .image_reference
+        .marketplace_urn()
+    {
+        let urn = format!("{}:{}:{}:{}", u.publisher, u.offer, u.sku, u.version);
+        fake.add_vm_image(&spec.location, &urn, Some((&u.sku, &u.offer, &u.publisher)));
+    }
     if spec.resource_group != spec.vnet_resource_group() {
         fake.add_resource_group(&spec.resource_group);
     }
@@ -122,6 +132,12 @@ async fn creation_requests(pool: &str) -> Value {
             .filter(|k| k.as_str().is_some_and(|k| k.starts_with("ssh-ed25519 ")))
         {
             *key = json!("<generated ssh-ed25519 key>");
+        }
+        // The terms are sent back as the GET gave them, with their time and signature.
+        for field in ["retrieveDatetime", "signature"] {
+            if let Some(v) = body.pointer_mut(&format!("/properties/{field}")) {
+                *v = json!(format!("<{field} of the GET>"));
+            }
         }
         body
     };

@@ -75,6 +75,13 @@
 //!   `Canceled` with `OperationPreempted`); a `PUT` or `PATCH` while the VM is being deleted is 409
 //!   `OperationNotAllowed`; changing `osDisk.name` or `customData` is 409
 //!   `PropertyChangeNotAllowed`; `If-Match`/`If-None-Match: *` are honoured (412).
+//! - Marketplace images ([`FakeArm::add_vm_image`]): the image version `GET`
+//!   (`.../locations/{loc}/publishers/{p}/artifacttypes/vmimage/offers/{o}/skus/{s}/versions/{v}`,
+//!   404 `NotFound` "Artifact: VMImage was not found.") with its `properties.plan`, and the terms
+//!   of a plan (`Microsoft.MarketplaceOrdering/offerTypes/virtualmachine/.../agreements/current`,
+//!   `GET`, and `PUT` with the `signature` the `GET` gave). A VM from a published image with a
+//!   plan is refused without that `plan` (400 `VMMarketplaceInvalidInput`) or without accepted
+//!   terms (400 `MarketplacePurchaseEligibilityFailed`), as Compute does.
 //! - References between resources: a VM references NICs by id; a referenced NIC must exist (404
 //!   `NotFound`), be provisioned (429 `RetryableError` / `ReferencedResourceNotProvisioned`, which
 //!   the SDK retries) and not be used by another VM (400 `NicInUse`). The NIC gets
@@ -725,6 +732,29 @@ impl FakeArm {
         true
     }
 
+    /// Publishes the marketplace image `urn` (`publisher:offer:sku:version`) in `location`,
+    /// with the plan `(name, product, publisher)` if it has one; its terms start unaccepted.
+    /// A VM from a published image with a plan needs that `plan` and accepted terms.
+    pub fn add_vm_image(&self, location: &str, urn: &str, plan: Option<(&str, &str, &str)>) {
+        let mut w = self.shared.lock();
+        let plan = plan.map(|(name, product, publisher)| {
+            w.agreements
+                .entry(agreement_key(publisher, product, name))
+                .or_insert(false);
+            json!({"name": name, "product": product, "publisher": publisher})
+        });
+        w.images.insert(image_key(location, urn), plan);
+    }
+
+    /// Whether the marketplace terms of plan `(name, product, publisher)` are accepted.
+    pub fn agreement_accepted(&self, name: &str, product: &str, publisher: &str) -> bool {
+        let w = self.shared.lock();
+        w.agreements
+            .get(&agreement_key(publisher, product, name))
+            .copied()
+            .unwrap_or(false)
+    }
+
     /// Makes VM `name` `Failed` out of band, as a failed extension or update does to a VM that
     /// keeps running: `provisioningState` `Failed`, the instance view's
     /// `ProvisioningState/failed/<code>` with `message`, the power state unchanged. Returns
@@ -839,6 +869,11 @@ struct World {
     ops: HashMap<String, OpRec>,
     tokens: HashMap<String, TokenRec>,
     throttles: VecDeque<u64>,
+    /// Marketplace images by `location/publisher/offer/sku/version` (lower case): their plan
+    /// (`{name, product, publisher}`), if they have one.
+    images: BTreeMap<String, Option<Value>>,
+    /// Marketplace terms by `publisher/product/plan` (lower case): accepted or not.
+    agreements: BTreeMap<String, bool>,
     vm_failures: VecDeque<ErrPair>,
     vm_rejects: VecDeque<Reject>,
     nic_rejects: VecDeque<Reject>,
@@ -955,6 +990,8 @@ impl Shared {
                 ops: HashMap::new(),
                 tokens: HashMap::new(),
                 throttles: VecDeque::new(),
+                images: BTreeMap::new(),
+                agreements: BTreeMap::new(),
                 vm_failures: VecDeque::new(),
                 vm_rejects: VecDeque::new(),
                 nic_rejects: VecDeque::new(),
@@ -2165,6 +2202,44 @@ fn route(s: &Arc<Shared>, ctx: &Ctx) -> Result<Reply, ArmError> {
             let monitor = *kind == "operationresults" || ctx.query("monitor") == Some("true");
             operation_request(s, ns, segs[5], &lower[7], monitor)
         }
+        // /subscriptions/{sub}/providers/Microsoft.Compute/locations/{loc}/publishers/{p}/
+        //   artifacttypes/vmimage/offers/{o}/skus/{s}/versions/{v}
+        [
+            "subscriptions",
+            _,
+            "providers",
+            "microsoft.compute",
+            "locations",
+            _,
+            "publishers",
+            _,
+            "artifacttypes",
+            "vmimage",
+            "offers",
+            _,
+            "skus",
+            _,
+            "versions",
+            _,
+        ] if get => vm_image(s, &segs),
+        // /subscriptions/{sub}/providers/Microsoft.MarketplaceOrdering/offerTypes/virtualmachine/
+        //   publishers/{p}/offers/{o}/plans/{plan}/agreements/current
+        [
+            "subscriptions",
+            _,
+            "providers",
+            "microsoft.marketplaceordering",
+            "offertypes",
+            "virtualmachine",
+            "publishers",
+            _,
+            "offers",
+            _,
+            "plans",
+            _,
+            "agreements",
+            "current",
+        ] => agreement_request(s, ctx, &segs),
         ["subscriptions", _, "providers", ns, type_] if get => match (*ns, *type_) {
             ("microsoft.compute", "virtualmachines") => list(s, ctx, ListKind::Vm, None),
             ("microsoft.compute", "disks") => list(s, ctx, ListKind::Disk, None),
@@ -3240,6 +3315,176 @@ fn validate_vm(name: &str, body: &Value) -> Result<(), ArmError> {
     Ok(())
 }
 
+fn image_key(location: &str, urn: &str) -> String {
+    format!("{location}/{}", urn.replace(':', "/")).to_ascii_lowercase()
+}
+
+fn agreement_key(publisher: &str, product: &str, plan: &str) -> String {
+    format!("{publisher}/{product}/{plan}").to_ascii_lowercase()
+}
+
+/// `GET` of a marketplace image version.
+fn vm_image(s: &Arc<Shared>, segs: &[&str]) -> Result<Reply, ArmError> {
+    let (loc, publisher, offer, sku, version) = (segs[5], segs[7], segs[11], segs[13], segs[15]);
+    let urn = format!("{publisher}:{offer}:{sku}:{version}");
+    let w = s.lock();
+    let Some(plan) = w.images.get(&image_key(loc, &urn)) else {
+        return Err(ArmError::new(
+            404,
+            "NotFound",
+            "Artifact: VMImage was not found.",
+        ));
+    };
+    let mut properties = json!({
+        "osDiskImage": {"operatingSystem": "Linux"},
+        "hyperVGeneration": "V2",
+        "architecture": "x64",
+    });
+    if let Some(plan) = plan {
+        properties["plan"] = plan.clone();
+    }
+    Ok(Reply::json(
+        200,
+        json!({
+            "name": version,
+            "location": loc,
+            "id": format!(
+                "/Subscriptions/{}/Providers/Microsoft.Compute/Locations/{loc}/Publishers/{publisher}\
+                 /ArtifactTypes/VMImage/Offers/{offer}/Skus/{sku}/Versions/{version}",
+                s.subscription
+            ),
+            "properties": properties,
+        }),
+    ))
+}
+
+/// The signature the terms of a plan carry (what a `PUT` must send back).
+fn agreement_signature(key: &str) -> String {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    std::hash::Hash::hash(key, &mut h);
+    format!("{:016X}", std::hash::Hasher::finish(&h))
+}
+
+/// `GET` and `PUT` of the marketplace terms of a plan (`agreements/current`): a `PUT` must carry
+/// the signature the `GET` gave.
+fn agreement_request(s: &Arc<Shared>, ctx: &Ctx, segs: &[&str]) -> Result<Reply, ArmError> {
+    let (publisher, offer, plan) = (segs[7], segs[9], segs[11]);
+    let k = agreement_key(publisher, offer, plan);
+    let mut w = s.lock();
+    let Some(accepted) = w.agreements.get(&k).copied() else {
+        return Err(ArmError::new(
+            404,
+            "NotFound",
+            format!(
+                "Offer with PublisherId: '{publisher}', OfferId: '{offer}' cannot be purchased due to validation errors."
+            ),
+        ));
+    };
+    let signature = agreement_signature(&k);
+    let terms = |accepted: bool| {
+        json!({
+            "id": format!(
+                "/subscriptions/{}/providers/Microsoft.MarketplaceOrdering/offerTypes/VirtualMachine\
+                 /publishers/{publisher}/offers/{offer}/plans/{plan}/agreements/current",
+                s.subscription
+            ),
+            "name": plan,
+            "type": "Microsoft.MarketplaceOrdering/offertypes",
+            "properties": {
+                "publisher": publisher,
+                "product": offer,
+                "plan": plan,
+                "licenseTextLink": "https://mpcprodsa.blob.core.windows.net/legalterms/terms.txt",
+                "privacyPolicyLink": "https://example.invalid/privacy",
+                "retrieveDatetime": now_rfc3339(),
+                "signature": signature,
+                "accepted": accepted,
+            },
+        })
+    };
+    match ctx.method.as_str() {
+        "GET" => Ok(Reply::json(200, terms(accepted))),
+        "PUT" => {
+            let body: Value = serde_json::from_slice(&ctx.body).map_err(|_| {
+                ArmError::new(
+                    400,
+                    "InvalidRequestContent",
+                    "The request content was invalid and could not be deserialized.",
+                )
+            })?;
+            if body["properties"]["signature"].as_str() != Some(signature.as_str()) {
+                return Err(ArmError::new(
+                    400,
+                    "BadRequest",
+                    "The signature of the terms does not match: get the terms first.",
+                ));
+            }
+            let accept = body["properties"]["accepted"].as_bool().unwrap_or(false);
+            w.agreements.insert(k, accept);
+            Ok(Reply::json(200, terms(accept)))
+        }
+        _ => Err(method_not_allowed(&ctx.method)),
+    }
+}
+
+/// What Compute checks of a VM from a published marketplace image with a plan: the body's
+/// `plan` names it, and its terms are accepted in the subscription. Images the test did not
+/// publish are not checked.
+fn check_marketplace(w: &World, sub: &str, name: &str, body: &Value) -> Result<(), ArmError> {
+    let r = &body["properties"]["storageProfile"]["imageReference"];
+    let (Some(publisher), Some(offer), Some(sku), Some(version)) = (
+        r["publisher"].as_str(),
+        r["offer"].as_str(),
+        r["sku"].as_str(),
+        r["version"].as_str(),
+    ) else {
+        return Ok(());
+    };
+    let location = body["location"].as_str().unwrap_or_default();
+    let urn = format!("{publisher}:{offer}:{sku}:{version}");
+    let Some(Some(plan)) = w.images.get(&image_key(location, &urn)) else {
+        return Ok(());
+    };
+    let same = |a: &Value, b: &Value| {
+        a.as_str()
+            .zip(b.as_str())
+            .is_some_and(|(a, b)| a.eq_ignore_ascii_case(b))
+    };
+    let sent = &body["plan"];
+    if !["name", "product", "publisher"]
+        .iter()
+        .all(|f| same(&sent[*f], &plan[*f]))
+    {
+        return Err(ArmError::new(
+            400,
+            "VMMarketplaceInvalidInput",
+            format!(
+                "Creating a virtual machine from Marketplace image or a custom image sourced from \
+                 a Marketplace image requires Plan information in the request. VM: '{name}'."
+            ),
+        ));
+    }
+    let k = agreement_key(
+        plan["publisher"].as_str().unwrap_or_default(),
+        plan["product"].as_str().unwrap_or_default(),
+        plan["name"].as_str().unwrap_or_default(),
+    );
+    if !w.agreements.get(&k).copied().unwrap_or(false) {
+        return Err(ArmError::new(
+            400,
+            "MarketplacePurchaseEligibilityFailed",
+            format!(
+                "Marketplace purchase eligibilty check returned errors. See inner errors for \
+                 details. ; You have not accepted the legal terms on this subscription: '{}' \
+                 for this plan. Before the subscription can be used, you need to accept the \
+                 legal terms of the image.",
+                sub
+            ),
+        ));
+    }
+    Ok(())
+}
+
 /// Checks a VM body against the current state and plans its effects (no mutation except names
 /// and ids drawn from the random source). `direct`: planted by the test, references not checked
 /// as strictly.
@@ -3252,6 +3497,9 @@ fn plan_vm(
     direct: bool,
 ) -> Result<VmPlan, ArmError> {
     validate_vm(name, body)?;
+    if !direct {
+        check_marketplace(w, sub, name, body)?;
+    }
     let location = location_of(body)?;
     let k = key(rg, name);
     let existing = w
