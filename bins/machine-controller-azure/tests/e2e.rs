@@ -38,6 +38,8 @@ const CLIENT: &str = "00000000-0000-0000-0000-0000000000e4";
 const CLIENT_SECRET: &str = "e2e-secret";
 const RG: &str = "shoot--e2e";
 const LOCATION: &str = "westeurope";
+/// The community gallery image of the machines' data disk.
+const DATA_IMAGE: &str = "/CommunityGalleries/gardenlinux-13e998fe/Images/data/Versions/1.0.0";
 const CLUSTER_TAG: &str = "kubernetes.io-cluster-shoot--e2e";
 const ROLE_TAG: &str = "kubernetes.io-role-node";
 const USER_DATA: &str = "#cloud-config\nbootstrapToken: <<BOOTSTRAP_TOKEN>>\n";
@@ -197,7 +199,11 @@ fn provider_spec() -> Value {
             "storageProfile": {
                 "imageReference": {"urn": "sap:gardenlinux:greatest:1443.3.0"},
                 "osDisk": {"caching": "None", "diskSizeGB": 50, "createOption": "FromImage",
-                           "managedDisk": {"storageAccountType": "Premium_LRS"}}
+                           "managedDisk": {"storageAccountType": "Premium_LRS"}},
+                // A data disk made from an image (made before its VM, which attaches it).
+                "dataDisks": [{"name": "image", "lun": 0, "storageAccountType": "Premium_LRS",
+                               "diskSizeGB": 16,
+                               "imageRef": {"communityGalleryImageID": DATA_IMAGE}}]
             },
             "osProfile": {"adminUsername": "core", "linuxConfiguration": {
                 "disablePasswordAuthentication": true,
@@ -347,8 +353,25 @@ async fn a_machine_deployment_runs_on_the_fake_arm_through_failures_scale_down_a
     .await;
     let vms = our_vms(&env.fake);
     assert_eq!(vms.len(), 3, "one VM per machine: {:?}", vms.keys());
-    // Made from the marketplace image with its plan, its terms accepted on the way.
+    // Made from the marketplace image with its plan, its terms accepted on the way, each with
+    // its data disk made from the gallery image and attached.
     assert!(vms.values().all(|vm| vm["plan"]["name"] == "greatest"));
+    for name in vms.keys() {
+        let disk = env
+            .fake
+            .disk(RG, &format!("{name}-image-0-data-disk"))
+            .expect("the data disk made from its image");
+        assert_eq!(
+            disk["properties"]["creationData"]["galleryImageReference"]["communityGalleryImageId"],
+            DATA_IMAGE
+        );
+        assert_eq!(
+            disk["managedBy"]
+                .as_str()
+                .map(|m| m.ends_with(name.as_str())),
+            Some(true)
+        );
+    }
     assert!(
         env.fake
             .agreement_accepted("greatest", "gardenlinux", "sap")
@@ -431,8 +454,11 @@ async fn a_machine_deployment_runs_on_the_fake_arm_through_failures_scale_down_a
                 .iter()
                 .map(|d| d["name"].as_str().unwrap_or_default().to_string())
                 .collect();
-            (nics == vec![format!("{kept}-nic")] && disks == vec![format!("{kept}-os-disk")])
-                .then_some(())
+            let want = vec![
+                format!("{kept}-image-0-data-disk"),
+                format!("{kept}-os-disk"),
+            ];
+            (nics == vec![format!("{kept}-nic")] && disks == want).then_some(())
         },
     )
     .await;

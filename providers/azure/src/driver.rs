@@ -239,44 +239,7 @@ impl AzureDriver {
         else {
             return Ok(None);
         };
-        let what = format!(
-            "GET virtualMachineImages {}:{}:{}:{}",
-            urn.publisher, urn.offer, urn.sku, urn.version
-        );
-        let image = call
-            .compute
-            .virtual_machine_images_client()
-            .get(
-                &spec.location,
-                &urn.publisher,
-                &urn.offer,
-                &urn.sku,
-                &urn.version,
-                &call.subscription,
-            )
-            .send()
-            .await
-            .map(|r| r.into_raw_response());
-        let image = match image {
-            Ok(r) => json_of(r)
-                .await
-                .map_err(|e| call.api_error(what.clone(), e))?,
-            Err(e) => {
-                let e = call.api_error(what, e);
-                return Err(if e.is_not_found() {
-                    AzureError::ImageNotFound {
-                        urn: format!(
-                            "{}:{}:{}:{}",
-                            urn.publisher, urn.offer, urn.sku, urn.version
-                        ),
-                        location: spec.location.clone(),
-                        source: Box::new(e),
-                    }
-                } else {
-                    e
-                });
-            }
-        };
+        let image = self.vm_image(call, &spec.location, &urn).await?;
         let Some(plan) = resources::image_plan(&image) else {
             return Ok(None);
         };
@@ -292,6 +255,98 @@ impl AzureDriver {
             info!(plan = %plan, request_id = %call.request_id, "accepted the marketplace terms of the image's plan");
         }
         Ok(Some(plan))
+    }
+
+    /// The marketplace image version `urn` in `location`; one that does not exist is
+    /// [`AzureError::ImageNotFound`].
+    async fn vm_image(
+        &self,
+        call: &Call,
+        location: &str,
+        urn: &spec::Urn,
+    ) -> Result<Value, AzureError> {
+        let name = format!(
+            "{}:{}:{}:{}",
+            urn.publisher, urn.offer, urn.sku, urn.version
+        );
+        let what = format!("GET virtualMachineImages {name}");
+        let image = call
+            .compute
+            .virtual_machine_images_client()
+            .get(
+                location,
+                &urn.publisher,
+                &urn.offer,
+                &urn.sku,
+                &urn.version,
+                &call.subscription,
+            )
+            .send()
+            .await
+            .map(|r| r.into_raw_response());
+        match image {
+            Ok(r) => json_of(r).await.map_err(|e| call.api_error(what, e)),
+            Err(e) => {
+                let e = call.api_error(what, e);
+                Err(if e.is_not_found() {
+                    AzureError::ImageNotFound {
+                        urn: name,
+                        location: location.to_string(),
+                        source: Box::new(e),
+                    }
+                } else {
+                    e
+                })
+            }
+        }
+    }
+
+    /// Makes the data disks of machine `vm` that come from an image (the VM attaches them),
+    /// as Gardener's provider does (`CreateDisksWithImageRef`); a disk an earlier attempt made
+    /// is kept, one it left `Failed` is made again.
+    async fn put_image_disks(
+        &self,
+        call: &Call,
+        spec: &ProviderSpec,
+        vm: &str,
+    ) -> Result<(), AzureError> {
+        let group = &spec.resource_group;
+        for d in &spec.properties.storage_profile.data_disks {
+            let Some(image) = &d.image_ref else { continue };
+            let name = resources::data_disk_name(vm, d);
+            if let Some(existing) = self.get(call, group, ResourceType::Disk, &name).await?
+                && resource_state(provisioning_state(&existing)) != ResourceState::Failed
+            {
+                continue;
+            }
+            let urn_image_id = match image.urn_parts() {
+                Some(urn) if image.id.trim().is_empty() => {
+                    let found = self.vm_image(call, &spec.location, &urn).await?;
+                    found.get("id").and_then(Value::as_str).map(str::to_string)
+                }
+                _ => None,
+            };
+            let body = resources::disk_body(
+                spec,
+                d,
+                resources::disk_creation_data(image, urn_image_id.as_deref()),
+            );
+            let what = format!("PUT disks {name}");
+            let model: azure_mgmt_compute::models::Disk =
+                serde_json::from_value(body).map_err(|e| AzureError::Client(Box::new(e.into())))?;
+            let response = call
+                .compute
+                .disks_client()
+                .create_or_update(&call.subscription, group, &name, model)
+                .send()
+                .await
+                .map_err(|e| call.api_error(what.clone(), e))?
+                .into_raw_response();
+            let status = u16::from(response.status());
+            call.wait(&self.config, &what, Poll::of(status, response.headers()))
+                .await?;
+        }
+        Ok(())
     }
 
     /// A VM with its instance view (`$expand=instanceView`), if it exists.
@@ -375,6 +430,7 @@ impl AzureDriver {
         user_data: &[u8],
     ) -> Result<(), AzureError> {
         let plan = self.marketplace_plan(call, spec).await?;
+        self.put_image_disks(call, spec, vm).await?;
         let what = format!("PUT virtualMachines {vm}");
         let model: azure_mgmt_compute::models::VirtualMachine =
             serde_json::from_value(resources::vm_body(

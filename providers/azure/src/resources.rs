@@ -10,7 +10,7 @@ use base64::Engine as _;
 use k8s_openapi::api::core::v1::PersistentVolumeSpec;
 use serde_json::{Map, Value, json};
 
-use crate::spec::{DataDisk, ProviderSpec};
+use crate::spec::{DataDisk, ImageReference, ProviderSpec};
 
 /// The name of the Azure Disk CSI driver.
 pub const DISK_CSI_DRIVER: &str = "disk.csi.azure.com";
@@ -202,6 +202,47 @@ pub fn unusable_ssh_key() -> String {
     )
 }
 
+/// The `creationData` of a data disk made from `image`: `FromImage` with the image's id, or
+/// its shared or community gallery image; a URN's platform image id (`urn_image_id`, read from
+/// the image version) goes in as the id, as Gardener's provider does. Pure.
+pub fn disk_creation_data(image: &ImageReference, urn_image_id: Option<&str>) -> Value {
+    let some = |s: &Option<String>| s.clone().filter(|s| !s.trim().is_empty());
+    let reference = if !image.id.trim().is_empty() {
+        json!({ "imageReference": { "id": image.id } })
+    } else if let Some(id) = some(&image.shared_gallery_image_id) {
+        json!({ "galleryImageReference": { "sharedGalleryImageId": id } })
+    } else if let Some(id) = some(&image.community_gallery_image_id) {
+        json!({ "galleryImageReference": { "communityGalleryImageId": id } })
+    } else {
+        json!({ "imageReference": { "id": urn_image_id.unwrap_or_default() } })
+    };
+    let mut data = json!({ "createOption": "FromImage" });
+    if let (Some(out), Some(r)) = (data.as_object_mut(), reference.as_object()) {
+        out.extend(r.clone());
+    }
+    data
+}
+
+/// The body of the PUT of data disk `d` made from an image (before the VM, which attaches it):
+/// the class's location, tags and zone, its size and storage type, `creation_data`
+/// ([`disk_creation_data`]). Pure.
+pub fn disk_body(spec: &ProviderSpec, d: &DataDisk, creation_data: Value) -> Value {
+    let mut body = json!({
+        "location": spec.location,
+        "tags": spec.tags,
+        "sku": { "name": d.storage_account_type },
+        "properties": {
+            "creationData": creation_data,
+            "diskSizeGB": d.disk_size_gb,
+            "osType": "Linux",
+        },
+    });
+    if let Some(zone) = spec.properties.zone {
+        body["zones"] = json!([zone.to_string()]);
+    }
+    body
+}
+
 /// The API version of the Marketplace Ordering terms.
 pub const MARKETPLACE_ORDERING_API_VERSION: &str = "2021-01-01";
 
@@ -279,15 +320,27 @@ pub fn vm_body(
         .data_disks
         .iter()
         .map(|d| {
-            json!({
-                "name": data_disk_name(vm, d),
+            let name = data_disk_name(vm, d);
+            let mut disk = json!({
+                "name": name,
                 "lun": d.lun,
                 "createOption": "Empty",
                 "caching": if d.caching.is_empty() { "None" } else { d.caching.as_str() },
                 "deleteOption": "Delete",
                 "diskSizeGB": d.disk_size_gb,
                 "managedDisk": { "storageAccountType": d.storage_account_type },
-            })
+            });
+            if d.image_ref.is_some() {
+                // Made from its image before the VM ([`disk_body`]), attached here.
+                disk["createOption"] = json!("Attach");
+                disk["managedDisk"]["id"] = json!(resource_id(
+                    subscription,
+                    &spec.resource_group,
+                    ResourceType::Disk,
+                    &name
+                ));
+            }
+            disk
         })
         .collect();
     let mut storage = json!({

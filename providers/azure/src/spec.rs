@@ -641,11 +641,8 @@ impl ProviderSpec {
                     "must provide storageAccountType",
                 ));
             }
-            if d.image_ref.is_some() {
-                out.push(SpecProblem::new(
-                    at("imageRef"),
-                    "data disks made from an image are not supported by this driver yet",
-                ));
+            if let Some(r) = &d.image_ref {
+                r.validate(&at("imageRef"), &mut out);
             }
         }
         for (lun, n) in luns.iter().filter(|(_, n)| **n > 1) {
@@ -1056,13 +1053,18 @@ pub(crate) mod tests {
     fn what_this_driver_does_not_make_yet_is_refused() {
         let mut v = gardener_spec();
         v["properties"]["storageProfile"]["dataDisks"][0]["imageRef"] = json!({"id": "/img"});
-        let got = parse_provider_spec(&class(v)).unwrap().validate();
         assert_eq!(
-            got,
-            vec![SpecProblem::new(
-                "providerSpec.properties.storageProfile.dataDisks[0].imageRef",
-                "data disks made from an image are not supported by this driver yet"
-            )]
+            parse_provider_spec(&class(v.clone())).unwrap().validate(),
+            vec![]
+        );
+        // A data disk's image is checked as the VM's is.
+        v["properties"]["storageProfile"]["dataDisks"][0]["imageRef"] =
+            json!({"id": "/img", "urn": "a:b:c:d"});
+        let got = parse_provider_spec(&class(v)).unwrap().validate();
+        assert_eq!(got.len(), 1);
+        assert_eq!(
+            got[0].field,
+            "providerSpec.properties.storageProfile.dataDisks[0].imageRef"
         );
         let p = credentials(
             &secret(&[

@@ -326,6 +326,71 @@ async fn a_marketplace_image_with_a_plan_gets_its_plan_and_accepted_terms() {
 }
 
 #[tokio::test]
+async fn data_disks_from_images_are_made_first_and_attached() {
+    let fake = fake().await;
+    let d = driver(&fake);
+    fake.add_vm_image("westeurope", "sap:data:disk:1.0.0", None);
+    let gallery = "/CommunityGalleries/gardenlinux-13e998fe/Images/data/Versions/1.0.0";
+    let mut s = spec();
+    s["properties"]["storageProfile"]["dataDisks"] = json!([
+        {"name": "data", "lun": 0, "storageAccountType": "StandardSSD_LRS", "diskSizeGB": 10},
+        {"name": "gallery", "lun": 1, "storageAccountType": "Premium_LRS", "diskSizeGB": 64,
+         "imageRef": {"communityGalleryImageID": gallery}},
+        {"name": "urn", "lun": 2, "storageAccountType": "Premium_LRS", "diskSizeGB": 32,
+         "caching": "ReadOnly", "imageRef": {"urn": "sap:data:disk:1.0.0"}},
+    ]);
+    let c = class(s);
+    create(&d, &c, "m-0").await.unwrap();
+
+    let disk = fake
+        .disk(RG, "m-0-gallery-1-data-disk")
+        .expect("made from its image");
+    assert_eq!(
+        disk["properties"]["creationData"]["galleryImageReference"]["communityGalleryImageId"],
+        gallery
+    );
+    assert_eq!(disk["zones"], json!(["1"]));
+    assert_eq!(disk["tags"][CLUSTER_TAG], "1");
+    let disk = fake
+        .disk(RG, "m-0-urn-2-data-disk")
+        .expect("made from its image");
+    let image_id = disk["properties"]["creationData"]["imageReference"]["id"]
+        .as_str()
+        .unwrap()
+        .to_ascii_lowercase();
+    assert!(
+        image_id.ends_with(
+            "/publishers/sap/artifacttypes/vmimage/offers/data/skus/disk/versions/1.0.0"
+        ),
+        "{image_id}"
+    );
+    let vm = fake.vm(RG, "m-0").unwrap();
+    let data = &vm["properties"]["storageProfile"]["dataDisks"];
+    assert_eq!(data[0]["createOption"], "Empty");
+    for (i, name) in [(1, "m-0-gallery-1-data-disk"), (2, "m-0-urn-2-data-disk")] {
+        assert_eq!(data[i]["createOption"], "Attach", "{data}");
+        assert_eq!(
+            data[i]["managedDisk"]["id"]
+                .as_str()
+                .unwrap()
+                .to_ascii_lowercase(),
+            fake.disk_id(RG, name).to_ascii_lowercase()
+        );
+    }
+    // A second create finds everything made: no disk is made twice.
+    create(&d, &c, "m-0").await.unwrap();
+    let disk_puts = fake
+        .request_log()
+        .iter()
+        .filter(|r| r.method == "PUT" && r.path.contains("/disks/"))
+        .count();
+    assert_eq!(disk_puts, 2);
+    // Deleting the machine deletes them with the VM.
+    delete(&d, &c, "m-0").await.unwrap();
+    assert!(nothing_left(&fake), "{:?}", names(fake.disks(RG)));
+}
+
+#[tokio::test]
 async fn create_status_list_delete() {
     let fake = fake().await;
     let d = driver(&fake);

@@ -38,11 +38,7 @@ const POOLS: &[(&str, &[&str])] = &[
     ("ssh-disabled", &[]),
     ("azure-china", &[]),
     ("azure-government", &[]),
-    // Data disks made from an image are not served yet (issue 34): refused with the field.
-    (
-        "imageref-data-disks",
-        &["providerSpec.properties.storageProfile.dataDisks[0].imageRef"],
-    ),
+    ("imageref-data-disks", &[]),
 ];
 
 #[test]
@@ -75,7 +71,8 @@ const MACHINE: &str = "shoot--dev--my-shoot-pool-z1-5b7c4-abcde";
 /// The user data of the machine class Secret.
 const USER_DATA: &str = "#cloud-config\nbootstrap: golden\n";
 
-/// The `PUT`s creating `pool`'s machine sent (NIC, marketplace terms, VM), each as `{"put": path without
+/// The `PUT`s creating `pool`'s machine sent (NIC, marketplace terms, disks made from images,
+/// VM), each as `{"put": path without
 /// the subscription, "api-version", "body"}`.
 async fn creation_requests(pool: &str) -> Value {
     let c = class(pool);

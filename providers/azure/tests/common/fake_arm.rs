@@ -17,7 +17,9 @@
 //!   or `userData`, `DELETE` with `forceDeletion`), `.../virtualMachines/{vm}/instanceView` (`GET`),
 //!   `Microsoft.Compute/virtualMachines` (list), `Microsoft.Network/networkInterfaces/{nic}`
 //!   (`PUT`, `PATCH` of tags, `GET`, `DELETE`) and its list, `Microsoft.Compute/disks/{disk}`
-//!   (`GET`, `DELETE`) and its list. The subscription-wide lists
+//!   (`PUT` with `creationData` `Empty` or `FromImage` — an image id or a shared or community
+//!   gallery image — as a long-running operation, `GET`, `DELETE`) and its list. The
+//!   subscription-wide lists
 //!   (`/subscriptions/{sub}/providers/Microsoft.Compute/virtualMachines`, ...) are served too.
 //! - Operation status: `/subscriptions/{sub}/providers/Microsoft.Compute/locations/{loc}/operations/{id}`
 //!   (VMs), `.../Microsoft.Compute/locations/{loc}/DiskOperations/{id}` (disks),
@@ -635,54 +637,14 @@ impl FakeArm {
             .expect("put_disk_directly needs a name")
             .to_owned();
         let mut w = self.shared.lock();
-        let id = resource_id(&self.shared.subscription, rg, DISK_TYPE, &name);
-        let location = normalize_location(body["location"].as_str().unwrap_or("westeurope"));
-        let mut json = json!({
-            "name": name,
-            "id": id,
-            "type": DISK_TYPE,
-            "location": location,
-            "sku": body.get("sku").cloned().unwrap_or(json!({"name": "Standard_LRS", "tier": "Standard"})),
-        });
-        for field in ["tags", "zones", "managedBy"] {
-            if let Some(v) = body.get(field) {
-                json[field] = v.clone();
-            }
-        }
-        let mut props = body
-            .get("properties")
-            .and_then(Value::as_object)
-            .cloned()
-            .unwrap_or_default();
-        props
-            .entry("creationData")
-            .or_insert(json!({"createOption": "Empty"}));
-        let size = props
-            .get("diskSizeGB")
-            .and_then(Value::as_i64)
-            .unwrap_or(30);
-        props.insert("diskSizeGB".into(), json!(size));
-        props.insert("diskSizeBytes".into(), json!(size << 30));
-        let uuid = w.uuid();
-        props.entry("uniqueId").or_insert(json!(uuid));
-        props.insert("timeCreated".into(), json!(now_rfc3339()));
-        props.insert("provisioningState".into(), json!("Succeeded"));
-        let state = if json.get("managedBy").is_some() {
-            "Attached"
-        } else {
-            "Unattached"
-        };
-        props.insert("diskState".into(), json!(state));
-        props
-            .entry("encryption")
-            .or_insert(json!({"type": "EncryptionAtRestWithPlatformKey"}));
-        props
-            .entry("networkAccessPolicy")
-            .or_insert(json!("AllowAll"));
-        props
-            .entry("publicNetworkAccess")
-            .or_insert(json!("Enabled"));
-        json["properties"] = Value::Object(props);
+        let json = disk_json(
+            &mut w,
+            &self.shared.subscription,
+            rg,
+            &name,
+            &body,
+            "Succeeded",
+        );
         w.disks.insert(
             key(rg, &name),
             DiskRec {
@@ -1084,7 +1046,13 @@ impl Shared {
                     w.disks.remove(k);
                 }
             }
-            (Target::Disk(_), _) => {}
+            (Target::Disk(k), OpKind::Create | OpKind::Update) => match w.disks.get_mut(k) {
+                Some(disk) if mine(&disk.busy) => {
+                    disk.busy = None;
+                    disk.json["properties"]["provisioningState"] = json!(SUCCEEDED);
+                }
+                _ => outcome = Err(preempted()),
+            },
         }
         if let Some(op) = w.ops.get_mut(op_id) {
             op.end = Some(now_rfc3339());
@@ -2903,6 +2871,147 @@ fn accepted(s: &Shared, w: &World, op_id: &str) -> Reply {
 // Disks
 // ---------------------------------------------------------------------------------------------
 
+/// A disk resource as Compute stores it, from a request body, in `provisioning_state`.
+fn disk_json(
+    w: &mut World,
+    sub: &str,
+    rg: &str,
+    name: &str,
+    body: &Value,
+    provisioning_state: &str,
+) -> Value {
+    let id = resource_id(sub, rg, DISK_TYPE, name);
+    let location = normalize_location(body["location"].as_str().unwrap_or("westeurope"));
+    let mut json = json!({
+        "name": name,
+        "id": id,
+        "type": DISK_TYPE,
+        "location": location,
+        "sku": body.get("sku").cloned().unwrap_or(json!({"name": "Standard_LRS", "tier": "Standard"})),
+    });
+    for field in ["tags", "zones", "managedBy"] {
+        if let Some(v) = body.get(field) {
+            json[field] = v.clone();
+        }
+    }
+    let mut props = body
+        .get("properties")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    props
+        .entry("creationData")
+        .or_insert(json!({"createOption": "Empty"}));
+    let size = props
+        .get("diskSizeGB")
+        .and_then(Value::as_i64)
+        .unwrap_or(30);
+    props.insert("diskSizeGB".into(), json!(size));
+    props.insert("diskSizeBytes".into(), json!(size << 30));
+    let uuid = w.uuid();
+    props.entry("uniqueId").or_insert(json!(uuid));
+    props.insert("timeCreated".into(), json!(now_rfc3339()));
+    props.insert("provisioningState".into(), json!(provisioning_state));
+    let state = if json.get("managedBy").is_some() {
+        "Attached"
+    } else {
+        "Unattached"
+    };
+    props.insert("diskState".into(), json!(state));
+    props
+        .entry("encryption")
+        .or_insert(json!({"type": "EncryptionAtRestWithPlatformKey"}));
+    props
+        .entry("networkAccessPolicy")
+        .or_insert(json!("AllowAll"));
+    props
+        .entry("publicNetworkAccess")
+        .or_insert(json!("Enabled"));
+    json["properties"] = Value::Object(props);
+    json
+}
+
+/// Compute's checks of a disk body: a `creationData.createOption` of `Empty` (with a size) or
+/// `FromImage` (with an image id or a shared or community gallery image).
+fn validate_disk(body: &Value) -> Result<(), ArmError> {
+    let data = &body["properties"]["creationData"];
+    let option = data["createOption"]
+        .as_str()
+        .ok_or_else(|| ArmError::missing("creationData.createOption"))?;
+    if eq_ci(option, "Empty") {
+        if body["properties"]["diskSizeGB"].as_i64().is_none() {
+            return Err(ArmError::missing("diskSizeGB"));
+        }
+    } else if eq_ci(option, "FromImage") {
+        let gallery = &data["galleryImageReference"];
+        let has_image = data["imageReference"]["id"]
+            .as_str()
+            .is_some_and(|s| !s.is_empty())
+            || ["sharedGalleryImageId", "communityGalleryImageId", "id"]
+                .iter()
+                .any(|f| gallery[*f].as_str().is_some_and(|s| !s.is_empty()));
+        if !has_image {
+            return Err(ArmError::missing("creationData.imageReference"));
+        }
+    } else {
+        return Err(ArmError::invalid("creationData.createOption"));
+    }
+    Ok(())
+}
+
+/// `PUT` of a disk: validated, stored `Updating`, `Succeeded` when its operation is done.
+fn put_disk(s: &Arc<Shared>, ctx: &Ctx, rg: &str, name: &str) -> Result<Reply, ArmError> {
+    let body: Value = serde_json::from_slice(&ctx.body).map_err(|_| {
+        ArmError::new(
+            400,
+            "InvalidRequestContent",
+            "The request content was invalid and could not be deserialized.",
+        )
+    })?;
+    let body = strip_nulls(body);
+    validate_disk(&body)?;
+    let mut w = s.lock();
+    let k = key(rg, name);
+    if w.disks.get(&k).is_some_and(|d| d.busy.is_some()) {
+        return Err(ArmError::new(
+            409,
+            "OperationNotAllowed",
+            format!("An operation on disk {name} is in progress."),
+        ));
+    }
+    let existing = w.disks.contains_key(&k);
+    let sub = s.subscription.clone();
+    let json = disk_json(&mut w, &sub, rg, name, &body, "Updating");
+    let location = json["location"].as_str().unwrap_or_default().to_owned();
+    let op_id = start_operation(
+        s,
+        &mut w,
+        OpNs::Disk,
+        if existing {
+            OpKind::Update
+        } else {
+            OpKind::Create
+        },
+        Target::Disk(k.clone()),
+        &location,
+        ctx.api_version(),
+    );
+    w.disks.insert(
+        k,
+        DiskRec {
+            json: json.clone(),
+            busy: Some(op_id.clone()),
+        },
+    );
+    let op_url = async_operation_url(s, &w.ops[&op_id]);
+    let retry_after = w.retry_after.to_string();
+    drop(w);
+    s.bump();
+    Ok(Reply::json(if existing { 200 } else { 202 }, json)
+        .header("azure-asyncoperation", op_url)
+        .header("retry-after", retry_after))
+}
+
 fn disk_request(s: &Arc<Shared>, ctx: &Ctx, rg: &str, name: &str) -> Result<Reply, ArmError> {
     match ctx.method.as_str() {
         "GET" => {
@@ -2957,6 +3066,7 @@ fn disk_request(s: &Arc<Shared>, ctx: &Ctx, rg: &str, name: &str) -> Result<Repl
             s.bump();
             Ok(reply)
         }
+        "PUT" => put_disk(s, ctx, rg, name),
         _ => Err(method_not_allowed(&ctx.method)),
     }
 }
