@@ -39,11 +39,11 @@ use std::time::{Duration, Instant};
 use azure_core::auth::TokenCredential;
 use azure_core::headers::{CLIENT_REQUEST_ID, HeaderName, Headers};
 use azure_core::{HttpClient, Method, Request, Response, RetryOptions, TransportOptions, Url};
-use azure_identity::ClientSecretCredential;
+use azure_identity::{ClientSecretCredential, WorkloadIdentityCredential};
 use mcm_driver::RequestId;
 
 use crate::errors::{ArmFailure, AzureError, error_of};
-use crate::spec::Credentials;
+use crate::spec::{Auth, Credentials};
 
 /// Public Azure's ARM endpoint.
 pub const PUBLIC_ARM: &str = "https://management.azure.com";
@@ -245,7 +245,7 @@ impl HttpClient for CallTransport {
 #[derive(Debug)]
 pub struct Clients {
     http: Arc<dyn HttpClient>,
-    credentials: Mutex<HashMap<u64, Arc<ClientSecretCredential>>>,
+    credentials: Mutex<HashMap<u64, Arc<dyn TokenCredential>>>,
 }
 
 impl Default for Clients {
@@ -258,19 +258,25 @@ impl Default for Clients {
 }
 
 impl Clients {
+    /// The credential of a service principal at `authority`, shared while nothing about it
+    /// changes: its secret, or for workload identity the token in its file (read on every call,
+    /// so a refreshed token makes a new credential).
     fn credential(
         &self,
         authority: &Url,
         c: &Credentials,
-    ) -> Result<Arc<ClientSecretCredential>, AzureError> {
+    ) -> Result<Arc<dyn TokenCredential>, AzureError> {
+        let proof = match &c.auth {
+            Auth::ClientSecret(secret) => secret.clone(),
+            Auth::WorkloadIdentity { token_file } => std::fs::read_to_string(token_file)
+                .map(|t| t.trim().to_string())
+                .map_err(|source| AzureError::TokenFile {
+                    path: token_file.clone(),
+                    source,
+                })?,
+        };
         let mut h = DefaultHasher::new();
-        (
-            authority.as_str(),
-            &c.tenant_id,
-            &c.client_id,
-            &c.client_secret,
-        )
-            .hash(&mut h);
+        (authority.as_str(), &c.tenant_id, &c.client_id, &proof).hash(&mut h);
         let key = h.finish();
         let mut map = self.credentials.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(cred) = map.get(&key) {
@@ -279,13 +285,22 @@ impl Clients {
         if map.len() >= MAX_CREDENTIALS {
             map.clear();
         }
-        let cred = Arc::new(ClientSecretCredential::new(
-            self.http.clone(),
-            authority.clone(),
-            c.tenant_id.clone(),
-            c.client_id.clone(),
-            c.client_secret.clone(),
-        ));
+        let cred: Arc<dyn TokenCredential> = match &c.auth {
+            Auth::ClientSecret(_) => Arc::new(ClientSecretCredential::new(
+                self.http.clone(),
+                authority.clone(),
+                c.tenant_id.clone(),
+                c.client_id.clone(),
+                proof,
+            )),
+            Auth::WorkloadIdentity { .. } => Arc::new(WorkloadIdentityCredential::new(
+                self.http.clone(),
+                authority.clone(),
+                c.tenant_id.clone(),
+                c.client_id.clone(),
+                proof,
+            )),
+        };
         map.insert(key, cred.clone());
         Ok(cred)
     }
@@ -343,7 +358,7 @@ pub struct Call {
     pub network: azure_mgmt_network::Client,
     /// The call's transport.
     pub transport: Arc<CallTransport>,
-    credential: Arc<ClientSecretCredential>,
+    credential: Arc<dyn TokenCredential>,
     scope: String,
     /// The ARM endpoint of the call's cloud.
     pub arm: Url,

@@ -174,6 +174,15 @@ pub enum AzureError {
         #[source]
         source: Box<AzureError>,
     },
+    /// The federated token file of workload identity cannot be read.
+    #[error("cannot read the workload identity token file {path}")]
+    TokenFile {
+        /// The file the Secret names.
+        path: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
     /// The class names a cloud the driver has no endpoints for.
     #[error("no endpoints are known for the cloud {0:?} (cloudConfiguration.name)")]
     UnknownCloud(String),
@@ -217,6 +226,7 @@ impl AzureError {
                 Classification::retry(Code::Unavailable, TRANSIENT_RETRY_AFTER)
             }
             AzureError::Client(_) => Classification::code(Code::Internal),
+            AzureError::TokenFile { .. } => Classification::code(Code::Unauthenticated),
             AzureError::UnknownCloud(_) | AzureError::ImageNotFound { .. } => {
                 Classification::code(Code::InvalidArgument)
             }

@@ -735,6 +735,9 @@ impl ProviderSpec {
     }
 }
 
+/// The secret key naming the federated token file of workload identity.
+pub const WORKLOAD_IDENTITY_TOKEN_FILE: &str = "workloadIdentityTokenFile";
+
 /// The service principal of a class's secret.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Credentials {
@@ -744,8 +747,35 @@ pub struct Credentials {
     pub tenant_id: String,
     /// The client (application) id.
     pub client_id: String,
-    /// The client secret.
-    pub client_secret: String,
+    /// How the application proves who it is.
+    pub auth: Auth,
+}
+
+/// How a service principal authenticates.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Auth {
+    /// With its client secret (`clientSecret`).
+    ClientSecret(String),
+    /// With workload identity: the federated token in `token_file` (`workloadIdentityTokenFile`,
+    /// a file mounted into the controller's container and refreshed there) is the client
+    /// assertion.
+    WorkloadIdentity {
+        /// The path of the token file.
+        token_file: String,
+    },
+}
+
+impl std::fmt::Debug for Auth {
+    /// Never prints the secret.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Auth::ClientSecret(_) => f.write_str("ClientSecret(..)"),
+            Auth::WorkloadIdentity { token_file } => f
+                .debug_struct("WorkloadIdentity")
+                .field("token_file", token_file)
+                .finish(),
+        }
+    }
 }
 
 impl std::fmt::Debug for Credentials {
@@ -800,32 +830,40 @@ pub fn credentials(
     );
     let client_secret =
         first_present(secret, &["clientSecret", "azureClientSecret"]).unwrap_or_default();
-    if secret.get("workloadIdentityTokenFile").is_some() {
-        problems.push(SpecProblem::new(
-            "secretRef.workloadIdentityTokenFile",
-            "workload identity is not supported by this driver yet: use clientSecret",
-        ));
-    } else if client_secret.is_empty() {
-        problems.push(SpecProblem::new(
-            "secretRef.clientSecret",
-            "must provide clientSecret",
-        ));
-    }
+    let token_file = first_present(secret, &[WORKLOAD_IDENTITY_TOKEN_FILE]).unwrap_or_default();
+    // As Gardener's provider validates them: one or the other.
+    let auth = match (client_secret.is_empty(), token_file.is_empty()) {
+        (false, true) => Some(Auth::ClientSecret(client_secret)),
+        (true, false) => Some(Auth::WorkloadIdentity { token_file }),
+        (false, false) => {
+            problems.push(SpecProblem::new(
+                "secretRef.clientSecret",
+                format!("clientSecret is mutually exclusive with {WORKLOAD_IDENTITY_TOKEN_FILE}"),
+            ));
+            None
+        }
+        (true, true) => {
+            problems.push(SpecProblem::new(
+                "secretRef.clientSecret",
+                format!("must provide clientSecret or {WORKLOAD_IDENTITY_TOKEN_FILE}"),
+            ));
+            None
+        }
+    };
     if need_user_data && secret.get(USER_DATA_KEY).is_none() {
         problems.push(SpecProblem::new(
             format!("secretRef.{USER_DATA_KEY}"),
             "must provide userData",
         ));
     }
-    if problems.is_empty() {
-        Ok(Credentials {
+    match auth {
+        Some(auth) if problems.is_empty() => Ok(Credentials {
             subscription_id,
             tenant_id,
             client_id,
-            client_secret,
-        })
-    } else {
-        Err(problems)
+            auth,
+        }),
+        _ => Err(problems),
     }
 }
 
@@ -1066,17 +1104,42 @@ pub(crate) mod tests {
             got[0].field,
             "providerSpec.properties.storageProfile.dataDisks[0].imageRef"
         );
-        let p = credentials(
-            &secret(&[
-                ("clientID", "c"),
-                ("tenantID", "t"),
-                ("subscriptionID", "s"),
-                ("workloadIdentityTokenFile", "/var/run/token"),
-            ]),
-            false,
-        )
-        .unwrap_err();
-        assert_eq!(p[0].field, "secretRef.workloadIdentityTokenFile");
+    }
+
+    #[test]
+    fn a_secret_has_a_client_secret_or_a_workload_identity_token_file() {
+        let base = [
+            ("clientID", "c"),
+            ("tenantID", "t"),
+            ("subscriptionID", "s"),
+        ];
+        let with = |extra: &[(&'static str, &'static str)]| {
+            let mut pairs = base.to_vec();
+            pairs.extend_from_slice(extra);
+            credentials(&secret(&pairs), false)
+        };
+        assert_eq!(
+            with(&[("workloadIdentityTokenFile", "/var/run/token")])
+                .unwrap()
+                .auth,
+            Auth::WorkloadIdentity {
+                token_file: "/var/run/token".into()
+            }
+        );
+        assert_eq!(
+            with(&[("clientSecret", "x")]).unwrap().auth,
+            Auth::ClientSecret("x".into())
+        );
+        let both = with(&[("clientSecret", "x"), ("workloadIdentityTokenFile", "/t")]);
+        assert_eq!(
+            both.unwrap_err()[0].detail,
+            "clientSecret is mutually exclusive with workloadIdentityTokenFile"
+        );
+        let neither = with(&[]);
+        assert_eq!(
+            neither.unwrap_err()[0].detail,
+            "must provide clientSecret or workloadIdentityTokenFile"
+        );
     }
 
     fn secret(pairs: &[(&str, &str)]) -> SecretData {
@@ -1115,7 +1178,7 @@ pub(crate) mod tests {
                 "secretRef.clientID: must provide clientID",
                 "secretRef.subscriptionID: must provide subscriptionID",
                 "secretRef.tenantID: must provide tenantID",
-                "secretRef.clientSecret: must provide clientSecret",
+                "secretRef.clientSecret: must provide clientSecret or workloadIdentityTokenFile",
                 "secretRef.userData: must provide userData",
             ]
         );

@@ -391,6 +391,70 @@ async fn data_disks_from_images_are_made_first_and_attached() {
 }
 
 #[tokio::test]
+async fn workload_identity_sends_the_federated_token_and_follows_its_refresh() {
+    let fake = fake().await;
+    let d = driver(&fake);
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "eyJ.first.token\n").unwrap();
+    fake.trust_federated_token("eyJ.first.token");
+    let path = token_file.display().to_string();
+    let wi_secret = SecretData::from_pairs([
+        ("clientID", CLIENT),
+        ("tenantID", TENANT),
+        ("subscriptionID", SUB),
+        ("workloadIdentityTokenFile", path.as_str()),
+        ("userData", USER_DATA),
+    ]);
+    let create_wi = |name: &'static str| {
+        d.create_machine(CreateMachineRequest {
+            machine: machine(name),
+            machine_class: class(spec()),
+            secret: wi_secret.clone(),
+            request_id: RequestId::generate(),
+        })
+    };
+    create_wi("m-0").await.unwrap();
+    let assertions = |f: &FakeArm| -> Vec<(Option<String>, Option<String>)> {
+        f.request_log()
+            .iter()
+            .filter(|r| r.is_token_request())
+            .map(|r| {
+                let body = r.body.as_ref().unwrap();
+                let field = |k: &str| body[k].as_str().map(String::from);
+                (field("client_assertion"), field("client_secret"))
+            })
+            .collect()
+    };
+    assert_eq!(
+        assertions(&fake),
+        vec![(Some("eyJ.first.token".into()), None)],
+        "the federated token, no client secret"
+    );
+
+    // The token is refreshed in its file (the old one expires): the next call presents the
+    // new one.
+    std::fs::write(&token_file, "eyJ.second.token").unwrap();
+    fake.trust_federated_token("eyJ.second.token");
+    fake.expire_tokens();
+    create_wi("m-1").await.unwrap();
+    assert_eq!(
+        assertions(&fake).last().cloned(),
+        Some((Some("eyJ.second.token".into()), None))
+    );
+
+    // A token the application does not trust is refused by Entra ID; a missing file is
+    // named.
+    std::fs::write(&token_file, "eyJ.untrusted").unwrap();
+    let e = create_wi("m-2").await.unwrap_err();
+    assert_eq!(e.code, Code::Unauthenticated, "{e}");
+    std::fs::remove_file(&token_file).unwrap();
+    let e = create_wi("m-3").await.unwrap_err();
+    assert_eq!(e.code, Code::Unauthenticated, "{e}");
+    assert!(e.message.contains(&path), "{e}");
+}
+
+#[tokio::test]
 async fn create_status_list_delete() {
     let fake = fake().await;
     let d = driver(&fake);

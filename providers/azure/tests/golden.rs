@@ -197,17 +197,19 @@ fn credentials_secret(file: &str) -> SecretData {
 }
 
 #[test]
-fn the_client_secret_is_served_and_workload_identity_refused_by_name() {
+fn the_client_secret_and_workload_identity_secrets_are_served() {
     let c = spec::credentials(&credentials_secret("secret"), true).expect("served");
     assert_eq!(c.subscription_id, "00000000-0000-0000-0000-000000000000");
     assert_eq!(c.tenant_id, "22222222-2222-2222-2222-222222222222");
-    // Workload identity is not served yet (issue 34): refused naming the key, never read as a
-    // service principal without a secret.
-    let refused: Vec<String> =
-        spec::credentials(&credentials_secret("secret-workload-identity"), true)
-            .expect_err("refused")
-            .into_iter()
-            .map(|p| p.field)
-            .collect();
-    assert_eq!(refused, ["secretRef.workloadIdentityTokenFile"]);
+    assert!(matches!(c.auth, spec::Auth::ClientSecret(_)));
+    // Workload identity: the token file the extension's webhook mounts.
+    let c =
+        spec::credentials(&credentials_secret("secret-workload-identity"), true).expect("served");
+    assert_eq!(c.client_id, "11111111-1111-1111-1111-111111111111");
+    assert_eq!(
+        c.auth,
+        spec::Auth::WorkloadIdentity {
+            token_file: "/var/run/secrets/gardener.cloud/workload-identity/token".into()
+        }
+    );
 }

@@ -11,7 +11,10 @@
 //! # Endpoints
 //!
 //! - `POST /{tenant}/oauth2/v2.0/token`: the client-credentials grant (form body `client_id`,
-//!   `client_secret`, `scope`, `grant_type`), which is what `ClientSecretCredential` sends.
+//!   `client_secret`, `scope`, `grant_type`), which is what `ClientSecretCredential` sends, or
+//!   with `client_assertion` (`client_assertion_type` `...:jwt-bearer`) instead of the secret,
+//!   what workload identity sends: a federated token the application trusts
+//!   ([`FakeArm::trust_federated_token`]), else AADSTS70021.
 //! - Under `/subscriptions/{sub}/resourceGroups/{rg}/providers`:
 //!   `Microsoft.Compute/virtualMachines/{vm}` (`PUT`, `PATCH`, `GET` with `$expand=instanceView`
 //!   or `userData`, `DELETE` with `forceDeletion`), `.../virtualMachines/{vm}/instanceView` (`GET`),
@@ -708,6 +711,13 @@ impl FakeArm {
         w.images.insert(image_key(location, urn), plan);
     }
 
+    /// Makes the application trust the federated token `token` as a client assertion (what
+    /// workload identity sends instead of the client secret), as a federated identity
+    /// credential of the application does for the tokens of its issuer.
+    pub fn trust_federated_token(&self, token: &str) {
+        self.shared.lock().federated_tokens.insert(token.to_owned());
+    }
+
     /// Whether the marketplace terms of plan `(name, product, publisher)` are accepted.
     pub fn agreement_accepted(&self, name: &str, product: &str, publisher: &str) -> bool {
         let w = self.shared.lock();
@@ -836,6 +846,8 @@ struct World {
     images: BTreeMap<String, Option<Value>>,
     /// Marketplace terms by `publisher/product/plan` (lower case): accepted or not.
     agreements: BTreeMap<String, bool>,
+    /// Federated tokens the application trusts (workload identity's client assertions).
+    federated_tokens: BTreeSet<String>,
     vm_failures: VecDeque<ErrPair>,
     vm_rejects: VecDeque<Reject>,
     nic_rejects: VecDeque<Reject>,
@@ -954,6 +966,7 @@ impl Shared {
                 throttles: VecDeque::new(),
                 images: BTreeMap::new(),
                 agreements: BTreeMap::new(),
+                federated_tokens: BTreeSet::new(),
                 vm_failures: VecDeque::new(),
                 vm_rejects: VecDeque::new(),
                 nic_rejects: VecDeque::new(),
@@ -1863,7 +1876,25 @@ fn token_endpoint(s: &Shared, ctx: &Ctx) -> (Reply, Option<String>) {
             None,
         );
     }
-    if field("client_secret") != Some(s.client_secret.as_str()) {
+    if let Some(assertion) = field("client_assertion") {
+        // Workload identity: a federated token of the application instead of its secret.
+        if field("client_assertion_type")
+            != Some("urn:ietf:params:oauth:client-assertion-type:jwt-bearer")
+        {
+            let d = "The client_assertion_type must be \
+                     urn:ietf:params:oauth:client-assertion-type:jwt-bearer.";
+            return (aad_error(&mut w, 400, "invalid_request", 50_027, d), None);
+        }
+        if !w.federated_tokens.contains(assertion) {
+            let d = format!(
+                "No matching federated identity record found for presented assertion. \
+                 Assertion Issuer: 'https://issuer.gardener.invalid'. Please check your \
+                 federated identity credential Subject, Audience and Issuer against the \
+                 presented assertion. Application: '{client_id}'."
+            );
+            return (aad_error(&mut w, 400, "invalid_request", 70_021, &d), None);
+        }
+    } else if field("client_secret") != Some(s.client_secret.as_str()) {
         let d = format!(
             "Invalid client secret provided. Ensure the secret being sent in the request is the \
              client secret value, not the client secret ID, for a secret added to app \
