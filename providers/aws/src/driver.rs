@@ -3,7 +3,7 @@
 //! | operation | EC2 calls |
 //! |---|---|
 //! | `create_machine` | `DescribeInstances` (by tags; an existing instance is returned), `DescribeImages` (AMI and its root device), `RunInstances` |
-//! | `initialize_machine` | `DescribeInstances`, `ModifyInstanceAttribute` (source/destination check off when `srcAndDstChecksEnabled: false`) |
+//! | `initialize_machine` | `DescribeInstances`, `ModifyNetworkInterfaceAttribute` per interface (source/destination check off when `srcAndDstChecksEnabled: false`; `efa` and `efa-only` interfaces are left as they are) |
 //! | `get_machine_status` | `DescribeInstances` by `Name` + cluster/role tags; several → `OutOfRange`, none → `NotFound`, check still on → `Uninitialized` |
 //! | `delete_machine` | `DescribeInstances` + `TerminateInstances` of the providerID's instance (unless it is gone), else of the instances found by tags; gone = success |
 //! | `list_machines` | `DescribeInstances` pages with the cluster and role tags |
@@ -372,15 +372,15 @@ impl Driver for AwsDriver {
         let call = self.call(&req.machine_class, &req.secret, &req.request_id, false)?;
         let instance = self.the_instance_of(&call, name).await?;
         let id = instance.instance_id().unwrap_or_default().to_string();
-        if launch::needs_initialization(&call.spec, &instance) {
+        for eni in launch::src_dst_checks_to_disable(&call.spec, &instance) {
             call.ec2
-                .modify_instance_attribute()
-                .instance_id(&id)
+                .modify_network_interface_attribute()
+                .network_interface_id(&eni)
                 .source_dest_check(AttributeBooleanValue::builder().value(false).build())
                 .send()
                 .await
-                .map_err(|e| from_sdk("ModifyInstanceAttribute", &req.request_id, e))?;
-            info!(machine = name, instance = %id, request_id = %req.request_id, "source/destination check disabled");
+                .map_err(|e| from_sdk("ModifyNetworkInterfaceAttribute", &req.request_id, e))?;
+            info!(machine = name, instance = %id, interface = %eni, request_id = %req.request_id, "source/destination check disabled");
         }
         Ok(InitializeMachineResponse {
             provider_id: self.provider_id(&call, &instance),
@@ -433,7 +433,8 @@ impl Driver for AwsDriver {
             return Err(DriverError::new(
                 Code::Uninitialized,
                 format!(
-                    "instance {provider_id} still has its source/destination check enabled (request id {})",
+                    "instance {provider_id} still has its source/destination check enabled on {} (request id {})",
+                    launch::src_dst_checks_to_disable(&call.spec, &instance).join(", "),
                     req.request_id
                 ),
             ));

@@ -57,6 +57,9 @@ pub const EXHAUSTED_CODES: &[&str] = &[
     "MaxSpotInstanceCountExceeded",
     "SpotMaxPriceTooLow",
     "ReservationCapacityExceeded",
+    // The instance type is not offered in the zone: another zone (node group) may have it,
+    // as Gardener's provider tells the autoscaler.
+    "Unsupported",
 ];
 
 /// Throttling and service-side unavailability (`Unavailable`, retry later).
@@ -129,7 +132,6 @@ pub fn classify(aws_code: &str) -> Classification {
             || c.starts_with("Invalid")
             || c == "MissingParameter"
             || c == "UnknownParameter"
-            || c == "Unsupported"
             || c == "UnsupportedOperation"
             || c == "ValidationError" =>
         {
@@ -220,6 +222,10 @@ mod tests {
             ("VcpuLimitExceeded", Code::ResourceExhausted),
             ("VolumeLimitExceeded", Code::ResourceExhausted),
             ("InsufficientVolumeCapacity", Code::ResourceExhausted),
+            // The instance type is not offered in that zone (Gardener: ResourceExhausted, so
+            // the autoscaler backs off to another node group).
+            ("Unsupported", Code::ResourceExhausted),
+            ("UnsupportedOperation", Code::InvalidArgument),
             ("RequestLimitExceeded", Code::Unavailable),
             ("Throttling", Code::Unavailable),
             ("AuthFailure", Code::Unauthenticated),

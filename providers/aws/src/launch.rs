@@ -349,7 +349,25 @@ pub fn resources(instance: &Instance) -> Vec<ResourceStatus> {
 /// Whether the instance still needs `initialize_machine` (its source/destination check is on
 /// although the spec disables it).
 pub fn needs_initialization(spec: &ProviderSpec, instance: &Instance) -> bool {
-    spec.disables_src_dst_check() && instance.source_dest_check() != Some(false)
+    !src_dst_checks_to_disable(spec, instance).is_empty()
+}
+
+/// The network interfaces of `instance` whose source/destination check is still on although
+/// the spec turns it off (`srcAndDstChecksEnabled: false`): every attached interface except
+/// `efa` and `efa-only` ones, whose check EC2 does not let change. The check is turned off
+/// per interface, as Gardener's provider does, because EC2 refuses the instance-wide
+/// attribute for an instance with several interfaces. Pure.
+pub fn src_dst_checks_to_disable(spec: &ProviderSpec, instance: &Instance) -> Vec<String> {
+    if !spec.disables_src_dst_check() {
+        return vec![];
+    }
+    instance
+        .network_interfaces()
+        .iter()
+        .filter(|ni| !matches!(ni.interface_type(), Some("efa" | "efa-only")))
+        .filter(|ni| ni.source_dest_check() != Some(false))
+        .filter_map(|ni| ni.network_interface_id().map(str::to_string))
+        .collect()
 }
 
 /// The oldest instance (by launch time, then id): the one to keep when several exist.
@@ -626,16 +644,37 @@ mod tests {
         assert_eq!(oldest(&all).unwrap().instance_id(), Some("i-a"));
         let mut s = full();
         s.src_and_dst_checks_enabled = Some(false);
-        let with_check = |on: bool| {
-            Instance::builder()
-                .instance_id("i-c")
+        let nic = |id: &str, kind: &str, on: bool| {
+            aws_sdk_ec2::types::InstanceNetworkInterface::builder()
+                .network_interface_id(id)
+                .interface_type(kind)
                 .source_dest_check(on)
                 .build()
         };
-        let (on, off) = (with_check(true), with_check(false));
-        assert!(needs_initialization(&s, &on));
-        assert!(!needs_initialization(&s, &off));
+        let with = |nics: Vec<aws_sdk_ec2::types::InstanceNetworkInterface>| {
+            Instance::builder()
+                .instance_id("i-c")
+                .set_network_interfaces(Some(nics))
+                .build()
+        };
+        // Every interface with the check on, except EFA ones, which EC2 does not let change.
+        let efa = with(vec![
+            nic("eni-0", "efa", true),
+            nic("eni-1", "efa-only", true),
+            nic("eni-2", "interface", true),
+            nic("eni-3", "interface", false),
+        ]);
+        assert_eq!(
+            src_dst_checks_to_disable(&s, &efa),
+            vec!["eni-2".to_string()]
+        );
+        assert!(needs_initialization(&s, &efa));
+        let done = with(vec![
+            nic("eni-0", "efa", true),
+            nic("eni-2", "interface", false),
+        ]);
+        assert!(!needs_initialization(&s, &done));
         s.src_and_dst_checks_enabled = None;
-        assert!(!needs_initialization(&s, &on));
+        assert!(!needs_initialization(&s, &efa));
     }
 }

@@ -309,19 +309,69 @@ async fn initialize_disables_the_source_destination_check() {
     let s = status(&d, &c, "nat-1").await.unwrap();
     assert_eq!(s.provider_id, created.provider_id);
     let id = decode_provider_id(&created.provider_id).unwrap();
-    let attr = moto()
-        .ec2()
-        .describe_instance_attribute()
-        .instance_id(id)
-        .attribute(aws_sdk_ec2::types::InstanceAttributeName::SourceDestCheck)
-        .send()
+    assert_eq!(interface_checks(id).await, vec![Some(false)]);
+    delete(&d, &c, "nat-1", Some(&created.provider_id))
         .await
         .unwrap();
+}
+
+/// The source/destination check of each network interface of instance `id`.
+async fn interface_checks(id: &str) -> Vec<Option<bool>> {
+    moto()
+        .ec2()
+        .describe_network_interfaces()
+        .filters(
+            aws_sdk_ec2::types::Filter::builder()
+                .name("attachment.instance-id")
+                .values(id)
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap()
+        .network_interfaces()
+        .iter()
+        .map(|n| n.source_dest_check())
+        .collect()
+}
+
+#[tokio::test]
+async fn a_multi_nic_machine_has_the_check_turned_off_on_each_interface() {
+    let w = World::new("srcdst-nics").await;
+    let d = driver(1000).await;
+    let mut spec = w.provider_spec();
+    spec["srcAndDstChecksEnabled"] = json!(false);
+    spec["networkInterfaces"] = json!([
+        {"subnetID": w.subnet, "securityGroupIDs": [w.security_group]},
+        {"subnetID": w.subnet, "securityGroupIDs": [w.security_group], "deviceIndex": 1},
+    ]);
+    let c = class(spec);
+    let created = create(&d, &c, "nat-2").await.unwrap();
+    let id = decode_provider_id(&created.provider_id)
+        .unwrap()
+        .to_string();
+    // EC2 refuses the instance-wide attribute for an instance with several interfaces (moto
+    // does not), so the check is turned off on each interface.
     assert_eq!(
-        attr.source_dest_check().and_then(|v| v.value()),
-        Some(false)
+        interface_checks(&id).await.len(),
+        2,
+        "two interfaces attached"
     );
-    delete(&d, &c, "nat-1", Some(&created.provider_id))
+    d.initialize_machine(InitializeMachineRequest {
+        machine: machine("nat-2", None),
+        machine_class: c.clone(),
+        secret: secret(),
+        request_id: RequestId::generate(),
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        interface_checks(&id).await,
+        vec![Some(false), Some(false)],
+        "per interface"
+    );
+    status(&d, &c, "nat-2").await.unwrap();
+    delete(&d, &c, "nat-2", Some(&created.provider_id))
         .await
         .unwrap();
 }
