@@ -335,10 +335,20 @@ impl Driver for AwsDriver {
         }
         let root = self.root_device_name(&call).await?;
         let user_data = req.secret.get(USER_DATA_KEY).unwrap_or_default();
+        let placement_annotation = req
+            .machine
+            .spec
+            .node_template
+            .as_ref()
+            .and_then(|t| t.metadata.as_ref())
+            .and_then(|m| m.annotations.as_ref())
+            .and_then(|a| a.get(launch::PLACEMENT_ANNOTATION))
+            .map(String::as_str);
         let request = launch::run_instances_request(
             call.ec2.run_instances(),
             &call.spec,
             name,
+            placement_annotation,
             user_data,
             root.as_deref(),
             req.request_id.as_str(),

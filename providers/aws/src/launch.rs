@@ -111,32 +111,29 @@ pub fn iam_instance_profile(spec: &ProviderSpec) -> IamInstanceProfileSpecificat
     }
 }
 
-/// Market options: a one-time spot instance (terminated on interruption) when `spotPrice` is
-/// set (`""`: no maximum price); a capacity block for ML capacity reservations.
+/// Market options: `instanceMarketOptions.marketType` when set (the market alone, as
+/// Gardener's provider sends it); else a one-time spot instance (terminated on interruption)
+/// when the deprecated `spotPrice` is set (`""`: no maximum price).
 pub fn market_options(spec: &ProviderSpec) -> Option<InstanceMarketOptionsRequest> {
-    if let Some(price) = &spec.spot_price {
-        let spot = SpotMarketOptions::builder()
-            .spot_instance_type(SpotInstanceType::OneTime)
-            .instance_interruption_behavior(InstanceInterruptionBehavior::Terminate)
-            .set_max_price((!price.is_empty()).then(|| price.clone()))
-            .build();
+    if let Some(m) = &spec.instance_market_options {
         return Some(
             InstanceMarketOptionsRequest::builder()
-                .market_type(MarketType::Spot)
-                .spot_options(spot)
+                .market_type(MarketType::from(m.market_type.as_str()))
                 .build(),
         );
     }
-    let ml = spec
-        .capacity_reservation
-        .as_ref()
-        .and_then(|c| c.is_ml_capacity_block)
-        .unwrap_or(false);
-    ml.then(|| {
+    let price = spec.spot_price.as_ref()?;
+    let spot = SpotMarketOptions::builder()
+        .spot_instance_type(SpotInstanceType::OneTime)
+        .instance_interruption_behavior(InstanceInterruptionBehavior::Terminate)
+        .set_max_price((!price.is_empty()).then(|| price.clone()))
+        .build();
+    Some(
         InstanceMarketOptionsRequest::builder()
-            .market_type(MarketType::CapacityBlock)
-            .build()
-    })
+            .market_type(MarketType::Spot)
+            .spot_options(spot)
+            .build(),
+    )
 }
 
 /// The capacity reservation: a preference, or a target (a reservation id or a resource
@@ -166,6 +163,81 @@ pub fn capacity_reservation(spec: &ProviderSpec) -> Option<CapacityReservationSp
             .capacity_reservation_target(target)
             .build(),
     )
+}
+
+/// The Machine (node template) annotation Gardener's provider reads a placement from when
+/// the spec has none: EC2's `Placement` as JSON, field names matched ignoring case
+/// (`{"AvailabilityZone": "eu-west-1a", "Tenancy": "dedicated"}`).
+pub const PLACEMENT_ANNOTATION: &str = "machine.sapcloud.io/awsPlacement";
+
+/// Why a `RunInstances` request cannot be made.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// A block device says `/root` but the AMI has no root device name.
+    #[error(transparent)]
+    NoRootDevice(#[from] NoRootDevice),
+    /// The placement annotation is not EC2's placement as JSON.
+    #[error("annotation {PLACEMENT_ANNOTATION}: {source}")]
+    PlacementAnnotation {
+        /// The decoding error.
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// EC2's `Placement` as the annotation writes it (Go field names).
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct AnnotatedPlacement {
+    #[serde(default)]
+    availability_zone: Option<String>,
+    #[serde(default)]
+    affinity: Option<String>,
+    #[serde(default)]
+    group_name: Option<String>,
+    #[serde(default)]
+    partition_number: Option<i32>,
+    #[serde(default)]
+    host_id: Option<String>,
+    #[serde(default)]
+    tenancy: Option<String>,
+    #[serde(default)]
+    spread_domain: Option<String>,
+    #[serde(default)]
+    host_resource_group_arn: Option<String>,
+    #[serde(default)]
+    group_id: Option<String>,
+}
+
+/// The placement: the spec's, else the one of the Machine's [`PLACEMENT_ANNOTATION`] (as
+/// Gardener's provider falls back to it); an annotation with no field is none.
+pub fn placement_of(
+    spec: &ProviderSpec,
+    annotation: Option<&str>,
+) -> Result<Option<Placement>, LaunchError> {
+    if spec.placement.is_some() {
+        return Ok(placement(spec));
+    }
+    let Some(text) = annotation.filter(|a| !a.trim().is_empty()) else {
+        return Ok(None);
+    };
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|source| LaunchError::PlacementAnnotation { source })?;
+    let a: AnnotatedPlacement = mcm_driver::gojson::go_decode(&value, PLACEMENT_ANNOTATION)
+        .map_err(|source| LaunchError::PlacementAnnotation { source })?
+        .value;
+    let p = Placement::builder()
+        .set_availability_zone(a.availability_zone)
+        .set_affinity(a.affinity)
+        .set_group_name(a.group_name)
+        .set_partition_number(a.partition_number)
+        .set_host_id(a.host_id)
+        .set_tenancy(a.tenancy.as_deref().map(Tenancy::from))
+        .set_spread_domain(a.spread_domain)
+        .set_host_resource_group_arn(a.host_resource_group_arn)
+        .set_group_id(a.group_id)
+        .build();
+    Ok((p != Placement::builder().build()).then_some(p))
 }
 
 /// The placement, if the spec has one.
@@ -223,15 +295,17 @@ pub fn client_token(request_id: &str) -> String {
         .collect()
 }
 
-/// Fills a `RunInstances` request for one instance of `machine_name`.
+/// Fills a `RunInstances` request for one instance of `machine_name` (whose
+/// [`PLACEMENT_ANNOTATION`] is `placement_annotation`).
 pub fn run_instances_request(
     request: RunInstancesFluentBuilder,
     spec: &ProviderSpec,
     machine_name: &str,
+    placement_annotation: Option<&str>,
     user_data: &[u8],
     root_device_name: Option<&str>,
     request_id: &str,
-) -> Result<RunInstancesFluentBuilder, NoRootDevice> {
+) -> Result<RunInstancesFluentBuilder, LaunchError> {
     let tags = tags::resource_tags(&spec.tags, machine_name);
     let monitoring = spec.monitoring.then(|| {
         RunInstancesMonitoringEnabled::builder()
@@ -256,7 +330,7 @@ pub fn run_instances_request(
         .set_monitoring(monitoring)
         .set_instance_market_options(market_options(spec))
         .set_capacity_reservation_specification(capacity_reservation(spec))
-        .set_placement(placement(spec))
+        .set_placement(placement_of(spec, placement_annotation)?)
         .set_metadata_options(metadata_options(spec))
         .set_cpu_options(cpu_options(spec)))
 }
@@ -460,6 +534,32 @@ mod tests {
     }
 
     #[test]
+    fn the_placement_annotation_is_the_fallback_of_the_spec() {
+        let mut s = full();
+        let spec_placement = placement(&s);
+        assert!(spec_placement.is_some());
+        // The spec's placement wins.
+        assert_eq!(
+            placement_of(&s, Some(r#"{"AvailabilityZone": "eu-west-1b"}"#)).unwrap(),
+            spec_placement
+        );
+        s.placement = None;
+        let p = placement_of(
+            &s,
+            Some(r#"{"availabilityZone": "eu-west-1b", "Tenancy": "dedicated", "PartitionNumber": 2}"#),
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(p.availability_zone(), Some("eu-west-1b"));
+        assert_eq!(p.tenancy(), Some(&Tenancy::Dedicated));
+        assert_eq!(p.partition_number(), Some(2));
+        assert_eq!(placement_of(&s, Some("{}")).unwrap(), None);
+        assert_eq!(placement_of(&s, None).unwrap(), None);
+        let e = placement_of(&s, Some("{not json")).unwrap_err();
+        assert!(e.to_string().contains(PLACEMENT_ANNOTATION), "{e}");
+    }
+
+    #[test]
     fn spot_capacity_placement_metadata_and_cpu_options() {
         let s = full();
         let market = market_options(&s).unwrap();
@@ -480,6 +580,16 @@ mod tests {
         let mut on_demand = s.clone();
         on_demand.spot_price = None;
         assert_eq!(market_options(&on_demand), None);
+        // instanceMarketOptions wins over spotPrice and is sent as the market alone.
+        for market in ["spot", "capacity-block"] {
+            let mut m = s.clone();
+            m.instance_market_options = Some(crate::spec::InstanceMarketOptions {
+                market_type: market.into(),
+            });
+            let got = market_options(&m).unwrap();
+            assert_eq!(got.market_type(), Some(&MarketType::from(market)));
+            assert_eq!(got.spot_options(), None);
+        }
 
         let cr = capacity_reservation(&s).unwrap();
         assert_eq!(cr.capacity_reservation_preference(), None);
@@ -522,6 +632,7 @@ mod tests {
             offline_client().run_instances(),
             &full(),
             "m-1",
+            None,
             b"#!/bin/sh\necho hi\n",
             Some("/dev/xvda"),
             "0123456789abcdef",

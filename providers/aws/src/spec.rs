@@ -90,10 +90,18 @@ pub struct ProviderSpec {
     /// Placement (group, tenancy, host, ...).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<Placement>,
-    /// Market options (spot, capacity block). Not served yet: a class that sets them is
-    /// refused (`validate`), never launched on demand instead.
+    /// Market options: the market the instance is bought in (wins over `spotPrice`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub instance_market_options: Option<serde_json::Value>,
+    pub instance_market_options: Option<InstanceMarketOptions>,
+}
+
+/// Market options, as Gardener's `AWSInstanceMarketOptions`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InstanceMarketOptions {
+    /// `spot`, `capacity-block` or `interruptible-capacity-reservation` (EC2's market types).
+    #[serde(default)]
+    pub market_type: String,
 }
 
 /// One block device mapping.
@@ -220,13 +228,6 @@ pub struct CapacityReservation {
     /// A reservation resource group ARN.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub capacity_reservation_resource_group_arn: Option<String>,
-    /// The reservation is an ML capacity block (market type `capacity-block`).
-    #[serde(
-        default,
-        rename = "isMLCapacityBlock",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub is_ml_capacity_block: Option<bool>,
 }
 
 /// Instance metadata service options.
@@ -307,12 +308,22 @@ impl ProviderSpec {
     /// Every problem of the spec (empty: valid).
     pub fn validate(&self) -> Vec<SpecProblem> {
         let mut out = Vec::new();
-        if self.instance_market_options.is_some() {
-            out.push(SpecProblem::new(
-                format!("{SPEC}.instanceMarketOptions"),
-                "market options (spot, capacity blocks) are not supported by this driver yet; \
-                 spotPrice requests a one-time spot instance",
-            ));
+        if let Some(m) = &self.instance_market_options {
+            let known = aws_sdk_ec2::types::MarketType::values();
+            if !known.contains(&m.market_type.as_str()) {
+                out.push(SpecProblem::new(
+                    format!("{SPEC}.instanceMarketOptions.marketType"),
+                    format!(
+                        "unsupported value {:?}: supported values: {}",
+                        m.market_type,
+                        known
+                            .iter()
+                            .map(|v| format!("{v:?}"))
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                ));
+            }
         }
         for (value, field) in [
             (&self.ami, "ami"),

@@ -31,9 +31,8 @@ const POOLS: &[(&str, &[&str])] = &[
     ("efa", &[]),
     ("workload-identity", &[]),
     ("cpu-options-amd-sev-snp", &[]),
-    // Market options are not served yet (issue 33): refused, never launched on demand.
-    ("spot", &["providerSpec.instanceMarketOptions"]),
-    ("capacity-block", &["providerSpec.instanceMarketOptions"]),
+    ("spot", &[]),
+    ("capacity-block", &[]),
     // Gardener's provider refuses a preference together with a reservation id, and so do we
     // (EC2 takes one or the other); the extension renders `capacity-reservations-only` with
     // the id (see SOURCE.md).
@@ -141,6 +140,7 @@ async fn run_instances_parameters(pool: &str) -> String {
         client.run_instances(),
         &spec,
         MACHINE,
+        None,
         USER_DATA,
         Some(ROOT_DEVICE),
         REQUEST_ID,
