@@ -12,6 +12,7 @@ use aws_sdk_ec2::config::{ConfigBag, Credentials, Intercept, Region, RuntimeComp
 use aws_sdk_ec2::error::BoxError;
 use mcm_api::MachineClass;
 use mcm_provider_aws::{launch, spec};
+use mcm_testenv::kit::assert_golden;
 
 fn class(pool: &str) -> MachineClass {
     let path = format!("{}/tests/golden/{pool}.json", env!("CARGO_MANIFEST_DIR"));
@@ -182,7 +183,6 @@ fn natural_key(name: &str) -> Vec<(String, u32)> {
 
 #[tokio::test]
 async fn each_served_pool_becomes_exactly_its_run_instances_request() {
-    let update = std::env::var_os("MCM_GOLDEN_UPDATE").is_some();
     for (pool, refused) in POOLS {
         if !refused.is_empty() {
             continue;
@@ -192,13 +192,11 @@ async fn each_served_pool_becomes_exactly_its_run_instances_request() {
             "{}/tests/golden/{pool}.run-instances.txt",
             env!("CARGO_MANIFEST_DIR")
         );
-        if update {
-            std::fs::write(&path, &got).expect("write golden request");
-            continue;
-        }
-        let want = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("{path}: {e} (MCM_GOLDEN_UPDATE=1 writes it)"));
-        pretty_assertions::assert_eq!(got, want, "{pool}: RunInstances parameters");
+        assert_golden(
+            std::path::Path::new(&path),
+            &got,
+            &format!("{pool}: RunInstances parameters"),
+        );
     }
 }
 

@@ -122,6 +122,24 @@ pub fn failed_vm_status(name: &str, vm: &Value) -> ResourceStatus {
     }
 }
 
+/// The JSON of a `GET` the SDK sent: `None` when ARM says 404, else the failure it names.
+async fn optional_json(
+    call: &Call,
+    what: String,
+    sent: azure_core::Result<azure_core::Response>,
+) -> Result<Option<Value>, AzureError> {
+    match sent {
+        Ok(r) => json_of(r)
+            .await
+            .map(Some)
+            .map_err(|e| call.api_error(what, e)),
+        Err(e) => {
+            let e = call.api_error(what, e);
+            if e.is_not_found() { Ok(None) } else { Err(e) }
+        }
+    }
+}
+
 fn tag_keys(r: &Value) -> Vec<String> {
     r.get("tags")
         .and_then(|t| t.as_object())
@@ -210,16 +228,7 @@ impl AzureDriver {
     ) -> Result<Option<Value>, AzureError> {
         let what = format!("GET {} {name}", kind_name(kind));
         let sent = by_kind!(get, call, kind, group, name);
-        match sent {
-            Ok(r) => json_of(r)
-                .await
-                .map(Some)
-                .map_err(|e| call.api_error(what, e)),
-            Err(e) => {
-                let e = call.api_error(what, e);
-                if e.is_not_found() { Ok(None) } else { Err(e) }
-            }
-        }
+        optional_json(call, what, sent).await
     }
 
     /// The plan of the class's marketplace image, with its terms accepted, as Gardener's
@@ -365,16 +374,7 @@ impl AzureDriver {
             .send()
             .await
             .map(|r| r.into_raw_response());
-        match sent {
-            Ok(r) => json_of(r)
-                .await
-                .map(Some)
-                .map_err(|e| call.api_error(what, e)),
-            Err(e) => {
-                let e = call.api_error(what, e);
-                if e.is_not_found() { Ok(None) } else { Err(e) }
-            }
-        }
+        optional_json(call, what, sent).await
     }
 
     /// Deletes a resource and waits; one that is not there is a success.

@@ -14,6 +14,7 @@ use fake_arm::FakeArm;
 use mcm_api::{Machine, MachineClass};
 use mcm_driver::{CreateMachineRequest, Driver, RequestId, SecretData};
 use mcm_provider_azure::{AzureDriver, AzureDriverConfig, spec};
+use mcm_testenv::kit::assert_golden;
 use serde_json::{Value, json};
 
 fn class(pool: &str) -> MachineClass {
@@ -155,7 +156,6 @@ async fn creation_requests(pool: &str) -> Value {
 
 #[tokio::test]
 async fn each_served_pool_sends_exactly_its_arm_requests() {
-    let update = std::env::var_os("MCM_GOLDEN_UPDATE").is_some();
     for (pool, refused) in POOLS {
         if !refused.is_empty() {
             continue;
@@ -165,17 +165,12 @@ async fn each_served_pool_sends_exactly_its_arm_requests() {
             "{}/tests/golden/{pool}.requests.json",
             env!("CARGO_MANIFEST_DIR")
         );
-        if update {
-            let text = serde_json::to_string_pretty(&got).expect("JSON") + "\n";
-            std::fs::write(&path, text).expect("write golden requests");
-            continue;
-        }
-        let want: Value = serde_json::from_str(
-            &std::fs::read_to_string(&path)
-                .unwrap_or_else(|e| panic!("{path}: {e} (MCM_GOLDEN_UPDATE=1 writes it)")),
-        )
-        .expect("golden JSON");
-        pretty_assertions::assert_eq!(got, want, "{pool}: ARM requests");
+        let text = serde_json::to_string_pretty(&got).expect("JSON") + "\n";
+        assert_golden(
+            std::path::Path::new(&path),
+            &text,
+            &format!("{pool}: ARM requests"),
+        );
     }
 }
 

@@ -10,7 +10,8 @@
 //! - [`process`]: a free loopback port, a child process killed on drop serving HTTP
 //!   ([`ServedProcess`]), `/proc` checks, a TCP [`Proxy`] to cut a connection;
 //! - [`metrics`]: samples of a `/metrics` text by name and labels;
-//! - [`events`]: the Events recorded about an object or a Node.
+//! - [`events`]: the Events recorded about an object or a Node;
+//! - [`golden`]: a test's output compared with a reviewed file ([`assert_golden`]).
 //!
 //! ```no_run
 //! # async fn demo(client: kube::Client, ns: &str) {
@@ -30,6 +31,7 @@
 
 pub mod events;
 pub mod fixtures;
+pub mod golden;
 pub mod metrics;
 pub mod process;
 pub mod proxy;
@@ -42,6 +44,7 @@ pub use fixtures::{
     create_ready_node, is_ready, kubeconfig_text, ready_status, secret, template, webhook_args,
     webhook_configuration,
 };
+pub use golden::{GOLDEN_UPDATE_ENV, assert_golden};
 pub use metrics::{metric, metric_with, sample, scrape};
 pub use process::{
     ProviderController, ServedProcess, binary_beside, free_port, http_get, http_status,
