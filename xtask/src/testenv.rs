@@ -17,8 +17,24 @@ use mcm_testenv::binaries::{
     self, Binary, ETCD_VERSION, KUBERNETES_VERSION, KWOK_STAGES_FILE, KWOK_VERSION,
 };
 
-/// Runs the command: builds what is missing, then reports where the binaries are.
+/// Runs the command: builds what is missing (the control plane and kwok, which the tests
+/// need), then reports where the binaries are.
 pub fn run(print_env: bool, force: bool) -> Result<()> {
+    let bin_dir = ensure_control_plane(force)?;
+    let kwok_dir = ensure_kwok(force)?;
+    if print_env {
+        println!("KUBEBUILDER_ASSETS={}", bin_dir.display());
+        println!("{}={}", binaries::KWOK_ENV, kwok_dir.display());
+    } else {
+        eprintln!("control-plane binaries in {}", bin_dir.display());
+        eprintln!("kwok in {}", kwok_dir.display());
+    }
+    Ok(())
+}
+
+/// Builds the control plane into the cache unless it is there (or `force`); returns its
+/// directory. The demo and the e2e scenarios need only this, not kwok.
+pub fn ensure_control_plane(force: bool) -> Result<PathBuf> {
     let bin_dir = binaries::cache_bin_dir()?;
     let stamp = bin_dir.join(".complete");
     let complete = stamp.is_file()
@@ -34,6 +50,11 @@ pub fn run(print_env: bool, force: bool) -> Result<()> {
             began.elapsed()
         );
     }
+    Ok(bin_dir)
+}
+
+/// Builds kwok into the cache unless it is there (or `force`); returns its directory.
+pub fn ensure_kwok(force: bool) -> Result<PathBuf> {
     let kwok_dir = binaries::kwok_cache_dir()?;
     let kwok_stamp = kwok_dir.join(".complete");
     if force || !kwok_stamp.is_file() || binaries::find_kwok_dir().is_err() {
@@ -42,14 +63,7 @@ pub fn run(print_env: bool, force: bool) -> Result<()> {
         std::fs::write(&kwok_stamp, format!("{KWOK_VERSION}\n"))?;
         eprintln!("built kwok {KWOK_VERSION} in {:.0?}", began.elapsed());
     }
-    if print_env {
-        println!("KUBEBUILDER_ASSETS={}", bin_dir.display());
-        println!("{}={}", binaries::KWOK_ENV, kwok_dir.display());
-    } else {
-        eprintln!("control-plane binaries in {}", bin_dir.display());
-        eprintln!("kwok in {}", kwok_dir.display());
-    }
-    Ok(())
+    Ok(kwok_dir)
 }
 
 /// The stages of kwok's own module that the kwok controller runs with: a Node becomes Ready

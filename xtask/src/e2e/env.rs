@@ -90,7 +90,9 @@ pub enum Profile {
 /// [`prepare_binaries`] in the given profile.
 pub fn prepare_binaries_in(profile: Profile) -> Result<Binaries> {
     if std::env::var_os(mcm_testenv::binaries::ASSETS_ENV).is_none() {
-        crate::testenv::run(false, false).context("preparing the control-plane binaries")?;
+        // The demo and the scenarios run no kwok: building it would cost a first run minutes.
+        crate::testenv::ensure_control_plane(false)
+            .context("preparing the control-plane binaries")?;
     }
     let mut args = vec![
         "build",
