@@ -28,7 +28,7 @@ use mcm_testenv::kit::{
 };
 use mcm_testenv::process::ManagedProcess;
 use mcm_testenv::{Components, ControlPlane};
-use moto::{REGION, World, moto};
+use moto::{REGION, World, lagging_moto, moto};
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(120);
@@ -176,12 +176,17 @@ struct Env {
 
 impl Env {
     async fn new(prefix: &str) -> Env {
+        Env::new_in(moto(), prefix).await
+    }
+
+    /// An environment whose EC2 is moto server `m` (e.g. [`lagging_moto`]).
+    async fn new_in(m: &'static moto::Moto, prefix: &str) -> Env {
         let TestNamespace {
             env: cp,
             client,
             ns,
         } = TestNamespace::new(Components::ALL, prefix).await;
-        let world = World::new(prefix).await;
+        let world = World::new_in(m, prefix).await;
         let class = MachineClassBuilder::new("aws")
             .provider("AWS")
             .spec(world.provider_spec())
@@ -212,7 +217,7 @@ impl Env {
     /// Starts `machine-controller-aws --controllers=machine,manager` against the fake.
     fn spawn_controller(&self) -> ProviderController {
         let env: Vec<(String, String)> = vec![
-            ("AWS_ENDPOINT_URL".into(), moto().url.clone()),
+            ("AWS_ENDPOINT_URL".into(), self.world.moto.url.clone()),
             ("AWS_EC2_METADATA_DISABLED".into(), "true".into()),
             (
                 "RUST_LOG".into(),
@@ -387,4 +392,109 @@ async fn a_machine_deployment_runs_on_moto_scales_down_and_orphans_are_collected
     .await;
     drop(controller);
     drop(player);
+}
+
+/// Crash trials of creation: how many (`MCM_AWS_CREATION_KILLS`, 3 unless set;
+/// `cargo xtask chaos --aws-creation-kills 30` runs 30).
+fn creation_kills() -> usize {
+    std::env::var("MCM_AWS_CREATION_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3)
+}
+
+/// The machine controller is SIGKILLed right after a `RunInstances` reached EC2 and before
+/// its answer came back (so before the providerID could be recorded), while EC2 still hides
+/// the new instance from `DescribeInstances`. The restarted controller finds nothing by tags
+/// and creates again: the same creation attempt, the same client token, the same instance.
+/// The cloud is sampled all along: at no moment may a machine have two live instances, and
+/// no machine may ever have had two.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkills_after_run_instances_never_make_a_second_instance() {
+    let m = lagging_moto();
+    let env = Env::new_in(m, "aws-crash").await;
+    let kills = creation_kills();
+    let mut controller = env.spawn_controller();
+    let mds: Api<MachineDeployment> = Api::namespaced(env.client.clone(), &env.ns);
+    let md = MachineDeploymentBuilder::new("crash")
+        .replicas(0)
+        .class("aws")
+        .match_label("pool", "crash")
+        .rolling(1, 0)
+        .build();
+    mds.create(&PostParams::default(), &md).await.unwrap();
+
+    // The sampler: how many live instances each machine has, every 50 ms.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let sampler = {
+        let (world, stop) = (env.world.clone(), stop.clone());
+        tokio::task::spawn_blocking(move || {
+            let (mut samples, mut doubled) = (0usize, Vec::new());
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                for (machine, n) in world.live_per_machine() {
+                    if n > 1 {
+                        doubled.push(format!("{machine}: {n} live instances"));
+                    }
+                }
+                samples += 1;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            (samples, doubled)
+        })
+    };
+
+    for trial in 1..=kills {
+        let calls = m.stats().run_instances_calls;
+        mds.patch(
+            "crash",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": { "replicas": trial } })),
+        )
+        .await
+        .unwrap();
+        // EC2 launched the instance and holds its answer: kill now.
+        eventually(WAIT, "RunInstances to reach EC2", || async {
+            (m.stats().run_instances_calls > calls).then_some(())
+        })
+        .await;
+        controller.process.kill();
+        eprintln!("trial {trial}: SIGKILL after RunInstances reached EC2");
+        controller = env.spawn_controller();
+        eventually(
+            WAIT,
+            "every machine's providerID to be recorded",
+            || async {
+                let ms = env.machine_list().await;
+                (ms.len() == trial && ms.iter().all(|m| m.spec.provider_id.is_some())).then_some(())
+            },
+        )
+        .await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (samples, doubled) = sampler.await.unwrap();
+    let launched = env.world.launched_per_machine();
+    eprintln!(
+        "{kills} kill(s), {samples} samples of the cloud, {} moment(s) with two instances for one machine, launched per machine: {launched:?}",
+        doubled.len()
+    );
+    assert!(samples > 0);
+    assert!(doubled.is_empty(), "{doubled:?}");
+    assert_eq!(launched.len(), kills, "{launched:?}");
+    assert!(launched.values().all(|n| *n == 1), "{launched:?}");
+    let machines = env.machine_list().await;
+    let mut recorded: Vec<String> = machines
+        .iter()
+        .filter_map(|m| m.spec.provider_id.clone())
+        .collect();
+    recorded.sort();
+    assert_eq!(recorded, provider_ids_of(&env.world.live_instances().await));
+
+    mds.delete("crash", &DeleteParams::default()).await.unwrap();
+    eventually(WAIT, "all machines and instances to go", || async {
+        let ms = env.machine_list().await;
+        let live = env.world.live_instances().await;
+        (ms.is_empty() && live.is_empty()).then_some(())
+    })
+    .await;
+    drop(controller);
 }

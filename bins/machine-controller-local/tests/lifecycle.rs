@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DeleteParams, PostParams};
 use mcm_api::MachinePhase;
-use mcm_driver::{CreateMachineRequest, Driver, RequestId, SecretData};
+use mcm_driver::{CreateMachineRequest, Driver, IdempotencyKey, RequestId, SecretData};
 use mcm_provider_local::{LocalDriver, LocalDriverConfig};
 use mcm_testenv::kit::{
     MachineBuilder, MachineDeploymentBuilder, MachineSetBuilder, await_object, create, events_for,
@@ -473,6 +473,7 @@ async fn an_orphan_vm_is_collected() {
             machine_class: class,
             secret: SecretData::from_pairs([("kubeconfig", kubeconfig.as_str())]),
             request_id: RequestId::generate(),
+            idempotency_key: IdempotencyKey::random(),
         })
         .await
         .unwrap();

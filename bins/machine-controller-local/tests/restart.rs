@@ -236,7 +236,7 @@ async fn a_controller_killed_right_after_creating_a_vm_adopts_it_after_restart()
 /// it. The controller must adopt it, not start a second one.
 #[tokio::test]
 async fn a_vm_created_before_a_crash_is_adopted_not_duplicated() {
-    use mcm_driver::{CreateMachineRequest, Driver, RequestId, SecretData};
+    use mcm_driver::{CreateMachineRequest, Driver, IdempotencyKey, RequestId, SecretData};
     use mcm_provider_local::{LocalDriver, LocalDriverConfig};
     use mcm_reconcilers::machine::token;
 
@@ -272,6 +272,7 @@ async fn a_vm_created_before_a_crash_is_adopted_not_duplicated() {
             ("userData", user_data.as_str()),
         ]),
         request_id: RequestId::generate(),
+        idempotency_key: IdempotencyKey::random(),
     })
     .await
     .unwrap();

@@ -259,7 +259,7 @@ impl Driver for FakeDriver {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::SecretData;
+    use crate::{IdempotencyKey, SecretData};
 
     fn class(name: &str) -> mcm_api::MachineClass {
         let mut c = mcm_api::MachineClass::default();
@@ -273,6 +273,7 @@ mod tests {
             machine_class: class(class_name),
             secret: SecretData::default(),
             request_id: RequestId::generate(),
+            idempotency_key: IdempotencyKey::random(),
         }
     }
 

@@ -34,10 +34,11 @@
 //!     ) -> Result<CreateMachineResponse, DriverError> {
 //!         let name = req.machine.metadata.name.clone().unwrap_or_default();
 //!         let mut vms = self.vms.lock().unwrap();
-//!         // Idempotent: a second create for the same machine returns the same VM.
+//!         // Idempotent: a second create for the same machine returns the same VM (a real
+//!         // cloud gets `req.idempotency_key` as its client token for that).
 //!         let id = vms
 //!             .entry(name.clone())
-//!             .or_insert_with(|| format!("vm-{}", req.request_id))
+//!             .or_insert_with(|| format!("vm-{}", req.idempotency_key))
 //!             .clone();
 //!         Ok(CreateMachineResponse {
 //!             provider_id: format!("toy:///{id}"),
@@ -105,6 +106,7 @@
 //!         machine_class: class.clone(),
 //!         secret: SecretData::default(),
 //!         request_id: RequestId::generate(),
+//!         idempotency_key: IdempotencyKey::for_creation("uid-1", "2026-01-01T00:00:00Z"),
 //!     })
 //!     .await
 //!     .unwrap();
@@ -161,6 +163,16 @@ pub use types::*;
 #[async_trait]
 pub trait Driver: Send + Sync + 'static {
     /// Creates the VM of a machine, or returns the existing one when it exists already.
+    ///
+    /// Repeating a create must never make a second VM, even when the first call's response
+    /// was lost, it timed out, or the controller crashed before it recorded the providerID:
+    /// pass [`CreateMachineRequest::idempotency_key`] to the cloud's idempotency mechanism
+    /// (EC2's `ClientToken`, Compute Engine's `requestId`), or name the VM after the machine
+    /// where the cloud refuses a second VM of one name (Azure). The key stays the same on
+    /// every retry of one attempt, also after a restart. When the cloud answers a repeated
+    /// create before its reads can see the VM (eventual consistency), wait until they do or
+    /// fail with a retryable code: a later `get_machine_status` that cannot find a VM the
+    /// create returned must not report it as `NotFound` while it is still being made.
     ///
     /// Return `InvalidArgument` only when the request was refused before anything was
     /// created (e.g. an invalid `providerSpec`): the controller then records that no VM was

@@ -37,6 +37,73 @@ impl fmt::Display for RequestId {
     }
 }
 
+/// The identity of one attempt to create a machine's VM, the same on every retry of that
+/// attempt and after a restart of the controller. The controller derives it from the
+/// Machine's UID and the moment it first asked for a VM (the durable `vm-requested` record on
+/// the Machine), so a retry after a timeout, a lost response or a crash carries the same key,
+/// and a new attempt (after the cloud refused the last one) a new one.
+///
+/// Drivers pass it to the cloud's idempotency mechanism so that repeating a create can never
+/// make a second VM: EC2's `ClientToken`, Compute Engine's `requestId`. It is a UUID in its
+/// canonical text form (36 characters), which both accept. It is not a correlation id: use
+/// [`RequestId`] for that.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct IdempotencyKey(String);
+
+impl IdempotencyKey {
+    /// The key of the creation attempt that `machine_uid` requested at `requested_at` (the
+    /// `vm-requested` record). Deterministic: the same inputs give the same key in every
+    /// process and version (the first 16 bytes of SHA-256, formatted as a version-8 UUID).
+    pub fn for_creation(machine_uid: &str, requested_at: &str) -> Self {
+        use sha2::Digest;
+        let digest = sha2::Sha256::new()
+            .chain_update(b"mcm-rs/create/")
+            .chain_update(machine_uid.as_bytes())
+            .chain_update(b"/")
+            .chain_update(requested_at.as_bytes())
+            .finalize();
+        let mut b = [0u8; 16];
+        b.copy_from_slice(&digest[..16]);
+        // RFC 9562: version 8 (custom), variant 10.
+        b[6] = (b[6] & 0x0f) | 0x80;
+        b[8] = (b[8] & 0x3f) | 0x80;
+        let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+        IdempotencyKey(format!(
+            "{}-{}-{}-{}-{}",
+            &hex[..8],
+            &hex[8..12],
+            &hex[12..16],
+            &hex[16..20],
+            &hex[20..]
+        ))
+    }
+
+    /// A fresh random key, for a creation that is not retried across processes (tests,
+    /// tools).
+    pub fn random() -> Self {
+        use rand::Rng;
+        let n: u128 = rand::rng().random();
+        let b = n.to_be_bytes();
+        Self::for_creation(&format!("{n:032x}"), &format!("{:02x}", b[0]))
+    }
+
+    /// Wraps an existing key (tests, drivers replaying a recorded key).
+    pub fn from_string(key: impl Into<String>) -> Self {
+        IdempotencyKey(key.into())
+    }
+
+    /// The key as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// Secret data passed to the driver: the data of the class's `secretRef` merged with (and
 /// overridden by) the data of its `credentialsSecretRef`, as MCM does.
 #[derive(Clone, Default, PartialEq, Eq)]
@@ -104,6 +171,10 @@ pub struct CreateMachineRequest {
     pub secret: SecretData,
     /// The correlation id to pass to every cloud call.
     pub request_id: RequestId,
+    /// The identity of this creation attempt, stable across its retries and controller
+    /// restarts: passed to the cloud's idempotency mechanism, so that a repeated create
+    /// returns the VM the first one made instead of making another (see [`IdempotencyKey`]).
+    pub idempotency_key: IdempotencyKey,
 }
 
 /// The VM that was created (or found, when create is called again for the same machine).

@@ -21,8 +21,8 @@
 //! Every EC2 request of a driver call carries the call's [`RequestId`]:
 //! - in the HTTP header [`REQUEST_ID_HEADER`] (`x-mcm-request-id`), added by an interceptor
 //!   of the per-call client (visible in proxies and endpoint logs);
-//! - as the `ClientToken` of `RunInstances` (also making the SDK's own retries of one
-//!   create idempotent);
+//! - (the `ClientToken` of `RunInstances` is the creation attempt's idempotency key, not the
+//!   request id);
 //!
 //! and every [`mcm_driver::DriverError`] names it next to the AWS request id.
 
@@ -31,13 +31,12 @@ use std::time::Duration;
 use aws_config::{BehaviorVersion, SdkConfig};
 use aws_sdk_ec2::config::interceptors::BeforeTransmitInterceptorContextMut;
 use aws_sdk_ec2::config::{
-    AppName, ConfigBag, Credentials, Intercept, Region, RuntimeComponents, SharedHttpClient,
+    AppName, ConfigBag, Intercept, Region, RuntimeComponents, SharedCredentialsProvider,
+    SharedHttpClient,
 };
 use aws_sdk_ec2::error::BoxError;
 use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
 use mcm_driver::RequestId;
-
-use crate::spec::AccessKey;
 
 /// The HTTP header carrying the driver's request id on every EC2 request.
 pub const REQUEST_ID_HEADER: &str = "x-mcm-request-id";
@@ -61,6 +60,10 @@ pub struct AwsDriverConfig {
     /// Attempts per EC2 call (the SDK's standard retry mode). `None`: aws-config's default
     /// (`AWS_MAX_ATTEMPTS`, else 3).
     pub max_attempts: Option<u32>,
+    /// How long `create_machine` waits for `DescribeInstances` to see an instance it launched
+    /// (EC2's reads are eventually consistent); beyond it the create fails with `Unavailable`
+    /// and its retry, with the same client token, finds the same instance.
+    pub visibility_timeout: Duration,
 }
 
 impl Default for AwsDriverConfig {
@@ -71,6 +74,7 @@ impl Default for AwsDriverConfig {
             operation_timeout: Duration::from_secs(120),
             connect_timeout: Duration::from_secs(10),
             max_attempts: None,
+            visibility_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -109,23 +113,17 @@ pub async fn load_sdk_config(config: &AwsDriverConfig) -> SdkConfig {
     loader.load().await
 }
 
-/// An EC2 client for one driver call: `region`, the secret's access key, and an interceptor
+/// An EC2 client for one driver call: `region`, the secret's credentials, and an interceptor
 /// adding the request id header to every request.
 pub fn ec2_client(
     base: &SdkConfig,
     region: &str,
-    key: &AccessKey,
+    credentials: SharedCredentialsProvider,
     request_id: &RequestId,
 ) -> aws_sdk_ec2::Client {
     let conf = aws_sdk_ec2::config::Builder::from(base)
         .region(Region::new(region.to_string()))
-        .credentials_provider(Credentials::new(
-            key.id.clone(),
-            key.secret.clone(),
-            None,
-            None,
-            "mcm-machine-class-secret",
-        ))
+        .credentials_provider(credentials)
         .interceptor(RequestIdHeader(request_id.to_string()))
         .build();
     aws_sdk_ec2::Client::from_conf(conf)

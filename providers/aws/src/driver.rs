@@ -2,9 +2,9 @@
 //!
 //! | operation | EC2 calls |
 //! |---|---|
-//! | `create_machine` | `DescribeInstances` (by tags; an existing instance is returned), `DescribeImages` (AMI and its root device), `RunInstances` |
-//! | `initialize_machine` | `DescribeInstances`, `ModifyNetworkInterfaceAttribute` per interface (source/destination check off when `srcAndDstChecksEnabled: false`; `efa` and `efa-only` interfaces are left as they are) |
-//! | `get_machine_status` | `DescribeInstances` by `Name` + cluster/role tags; several → `OutOfRange`, none → `NotFound`, check still on → `Uninitialized` |
+//! | `create_machine` | `DescribeInstances` (by tags; an existing instance is returned), `DescribeImages` (AMI and its root device), `RunInstances` with the attempt's idempotency key as `ClientToken`, then `DescribeInstances` by id until EC2 lists the instance |
+//! | `initialize_machine` | `DescribeInstances` (by the providerID's id, else by tags), `ModifyNetworkInterfaceAttribute` per interface (source/destination check off when `srcAndDstChecksEnabled: false`; `efa` and `efa-only` interfaces are left as they are) |
+//! | `get_machine_status` | `DescribeInstances` by the providerID's instance id; without a providerID by `Name` + cluster/role tags (several → `OutOfRange`); none or terminated → `NotFound`, check still on → `Uninitialized` |
 //! | `delete_machine` | `DescribeInstances` + `TerminateInstances` of the providerID's instance (unless it is gone), else of the instances found by tags; gone = success |
 //! | `list_machines` | `DescribeInstances` pages with the cluster and role tags |
 //! | `get_volume_ids` | none (EBS volume ids from the PersistentVolume specs) |
@@ -35,6 +35,7 @@ use mcm_driver::{SpecError, SpecProblem};
 pub struct AwsDriver {
     sdk: SdkConfig,
     config: AwsDriverConfig,
+    credentials: crate::credentials::Providers,
 }
 
 /// What one driver call works with.
@@ -49,7 +50,11 @@ impl AwsDriver {
     /// A driver with explicit settings (e.g. an endpoint override for tests).
     pub async fn new(config: AwsDriverConfig) -> AwsDriver {
         let sdk = client::load_sdk_config(&config).await;
-        AwsDriver { sdk, config }
+        AwsDriver {
+            sdk,
+            config,
+            credentials: Default::default(),
+        }
     }
 
     /// A driver with default settings; the endpoint follows `AWS_ENDPOINT_URL_EC2` /
@@ -116,10 +121,25 @@ impl AwsDriver {
                 }],
             })
         })?;
-        let key = spec::access_key(secret).ok_or_else(|| {
-            DriverError::invalid_argument("the secret has no AWS access key".to_string())
+        let auth = spec::auth(secret).ok_or_else(|| {
+            DriverError::invalid_argument(
+                "the secret has neither an AWS access key nor workload identity".to_string(),
+            )
         })?;
-        let ec2 = client::ec2_client(&self.sdk, &spec.region, &key, request_id);
+        if let spec::Auth::WebIdentity { token_file, .. } = &auth
+            && let Err(e) = std::fs::metadata(token_file)
+        {
+            return Err(DriverError::new(
+                Code::Unauthenticated,
+                format!(
+                    "the workload identity token file {} of the secret cannot be read: {e} (request id {request_id})",
+                    token_file.display()
+                ),
+            )
+            .with_source(e));
+        }
+        let credentials = self.credentials.of(&self.sdk, &auth, &spec.region);
+        let ec2 = client::ec2_client(&self.sdk, &spec.region, credentials, request_id);
         Ok(Call {
             ec2,
             spec,
@@ -197,6 +217,162 @@ impl AwsDriver {
         }
     }
 
+    /// The instance of a machine: by the providerID's instance id when one is recorded (tags
+    /// can be changed by anyone, and a lookup by id does not depend on them), else by tags
+    /// ([`Self::the_instance_of`]). A terminated (or terminating) instance is `NotFound`.
+    async fn instance_of_machine(
+        &self,
+        call: &Call<'_>,
+        machine: &Machine,
+    ) -> Result<Instance, DriverError> {
+        let name = machine_name(machine)?;
+        let Some(provider_id) = recorded_provider_id(machine) else {
+            return self.the_instance_of(call, name).await;
+        };
+        let id = decode_provider_id(provider_id)
+            .map_err(|e| DriverError::invalid_argument(e.to_string()).with_source(e))?;
+        match self.instance_by_id(call, id).await? {
+            Some(i) if !is_terminal(&i) => Ok(i),
+            found => Err(DriverError::not_found(format!(
+                "instance {id} of machine {name} ({provider_id}) {} in {} (request id {})",
+                if found.is_some() {
+                    "is terminated"
+                } else {
+                    "does not exist"
+                },
+                call.spec.region,
+                call.request_id
+            ))),
+        }
+    }
+
+    /// `DescribeInstances` of one instance id; `None` when EC2 does not know it.
+    async fn instance_by_id(
+        &self,
+        call: &Call<'_>,
+        instance_id: &str,
+    ) -> Result<Option<Instance>, DriverError> {
+        match call
+            .ec2
+            .describe_instances()
+            .instance_ids(instance_id)
+            .send()
+            .await
+        {
+            Ok(out) => Ok(out
+                .reservations()
+                .iter()
+                .flat_map(|r| r.instances())
+                .find(|i| i.instance_id() == Some(instance_id))
+                .cloned()),
+            Err(e) => {
+                let e = from_sdk("DescribeInstances", call.request_id, e);
+                if e.is_not_found() { Ok(None) } else { Err(e) }
+            }
+        }
+    }
+
+    /// Waits, polling `DescribeInstances` by id with a growing pause, until EC2 lists the
+    /// instance it just launched (its reads are eventually consistent). `Unavailable` after
+    /// the driver's `visibility_timeout`: the retry of the create, with the same client token,
+    /// gets the same instance and waits again.
+    async fn await_listed(
+        &self,
+        call: &Call<'_>,
+        instance_id: &str,
+    ) -> Result<Instance, DriverError> {
+        let deadline = tokio::time::Instant::now() + self.config.visibility_timeout;
+        let mut pause = std::time::Duration::from_millis(200);
+        loop {
+            if let Some(i) = self.instance_by_id(call, instance_id).await? {
+                return Ok(i);
+            }
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Err(DriverError::new(
+                    Code::Unavailable,
+                    format!(
+                        "instance {instance_id} was launched but EC2 did not list it within {}s; the retry finds the same instance by its client token (request id {})",
+                        self.config.visibility_timeout.as_secs(),
+                        call.request_id
+                    ),
+                ));
+            }
+            debug!(instance = instance_id, request_id = %call.request_id, "launched instance not listed yet");
+            tokio::time::sleep(pause.min(deadline - now)).await;
+            pause = (pause * 2).min(std::time::Duration::from_secs(2));
+        }
+    }
+
+    /// `RunInstances` with the attempt's client token, then [`Self::await_listed`]. A token
+    /// whose instance terminated already (EC2 answers a used token with its instance, even a
+    /// terminated one) is followed by the next generation's token (`<key>-1`, ...): the
+    /// sequence is the same after a restart, so a crash in between never launches twice.
+    async fn launch(
+        &self,
+        call: &Call<'_>,
+        request: &aws_sdk_ec2::operation::run_instances::builders::RunInstancesFluentBuilder,
+        key: &str,
+    ) -> Result<Instance, DriverError> {
+        let mut gone = Vec::new();
+        for generation in 0..MAX_GENERATIONS {
+            let token = launch::client_token(key, generation);
+            let out = request
+                .clone()
+                .client_token(&token)
+                .send()
+                .await
+                .map_err(|e| from_sdk("RunInstances", call.request_id, e))
+                .map_err(|e| {
+                    if e.code == Code::AlreadyExists {
+                        // The token launched an instance with other parameters (the class or
+                        // the user data changed between retries): that instance exists, and
+                        // the next attempt adopts it once EC2 lists it by its tags.
+                        DriverError::new(
+                            Code::Unavailable,
+                            format!(
+                                "an instance was launched for this creation attempt (client token {token}) with other parameters; it is adopted once EC2 lists it: {}",
+                                e.message
+                            ),
+                        )
+                        .with_source(e)
+                    } else {
+                        e
+                    }
+                })?;
+            let id = out
+                .instances()
+                .first()
+                .and_then(|i| i.instance_id())
+                .ok_or_else(|| {
+                    DriverError::internal(format!(
+                        "RunInstances returned no instance (request id {})",
+                        call.request_id
+                    ))
+                })?
+                .to_string();
+            let instance = self.await_listed(call, &id).await?;
+            if !is_terminal(&instance) {
+                return Ok(instance);
+            }
+            let reason = instance
+                .state_reason()
+                .and_then(|r| r.message())
+                .unwrap_or("no reason given");
+            warn!(instance = %id, client_token = %token, reason, request_id = %call.request_id,
+                "the instance of this client token terminated; launching the next one");
+            gone.push(format!("{id} ({reason})"));
+        }
+        Err(DriverError::new(
+            Code::ResourceExhausted,
+            format!(
+                "every instance launched for this machine terminated at once: {} (request id {})",
+                gone.join(", "),
+                call.request_id
+            ),
+        ))
+    }
+
     /// The root device name of the AMI; `InvalidArgument` when the AMI does not exist.
     async fn root_device_name(&self, call: &Call<'_>) -> Result<Option<String>, DriverError> {
         let out = call
@@ -218,28 +394,10 @@ impl AwsDriver {
     /// Whether the instance does not exist or is terminated already (terminating it again
     /// is pointless, and moto fails a second termination).
     async fn is_gone(&self, call: &Call<'_>, instance_id: &str) -> Result<bool, DriverError> {
-        match call
-            .ec2
-            .describe_instances()
-            .instance_ids(instance_id)
-            .send()
-            .await
-        {
-            Ok(out) => Ok(out
-                .reservations()
-                .iter()
-                .flat_map(|r| r.instances())
-                .all(|i| {
-                    matches!(
-                        i.state().and_then(|s| s.name()),
-                        Some(InstanceStateName::Terminated | InstanceStateName::ShuttingDown)
-                    )
-                })),
-            Err(e) => {
-                let e = from_sdk("DescribeInstances", call.request_id, e);
-                if e.is_not_found() { Ok(true) } else { Err(e) }
-            }
-        }
+        Ok(self
+            .instance_by_id(call, instance_id)
+            .await?
+            .is_none_or(|i| is_terminal(&i)))
     }
 
     async fn terminate(
@@ -279,6 +437,27 @@ impl AwsDriver {
             instance.instance_id().unwrap_or_default(),
         )
     }
+}
+
+/// Client tokens tried per creation attempt before giving up (each after the last one's
+/// instance terminated at once, e.g. for lack of capacity).
+const MAX_GENERATIONS: u32 = 5;
+
+/// Terminated or being terminated.
+fn is_terminal(instance: &Instance) -> bool {
+    matches!(
+        instance.state().and_then(|s| s.name()),
+        Some(InstanceStateName::Terminated | InstanceStateName::ShuttingDown)
+    )
+}
+
+/// The machine's recorded providerID, when it has one.
+fn recorded_provider_id(machine: &Machine) -> Option<&str> {
+    machine
+        .spec
+        .provider_id
+        .as_deref()
+        .filter(|p| !p.is_empty())
 }
 
 fn invalid(e: SpecError) -> DriverError {
@@ -351,26 +530,19 @@ impl Driver for AwsDriver {
             placement_annotation,
             user_data,
             root.as_deref(),
-            req.request_id.as_str(),
+            &launch::client_token(req.idempotency_key.as_str(), 0),
         )
         .map_err(|e| DriverError::invalid_argument(e.to_string()).with_source(e))?;
-        let out = request
-            .send()
-            .await
-            .map_err(|e| from_sdk("RunInstances", &req.request_id, e))?;
-        let instance = out.instances().first().ok_or_else(|| {
-            DriverError::internal(format!(
-                "RunInstances returned no instance (request id {})",
-                req.request_id
-            ))
-        })?;
-        let provider_id = self.provider_id(&call, instance);
-        info!(machine = name, %provider_id, request_id = %req.request_id, "instance created");
+        let instance = self
+            .launch(&call, &request, req.idempotency_key.as_str())
+            .await?;
+        let provider_id = self.provider_id(&call, &instance);
+        info!(machine = name, %provider_id, idempotency_key = %req.idempotency_key, request_id = %req.request_id, "instance created");
         Ok(CreateMachineResponse {
             provider_id,
-            node_name: launch::node_name(instance),
+            node_name: launch::node_name(&instance),
             last_known_state: None,
-            addresses: launch::addresses(instance),
+            addresses: launch::addresses(&instance),
         })
     }
 
@@ -380,7 +552,7 @@ impl Driver for AwsDriver {
     ) -> Result<InitializeMachineResponse, DriverError> {
         let name = machine_name(&req.machine)?;
         let call = self.call(&req.machine_class, &req.secret, &req.request_id, false)?;
-        let instance = self.the_instance_of(&call, name).await?;
+        let instance = self.instance_of_machine(&call, &req.machine).await?;
         let id = instance.instance_id().unwrap_or_default().to_string();
         for eni in launch::src_dst_checks_to_disable(&call.spec, &instance) {
             call.ec2
@@ -404,13 +576,7 @@ impl Driver for AwsDriver {
     ) -> Result<DeleteMachineResponse, DriverError> {
         let name = machine_name(&req.machine)?;
         let call = self.deletion_call(&req.machine_class, &req.secret, &req.request_id)?;
-        let ids = match req
-            .machine
-            .spec
-            .provider_id
-            .as_deref()
-            .filter(|p| !p.is_empty())
-        {
+        let ids = match recorded_provider_id(&req.machine) {
             Some(provider_id) => {
                 let id = decode_provider_id(provider_id)
                     .map_err(|e| DriverError::invalid_argument(e.to_string()).with_source(e))?;
@@ -435,9 +601,8 @@ impl Driver for AwsDriver {
         &self,
         req: GetMachineStatusRequest,
     ) -> Result<GetMachineStatusResponse, DriverError> {
-        let name = machine_name(&req.machine)?;
         let call = self.call(&req.machine_class, &req.secret, &req.request_id, false)?;
-        let instance = self.the_instance_of(&call, name).await?;
+        let instance = self.instance_of_machine(&call, &req.machine).await?;
         let provider_id = self.provider_id(&call, &instance);
         if launch::needs_initialization(&call.spec, &instance) {
             return Err(DriverError::new(

@@ -286,13 +286,23 @@ pub fn cpu_options(spec: &ProviderSpec) -> Option<CpuOptionsRequest> {
     )
 }
 
-/// The `ClientToken` of a request id (EC2 accepts at most 64 ASCII characters).
-pub fn client_token(request_id: &str) -> String {
-    request_id
+/// The `ClientToken` of a creation attempt's idempotency key: the key itself for the first
+/// instance of the attempt, `<key>-<n>` for the `n`-th one launched after the earlier ones
+/// terminated at once (EC2 keeps answering a used token with its instance, even a
+/// terminated one). At most 64 printable ASCII characters, as EC2 accepts.
+pub fn client_token(idempotency_key: &str, generation: u32) -> String {
+    let suffix = if generation == 0 {
+        String::new()
+    } else {
+        format!("-{generation}")
+    };
+    let mut token: String = idempotency_key
         .chars()
         .filter(char::is_ascii_graphic)
-        .take(MAX_CLIENT_TOKEN_LEN)
-        .collect()
+        .take(MAX_CLIENT_TOKEN_LEN - suffix.len())
+        .collect();
+    token.push_str(&suffix);
+    token
 }
 
 /// Fills a `RunInstances` request for one instance of `machine_name` (whose
@@ -304,7 +314,7 @@ pub fn run_instances_request(
     placement_annotation: Option<&str>,
     user_data: &[u8],
     root_device_name: Option<&str>,
-    request_id: &str,
+    client_token: &str,
 ) -> Result<RunInstancesFluentBuilder, LaunchError> {
     let tags = tags::resource_tags(&spec.tags, machine_name);
     let monitoring = spec.monitoring.then(|| {
@@ -317,7 +327,7 @@ pub fn run_instances_request(
         .instance_type(InstanceType::from(spec.machine_type.as_str()))
         .min_count(1)
         .max_count(1)
-        .client_token(client_token(request_id))
+        .client_token(client_token)
         .user_data(base64::engine::general_purpose::STANDARD.encode(user_data))
         .set_key_name(spec.key_name.clone().filter(|k| !k.is_empty()))
         .iam_instance_profile(iam_instance_profile(spec))
@@ -676,9 +686,18 @@ mod tests {
     }
 
     #[test]
-    fn client_tokens_are_bounded() {
-        assert_eq!(client_token(&"a".repeat(100)).len(), MAX_CLIENT_TOKEN_LEN);
-        assert_eq!(client_token("ab cd"), "abcd");
+    fn client_tokens_are_the_key_bounded_and_numbered() {
+        let key = "0b8e2f0c-6a1d-8c3e-9f00-1234567890ab";
+        assert_eq!(client_token(key, 0), key);
+        assert_eq!(client_token(key, 2), format!("{key}-2"));
+        assert_eq!(
+            client_token(&"a".repeat(100), 0).len(),
+            MAX_CLIENT_TOKEN_LEN
+        );
+        let long = client_token(&"a".repeat(100), 12);
+        assert_eq!(long.len(), MAX_CLIENT_TOKEN_LEN);
+        assert!(long.ends_with("-12"), "{long}");
+        assert_eq!(client_token("ab cd", 0), "abcd");
     }
 
     fn instance(id: &str, state: InstanceStateName, launched: i64) -> Instance {

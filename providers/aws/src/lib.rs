@@ -22,6 +22,7 @@
 #![warn(missing_docs)]
 
 pub mod client;
+pub mod credentials;
 pub mod driver;
 pub mod errors;
 pub mod launch;

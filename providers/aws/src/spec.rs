@@ -664,6 +664,50 @@ pub fn access_key(secret: &SecretData) -> Option<AccessKey> {
     })
 }
 
+/// How a secret lets the driver authenticate to AWS.
+#[derive(Clone, PartialEq, Eq)]
+pub enum Auth {
+    /// A static access key.
+    AccessKey(AccessKey),
+    /// Workload identity, as Gardener's provider does it: the web-identity token in
+    /// `workloadIdentityTokenFile` (a file gardenlet keeps fresh, read again on every refresh)
+    /// exchanged for temporary credentials of `roleARN` with STS `AssumeRoleWithWebIdentity`.
+    WebIdentity {
+        /// The IAM role to assume.
+        role_arn: String,
+        /// The path of the token file.
+        token_file: std::path::PathBuf,
+    },
+}
+
+impl fmt::Debug for Auth {
+    /// Never prints the secret.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Auth::AccessKey(k) => k.fmt(f),
+            Auth::WebIdentity {
+                role_arn,
+                token_file,
+            } => f
+                .debug_struct("WebIdentity")
+                .field("role_arn", role_arn)
+                .field("token_file", token_file)
+                .finish(),
+        }
+    }
+}
+
+/// The authentication of a secret: its access key, else its workload identity (both keys).
+pub fn auth(secret: &SecretData) -> Option<Auth> {
+    if let Some(key) = access_key(secret) {
+        return Some(Auth::AccessKey(key));
+    }
+    Some(Auth::WebIdentity {
+        role_arn: non_blank(secret, &[ROLE_ARN])?.to_string(),
+        token_file: non_blank(secret, &[WORKLOAD_IDENTITY_TOKEN_FILE])?.into(),
+    })
+}
+
 /// Every problem of the secret: credentials always, `userData` when `need_user_data`
 /// (creation; deletion and listing must work without it).
 pub fn validate_secret(secret: &SecretData, need_user_data: bool) -> Vec<SpecProblem> {
@@ -671,17 +715,24 @@ pub fn validate_secret(secret: &SecretData, need_user_data: bool) -> Vec<SpecPro
     let has_key = non_blank(secret, &[ACCESS_KEY_ID, ALT_ACCESS_KEY_ID]).is_some();
     let workload_identity = non_blank(secret, &[WORKLOAD_IDENTITY_TOKEN_FILE, ROLE_ARN]).is_some();
     if !has_key && workload_identity {
-        out.push(SpecProblem::new(
-            format!("secretRef.{WORKLOAD_IDENTITY_TOKEN_FILE}"),
-            format!(
-                "workload identity credentials ({ROLE_ARN} with {WORKLOAD_IDENTITY_TOKEN_FILE}) \
-                 are not supported yet; give {ALT_ACCESS_KEY_ID} and {ALT_SECRET_ACCESS_KEY}"
-            ),
-        ));
+        for (key, other) in [
+            (ROLE_ARN, WORKLOAD_IDENTITY_TOKEN_FILE),
+            (WORKLOAD_IDENTITY_TOKEN_FILE, ROLE_ARN),
+        ] {
+            if non_blank(secret, &[key]).is_none() {
+                out.push(SpecProblem::new(
+                    format!("secretRef.{key}"),
+                    format!("is required with {other} (workload identity)"),
+                ));
+            }
+        }
     } else if !has_key {
         out.push(SpecProblem::new(
             format!("secretRef.{ACCESS_KEY_ID}"),
-            format!("one of {ACCESS_KEY_ID} and {ALT_ACCESS_KEY_ID} is required"),
+            format!(
+                "one of {ACCESS_KEY_ID} and {ALT_ACCESS_KEY_ID} is required (or {ROLE_ARN} with \
+                 {WORKLOAD_IDENTITY_TOKEN_FILE} for workload identity)"
+            ),
         ));
     }
     if !workload_identity

@@ -218,7 +218,7 @@ fn credentials(file: &str) -> mcm_driver::SecretData {
 }
 
 #[test]
-fn the_static_key_secret_is_served_and_workload_identity_refused_by_name() {
+fn the_static_key_and_the_workload_identity_secrets_are_served() {
     let fields = |file: &str| -> Vec<(String, String)> {
         spec::validate_secret(&credentials(file), true)
             .into_iter()
@@ -226,15 +226,26 @@ fn the_static_key_secret_is_served_and_workload_identity_refused_by_name() {
             .collect()
     };
     assert_eq!(fields("secret"), Vec::<(String, String)>::new());
-    let key = spec::access_key(&credentials("secret")).expect("access key");
-    assert_eq!(key.id, "AKIAIOSFODNN7EXAMPLE");
-    // Workload identity is not served yet (issue 33): refused naming the keys it would use,
-    // never read as "no access key".
-    let refused = fields("secret-workload-identity");
-    assert_eq!(refused.len(), 1, "{refused:?}");
-    assert_eq!(refused[0].0, "secretRef.workloadIdentityTokenFile");
-    assert!(
-        refused[0].1.contains("roleARN") && refused[0].1.contains("not supported yet"),
-        "{refused:?}"
+    match spec::auth(&credentials("secret")) {
+        Some(spec::Auth::AccessKey(key)) => assert_eq!(key.id, "AKIAIOSFODNN7EXAMPLE"),
+        other => panic!("an access key, not {other:?}"),
+    }
+    // Workload identity: the role and the token file the extension writes.
+    assert_eq!(
+        fields("secret-workload-identity"),
+        Vec::<(String, String)>::new()
     );
+    match spec::auth(&credentials("secret-workload-identity")) {
+        Some(spec::Auth::WebIdentity {
+            role_arn,
+            token_file,
+        }) => {
+            assert_eq!(role_arn, "arn:aws:iam::123456789012:role/gardener-shoot");
+            assert_eq!(
+                token_file,
+                std::path::PathBuf::from("/var/run/secrets/gardener.cloud/workload-identity/token")
+            );
+        }
+        other => panic!("workload identity, not {other:?}"),
+    }
 }

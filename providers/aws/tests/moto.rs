@@ -10,12 +10,12 @@ use std::time::Duration;
 
 use aws_sdk_ec2::types::{Filter, ResourceType, Tag, TagSpecification};
 use base64::Engine as _;
-use common::{REGION, World, moto};
+use common::{Moto, REGION, World, lagging_moto, moto};
 use mcm_api::{Machine, MachineClass};
 use mcm_driver::{
     Code, CreateMachineRequest, DeleteMachineRequest, Driver, DriverError, GetMachineStatusRequest,
-    GetVolumeIdsRequest, InitializeMachineRequest, ListMachinesRequest, RequestId, ResourceKind,
-    SecretData,
+    GetVolumeIdsRequest, IdempotencyKey, InitializeMachineRequest, ListMachinesRequest, RequestId,
+    ResourceKind, SecretData,
 };
 use mcm_provider_aws::{AwsDriver, AwsDriverConfig, REQUEST_ID_HEADER, decode_provider_id};
 use serde_json::{Value, json};
@@ -55,6 +55,49 @@ fn machine(name: &str, provider_id: Option<&str>) -> Machine {
     m
 }
 
+/// A driver for moto server `m` that waits `visibility` for launched instances to be listed.
+async fn driver_in(m: &Moto, visibility: Duration) -> AwsDriver {
+    AwsDriver::new(AwsDriverConfig {
+        endpoint_url: Some(m.url.clone()),
+        max_attempts: Some(1),
+        visibility_timeout: visibility,
+        ..Default::default()
+    })
+    .await
+}
+
+/// One creation attempt's call (a retry passes the same `key`).
+async fn create_keyed(
+    d: &AwsDriver,
+    c: &MachineClass,
+    name: &str,
+    key: &IdempotencyKey,
+) -> Result<mcm_driver::CreateMachineResponse, DriverError> {
+    d.create_machine(CreateMachineRequest {
+        machine: machine(name, None),
+        machine_class: c.clone(),
+        secret: secret(),
+        request_id: RequestId::generate(),
+        idempotency_key: key.clone(),
+    })
+    .await
+}
+
+/// The status of machine `m` (with its providerID, if it has one).
+async fn status_of(
+    d: &AwsDriver,
+    c: &MachineClass,
+    m: Machine,
+) -> Result<mcm_driver::GetMachineStatusResponse, DriverError> {
+    d.get_machine_status(GetMachineStatusRequest {
+        machine: m,
+        machine_class: c.clone(),
+        secret: secret(),
+        request_id: RequestId::generate(),
+    })
+    .await
+}
+
 async fn create(
     d: &AwsDriver,
     c: &MachineClass,
@@ -65,6 +108,7 @@ async fn create(
         machine_class: c.clone(),
         secret: secret(),
         request_id: RequestId::generate(),
+        idempotency_key: IdempotencyKey::random(),
     })
     .await
 }
@@ -542,6 +586,7 @@ async fn errors_from_moto_and_from_validation_map_to_codes() {
             machine_class: class(json!({ "region": REGION, "tags": {} })),
             secret: SecretData::default(),
             request_id: RequestId::generate(),
+            idempotency_key: IdempotencyKey::random(),
         })
         .await
         .unwrap_err();
@@ -691,4 +736,178 @@ async fn throttling_capacity_and_auth_errors_map_and_every_request_carries_the_r
             );
         }
     }
+}
+
+#[tokio::test]
+async fn one_creation_attempt_launches_one_instance_while_describe_lags_behind() {
+    let m = lagging_moto();
+    let w = World::new_in(m, "lag").await;
+    let c = class(w.provider_spec());
+    let key = IdempotencyKey::for_creation("uid-lag-1", "2026-11-26T18:00:00Z");
+    // EC2 launches the instance but lists it only later: a create that cannot wait that long
+    // fails with a retryable code instead of reporting a VM nobody can find.
+    let impatient = driver_in(m, Duration::from_millis(300)).await;
+    let e = create_keyed(&impatient, &c, "lag-1", &key)
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, Code::Unavailable, "{e}");
+    assert!(e.message.contains("did not list it"), "{e}");
+    // The retry of the same attempt (the controller found nothing by tags, or restarted):
+    // the same client token, so EC2 answers with the same instance and launches nothing.
+    let patient = driver_in(m, Duration::from_secs(30)).await;
+    let created = create_keyed(&patient, &c, "lag-1", &key).await.unwrap();
+    assert_eq!(
+        w.launched_per_machine(),
+        std::collections::BTreeMap::from([("lag-1".to_string(), 1)]),
+        "one instance for one attempt"
+    );
+    // Created means listed: its status is found by the recorded id at once.
+    let s = status_of(&patient, &c, machine("lag-1", Some(&created.provider_id)))
+        .await
+        .unwrap();
+    assert_eq!(s.provider_id, created.provider_id);
+    delete(&patient, &c, "lag-1", Some(&created.provider_id))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_recorded_provider_id_finds_the_instance_by_its_id_not_its_tags() {
+    let w = World::new("by-id").await;
+    let d = driver(1000).await;
+    let c = class(w.provider_spec());
+    let created = create(&d, &c, "by-id-1").await.unwrap();
+    let id = decode_provider_id(&created.provider_id)
+        .unwrap()
+        .to_string();
+    // Tags are anyone's to change; the recorded id is the machine's own.
+    moto()
+        .ec2()
+        .delete_tags()
+        .resources(&id)
+        .tags(Tag::builder().key("Name").build())
+        .send()
+        .await
+        .unwrap();
+    let recorded = machine("by-id-1", Some(&created.provider_id));
+    let s = status_of(&d, &c, recorded.clone()).await.unwrap();
+    assert_eq!(s.provider_id, created.provider_id);
+    assert_eq!(
+        status(&d, &c, "by-id-1").await.unwrap_err().code,
+        Code::NotFound,
+        "by tags it cannot be found any more"
+    );
+    d.initialize_machine(InitializeMachineRequest {
+        machine: recorded.clone(),
+        machine_class: c.clone(),
+        secret: secret(),
+        request_id: RequestId::generate(),
+    })
+    .await
+    .unwrap();
+    // Terminated: gone, also by its id.
+    delete(&d, &c, "by-id-1", Some(&created.provider_id))
+        .await
+        .unwrap();
+    let gone = status_of(&d, &c, recorded).await.unwrap_err();
+    assert_eq!(gone.code, Code::NotFound, "{gone}");
+    assert!(gone.message.contains("terminated"), "{gone}");
+}
+
+#[tokio::test]
+async fn a_client_token_whose_instance_terminated_at_once_launches_the_next_one() {
+    let w = World::new("generations").await;
+    let d = driver(1000).await;
+    let c = class(w.provider_spec());
+    let key = IdempotencyKey::for_creation("uid-gen-1", "2026-11-26T18:00:00Z");
+    let first = create_keyed(&d, &c, "gen-1", &key).await.unwrap();
+    // The instance terminates at once (e.g. EC2 had no capacity after all); EC2 keeps
+    // answering the token with it, so the retry of the attempt takes the next token.
+    moto()
+        .ec2()
+        .terminate_instances()
+        .instance_ids(decode_provider_id(&first.provider_id).unwrap())
+        .send()
+        .await
+        .unwrap();
+    let second = create_keyed(&d, &c, "gen-1", &key).await.unwrap();
+    assert_ne!(second.provider_id, first.provider_id);
+    assert_eq!(w.live_per_machine().get("gen-1"), Some(&1));
+    // And again where the lookup by tags cannot help (its Name tag is gone, as if EC2 did
+    // not list it yet): the same sequence of tokens ends at the same instance.
+    moto()
+        .ec2()
+        .delete_tags()
+        .resources(decode_provider_id(&second.provider_id).unwrap())
+        .tags(Tag::builder().key("Name").build())
+        .send()
+        .await
+        .unwrap();
+    let third = create_keyed(&d, &c, "gen-1", &key).await.unwrap();
+    assert_eq!(third.provider_id, second.provider_id);
+    assert_eq!(
+        w.launched_per_machine().values().sum::<usize>(),
+        2,
+        "{:?}",
+        w.launched_per_machine()
+    );
+    delete(&d, &c, "gen-1", Some(&second.provider_id))
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn workload_identity_assumes_the_role_with_the_token_in_the_file() {
+    let w = World::new("wi").await;
+    let d = driver(1000).await;
+    let c = class(w.provider_spec());
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    let wi_secret = |file: &std::path::Path| {
+        SecretData::from_pairs([
+            ("roleARN", "arn:aws:iam::123456789012:role/gardener-shoot"),
+            ("workloadIdentityTokenFile", file.to_str().unwrap()),
+            ("userData", USER_DATA),
+        ])
+    };
+    let status_with = |secret: SecretData| {
+        let (d, c) = (d.clone(), c.clone());
+        async move {
+            d.get_machine_status(GetMachineStatusRequest {
+                machine: machine("wi-1", None),
+                machine_class: c,
+                secret,
+                request_id: RequestId::generate(),
+            })
+            .await
+        }
+    };
+    // Before gardenlet wrote the token: a clear authentication error naming the file.
+    let e = status_with(wi_secret(&token_file)).await.unwrap_err();
+    assert_eq!(e.code, Code::Unauthenticated, "{e}");
+    assert!(e.message.contains(token_file.to_str().unwrap()), "{e}");
+    // With the token, the driver works without any access key: STS (moto) gave it
+    // temporary credentials of the role.
+    std::fs::write(&token_file, "eyJhbGciOiJSUzI1NiJ9.e30.c2ln\n").unwrap();
+    let created = d
+        .create_machine(CreateMachineRequest {
+            machine: machine("wi-1", None),
+            machine_class: c.clone(),
+            secret: wi_secret(&token_file),
+            request_id: RequestId::generate(),
+            idempotency_key: IdempotencyKey::random(),
+        })
+        .await
+        .unwrap();
+    let s = status_with(wi_secret(&token_file)).await.unwrap();
+    assert_eq!(s.provider_id, created.provider_id);
+    d.delete_machine(DeleteMachineRequest {
+        machine: machine("wi-1", Some(&created.provider_id)),
+        machine_class: c.clone(),
+        secret: wi_secret(&token_file),
+        request_id: RequestId::generate(),
+    })
+    .await
+    .unwrap();
+    assert!(w.live_instances().await.is_empty());
 }

@@ -10,8 +10,8 @@ use fake_arm::{FakeArm, allocation_failed_message, sku_not_available_message};
 use mcm_api::{Machine, MachineClass};
 use mcm_driver::{
     Code, CreateMachineRequest, CreateMachineResponse, DeleteMachineRequest, Driver, DriverError,
-    GetMachineStatusRequest, GetMachineStatusResponse, GetVolumeIdsRequest, ListMachinesRequest,
-    RequestId, ResourceKind, ResourceState, SecretData,
+    GetMachineStatusRequest, GetMachineStatusResponse, GetVolumeIdsRequest, IdempotencyKey,
+    ListMachinesRequest, RequestId, ResourceKind, ResourceState, SecretData,
 };
 use mcm_provider_azure::{AzureDriver, AzureDriverConfig, CloudEndpoints};
 use serde_json::{Value, json};
@@ -106,6 +106,7 @@ async fn create_with(
         machine_class: c.clone(),
         secret: secret(),
         request_id,
+        idempotency_key: IdempotencyKey::random(),
     })
     .await
 }
@@ -412,6 +413,7 @@ async fn workload_identity_sends_the_federated_token_and_follows_its_refresh() {
             machine_class: class(spec()),
             secret: wi_secret.clone(),
             request_id: RequestId::generate(),
+            idempotency_key: IdempotencyKey::random(),
         })
     };
     create_wi("m-0").await.unwrap();

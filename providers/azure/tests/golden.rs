@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use fake_arm::FakeArm;
 use mcm_api::{Machine, MachineClass};
-use mcm_driver::{CreateMachineRequest, Driver, RequestId, SecretData};
+use mcm_driver::{CreateMachineRequest, Driver, IdempotencyKey, RequestId, SecretData};
 use mcm_provider_azure::{AzureDriver, AzureDriverConfig, spec};
 use mcm_testenv::kit::assert_golden;
 use serde_json::{Value, json};
@@ -118,6 +118,7 @@ async fn creation_requests(pool: &str) -> Value {
             machine_class: c.clone(),
             secret,
             request_id: RequestId::generate(),
+            idempotency_key: IdempotencyKey::random(),
         })
         .await
         .unwrap_or_else(|e| panic!("{pool}: create: {e}"));

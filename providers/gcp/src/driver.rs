@@ -17,8 +17,8 @@ use mcm_api::{Machine, MachineClass};
 use mcm_driver::{
     Code, CreateMachineRequest, CreateMachineResponse, DeleteMachineRequest, DeleteMachineResponse,
     Driver, DriverError, GetMachineStatusRequest, GetMachineStatusResponse, GetVolumeIdsRequest,
-    GetVolumeIdsResponse, ListMachinesRequest, ListMachinesResponse, RequestId, SecretData,
-    USER_DATA_KEY,
+    GetVolumeIdsResponse, IdempotencyKey, ListMachinesRequest, ListMachinesResponse, RequestId,
+    SecretData, USER_DATA_KEY,
 };
 use tracing::{debug, info};
 
@@ -205,13 +205,16 @@ impl GcpDriver {
     }
 
     /// Inserts the instance and waits for the operation; an instance of that name that is
-    /// already the cluster's is taken as created.
+    /// already the cluster's is taken as created. The creation attempt's idempotency key is
+    /// the insert's `requestId`: Compute answers a repeated insert with the first one's
+    /// operation (for at least an hour) instead of running it again.
     async fn insert(
         &self,
         call: &Call,
         spec: &ProviderSpec,
         r: &InstanceRef,
         body: Instance,
+        idempotency_key: &IdempotencyKey,
     ) -> Result<(), DriverError> {
         let context = format!("creating VM {}", r.provider_id());
         let tags = ClusterTags::from_tags(&spec.tags);
@@ -220,7 +223,7 @@ impl GcpDriver {
             .insert()
             .set_project(&r.project)
             .set_zone(&r.zone)
-            .set_request_id(gce_request_id(&call.request_id))
+            .set_request_id(idempotency_key.as_str())
             .set_body(body)
             .with_user_agent(call.user_agent())
             // The requestId makes a repeated insert return the first one's operation.
@@ -300,7 +303,8 @@ impl Driver for GcpDriver {
         .map_err(|e| {
             DriverError::internal(format!("building the instance of {name}: {e}")).with_source(e)
         })?;
-        self.insert(&call, &spec, &r, body).await?;
+        self.insert(&call, &spec, &r, body, &req.idempotency_key)
+            .await?;
         let provider_id = r.provider_id();
         let created = self.get(&call, &r).await.map_err(|e| {
             e.into_driver_error(&format!("reading VM {provider_id}"), &call.request_id)

@@ -10,8 +10,8 @@ use fake_compute::{FakeCompute, Fault, service_account_json};
 use mcm_api::{Machine, MachineClass};
 use mcm_driver::{
     Code, CreateMachineRequest, CreateMachineResponse, DeleteMachineRequest, Driver, DriverError,
-    GetMachineStatusRequest, GetMachineStatusResponse, GetVolumeIdsRequest, ListMachinesRequest,
-    RequestId, ResourceKind, ResourceState, SecretData,
+    GetMachineStatusRequest, GetMachineStatusResponse, GetVolumeIdsRequest, IdempotencyKey,
+    ListMachinesRequest, RequestId, ResourceKind, ResourceState, SecretData,
 };
 use mcm_provider_gcp::{GcpDriver, GcpDriverConfig};
 use serde_json::{Value, json};
@@ -85,13 +85,14 @@ async fn create_with(
     d: &GcpDriver,
     c: &MachineClass,
     name: &str,
-    request_id: RequestId,
+    idempotency_key: IdempotencyKey,
 ) -> Result<CreateMachineResponse, DriverError> {
     d.create_machine(CreateMachineRequest {
         machine: machine(name, None),
         machine_class: c.clone(),
         secret: secret(),
-        request_id,
+        request_id: RequestId::generate(),
+        idempotency_key,
     })
     .await
 }
@@ -101,7 +102,7 @@ async fn create(
     c: &MachineClass,
     name: &str,
 ) -> Result<CreateMachineResponse, DriverError> {
-    create_with(d, c, name, RequestId::generate()).await
+    create_with(d, c, name, IdempotencyKey::random()).await
 }
 
 async fn status(
@@ -267,13 +268,26 @@ async fn create_is_idempotent() {
     let fake = FakeCompute::start(PROJECT, EMAIL).await;
     let d = driver(&fake);
     let c = class(spec());
-    // The same request id again (the client's or the controller's retry of one call): GCE
-    // answers with the first operation and creates nothing.
-    let id = RequestId::generate();
-    let first = create_with(&d, &c, "m-1", id.clone()).await.unwrap();
-    let again = create_with(&d, &c, "m-1", id).await.unwrap();
+    // The same creation attempt again (a retry of it, also after a controller restart): its
+    // idempotency key is the insert's requestId, so GCE answers with the first operation and
+    // creates nothing.
+    let key = IdempotencyKey::for_creation("uid-1", "2026-11-26T18:00:00Z");
+    let first = create_with(&d, &c, "m-1", key.clone()).await.unwrap();
+    fake.clear_request_log();
+    let again = create_with(&d, &c, "m-1", key.clone()).await.unwrap();
     assert_eq!(again.provider_id, first.provider_id);
-    // A new request id (a retry after a crash): the name is taken, the instance is the
+    let inserts: Vec<_> = fake
+        .request_log()
+        .into_iter()
+        .filter(|r| r.method == "POST")
+        .map(|r| r.query_param("requestId").map(String::from))
+        .collect();
+    assert_eq!(
+        inserts,
+        vec![Some(key.to_string())],
+        "the key is the requestId"
+    );
+    // A new attempt (the last one was refused): the name is taken, the instance is the
     // cluster's, so it is the machine's VM.
     let after_crash = create(&d, &c, "m-1").await.unwrap();
     assert_eq!(after_crash.provider_id, first.provider_id);
@@ -400,6 +414,7 @@ async fn a_bad_class_is_refused_with_every_problem_before_any_call() {
             machine_class: class(spec()),
             secret: no_user_data,
             request_id: RequestId::generate(),
+            idempotency_key: IdempotencyKey::random(),
         })
         .await
         .unwrap_err();

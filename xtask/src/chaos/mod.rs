@@ -111,6 +111,10 @@ struct Report {
     unfreezes: usize,
     handover: Option<handover::Figures>,
     corpus: Option<corpus::Figures>,
+    /// Samples of the VMs per machine taken during the kill trials, and the moments in them
+    /// when a machine had two VMs.
+    vm_samples: usize,
+    doubled_vms: usize,
 }
 
 impl Report {
@@ -121,6 +125,10 @@ impl Report {
         println!("|---|---|");
         println!("| kill trials | {} |", self.trials);
         println!("| controller processes SIGKILLed | {} |", self.kills);
+        println!(
+            "| moments with two VMs for one machine (of {} samples during the kill trials) | {} |",
+            self.vm_samples, self.doubled_vms
+        );
         for (op, n) in &self.by_operation {
             println!("| trials during {op} | {n} |");
         }
@@ -176,6 +184,11 @@ pub struct Plan {
     /// Machines of the rollout under cloud faults (0: skip it).
     #[arg(long, default_value_t = 30)]
     pub fault_machines: usize,
+    /// SIGKILLs of `machine-controller-aws` right after a `RunInstances` reached EC2 (moto
+    /// with EC2's describe lag), each checked for a second instance of one machine at any
+    /// moment (0: skip them; the test suite runs 3).
+    #[arg(long, default_value_t = 30)]
+    pub aws_creation_kills: usize,
     /// Apply the bad-input corpus (`--corpus=false` skips it).
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub corpus: bool,
@@ -194,8 +207,13 @@ pub fn run(plan: &Plan) -> Result<()> {
         .seed
         .unwrap_or_else(|| jiff::Timestamp::now().as_second().unsigned_abs());
     println!(
-        "chaos: seed {seed}, {} kill trial(s), {} partition(s), {} leader hand-over(s), cloud-fault run of {} machine(s), bad-input corpus: {}",
-        plan.trials, plan.partitions, plan.handovers, plan.fault_machines, plan.corpus
+        "chaos: seed {seed}, {} kill trial(s), {} partition(s), {} leader hand-over(s), cloud-fault run of {} machine(s), bad-input corpus: {}, AWS creation kills: {}",
+        plan.trials,
+        plan.partitions,
+        plan.handovers,
+        plan.fault_machines,
+        plan.corpus,
+        plan.aws_creation_kills
     );
     let bins = env::prepare_binaries()?;
     let stamp = jiff::Timestamp::now().as_second();
@@ -232,7 +250,37 @@ pub fn run(plan: &Plan) -> Result<()> {
     } else {
         let _ = std::fs::remove_dir_all(&logs);
     }
-    result
+    result?;
+    if plan.aws_creation_kills > 0 {
+        aws_creation_kills(plan.aws_creation_kills)?;
+    }
+    Ok(())
+}
+
+/// The creation crash trial of the AWS provider against moto
+/// (`bins/machine-controller-aws/tests/e2e.rs`), with `kills` SIGKILLs.
+fn aws_creation_kills(kills: usize) -> Result<()> {
+    println!("chaos: {kills} SIGKILL(s) of machine-controller-aws right after RunInstances");
+    let status = std::process::Command::new(env!("CARGO"))
+        .args([
+            "test",
+            "--locked",
+            "-p",
+            "machine-controller-aws",
+            "--test",
+            "e2e",
+            "--",
+            "--exact",
+            "sigkills_after_run_instances_never_make_a_second_instance",
+            "--nocapture",
+        ])
+        .env("MCM_AWS_CREATION_KILLS", kills.to_string())
+        .status()
+        .context("running cargo test for the AWS creation trial")?;
+    if !status.success() {
+        bail!("the AWS creation crash trial failed ({status})");
+    }
+    Ok(())
 }
 
 async fn suite(
@@ -300,13 +348,72 @@ async fn kill_trials(
     let mut rng = StdRng::seed_from_u64(seed);
     ctx.create_class(CLASS, json!({})).await?;
     ctx.start_controllers(&timings(), None).await?;
-    let mut replicas = 3;
-    // The template revision of the last rollout (a recreated deployment has none).
-    let mut rev: Option<String> = None;
+    let replicas = 3;
     ctx.create_deployment(DEPLOYMENT, replicas, CLASS).await?;
     ctx.await_fleet(replicas as usize, None).await?;
+    // Sampled all along, not only after each trial: a second VM that a later deletion
+    // removes would be invisible at the end.
+    let sampler = VmSampler::start(ctx.state.root().to_path_buf());
+    let outcome = run_kill_trials(ctx, &mut rng, trials, replicas, report).await;
+    let (samples, doubled) = sampler.stop().await;
+    report.vm_samples += samples;
+    report.doubled_vms += doubled.len();
+    report.violations.extend(
+        doubled
+            .into_iter()
+            .map(|d| format!("two VMs for one machine: {d}")),
+    );
+    outcome?;
+    if report.violations.is_empty() {
+        idle_requests(ctx, report).await?;
+    }
+    Ok(())
+}
+
+/// Samples the live VMs of a state directory every 100 ms and keeps the moments when a
+/// machine had more than one.
+struct VmSampler {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: tokio::task::JoinHandle<(usize, Vec<String>)>,
+}
+
+impl VmSampler {
+    fn start(root: std::path::PathBuf) -> VmSampler {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let task = tokio::task::spawn_blocking(move || {
+            let (mut samples, mut doubled) = (0, Vec::new());
+            while !flag.load(std::sync::atomic::Ordering::SeqCst) {
+                for (machine, n) in env::vm_processes_per_machine(&root) {
+                    if n > 1 {
+                        doubled.push(format!("{machine} had {n} live VMs"));
+                    }
+                }
+                samples += 1;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            (samples, doubled)
+        });
+        VmSampler { stop, task }
+    }
+
+    async fn stop(self) -> (usize, Vec<String>) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        self.task.await.unwrap_or_default()
+    }
+}
+
+async fn run_kill_trials(
+    ctx: &mut Ctx<'_>,
+    rng: &mut StdRng,
+    trials: usize,
+    mut replicas: i32,
+    report: &mut Report,
+) -> Result<()> {
+    // The template revision of the last rollout (a recreated deployment has none).
+    let mut rev: Option<String> = None;
     for i in 0..trials {
-        let trial = Trial::draw(&mut rng);
+        let trial = Trial::draw(rng);
         let began = Instant::now();
         replicas = trial.replicas_after(replicas);
         println!(
@@ -348,9 +455,6 @@ async fn kill_trials(
             .entry(format!("{:?}", trial.victim))
             .or_default() += 1;
         println!("           converged in {:.1}s", took.as_secs_f64());
-    }
-    if report.violations.is_empty() {
-        idle_requests(ctx, report).await?;
     }
     Ok(())
 }

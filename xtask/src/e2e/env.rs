@@ -2,6 +2,7 @@
 //! controller processes, VM processes, applying objects, bounded waits.
 
 use mcm_testenv::kit::{http_get, metric};
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -401,6 +402,24 @@ pub fn vm_processes(root: &Path) -> Vec<ProcessInfo> {
                 .is_some_and(|a| a.ends_with("local-node"))
         })
         .collect()
+}
+
+/// How many live `local-node` processes (VMs) each machine of state directory `root` has, by
+/// the machine's work directory (`<root>/vms/<machine>/`) on their command lines.
+pub fn vm_processes_per_machine(root: &Path) -> BTreeMap<String, usize> {
+    let vms = root.join("vms");
+    let prefix = format!("{}/", vms.display());
+    let mut out = BTreeMap::new();
+    for p in vm_processes(root) {
+        let machine = p.cmdline.split(' ').find_map(|arg| {
+            let rest = arg.strip_prefix(&prefix)?;
+            rest.split('/').next().filter(|m| !m.is_empty())
+        });
+        if let Some(machine) = machine {
+            *out.entry(machine.to_string()).or_default() += 1;
+        }
+    }
+    out
 }
 
 /// SIGKILLs every VM of a state directory: the recorded ones and any `local-node` process

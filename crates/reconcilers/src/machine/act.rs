@@ -15,7 +15,8 @@ use mcm_api::constants::{annotations, labels, node_conditions};
 use mcm_api::{Machine, MachineClass, MachineOperationType, MachinePhase};
 use mcm_driver::{
     Code, CreateMachineRequest, DeleteMachineRequest, DriverError, GetMachineStatusRequest,
-    GetMachineStatusResponse, InitializeMachineRequest, RequestId, SecretData, USER_DATA_KEY,
+    GetMachineStatusResponse, IdempotencyKey, InitializeMachineRequest, RequestId, SecretData,
+    USER_DATA_KEY,
 };
 use serde_json::json;
 
@@ -88,10 +89,19 @@ pub(crate) async fn patch_status(
     m: &Machine,
     patch: serde_json::Value,
 ) -> Result<(), Error> {
+    patch_status_for(ctx, m, patch).await.map(drop)
+}
+
+/// [`patch_status`], returning the Machine as written.
+async fn patch_status_for(
+    ctx: &Ctx,
+    m: &Machine,
+    patch: serde_json::Value,
+) -> Result<Machine, Error> {
     machine_api(ctx)
         .patch_status(&name(m), &PatchParams::default(), &Patch::Merge(&patch))
         .await
-        .map(|written| ctx.note_own_write(&written))
+        .inspect(|written| ctx.note_own_write(written))
         .map_err(|e| Error::kube("update machine status", e))
 }
 
@@ -402,19 +412,23 @@ async fn try_create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Ac
     }
     // Recorded before any request to the cloud: from now on a VM may exist, even if this
     // process dies before it learns the providerID, so deletion will need the class. Our
-    // finalizer goes with it when it is missing.
-    let first_request = super::observe::progress(m, progress::VM_REQUESTED).is_none();
+    // finalizer goes with it when it is missing. Its value identifies this creation attempt:
+    // every retry of it, also after a restart, sends the cloud the same idempotency key.
+    let recorded_request = m.annotations().get(progress::VM_REQUESTED).cloned();
+    let first_request = recorded_request.is_none();
+    let requested_at = recorded_request.unwrap_or_else(|| Timestamp::now().to_string());
+    let key = creation_key(m, &requested_at);
     let request_id = RequestId::generate();
     tracing::info!(%request_id, "looking for the machine's VM");
     let found = vm_status(ctx, m, &class, &secret, &request_id).await;
-    let (provider_id, node_name, adopted, last_known_state, addresses) = match found {
+    let (vm, adopted, initialized) = match found {
         Ok(s) => {
-            record_vm_request(ctx, m, false).await?;
-            (s.provider_id, s.node_name, true, None, s.addresses)
+            record_vm_request(ctx, m, None).await?;
+            (FoundVm::from(s), true, true)
         }
         Err(e) if matches!(e.code, Code::NotFound | Code::Unimplemented) => {
-            record_vm_request(ctx, m, first_request).await?;
-            tracing::info!(%request_id, "creating the VM");
+            record_vm_request(ctx, m, first_request.then_some(requested_at.as_str())).await?;
+            tracing::info!(%request_id, idempotency_key = %key, "creating the VM");
             let created = match ctx
                 .driver
                 .create_machine(CreateMachineRequest {
@@ -422,6 +436,7 @@ async fn try_create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Ac
                     machine_class: class.clone(),
                     secret: secret.clone(),
                     request_id: request_id.clone(),
+                    idempotency_key: key,
                 })
                 .await
             {
@@ -438,35 +453,27 @@ async fn try_create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Ac
             };
             let created_after = since(m.metadata.creation_timestamp.as_ref());
             record_duration(ctx, m, Timed::Create, created_after);
-            initialize(ctx, m, &class, &secret, &request_id).await?;
-            (
-                created.provider_id,
-                created.node_name,
-                false,
-                created.last_known_state,
-                created.addresses,
-            )
+            (FoundVm::from(created), false, false)
         }
         Err(e) if e.code == Code::Uninitialized => {
-            record_vm_request(ctx, m, false).await?;
+            // A VM found by the driver's own lookup (no providerID yet) that still needs its
+            // initialization, which also tells its providerID.
+            record_vm_request(ctx, m, None).await?;
             initialize(ctx, m, &class, &secret, &request_id).await?;
             let s = vm_status(ctx, m, &class, &secret, &request_id)
                 .await
                 .map_err(|source| Error::driver("get_machine_status", source))?;
-            (s.provider_id, s.node_name, true, None, s.addresses)
+            (FoundVm::from(s), true, true)
         }
         Err(e) => return Err(Error::driver("get_machine_status", e)),
     };
 
-    let patch = record_vm_patch(m, &provider_id, &node_name, ctx.settings.target_cluster);
-    // Without a target cluster the addresses come from the driver.
-    let addresses =
-        (!ctx.settings.target_cluster).then(|| status::address_status(&addresses, &node_name));
-    patch_machine(ctx, m, &patch, "record the machine's providerID").await?;
-    if let Some(p) =
-        status::driver_state_patch(m, last_known_state.as_deref(), addresses.as_deref())
-    {
-        patch_status(ctx, m, p).await?;
+    // The providerID is recorded before the VM is initialized: from here on the driver finds
+    // the VM by its id, and a crash or a failed initialization leaves a machine whose
+    // creation is finished by `finish_creation`.
+    let recorded = record_vm(ctx, m, &vm).await?;
+    if !initialized {
+        initialize(ctx, &recorded, &class, &secret, &request_id).await?;
     }
     // A created VM is announced by the Running Event that names it (an Event of its own
     // would cost a request per machine under the same QPS budget and say what `Running`
@@ -477,23 +484,142 @@ async fn try_create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Ac
                 &m.object_ref(&()),
                 ADOPTED,
                 "Create",
-                format!("Adopted existing VM {provider_id} for node {node_name}"),
+                format!(
+                    "Adopted existing VM {} for node {}",
+                    vm.provider_id, vm.node_name
+                ),
             )
             .await;
     }
     ctx.metrics.created(adopted);
-    // Pending is the next step (the patch above wakes the machine again).
-    Ok(Action::requeue(cfg.creation_timeout.min(RECHECK)))
+    settle_created(ctx, &recorded, cfg).await
 }
 
-/// Writes the `vm-requested` progress (when `first_request`) and our finalizer (when it is
-/// missing) in one patch, guarded by the resource version; nothing when both are there.
-async fn record_vm_request(ctx: &Ctx, m: &Machine, first_request: bool) -> Result<(), Error> {
+/// The creation attempt's idempotency key: the Machine's UID and its `vm-requested` record.
+fn creation_key(m: &Machine, requested_at: &str) -> IdempotencyKey {
+    let uid = m.uid().unwrap_or_else(|| name(m));
+    IdempotencyKey::for_creation(&uid, requested_at)
+}
+
+/// What the driver said of a created or found VM.
+struct FoundVm {
+    provider_id: String,
+    node_name: String,
+    last_known_state: Option<String>,
+    addresses: Vec<k8s_openapi::api::core::v1::NodeAddress>,
+}
+
+impl From<GetMachineStatusResponse> for FoundVm {
+    fn from(s: GetMachineStatusResponse) -> Self {
+        FoundVm {
+            provider_id: s.provider_id,
+            node_name: s.node_name,
+            last_known_state: None,
+            addresses: s.addresses,
+        }
+    }
+}
+
+impl From<mcm_driver::CreateMachineResponse> for FoundVm {
+    fn from(c: mcm_driver::CreateMachineResponse) -> Self {
+        FoundVm {
+            provider_id: c.provider_id,
+            node_name: c.node_name,
+            last_known_state: c.last_known_state,
+            addresses: c.addresses,
+        }
+    }
+}
+
+/// Records the VM on the Machine (providerID, `node` label, default priority; then what the
+/// driver reported in the status) and returns the Machine as written.
+async fn record_vm(ctx: &Ctx, m: &Machine, vm: &FoundVm) -> Result<Machine, Error> {
+    let patch = record_vm_patch(
+        m,
+        &vm.provider_id,
+        &vm.node_name,
+        ctx.settings.target_cluster,
+    );
+    let recorded = patch_machine_for(ctx, m, &patch, "record the machine's providerID").await?;
+    // Without a target cluster the addresses come from the driver.
+    let addresses = (!ctx.settings.target_cluster)
+        .then(|| status::address_status(&vm.addresses, &vm.node_name));
+    match status::driver_state_patch(
+        &recorded,
+        vm.last_known_state.as_deref(),
+        addresses.as_deref(),
+    ) {
+        Some(p) => patch_status_for(ctx, &recorded, p).await,
+        None => Ok(recorded),
+    }
+}
+
+/// The phase of a machine whose VM is recorded and initialized: Available without a target
+/// cluster, Running when its Node joined already (Pending would be a write nobody sees),
+/// else Pending (the creation timeout runs).
+async fn settle_created(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Action, Error> {
+    if !ctx.settings.target_cluster {
+        return mark_available(ctx, m).await;
+    }
+    let node = super::observe::node_name(m)
+        .and_then(|n| ctx.node(n))
+        .filter(|n| !super::observe::node_not_managed(n));
+    match node {
+        Some(node) if super::observe::node_health(&node, &cfg.bad_conditions).healthy() => {
+            mark_running(ctx, m, Some(&node)).await
+        }
+        _ => mark_pending(ctx, m).await,
+    }
+}
+
+/// [`super::decide::Step::FinishCreation`]: the VM is recorded but its creation did not
+/// finish. The driver is asked for it; one that needs initialization is initialized; then the
+/// machine moves on as creation does. A failure is a creation failure (CrashLoopBackOff, an
+/// Event, a backoff retry; Failed after the creation timeout).
+pub async fn finish_creation(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Action, Error> {
+    if let Some(left) = ctx.backoff_left(m) {
+        return Ok(Action::requeue(left));
+    }
+    match try_finish_creation(ctx, m, cfg).await {
+        Ok(action) => {
+            ctx.reset_backoff(m);
+            Ok(action)
+        }
+        Err(Error::Driver { op, source }) => creation_failed(ctx, m, op, source).await,
+        Err(Error::Class(problem)) => report_class_problem(ctx, m, &problem).await,
+        Err(e) => Err(e),
+    }
+}
+
+async fn try_finish_creation(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Action, Error> {
+    let (class, secret) = class_and_secret(ctx, m).await?;
+    let request_id = RequestId::generate();
+    match vm_status(ctx, m, &class, &secret, &request_id).await {
+        Ok(_) => {}
+        Err(e) if e.code == Code::Unimplemented => {}
+        Err(e) if e.code == Code::Uninitialized => {
+            tracing::info!(%request_id, "initializing the recorded VM");
+            initialize(ctx, m, &class, &secret, &request_id).await?;
+        }
+        Err(e) => return Err(Error::driver("get_machine_status", e)),
+    }
+    settle_created(ctx, m, cfg).await
+}
+
+/// Writes the `vm-requested` progress (`requested_at`, when this is the attempt's first
+/// request) and our finalizer (when it is missing) in one patch, guarded by the resource
+/// version; nothing when both are there. The guard matters for the record: a stale copy of
+/// the Machine must not record a second attempt (it would get another idempotency key).
+async fn record_vm_request(
+    ctx: &Ctx,
+    m: &Machine,
+    requested_at: Option<&str>,
+) -> Result<(), Error> {
     let mut patch = kube_api::finalizer_patch_as(m, FINALIZER, LEGACY_FINALIZERS, true)
         .unwrap_or_else(|| json!({ "metadata": {} }));
-    if first_request {
-        patch["metadata"]["annotations"] =
-            json!({ progress::VM_REQUESTED: Timestamp::now().to_string() });
+    if let Some(at) = requested_at {
+        patch["metadata"]["annotations"] = json!({ progress::VM_REQUESTED: at });
+        patch["metadata"]["resourceVersion"] = json!(m.resource_version());
     } else if patch["metadata"].get("finalizers").is_none() {
         return Ok(());
     }
@@ -505,7 +631,7 @@ async fn record_vm_request(ctx: &Ctx, m: &Machine, first_request: bool) -> Resul
 /// retried by the next attempt. Without a VM request there is nothing a missing finalizer
 /// could leak.
 async fn finalizer_after_failure(ctx: &Ctx, m: &Machine) {
-    if let Err(e) = record_vm_request(ctx, m, false).await {
+    if let Err(e) = record_vm_request(ctx, m, None).await {
         tracing::debug!(error = %e, "finalizer not added this round; the next attempt adds it");
     }
 }
@@ -596,7 +722,7 @@ pub fn record_vm_patch(
 }
 
 /// The VM is recorded (providerID, `node` label): Pending, the creation timeout runs.
-pub async fn mark_pending(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
+async fn mark_pending(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
     let vm = m.spec.provider_id.as_deref().unwrap_or_default();
     let node = m.node_name().unwrap_or_default();
     record(
@@ -879,10 +1005,20 @@ pub(crate) async fn patch_machine(
     patch: &serde_json::Value,
     action: &'static str,
 ) -> Result<(), Error> {
+    patch_machine_for(ctx, m, patch, action).await.map(drop)
+}
+
+/// [`patch_machine`], returning the Machine as written.
+async fn patch_machine_for(
+    ctx: &Ctx,
+    m: &Machine,
+    patch: &serde_json::Value,
+    action: &'static str,
+) -> Result<Machine, Error> {
     machine_api(ctx)
         .patch(&name(m), &PatchParams::default(), &Patch::Merge(patch))
         .await
-        .map(|written| ctx.note_own_write(&written))
+        .inspect(|written| ctx.note_own_write(written))
         .map_err(|e| Error::kube(action, e))
 }
 

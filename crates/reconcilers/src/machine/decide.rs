@@ -253,8 +253,10 @@ pub enum Step {
     /// Find the VM (adopt) or create it (with its bootstrap token, initialized when the
     /// driver needs it), then record providerID and the node label.
     CreateVm,
-    /// The VM is recorded: set Pending (the creation timeout runs from here).
-    MarkPending,
+    /// The VM is recorded but its creation did not finish (no phase yet, or
+    /// CrashLoopBackOff after a failed initialization): ask the driver, initialize the VM when
+    /// it needs that, then move on as creation does (Pending, Running or Available).
+    FinishCreation,
     /// The VM is recorded and there is no target cluster to join: `Available`.
     MarkAvailable,
     /// Pending: wait for the Node; the creation timeout expires in `remaining`.
@@ -399,22 +401,32 @@ fn lifecycle_step(o: &Observed, cfg: &MachineConfig, now: Timestamp) -> Step {
         };
     }
 
+    // The VM is recorded but its creation did not finish (the controller stopped between
+    // recording the providerID and the phase, or initialization failed): finish it, which
+    // initializes the VM when the driver says it needs that. The create step itself moves
+    // on to Pending (or Running, Available) at once, so this is not the usual path.
+    match o.phase {
+        Some(MachinePhase::CrashLoopBackOff) if in_phase >= cfg.creation_timeout => {
+            return fail_unless_frozen(
+                o,
+                format!(
+                    "VM {} could not be initialized within the creation timeout ({})",
+                    o.provider_id.as_deref().unwrap_or_default(),
+                    mcm_api::duration::format_go_duration(cfg.creation_timeout)
+                ),
+            );
+        }
+        None | Some(MachinePhase::CrashLoopBackOff) => return Step::FinishCreation,
+        _ => {}
+    }
     if !o.target_cluster {
         return match o.phase {
-            None | Some(MachinePhase::CrashLoopBackOff) | Some(MachinePhase::Pending) => {
-                Step::MarkAvailable
-            }
+            Some(MachinePhase::Pending) => Step::MarkAvailable,
             _ => Step::Nothing,
         };
     }
     match o.phase.clone() {
-        // A Node that joined before Pending was recorded (a VM that boots at once, or one
-        // adopted after a crash) goes straight to Running: Pending would be a status write
-        // that nobody sees.
-        None | Some(MachinePhase::CrashLoopBackOff) => match &o.node {
-            Some(n) if n.healthy() => Step::MarkRunning,
-            _ => Step::MarkPending,
-        },
+        None | Some(MachinePhase::CrashLoopBackOff) => Step::FinishCreation,
         Some(MachinePhase::Pending) | Some(MachinePhase::Available) => match &o.node {
             Some(n) if n.healthy() => Step::MarkRunning,
             None if o.phase == Some(MachinePhase::Pending)
@@ -842,33 +854,54 @@ mod tests {
                 Step::Frozen,
             ),
             (
-                "VM recorded but phase lost",
+                "VM recorded but its creation did not finish (phase lost in a crash)",
                 Observed {
                     phase: None,
                     ..with_vm(MachinePhase::Pending)
                 },
                 0,
-                Step::MarkPending,
+                Step::FinishCreation,
             ),
             (
-                "VM recorded and its node joined already: Running without Pending",
+                "VM recorded, creation unfinished, node joined already: finished first",
                 Observed {
                     phase: None,
                     node: healthy(),
                     ..with_vm(MachinePhase::Pending)
                 },
                 0,
-                Step::MarkRunning,
+                Step::FinishCreation,
             ),
             (
-                "VM recorded after a crash loop, node not Ready yet: Pending",
+                "VM recorded, initialization failed: finished before the timeout",
                 Observed {
                     phase: Some(MachinePhase::CrashLoopBackOff),
                     node: not_ready(0),
                     ..with_vm(MachinePhase::Pending)
                 },
+                19,
+                Step::FinishCreation,
+            ),
+            (
+                "VM recorded, initialization failed until the creation timeout: Failed",
+                with_vm(MachinePhase::CrashLoopBackOff),
+                20,
+                Step::MarkFailed {
+                    reason:
+                        "VM local:///m could not be initialized within the creation timeout (20m0s)"
+                            .into(),
+                },
+            ),
+            (
+                "no target cluster, VM recorded, creation unfinished",
+                Observed {
+                    phase: None,
+                    node_name: None,
+                    target_cluster: false,
+                    ..with_vm(MachinePhase::Pending)
+                },
                 0,
-                Step::MarkPending,
+                Step::FinishCreation,
             ),
             (
                 "pending waits for the node",
@@ -1302,7 +1335,7 @@ mod tests {
             "no creation timeout"
         );
         o.phase = None;
-        assert_eq!(next_step(&o, &cfg(), at(1)), Step::MarkAvailable);
+        assert_eq!(next_step(&o, &cfg(), at(1)), Step::FinishCreation);
         o.phase = Some(MachinePhase::Available);
         assert_eq!(
             next_step(&o, &cfg(), at(100)),

@@ -176,7 +176,7 @@ async fn reconcile_once(m: &Machine, ctx: &Ctx) -> Result<Action, Error> {
         Step::AddFinalizer => act::add_finalizer(ctx, m).await,
         Step::ReportClassProblem(p) => act::report_class_problem(ctx, m, &p).await,
         Step::CreateVm => act::create_vm(ctx, m, &cfg).await,
-        Step::MarkPending => act::mark_pending(ctx, m).await,
+        Step::FinishCreation => act::finish_creation(ctx, m, &cfg).await,
         Step::MarkAvailable => act::mark_available(ctx, m).await,
         Step::AwaitNode { remaining } => Ok(Action::requeue(remaining.min(ctx.settings.resync))),
         Step::MarkRunning => act::mark_running(ctx, m, node).await,

@@ -1,8 +1,10 @@
 //! A `moto_server` for tests (also included by `machine-controller-aws`'s tests).
 //!
-//! [`moto()`] starts one server per test process on 127.0.0.1 and a free port: `moto_server`
-//! from `PATH`, else `python3 -m moto.server`; without either the test fails naming
-//! `pip install 'moto[server]'`. The server runs in its own process group with
+//! [`moto()`] starts one server per test process on 127.0.0.1 and a free port: moto's server
+//! through `ec2_moto.py`, which gives its EC2 what real EC2 does and moto does not (client
+//! token idempotency, the multi-interface refusal of `ModifyInstanceAttribute`, and, in
+//! [`lagging_moto()`], describe lag and late `RunInstances` answers). Without moto the test
+//! fails naming `pip install 'moto[server]'`. The server runs in its own process group with
 //! `PR_SET_PDEATHSIG` (via `mcm_testenv::process::ManagedProcess`), so it dies with the test
 //! process even when a test panics or the process is killed. Tests share the server and stay
 //! apart by unique cluster tags and VPCs ([`World`]).
@@ -44,11 +46,11 @@ fn on_path(name: &str) -> Option<PathBuf> {
     })
 }
 
-/// How to start moto: `moto_server`, or `python3 -m moto.server`.
-fn moto_command() -> (PathBuf, Vec<String>) {
-    if let Some(p) = on_path("moto_server") {
-        return (p, vec![]);
-    }
+/// The EC2 behaviours of the wrapper script that moto does not have (see `ec2_moto.py`).
+pub const EC2_MOTO_PY: &str = include_str!("ec2_moto.py");
+
+/// A Python that can import moto's server.
+fn python() -> PathBuf {
     for python in ["python3", "python"] {
         if let Some(p) = on_path(python) {
             let ok = std::process::Command::new(&p)
@@ -58,13 +60,53 @@ fn moto_command() -> (PathBuf, Vec<String>) {
                 .status()
                 .is_ok_and(|s| s.success());
             if ok {
-                return (p, vec!["-m".into(), "moto.server".into()]);
+                return p;
             }
         }
     }
     panic!(
-        "moto is not installed: neither `moto_server` on PATH nor `python3 -m moto.server` works; install it with {INSTALL_HINT}"
+        "moto is not installed: `python3 -c 'import moto.server'` fails; install it with {INSTALL_HINT}"
     );
+}
+
+/// How EC2 lags behind in a [`Moto`] (real EC2's eventual consistency, played by the wrapper).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Lag {
+    /// `DescribeInstances` does not show an instance for this long after its launch.
+    pub hide: Duration,
+    /// `RunInstances` answers this long after it launched the instance.
+    pub run_instances_delay: Duration,
+}
+
+/// What the wrapper counted (`GET /_ec2/stats`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// `RunInstances` requests, replays included.
+    pub run_instances_calls: u64,
+    /// Instances launched.
+    pub instances_launched: u64,
+    /// `RunInstances` answered from an earlier request's client token.
+    pub idempotent_replays: u64,
+    /// Instances `DescribeInstances` left out or answered `NotFound` for (lag).
+    pub hidden_describe_misses: u64,
+}
+
+/// One instance as the wrapper sees it (`GET /_ec2/instances`, never hidden).
+#[derive(Debug, Clone)]
+pub struct SeenInstance {
+    /// `i-...`.
+    pub id: String,
+    /// `pending`, `running`, `terminated`, ...
+    pub state: String,
+    /// Its tags.
+    pub tags: std::collections::BTreeMap<String, String>,
+}
+
+impl SeenInstance {
+    /// Pending or running.
+    pub fn is_live(&self) -> bool {
+        matches!(self.state.as_str(), "pending" | "running")
+    }
 }
 
 /// A blocking HTTP request to moto; returns (status, body).
@@ -94,17 +136,31 @@ pub fn http(
     Some((status, body))
 }
 
+impl std::fmt::Debug for Moto {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Moto").field("url", &self.url).finish()
+    }
+}
+
 impl Moto {
-    fn start() -> Moto {
-        let (program, mut args) = moto_command();
+    fn start(lag: Lag) -> Moto {
+        let dir = tempfile::tempdir().unwrap();
+        let script = dir.path().join("ec2_moto.py");
+        std::fs::write(&script, EC2_MOTO_PY).unwrap();
+        let program = python();
         let port = free_port();
-        args.extend([
+        let args: Vec<String> = vec![
+            script.display().to_string(),
             "-H".into(),
             "127.0.0.1".into(),
             "-p".into(),
             port.to_string(),
-        ]);
-        let dir = tempfile::tempdir().unwrap();
+            format!("--hide-seconds={}", lag.hide.as_secs_f64()),
+            format!(
+                "--run-instances-delay-ms={}",
+                lag.run_instances_delay.as_millis()
+            ),
+        ];
         let log = dir.path().join("moto.log");
         let process = ManagedProcess::spawn("moto_server", &program, &args, log, dir.path())
             .unwrap_or_else(|e| {
@@ -133,6 +189,45 @@ impl Moto {
             process,
             _dir: dir,
         }
+    }
+
+    /// What the EC2 wrapper counted so far.
+    pub fn stats(&self) -> Stats {
+        let (status, body) = http(self.port, "GET", "/_ec2/stats", &[], "").expect("moto answers");
+        assert_eq!(status, 200, "{body}");
+        let v: serde_json::Value = serde_json::from_str(&body).expect("stats");
+        let n = |k: &str| {
+            v[k].as_u64()
+                .unwrap_or_else(|| panic!("stats lack {k}: {body}"))
+        };
+        Stats {
+            run_instances_calls: n("run_instances_calls"),
+            instances_launched: n("instances_launched"),
+            idempotent_replays: n("idempotent_replays"),
+            hidden_describe_misses: n("hidden_describe_misses"),
+        }
+    }
+
+    /// Every instance moto holds (none hidden), e.g. to sample how many a machine has.
+    pub fn instances(&self) -> Vec<SeenInstance> {
+        let (status, body) =
+            http(self.port, "GET", "/_ec2/instances", &[], "").expect("moto answers");
+        assert_eq!(status, 200, "{body}");
+        let v: Vec<serde_json::Value> = serde_json::from_str(&body).expect("instances");
+        v.iter()
+            .map(|i| SeenInstance {
+                id: i["id"].as_str().unwrap_or_default().to_string(),
+                state: i["state"].as_str().unwrap_or_default().to_string(),
+                tags: i["tags"]
+                    .as_object()
+                    .map(|t| {
+                        t.iter()
+                            .map(|(k, v)| (k.clone(), v.as_str().unwrap_or_default().to_string()))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            })
+            .collect()
     }
 
     /// Resets all of moto's state (`POST /moto-api/reset`).
@@ -181,16 +276,36 @@ impl Moto {
     }
 }
 
-/// The moto server of this test process.
+/// The moto server of this test process (no lag).
 pub fn moto() -> &'static Moto {
     static MOTO: OnceLock<Moto> = OnceLock::new();
-    MOTO.get_or_init(Moto::start)
+    MOTO.get_or_init(|| Moto::start(Lag::default()))
+}
+
+/// How long [`lagging_moto`] hides a new instance from `DescribeInstances`.
+pub const LAG_HIDE: Duration = Duration::from_secs(3);
+/// How long [`lagging_moto`] holds a `RunInstances` answer after it launched the instance.
+pub const LAG_RUN_INSTANCES: Duration = Duration::from_millis(1500);
+
+/// A second moto server of this test process whose EC2 lags as real EC2 may: new instances
+/// are hidden from `DescribeInstances` for [`LAG_HIDE`], and `RunInstances` answers
+/// [`LAG_RUN_INSTANCES`] after it launched.
+pub fn lagging_moto() -> &'static Moto {
+    static MOTO: OnceLock<Moto> = OnceLock::new();
+    MOTO.get_or_init(|| {
+        Moto::start(Lag {
+            hide: LAG_HIDE,
+            run_instances_delay: LAG_RUN_INSTANCES,
+        })
+    })
 }
 
 /// A test's own corner of moto: a VPC with a subnet and a security group, an AMI, an
 /// instance profile and a unique cluster tag.
 #[derive(Debug, Clone)]
 pub struct World {
+    /// The moto server it lives in.
+    pub moto: &'static Moto,
     /// `kubernetes.io/cluster/<unique>`.
     pub cluster_tag: String,
     /// `kubernetes.io/role/node`.
@@ -211,7 +326,11 @@ impl World {
     /// Creates the VPC (its own 10.N.0.0/16, so private DNS names differ between tests),
     /// subnet, security group and instance profile.
     pub async fn new(name: &str) -> World {
-        let m = moto();
+        World::new_in(moto(), name).await
+    }
+
+    /// [`World::new`] in moto server `m` (e.g. [`lagging_moto`]).
+    pub async fn new_in(m: &'static Moto, name: &str) -> World {
         let ec2 = m.ec2();
         let n = NEXT_NET.fetch_add(1, Ordering::SeqCst);
         let vpc = ec2
@@ -256,6 +375,7 @@ impl World {
                 .subsec_nanos()
         );
         World {
+            moto: m,
             cluster_tag: format!("kubernetes.io/cluster/{unique}"),
             role_tag: "kubernetes.io/role/node".into(),
             subnet: subnet.subnet().unwrap().subnet_id().unwrap().to_string(),
@@ -263,6 +383,32 @@ impl World {
             ami,
             profile,
         }
+    }
+
+    /// The live instances of this world per `Name` tag, as the wrapper sees them (never
+    /// hidden by lag).
+    pub fn live_per_machine(&self) -> std::collections::BTreeMap<String, usize> {
+        let mut out = std::collections::BTreeMap::new();
+        for i in self.moto.instances() {
+            if i.is_live() && i.tags.contains_key(&self.cluster_tag) {
+                *out.entry(i.tags.get("Name").cloned().unwrap_or_default())
+                    .or_default() += 1;
+            }
+        }
+        out
+    }
+
+    /// How many instances were ever launched for each machine of this world (`Name` tag),
+    /// terminated ones included.
+    pub fn launched_per_machine(&self) -> std::collections::BTreeMap<String, usize> {
+        let mut out = std::collections::BTreeMap::new();
+        for i in self.moto.instances() {
+            if i.tags.contains_key(&self.cluster_tag) {
+                *out.entry(i.tags.get("Name").cloned().unwrap_or_default())
+                    .or_default() += 1;
+            }
+        }
+        out
     }
 
     /// A valid providerSpec for this world.
@@ -284,7 +430,8 @@ impl World {
 
     /// The live (not terminated) instances with this world's cluster tag.
     pub async fn live_instances(&self) -> Vec<aws_sdk_ec2::types::Instance> {
-        let out = moto()
+        let out = self
+            .moto
             .ec2()
             .describe_instances()
             .filters(

@@ -14,8 +14,8 @@ use kube::runtime::watcher;
 use mcm_api::{Machine, MachineClass};
 use mcm_driver::{
     CreateMachineRequest, CreateMachineResponse, DeleteMachineRequest, Driver, DriverError,
-    GetMachineStatusRequest, GetMachineStatusResponse, ListMachinesRequest, ListMachinesResponse,
-    RequestId, ResourceState, SecretData,
+    GetMachineStatusRequest, GetMachineStatusResponse, IdempotencyKey, ListMachinesRequest,
+    ListMachinesResponse, RequestId, ResourceState, SecretData,
 };
 use mcm_provider_local::state::{self, StateDirectory};
 use mcm_provider_local::{LocalDriver, LocalDriverConfig};
@@ -99,6 +99,7 @@ impl Cloud {
                 machine_class: self.class.clone(),
                 secret: self.secret.clone(),
                 request_id: RequestId::generate(),
+                idempotency_key: IdempotencyKey::random(),
             })
             .await
     }

@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail, ensure};
 use mcm_api::MachinePhase;
-use mcm_driver::{CreateMachineRequest, Driver, RequestId, SecretData};
+use mcm_driver::{CreateMachineRequest, Driver, IdempotencyKey, RequestId, SecretData};
 use mcm_provider_local::{LocalDriver, LocalDriverConfig};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -153,6 +153,7 @@ pub async fn orphan_vm(ctx: &mut Ctx<'_>) -> Result<String> {
             machine_class: class,
             secret: SecretData::from_pairs([("kubeconfig", kubeconfig.as_str())]),
             request_id: RequestId::generate(),
+            idempotency_key: IdempotencyKey::random(),
         })
         .await
         .map_err(|e| anyhow::anyhow!("starting the stray VM: {}", e.full_message()))?;
