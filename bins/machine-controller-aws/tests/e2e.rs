@@ -443,15 +443,12 @@ async fn sigkills_after_run_instances_never_make_a_second_instance() {
         })
     };
 
+    // One machine per trial, deleted again before the next one (machines without a Node
+    // would otherwise reach the creation timeout and be replaced during a long run).
+    let mut created = Vec::new();
     for trial in 1..=kills {
         let calls = m.stats().run_instances_calls;
-        mds.patch(
-            "crash",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "spec": { "replicas": trial } })),
-        )
-        .await
-        .unwrap();
+        scale(&mds, 1).await;
         // EC2 launched the instance and holds its answer: kill now.
         eventually(WAIT, "RunInstances to reach EC2", || async {
             (m.stats().run_instances_calls > calls).then_some(())
@@ -460,41 +457,62 @@ async fn sigkills_after_run_instances_never_make_a_second_instance() {
         controller.process.kill();
         eprintln!("trial {trial}: SIGKILL after RunInstances reached EC2");
         controller = env.spawn_controller();
-        eventually(
-            WAIT,
-            "every machine's providerID to be recorded",
-            || async {
-                let ms = env.machine_list().await;
-                (ms.len() == trial && ms.iter().all(|m| m.spec.provider_id.is_some())).then_some(())
-            },
-        )
+        let machine = eventually(WAIT, "the machine's providerID to be recorded", || async {
+            let ms = env.machine_list().await;
+            match ms.as_slice() {
+                [m] if m.spec.provider_id.is_some() => Some(m.clone()),
+                _ => None,
+            }
+        })
+        .await;
+        let live = env.world.live_instances().await;
+        assert_eq!(
+            machine
+                .spec
+                .provider_id
+                .clone()
+                .into_iter()
+                .collect::<Vec<_>>(),
+            provider_ids_of(&live),
+            "trial {trial}: the recorded instance is the one live instance"
+        );
+        created.push(machine.metadata.name.clone().unwrap_or_default());
+        scale(&mds, 0).await;
+        eventually(WAIT, "the machine and its instance to go", || async {
+            let ms = env.machine_list().await;
+            let live = env.world.live_instances().await;
+            (ms.is_empty() && live.is_empty()).then_some(())
+        })
         .await;
     }
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     let (samples, doubled) = sampler.await.unwrap();
     let launched = env.world.launched_per_machine();
     eprintln!(
-        "{kills} kill(s), {samples} samples of the cloud, {} moment(s) with two instances for one machine, launched per machine: {launched:?}",
-        doubled.len()
+        "{kills} kill(s), {samples} samples of the cloud, {} moment(s) with two instances for one machine, instances launched per machine: {:?}",
+        doubled.len(),
+        launched.values().collect::<Vec<_>>()
     );
     assert!(samples > 0);
     assert!(doubled.is_empty(), "{doubled:?}");
-    assert_eq!(launched.len(), kills, "{launched:?}");
+    created.sort();
+    assert_eq!(
+        launched.keys().cloned().collect::<Vec<_>>(),
+        created,
+        "instances only for the trials' machines"
+    );
     assert!(launched.values().all(|n| *n == 1), "{launched:?}");
-    let machines = env.machine_list().await;
-    let mut recorded: Vec<String> = machines
-        .iter()
-        .filter_map(|m| m.spec.provider_id.clone())
-        .collect();
-    recorded.sort();
-    assert_eq!(recorded, provider_ids_of(&env.world.live_instances().await));
 
     mds.delete("crash", &DeleteParams::default()).await.unwrap();
-    eventually(WAIT, "all machines and instances to go", || async {
-        let ms = env.machine_list().await;
-        let live = env.world.live_instances().await;
-        (ms.is_empty() && live.is_empty()).then_some(())
-    })
-    .await;
     drop(controller);
+}
+
+async fn scale(mds: &Api<MachineDeployment>, replicas: i32) {
+    mds.patch(
+        "crash",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": { "replicas": replicas } })),
+    )
+    .await
+    .unwrap();
 }

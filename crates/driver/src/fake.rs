@@ -8,8 +8,9 @@ use async_trait::async_trait;
 use crate::{
     Code, CreateMachineRequest, CreateMachineResponse, DeleteMachineRequest, DeleteMachineResponse,
     Driver, DriverError, GetMachineStatusRequest, GetMachineStatusResponse, GetVolumeIdsRequest,
-    GetVolumeIdsResponse, InitializeMachineRequest, InitializeMachineResponse, ListMachinesRequest,
-    ListMachinesResponse, Operation, RequestId, ResourceKind, ResourceState, ResourceStatus,
+    GetVolumeIdsResponse, IdempotencyKey, InitializeMachineRequest, InitializeMachineResponse,
+    ListMachinesRequest, ListMachinesResponse, Operation, RequestId, ResourceKind, ResourceState,
+    ResourceStatus,
 };
 
 /// A VM of the [`FakeDriver`].
@@ -31,6 +32,8 @@ struct State {
     scripted: BTreeMap<Operation, VecDeque<DriverError>>,
     calls: Vec<(Operation, RequestId)>,
     states_seen: Vec<(Operation, Option<String>)>,
+    provider_ids_seen: Vec<(Operation, Option<String>)>,
+    idempotency_keys: Vec<IdempotencyKey>,
     require_initialization: bool,
 }
 
@@ -87,9 +90,23 @@ impl FakeDriver {
         self.with(|s| s.states_seen.clone())
     }
 
+    /// The `spec.providerID` each call about a machine carried, in call order.
+    pub fn provider_ids_seen(&self) -> Vec<(Operation, Option<String>)> {
+        self.with(|s| s.provider_ids_seen.clone())
+    }
+
+    /// The idempotency key of each `create_machine` call, in call order.
+    pub fn idempotency_keys(&self) -> Vec<IdempotencyKey> {
+        self.with(|s| s.idempotency_keys.clone())
+    }
+
     fn note_state(&self, op: Operation, m: &mcm_api::Machine) {
         let state = m.status.as_ref().and_then(|s| s.last_known_state.clone());
-        self.with(|s| s.states_seen.push((op, state)));
+        let provider_id = m.spec.provider_id.clone();
+        self.with(|s| {
+            s.states_seen.push((op, state));
+            s.provider_ids_seen.push((op, provider_id));
+        });
     }
 
     /// How many times `op` was called.
@@ -139,6 +156,7 @@ impl Driver for FakeDriver {
         req: CreateMachineRequest,
     ) -> Result<CreateMachineResponse, DriverError> {
         self.note_state(Operation::CreateMachine, &req.machine);
+        self.with(|s| s.idempotency_keys.push(req.idempotency_key.clone()));
         self.enter(Operation::CreateMachine, &req.request_id)?;
         let name = name_of(&req.machine);
         let class = req.machine_class.metadata.name.clone().unwrap_or_default();

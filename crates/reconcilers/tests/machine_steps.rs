@@ -10,7 +10,9 @@ use kube::api::{Api, DeleteParams};
 use kube::{Client, ResourceExt};
 use mcm_api::constants::{finalizers, labels};
 use mcm_api::{Machine, MachineClass, MachinePhase};
-use mcm_driver::{Code, Driver, FakeDriver, FaultInjecting, FaultSpec, Operation};
+use mcm_driver::{
+    Code, Driver, DriverError, FakeDriver, FaultInjecting, FaultSpec, IdempotencyKey, Operation,
+};
 use mcm_reconcilers::machine::observe::Defaults;
 use mcm_reconcilers::machine::{MachineMetrics, Settings};
 use mcm_reconcilers::machine_controller::{self, Handles, MachineControllerConfig};
@@ -243,6 +245,69 @@ async fn creation_records_the_vm_and_its_node_then_runs() {
     )
     .await;
     let _ = nodes.delete("m1", &DeleteParams::default()).await;
+    w.stop().await;
+}
+
+/// A create that fails after the cloud may have acted is retried as the same creation
+/// attempt (the same idempotency key, from the Machine's UID and its `vm-requested` record).
+/// The providerID is recorded before `initialize_machine` runs; a failed initialization is a
+/// creation failure (CrashLoopBackOff with the error) and is finished later: the driver says
+/// `Uninitialized`, the VM is initialized, and the machine moves on to Pending.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_creation_keeps_its_key_and_an_unfinished_one_is_initialized_later() {
+    let w = World::start("steps-finish").await;
+    w.fake().require_initialization();
+    w.fake().fail_next(
+        Operation::CreateMachine,
+        DriverError::new(Code::Unavailable, "the answer was lost"),
+    );
+    w.fake().fail_next(
+        Operation::InitializeMachine,
+        DriverError::new(Code::Unavailable, "interfaces not attached yet"),
+    );
+    w.create_machine(MachineBuilder::new("m1").class(CLASS).build())
+        .await;
+
+    // The failures are announced (one Event series per reason: a repeated reason counts up
+    // the first Event's series and keeps its note).
+    eventually(WAIT, "a CreationFailed event", || async {
+        !events_for(&w.client, &w.ns, "m1", "CreationFailed")
+            .await
+            .is_empty()
+    })
+    .await;
+    let m = w
+        .await_machine("m1", "the creation to be finished", |m| {
+            m.phase() == Some(&MachinePhase::Pending)
+        })
+        .await;
+    assert!(w.fake().vms()[0].initialized);
+    // Both create calls were one attempt: one key, the one the Machine's record gives.
+    let requested = m
+        .annotations()
+        .get(mcm_api::constants::annotations::progress::VM_REQUESTED)
+        .expect("the vm-requested record")
+        .clone();
+    let expected = IdempotencyKey::for_creation(m.uid().as_deref().unwrap(), &requested);
+    assert_eq!(
+        w.fake().idempotency_keys(),
+        vec![expected.clone(), expected]
+    );
+    // Every initialization ran with the providerID recorded.
+    let inits: Vec<_> = w
+        .fake()
+        .provider_ids_seen()
+        .into_iter()
+        .filter(|(op, _)| *op == Operation::InitializeMachine)
+        .collect();
+    assert_eq!(
+        inits,
+        vec![
+            (Operation::InitializeMachine, Some("fake:///m1".to_string())),
+            (Operation::InitializeMachine, Some("fake:///m1".to_string())),
+        ]
+    );
+    assert_eq!(w.fake().call_count(Operation::CreateMachine), 2);
     w.stop().await;
 }
 
