@@ -108,11 +108,14 @@ impl ProvideCredentials for WebIdentity {
     }
 }
 
+/// What a [`WebIdentity`] is kept by: role, token file, region.
+type WebIdentityKey = (String, PathBuf, String);
+
 /// The credential providers of a driver: one [`WebIdentity`] per role, token file and region,
 /// kept across calls so their credentials are reused until they expire.
 #[derive(Debug, Clone, Default)]
 pub struct Providers {
-    web_identities: Arc<Mutex<HashMap<(String, PathBuf, String), SharedCredentialsProvider>>>,
+    web_identities: Arc<Mutex<HashMap<WebIdentityKey, SharedCredentialsProvider>>>,
 }
 
 impl Providers {

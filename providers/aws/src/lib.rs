@@ -9,9 +9,13 @@
 //!   `capacityReservation`, `placement`, `spotPrice`, ...), validated with every problem
 //!   reported at once ([`spec::ProviderSpec::validate`]);
 //! - the secret holds `providerAccessKeyId`/`providerSecretAccessKey` (or
-//!   `accessKeyID`/`secretAccessKey`) and `userData`;
+//!   `accessKeyID`/`secretAccessKey`), or workload identity (`roleARN` and
+//!   `workloadIdentityTokenFile`, [`credentials`]), and `userData`;
+//! - `RunInstances` carries the creation attempt's idempotency key as `ClientToken`, and a
+//!   create returns only once EC2 lists the instance, so no retry makes a second one;
 //! - instances carry the class's tags plus `Name=<machine>` (on the instance, its volumes and
-//!   NICs) and are found by those tags ([`tags`]); provider ids are
+//!   NICs); a machine's instance is found by its recorded providerID, before that by those
+//!   tags ([`tags`]); provider ids are
 //!   `aws:///<region>/<instance-id>` ([`provider_id`]); node names are private DNS names;
 //! - EC2 error codes map to MCM codes ([`errors`]), keeping the SDK error as source and the
 //!   AWS and mcm request ids in the message;

@@ -771,6 +771,18 @@ async fn one_creation_attempt_launches_one_instance_while_describe_lags_behind()
         .unwrap();
 }
 
+/// Removes instance `id`'s `Name` tag (tags are anyone's to change).
+async fn remove_name_tag(id: &str) {
+    moto()
+        .ec2()
+        .delete_tags()
+        .resources(id)
+        .tags(Tag::builder().key("Name").build())
+        .send()
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn a_recorded_provider_id_finds_the_instance_by_its_id_not_its_tags() {
     let w = World::new("by-id").await;
@@ -781,14 +793,7 @@ async fn a_recorded_provider_id_finds_the_instance_by_its_id_not_its_tags() {
         .unwrap()
         .to_string();
     // Tags are anyone's to change; the recorded id is the machine's own.
-    moto()
-        .ec2()
-        .delete_tags()
-        .resources(&id)
-        .tags(Tag::builder().key("Name").build())
-        .send()
-        .await
-        .unwrap();
+    remove_name_tag(&id).await;
     let recorded = machine("by-id-1", Some(&created.provider_id));
     let s = status_of(&d, &c, recorded.clone()).await.unwrap();
     assert_eq!(s.provider_id, created.provider_id);
@@ -835,14 +840,7 @@ async fn a_client_token_whose_instance_terminated_at_once_launches_the_next_one(
     assert_eq!(w.live_per_machine().get("gen-1"), Some(&1));
     // And again where the lookup by tags cannot help (its Name tag is gone, as if EC2 did
     // not list it yet): the same sequence of tokens ends at the same instance.
-    moto()
-        .ec2()
-        .delete_tags()
-        .resources(decode_provider_id(&second.provider_id).unwrap())
-        .tags(Tag::builder().key("Name").build())
-        .send()
-        .await
-        .unwrap();
+    remove_name_tag(decode_provider_id(&second.provider_id).unwrap()).await;
     let third = create_keyed(&d, &c, "gen-1", &key).await.unwrap();
     assert_eq!(third.provider_id, second.provider_id);
     assert_eq!(
