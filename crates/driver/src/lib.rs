@@ -167,8 +167,9 @@ pub trait Driver: Send + Sync + 'static {
     /// Repeating a create must never make a second VM, even when the first call's response
     /// was lost, it timed out, or the controller crashed before it recorded the providerID:
     /// pass [`CreateMachineRequest::idempotency_key`] to the cloud's idempotency mechanism
-    /// (EC2's `ClientToken`, Compute Engine's `requestId`), or name the VM after the machine
-    /// where the cloud refuses a second VM of one name (Azure). The key stays the same on
+    /// when a failed request does not consume it (EC2's `ClientToken`), or name the VM after
+    /// the machine where the cloud refuses a second VM of one name (Compute Engine, Azure).
+    /// The key stays the same on
     /// every retry of one attempt, also after a restart. When the cloud answers a repeated
     /// create before its reads can see the VM (eventual consistency), wait until they do or
     /// fail with a retryable code: a later `get_machine_status` that cannot find a VM the

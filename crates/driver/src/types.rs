@@ -44,9 +44,10 @@ impl fmt::Display for RequestId {
 /// and a new attempt (after the cloud refused the last one) a new one.
 ///
 /// Drivers pass it to the cloud's idempotency mechanism so that repeating a create can never
-/// make a second VM: EC2's `ClientToken`, Compute Engine's `requestId`. It is a UUID in its
-/// canonical text form (36 characters), which both accept. It is not a correlation id: use
-/// [`RequestId`] for that.
+/// make a second VM, e.g. EC2's `ClientToken` (a mechanism that replays a failed request's
+/// failure, as Compute Engine's `requestId` does, would turn a transient failure into a long
+/// one: such clouds rely on unique VM names instead). It is a UUID in its canonical text form
+/// (36 characters). It is not a correlation id: use [`RequestId`] for that.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct IdempotencyKey(String);
 

@@ -265,19 +265,20 @@ async fn a_retried_creation_keeps_its_key_and_an_unfinished_one_is_initialized_l
         Operation::InitializeMachine,
         DriverError::new(Code::Unavailable, "interfaces not attached yet"),
     );
-    w.create_machine(MachineBuilder::new("m1").class(CLASS).build())
+    // Nodes are cluster-wide: a name no other test's Node has.
+    w.create_machine(MachineBuilder::new("finish-m1").class(CLASS).build())
         .await;
 
     // The failures are announced (one Event series per reason: a repeated reason counts up
     // the first Event's series and keeps its note).
     eventually(WAIT, "a CreationFailed event", || async {
-        !events_for(&w.client, &w.ns, "m1", "CreationFailed")
+        !events_for(&w.client, &w.ns, "finish-m1", "CreationFailed")
             .await
             .is_empty()
     })
     .await;
     let m = w
-        .await_machine("m1", "the creation to be finished", |m| {
+        .await_machine("finish-m1", "the creation to be finished", |m| {
             m.phase() == Some(&MachinePhase::Pending)
         })
         .await;
@@ -303,8 +304,14 @@ async fn a_retried_creation_keeps_its_key_and_an_unfinished_one_is_initialized_l
     assert_eq!(
         inits,
         vec![
-            (Operation::InitializeMachine, Some("fake:///m1".to_string())),
-            (Operation::InitializeMachine, Some("fake:///m1".to_string())),
+            (
+                Operation::InitializeMachine,
+                Some("fake:///finish-m1".to_string())
+            ),
+            (
+                Operation::InitializeMachine,
+                Some("fake:///finish-m1".to_string())
+            ),
         ]
     );
     assert_eq!(w.fake().call_count(Operation::CreateMachine), 2);

@@ -17,10 +17,10 @@
 //! # Request ids
 //!
 //! Every request of a driver call names the call's [`RequestId`] in its user agent
-//! (`mcm-rs/<version> mcm-request-id/<id>`). `instances.insert` carries the creation
-//! attempt's idempotency key as GCE's `requestId`, so no retry of that attempt (the client's
-//! own, the controller's, or one after a restart) starts a second operation;
-//! `instances.delete` carries [`gce_request_id`], a UUID made from the driver's request id.
+//! (`mcm-rs/<version> mcm-request-id/<id>`), and `instances.insert` and `instances.delete`
+//! carry GCE's `requestId` ([`gce_request_id`]): a UUID made from the driver's request id, so
+//! the client's own retries of one call never start a second operation. Across calls and
+//! restarts the instance name (the machine's) keeps a create from making a second VM.
 
 use std::collections::HashMap;
 use std::collections::hash_map::DefaultHasher;

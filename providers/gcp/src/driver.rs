@@ -17,8 +17,8 @@ use mcm_api::{Machine, MachineClass};
 use mcm_driver::{
     Code, CreateMachineRequest, CreateMachineResponse, DeleteMachineRequest, DeleteMachineResponse,
     Driver, DriverError, GetMachineStatusRequest, GetMachineStatusResponse, GetVolumeIdsRequest,
-    GetVolumeIdsResponse, IdempotencyKey, ListMachinesRequest, ListMachinesResponse, RequestId,
-    SecretData, USER_DATA_KEY,
+    GetVolumeIdsResponse, ListMachinesRequest, ListMachinesResponse, RequestId, SecretData,
+    USER_DATA_KEY,
 };
 use tracing::{debug, info};
 
@@ -205,16 +205,21 @@ impl GcpDriver {
     }
 
     /// Inserts the instance and waits for the operation; an instance of that name that is
-    /// already the cluster's is taken as created. The creation attempt's idempotency key is
-    /// the insert's `requestId`: Compute answers a repeated insert with the first one's
-    /// operation (for at least an hour) instead of running it again.
+    /// already the cluster's is taken as created.
+    ///
+    /// The instance's name is the machine's, and Compute refuses a second instance of one
+    /// name in a zone (`alreadyExists`): that is what makes a repeated create, in any process,
+    /// return the first one's VM. The creation attempt's idempotency key is deliberately not
+    /// the `requestId`: Compute answers a repeated `requestId` with the first request's
+    /// operation whatever its outcome, so a retry after a failed insert (a zone out of
+    /// capacity) would get the same failure back for as long as Compute remembers the id. The
+    /// `requestId` is the call's ([`gce_request_id`]), which covers the client's own retries.
     async fn insert(
         &self,
         call: &Call,
         spec: &ProviderSpec,
         r: &InstanceRef,
         body: Instance,
-        idempotency_key: &IdempotencyKey,
     ) -> Result<(), DriverError> {
         let context = format!("creating VM {}", r.provider_id());
         let tags = ClusterTags::from_tags(&spec.tags);
@@ -223,7 +228,7 @@ impl GcpDriver {
             .insert()
             .set_project(&r.project)
             .set_zone(&r.zone)
-            .set_request_id(idempotency_key.as_str())
+            .set_request_id(gce_request_id(&call.request_id))
             .set_body(body)
             .with_user_agent(call.user_agent())
             // The requestId makes a repeated insert return the first one's operation.
@@ -303,8 +308,7 @@ impl Driver for GcpDriver {
         .map_err(|e| {
             DriverError::internal(format!("building the instance of {name}: {e}")).with_source(e)
         })?;
-        self.insert(&call, &spec, &r, body, &req.idempotency_key)
-            .await?;
+        self.insert(&call, &spec, &r, body).await?;
         let provider_id = r.provider_id();
         let created = self.get(&call, &r).await.map_err(|e| {
             e.into_driver_error(&format!("reading VM {provider_id}"), &call.request_id)

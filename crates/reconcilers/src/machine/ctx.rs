@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
-use mcm_api::{Machine, MachineClass, MachineDeployment, MachinePhase, MachineSet};
+use mcm_api::{Machine, MachineClass, MachineDeployment, MachineSet};
 use mcm_driver::{Code, Driver, DriverError};
 use mcm_permits::PermitGiver;
 
@@ -307,47 +307,28 @@ impl Ctx {
     }
 
     /// Counts the machines of `deployment` for its remediation decision about `m` (counted
-    /// as unhealthy: it is about to fail). A machine is unhealthy when it is Unknown or
-    /// Failed, or its Node in the store is not healthy (nodes of a zone outage go NotReady
-    /// together, before their machines are Unknown).
+    /// as unhealthy: it is about to fail), as [`remediation::Member`] defines them, with
+    /// their Nodes from the store.
     fn census(&self, m: &Machine, deployment: &MachineDeployment) -> remediation::Census {
-        let mut census = remediation::Census {
-            replicas: deployment.spec.replicas(),
-            machines: 0,
-            unhealthy: 0,
-            being_replaced: 0,
-        };
-        let bad = &self.settings.defaults.bad_conditions;
-        for other in self.machines.state() {
-            if self
-                .owners(&other)
-                .1
-                .is_none_or(|d| d.uid() != deployment.uid())
-            {
-                continue;
-            }
-            let itself = other.uid() == m.uid();
-            if !itself && observe::is_being_replaced(&other) {
-                census.being_replaced += 1;
-            }
-            if other.metadata.deletion_timestamp.is_some() {
-                continue;
-            }
-            census.machines += 1;
-            let node_unhealthy = observe::node_name(&other)
-                .and_then(|n| self.node(n))
-                .is_some_and(|n| !observe::node_health(&n, bad).healthy());
-            if itself
-                || node_unhealthy
-                || matches!(
-                    other.phase(),
-                    Some(MachinePhase::Unknown | MachinePhase::Failed)
-                )
-            {
-                census.unhealthy += 1;
-            }
-        }
-        census
+        let members = self
+            .machines
+            .state()
+            .into_iter()
+            .filter(|other| {
+                self.owners(other)
+                    .1
+                    .is_some_and(|d| d.uid() == deployment.uid())
+            })
+            .map(|other| {
+                let node = observe::node_name(&other).and_then(|n| self.node(n));
+                let member = remediation::Member::of(&other, node.as_deref());
+                if other.uid() == m.uid() {
+                    member.deciding()
+                } else {
+                    member
+                }
+            });
+        remediation::census(deployment.spec.replicas(), members)
     }
 
     /// The permit of the machine's deployment, taken without waiting (`Err` when another

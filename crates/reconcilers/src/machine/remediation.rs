@@ -7,9 +7,11 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use mcm_api::constants::annotations::policy;
 use mcm_api::intstr::{IntOrPercentError, scaled_value};
+use mcm_api::{Machine, MachinePhase};
 
 /// The remediation annotations of a deployment.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -70,6 +72,67 @@ pub struct Census {
     pub unhealthy: usize,
     /// Its other machines that are Failed or being deleted.
     pub being_replaced: usize,
+}
+
+/// One machine of a deployment as the census sees it. The machine controller (deciding
+/// whether a machine may fail) and the MachineDeployment's `RemediationAllowed` condition
+/// both count with it, so they agree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Member {
+    /// Being deleted: not counted among the machines (its replacement is under way).
+    pub deleting: bool,
+    /// Failed (and not preserved), Terminating or being deleted: in flight.
+    pub being_replaced: bool,
+    /// Unknown or Failed, or its Node is not Ready. Nodes of a zone outage go NotReady
+    /// together, before the machine controller marks their machines Unknown one by one.
+    pub unhealthy: bool,
+}
+
+impl Member {
+    /// `machine`, whose Node in the target cluster's store is `node`. Readiness only: the
+    /// bad-condition list is a flag of the machine controller that the manager does not have,
+    /// and a machine whose Node has a bad condition is marked Unknown at its next reconcile.
+    pub fn of(machine: &Machine, node: Option<&Node>) -> Member {
+        let node_not_ready = node.is_some_and(|n| !super::observe::node_health(n, &[]).ready);
+        Member {
+            deleting: machine.metadata.deletion_timestamp.is_some(),
+            being_replaced: super::observe::is_being_replaced(machine),
+            unhealthy: node_not_ready
+                || matches!(
+                    machine.phase(),
+                    Some(MachinePhase::Unknown | MachinePhase::Failed)
+                ),
+        }
+    }
+
+    /// The machine a decision is about: counted unhealthy (it is about to fail), not in
+    /// flight yet.
+    pub fn deciding(self) -> Member {
+        Member {
+            unhealthy: true,
+            being_replaced: false,
+            ..self
+        }
+    }
+}
+
+/// Counts the `members` of a deployment with `replicas`. Pure.
+pub fn census(replicas: i32, members: impl IntoIterator<Item = Member>) -> Census {
+    let mut c = Census {
+        replicas,
+        machines: 0,
+        unhealthy: 0,
+        being_replaced: 0,
+    };
+    for m in members {
+        c.being_replaced += usize::from(m.being_replaced);
+        if m.deleting {
+            continue;
+        }
+        c.machines += 1;
+        c.unhealthy += usize::from(m.unhealthy);
+    }
+    c
 }
 
 /// Why no further machine of the deployment may be marked Failed now.
@@ -168,6 +231,75 @@ pub fn verdict(policy: &RemediationPolicy, default_budget: usize, c: Census) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A zone outage: the Nodes of 3 of 5 machines went NotReady, none of the machines is
+    /// Unknown yet. The machine controller, deciding about one of them, holds remediation,
+    /// and the deployment's condition says so too (it used to count only Unknown and Failed
+    /// machines and said `RemediationAllowed=True`).
+    #[test]
+    fn a_zone_outage_is_counted_the_same_by_the_machine_controller_and_the_deployment() {
+        let machine = |name: &str| -> Machine {
+            serde_json::from_value(serde_json::json!({
+                "metadata": { "name": name }, "spec": {},
+                "status": { "currentStatus": { "phase": "Running" } }
+            }))
+            .unwrap()
+        };
+        let node = |ready: &str| -> Node {
+            serde_json::from_value(serde_json::json!({
+                "metadata": { "name": "n" },
+                "status": { "conditions": [{ "type": "Ready", "status": ready }] }
+            }))
+            .unwrap()
+        };
+        let (ready, down) = (node("True"), node("Unknown"));
+        let fleet: Vec<(Machine, &Node)> = vec![
+            (machine("a"), &down),
+            (machine("b"), &down),
+            (machine("c"), &down),
+            (machine("d"), &ready),
+            (machine("e"), &ready),
+        ];
+        let members: Vec<Member> = fleet.iter().map(|(m, n)| Member::of(m, Some(n))).collect();
+        let p = policy(None, Some("40%"));
+
+        // The machine controller, about machine a.
+        let deciding = members
+            .iter()
+            .enumerate()
+            .map(|(i, m)| if i == 0 { m.deciding() } else { *m });
+        let held = verdict(&p, 1, super::census(5, deciding));
+        assert_eq!(
+            held,
+            Some(Throttle::ShortCircuit {
+                unhealthy: 3,
+                machines: 5,
+                max: 2,
+                written: "40%".into()
+            })
+        );
+        // The deployment's condition.
+        let now = jiff::Timestamp::from_second(1_000).unwrap();
+        let annotations: BTreeMap<String, String> =
+            [(policy::MAX_UNHEALTHY.to_string(), "40%".to_string())].into();
+        let condition = crate::machinedeployment::status::remediation_condition(
+            "md",
+            Some(&annotations),
+            &members,
+            now,
+        )
+        .unwrap();
+        assert_eq!(
+            condition.status,
+            mcm_api::ConditionStatus::False,
+            "{condition:?}"
+        );
+        assert_eq!(
+            condition.message,
+            held.map(|t| t.describe("md")),
+            "the same words in both places"
+        );
+    }
 
     fn policy(in_flight: Option<&str>, unhealthy: Option<&str>) -> RemediationPolicy {
         let mut a = BTreeMap::new();

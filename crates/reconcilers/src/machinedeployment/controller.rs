@@ -222,10 +222,19 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
 
     let input = observe::status_input(&d, failed, progressed, now);
     let (mut status, recheck) = compute_status(&snapshot, &input);
+    let members: Vec<_> = observed
+        .all_machines()
+        .into_iter()
+        .map(|m| {
+            let node = crate::machine::observe::node_name(m)
+                .and_then(|n| ctx.nodes.get(&kube::runtime::reflector::ObjectRef::new(n)));
+            crate::machine::remediation::Member::of(m, node.as_deref())
+        })
+        .collect();
     let remediation = status::remediation_condition(
         &d.name_any(),
         d.metadata.annotations.as_ref(),
-        &observed.all_machines(),
+        &members,
         now,
     );
     let message = remediation

@@ -113,18 +113,17 @@ pub mod remediation_reasons {
 }
 
 /// The `RemediationAllowed` condition (mcm-rs) of a deployment from its remediation
-/// annotations and its machines (unhealthy: phase Unknown or Failed; machines being deleted
-/// are not counted). `None` when the deployment has no remediation annotation. The machine
-/// controller decides with the same rule (it also counts machines whose Node went NotReady
-/// before their phase changed). Pure.
+/// annotations and its machines, counted as the machine controller counts them
+/// ([`crate::machine::remediation::Member`]: unhealthy is Unknown, Failed or a Node that is
+/// not Ready; machines being deleted are not counted). `None` when the deployment has no
+/// remediation annotation. Pure.
 pub fn remediation_condition(
     name: &str,
     annotations: Option<&std::collections::BTreeMap<String, String>>,
-    machines: &[&mcm_api::Machine],
+    machines: &[crate::machine::remediation::Member],
     now: Timestamp,
 ) -> Option<MachineDeploymentCondition> {
-    use crate::machine::remediation::{policy_of, short_circuit};
-    use mcm_api::MachinePhase;
+    use crate::machine::remediation::{census, policy_of, short_circuit};
     let policy = match policy_of(annotations) {
         Ok(p) if p == Default::default() => return None,
         Ok(p) => p,
@@ -138,20 +137,9 @@ pub fn remediation_condition(
             ));
         }
     };
-    let live: Vec<_> = machines
-        .iter()
-        .filter(|m| m.metadata.deletion_timestamp.is_none())
-        .collect();
-    let unhealthy = live
-        .iter()
-        .filter(|m| {
-            matches!(
-                m.phase(),
-                Some(MachinePhase::Unknown | MachinePhase::Failed)
-            )
-        })
-        .count();
-    Some(match short_circuit(&policy, live.len(), unhealthy) {
+    let counted = census(0, machines.iter().copied());
+    let (live, unhealthy) = (counted.machines, counted.unhealthy);
+    Some(match short_circuit(&policy, live, unhealthy) {
         Some(t) => make(
             MachineDeploymentConditionType::RemediationAllowed,
             ConditionStatus::False,
@@ -163,7 +151,7 @@ pub fn remediation_condition(
             MachineDeploymentConditionType::RemediationAllowed,
             ConditionStatus::True,
             remediation_reasons::ALLOWED,
-            format!("{unhealthy} of {} machines are unhealthy", live.len()),
+            format!("{unhealthy} of {live} machines are unhealthy"),
             now,
         ),
     })
@@ -825,14 +813,15 @@ mod tests {
             }))
             .unwrap()
         };
-        let (r, u) = (machine("Running"), machine("Unknown"));
+        let member = |phase: &str| crate::machine::remediation::Member::of(&machine(phase), None);
+        let (r, u) = (member("Running"), member("Unknown"));
         let now = Timestamp::from_second(1_000).unwrap();
         let a: std::collections::BTreeMap<String, String> =
             [(policy::MAX_UNHEALTHY.to_string(), "40%".to_string())].into();
-        assert_eq!(remediation_condition("md", None, &[&u, &u], now), None);
-        let fine = remediation_condition("md", Some(&a), &[&r, &r, &r, &u], now).unwrap();
+        assert_eq!(remediation_condition("md", None, &[u, u], now), None);
+        let fine = remediation_condition("md", Some(&a), &[r, r, r, u], now).unwrap();
         assert_eq!(fine.status, ConditionStatus::True);
-        let out = remediation_condition("md", Some(&a), &[&r, &u, &u, &u], now).unwrap();
+        let out = remediation_condition("md", Some(&a), &[r, u, u, u], now).unwrap();
         assert_eq!(out.status, ConditionStatus::False);
         assert_eq!(
             out.reason.as_deref(),
