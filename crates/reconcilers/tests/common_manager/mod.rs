@@ -139,6 +139,7 @@ pub trait Watched:
     + Clone
     + std::fmt::Debug
     + serde::de::DeserializeOwned
+    + serde::Serialize
     + Send
     + Sync
     + 'static
@@ -150,21 +151,35 @@ impl<K> Watched for K where
         + Clone
         + std::fmt::Debug
         + serde::de::DeserializeOwned
+        + serde::Serialize
         + Send
         + Sync
         + 'static
 {
 }
 
-/// Sets the phase of the machine `name` to `Running`, as the machine controller does.
+/// Sets the phase of the machine `name` to `Running`, as the machine controller does. A
+/// failed write is retried (a loaded API server can time a request out, and no later watch
+/// event would bring the machine back); a machine that is gone is left alone.
 async fn set_running(api: &Api<Machine>, name: &str) {
-    let patch = json!({"status": {"currentStatus": {
-        "phase": "Running",
-        "lastUpdateTime": Time(jiff::Timestamp::now()),
-    }}});
-    let _ = api
-        .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await;
+    const ATTEMPTS: u32 = 20;
+    for attempt in 1..=ATTEMPTS {
+        let patch = json!({"status": {"currentStatus": {
+            "phase": "Running",
+            "lastUpdateTime": Time(jiff::Timestamp::now()),
+        }}});
+        match api
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => return,
+            Err(kube::Error::Api(e)) if e.code == 404 => return,
+            Err(e) => {
+                eprintln!("fake machine controller: {name} not set Running ({attempt}): {e}");
+                tokio::time::sleep(Duration::from_millis(100) * attempt).await;
+            }
+        }
+    }
 }
 
 /// Plays the machine controller: every new machine becomes `Running` at once.

@@ -162,7 +162,14 @@ pub async fn await_list<K>(
     pred: impl Fn(&[K]) -> bool,
 ) -> Vec<K>
 where
-    K: kube::Resource<DynamicType = ()> + Clone + Debug + DeserializeOwned + Send + Sync + 'static,
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + Debug
+        + DeserializeOwned
+        + serde::Serialize
+        + Send
+        + Sync
+        + 'static,
 {
     let (reader, writer) = reflector::store::<K>();
     let mut stream = reflector::reflector(writer, watcher(api.clone(), watcher::Config::default()))
@@ -189,10 +196,32 @@ where
     match result {
         Ok(Some(items)) => items,
         _ => {
-            let now = api.list(&ListParams::default()).await.map(|l| l.items);
-            panic!("timed out after {timeout:?} waiting for {what}; now: {now:#?}");
+            let now = match api.list(&ListParams::default()).await {
+                Ok(list) => describe(&list.items),
+                Err(e) => format!("(the list failed: {e})"),
+            };
+            panic!("timed out after {timeout:?} waiting for {what}; now:\n{now}");
         }
     }
+}
+
+/// The objects one per line as JSON without `metadata.managedFields` (which would crowd out
+/// what a failed wait needs to show: names, annotations, finalizers, spec and status).
+pub fn describe<K: serde::Serialize>(items: &[K]) -> String {
+    if items.is_empty() {
+        return "(none)".into();
+    }
+    items
+        .iter()
+        .map(|item| {
+            let mut v = serde_json::to_value(item).unwrap_or_default();
+            if let Some(meta) = v.get_mut("metadata").and_then(|m| m.as_object_mut()) {
+                meta.remove("managedFields");
+            }
+            format!("- {v}")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 #[cfg(test)]
