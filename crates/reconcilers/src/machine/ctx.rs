@@ -48,6 +48,8 @@ pub struct Ctx {
     /// decides before (a restarted controller would otherwise skip the drain of a node it
     /// has not listed yet).
     pub synced: tokio::sync::watch::Sender<bool>,
+    /// Where a reconcile takes "now" from (once, when it gathers).
+    pub clock: Arc<dyn crate::clock::Clock>,
     failures: Mutex<HashMap<String, u32>>,
     /// When a machine whose last attempt failed may be tried again (by uid). A failed
     /// attempt writes to the Machine, and that write wakes the machine at once; this keeps
@@ -94,6 +96,7 @@ impl Ctx {
             metrics,
             orphan_trigger: Arc::new(tokio::sync::Notify::new()),
             synced: tokio::sync::watch::Sender::new(false),
+            clock: Arc::new(crate::clock::SystemClock),
             failures: Mutex::new(HashMap::new()),
             retry_at: Mutex::new(HashMap::new()),
             unmanaged_gone: Mutex::new(HashSet::new()),

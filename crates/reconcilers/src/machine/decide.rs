@@ -362,6 +362,50 @@ pub fn next_step(o: &Observed, cfg: &MachineConfig, now: Timestamp) -> Step {
     step
 }
 
+/// A question to the driver that the next step depends on: asked before deciding, with the
+/// answer in [`Observed`]. Defined here, next to the rules that read the answers, so that the
+/// driver is asked exactly where an answer can change the step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probe {
+    /// No question.
+    None,
+    /// Whether the VM of a machine whose drain is about to start still exists: a vanished
+    /// VM has nothing left to drain ([`DeletionFacts::vm_gone`]).
+    VmGone,
+    /// The state of the VM of an Unknown machine whose node is not Ready: a VM gone or
+    /// stopped fails the machine without waiting for the health timeout ([`Observed::vm`]).
+    VmStatus,
+}
+
+/// The [`Probe`] the step of `o` depends on (`o` observed without one). Pure.
+pub fn probe_for(o: &Observed, cfg: &MachineConfig) -> Probe {
+    if o.class.is_err() || !o.vm_requested {
+        return Probe::None;
+    }
+    if o.deleting {
+        let d = &o.deletion;
+        let drain_starts = o.finalizer != crate::machine::Finalizer::Missing
+            && o.phase == Some(MachinePhase::Terminating)
+            && o.node.is_some()
+            && !d.vm_deleted
+            && d.drain_started.is_none()
+            && !d.drained;
+        return if drain_starts {
+            Probe::VmGone
+        } else {
+            Probe::None
+        };
+    }
+    let unknown_not_ready = o.phase == Some(MachinePhase::Unknown)
+        && !cfg.disable_health_timeout
+        && o.node.as_ref().is_none_or(|n| !n.ready);
+    if unknown_not_ready {
+        Probe::VmStatus
+    } else {
+        Probe::None
+    }
+}
+
 /// [`next_step`] of a machine that is not being deleted, finalizer aside.
 fn lifecycle_step(o: &Observed, cfg: &MachineConfig, now: Timestamp) -> Step {
     let in_phase = elapsed(o.phase_since, now);

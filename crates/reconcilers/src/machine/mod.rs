@@ -1,9 +1,15 @@
 //! The machine controller: the lifecycle of each Machine, its VM and its Node.
 //!
-//! Each reconcile ([`reconcile()`]) observes ([`observe`]), decides ([`decide::next_step`],
-//! pure) and acts ([`act`], one idempotent action per step). [`ctx`] is what a reconcile
-//! reads and uses, [`policy`] the pure rules around the decision (rollout protection,
-//! replacement budget, backoff), [`health`], [`remediation`] and [`hooks`] the
+//! Each reconcile ([`reconcile()`]) goes one way through three parts:
+//! [`gather`] reads once what it decides from (the stores, "now" from the context's clock,
+//! and the driver only where [`plan::probe`] says its answer can change the plan);
+//! [`plan`] decides, purely, which decider acts (the deletion of the Node, [`preserve`],
+//! [`inplace`], the lifecycle of [`decide::next_step`]) and with which step; [`execute`]
+//! carries the plan out through [`act`] (one idempotent action per step).
+//!
+//! Around them: [`ctx`] is what a reconcile reads and uses, [`observe`] turns the Machine into
+//! the lifecycle's facts, [`policy`] holds the pure rules around the decision (rollout
+//! protection, replacement budget, backoff), [`health`], [`remediation`] and [`hooks`] the
 //! additive health and disruption policies, [`nodetemplate`] and [`nodefinalizer`] what a
 //! machine keeps on its Node.
 
@@ -11,7 +17,9 @@ pub mod act;
 pub mod ctx;
 pub mod decide;
 pub mod error;
+pub mod execute;
 pub mod freeze;
+pub mod gather;
 pub mod health;
 pub mod hooks;
 pub mod inplace;
@@ -19,6 +27,7 @@ pub mod metrics;
 pub mod nodefinalizer;
 pub mod nodetemplate;
 pub mod observe;
+pub mod plan;
 pub mod policy;
 pub mod preserve;
 pub mod reconcile;

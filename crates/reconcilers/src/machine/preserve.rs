@@ -339,7 +339,7 @@ pub async fn run(
     let result = match step {
         PreserveStep::Nothing => return None,
         PreserveStep::InvalidNodeValue(value) => {
-            invalid_node_value(ctx, m, &value).await;
+            warn_invalid_node_value(ctx, m, &value).await;
             return None;
         }
         PreserveStep::Start { until, value } => start(ctx, m, until, value).await,
@@ -373,7 +373,8 @@ pub async fn run(
     Some(result.map(|()| Action::requeue(NEXT_STEP)))
 }
 
-async fn invalid_node_value(ctx: &Ctx, m: &Machine, value: &str) {
+/// Warns that the Node carries a preserve value upstream does not allow.
+pub(crate) async fn warn_invalid_node_value(ctx: &Ctx, m: &Machine, value: &str) {
     let note = format!(
         "annotation {}={value:?} on node {} is not one of now, when-failed, auto-preserved, \
          false: preservation is left as it is",

@@ -1,0 +1,207 @@
+//! Deletion after the drain: VolumeAttachments, the VM, the Node, the bootstrap token and
+//! the finalizer.
+
+use super::*;
+
+/// Deletes the machine's bootstrap token (the Node joined, or the machine goes away).
+pub(super) async fn delete_bootstrap_token(ctx: &Ctx, m: &Machine) -> Result<(), Error> {
+    let api: Api<Secret> = Api::namespaced(ctx.target.clone(), token::TOKEN_NAMESPACE);
+    let id = token::token_id(&ctx.settings.namespace, &name(m));
+    // Gone already is as good as deleted.
+    let _ = kube_api::delete(&api, &token::secret_name(&id), &DeleteParams::default())
+        .await
+        .map_err(|e| Error::kube("delete the bootstrap token", e))?;
+    Ok(())
+}
+
+/// Deletion requested: Terminating. The description says what comes next, from what was
+/// observed (a node to drain, a VM to delete, or nothing at all).
+pub async fn mark_terminating(
+    ctx: &Ctx,
+    m: &Machine,
+    node: Option<&Node>,
+    vm_requested: bool,
+) -> Result<Action, Error> {
+    let next = match (node, vm_requested) {
+        (Some(n), _) => format!("draining node {} next", n.name_any()),
+        (None, true) => "no node; deleting the VM next".to_string(),
+        (None, false) => "no VM was ever requested; nothing to delete".to_string(),
+    };
+    let description = format!("Deleting machine {}: {next}", name(m));
+    let op = Operation::processing(MachineOperationType::Delete, description);
+    let notice = Notice::normal("Terminating", "Delete");
+    announce(ctx, m, Some(&MachinePhase::Terminating), op, notice).await?;
+    Ok(Action::await_change())
+}
+
+/// Drained: delete the VolumeAttachments still pointing at the node (those already being
+/// deleted are left to their attacher).
+pub async fn delete_volume_attachments(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
+    let Some(node_name) = m.node_name() else {
+        return Ok(Action::requeue(DELETION_STEP_REQUEUE));
+    };
+    let api: Api<VolumeAttachment> = Api::all(ctx.target.clone());
+    for va in attachments_of(ctx, node_name) {
+        let _ = kube_api::delete(&api, &va, &DeleteParams::default())
+            .await
+            .map_err(|e| Error::kube("delete a VolumeAttachment of the node", e))?;
+    }
+    Ok(Action::requeue(DELETION_STEP_REQUEUE))
+}
+
+/// The VolumeAttachments to `node_name` that are not being deleted yet.
+pub fn attachments_of(ctx: &Ctx, node_name: &str) -> Vec<String> {
+    ctx.drain_stores
+        .volume_attachments
+        .state()
+        .iter()
+        .filter(|va| va.spec.node_name == node_name && va.metadata.deletion_timestamp.is_none())
+        .map(|va| va.name_any())
+        .collect()
+}
+
+/// Deletes the VM (NotFound is success) and records that it did. A class that cannot be
+/// used, or a driver that calls the request invalid, blocks the deletion (the finalizer
+/// stays) until the class is fixed.
+pub async fn delete_vm(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
+    let (class, secret) = match class_and_secret(ctx, m).await {
+        Ok(x) => x,
+        Err(Error::Class(problem)) => return deletion_blocked(ctx, m, &problem).await,
+        Err(e) => return Err(e),
+    };
+    let request_id = RequestId::generate();
+    let class_name = class.name_any();
+    let deleted = ctx
+        .driver
+        .delete_machine(DeleteMachineRequest {
+            machine: m.clone(),
+            machine_class: class,
+            secret,
+            request_id: request_id.clone(),
+        })
+        .await;
+    match deleted {
+        Ok(response) => {
+            let state = response.last_known_state.as_deref();
+            if let Some(p) = status::driver_state_patch(m, state, None) {
+                patch_status(ctx, m, p).await?;
+            }
+        }
+        Err(e) if e.is_not_found() => {}
+        Err(e) if e.code == Code::InvalidArgument => {
+            let problem = ClassProblem::Invalid {
+                class: class_name,
+                message: e.full_message(),
+            };
+            return deletion_blocked(ctx, m, &problem).await;
+        }
+        Err(source) => return Err(Error::driver("delete_machine", source)),
+    }
+    tracing::info!(%request_id, "VM deleted");
+    record_duration(
+        ctx,
+        m,
+        Timed::Delete,
+        since(m.metadata.deletion_timestamp.as_ref()),
+    );
+    ctx.reset_backoff(m);
+    set_progress(ctx, m, progress::VM_DELETED).await?;
+    let what = vm_description(m);
+    let description = format!("Deleted {what}");
+    // The Machine's Event comes when its deletion is complete ("Deleted"); the node's
+    // says now why it goes away.
+    record_deletion_step(ctx, m, description.clone()).await?;
+    if let Some(node) = m.node_name() {
+        node_event(ctx, node, EventType::Normal, "VMDeleted", description).await;
+    }
+    Ok(Action::requeue(RECHECK))
+}
+
+/// The VM as a Machine knows it: its providerID, or when its creation was requested.
+pub(super) fn vm_description(m: &Machine) -> String {
+    match m.spec.provider_id.as_deref().filter(|p| !p.is_empty()) {
+        Some(id) => format!("VM {id}"),
+        None => match crate::machine::observe::progress(m, progress::VM_REQUESTED) {
+            Some(t) => format!("the VM requested at {t}"),
+            None => "the VM".to_string(),
+        },
+    }
+}
+
+/// A VM may exist but cannot be deleted with the class as it is: keep the finalizer, say
+/// exactly that (lastOperation and one Event), and retry (a class change wakes us too).
+pub async fn deletion_blocked(
+    ctx: &Ctx,
+    m: &Machine,
+    problem: &ClassProblem,
+) -> Result<Action, Error> {
+    let description = format!(
+        "{} may still exist and cannot be deleted: {problem}; the machine keeps its finalizer \
+         until the class is fixed",
+        vm_description(m)
+    );
+    let unchanged = last_description(m) == Some(description.as_str());
+    record(
+        ctx,
+        m,
+        None,
+        &Operation::failed(MachineOperationType::Delete, description.clone(), None),
+    )
+    .await?;
+    if !unchanged {
+        ctx.events
+            .warning(&m.object_ref(&()), "DeletionBlocked", "Delete", description)
+            .await;
+    }
+    Ok(Action::requeue(ctx.backoff(m, None)))
+}
+
+/// The VM is gone: delete the Node, after releasing its finalizer (the Go MCM's order: the
+/// Node object goes at once).
+pub async fn delete_node(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
+    if let Some(node_name) = m.node_name() {
+        let known = ctx.node(node_name);
+        if known
+            .as_deref()
+            .is_none_or(crate::machine::nodefinalizer::held)
+        {
+            crate::machine::nodefinalizer::release(ctx, node_name, known.as_deref()).await?;
+        }
+        let nodes: Api<Node> = Api::all(ctx.target.clone());
+        let _ = kube_api::delete(&nodes, node_name, &DeleteParams::default())
+            .await
+            .map_err(|e| Error::kube("delete the machine's node", e))?;
+    }
+    Ok(Action::requeue(DELETION_STEP_REQUEUE))
+}
+
+/// Everything is gone: delete the bootstrap token and remove the finalizer.
+pub async fn finish_deletion(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
+    if ctx.settings.target_cluster {
+        delete_bootstrap_token(ctx, m).await?;
+    }
+    let note = if crate::machine::observe::vm_requested(m) {
+        format!("Machine {}: VM and node deleted", name(m))
+    } else {
+        format!("Machine {}: deleted (no VM was ever requested)", name(m))
+    };
+    ctx.events
+        .normal(&m.object_ref(&()), "Deleted", "Delete", note)
+        .await;
+    remove_finalizer(ctx, m).await?;
+    ctx.metrics.deleted();
+    ctx.reset_backoff(m);
+    // Look for leftovers (e.g. of an earlier failed creation) right away.
+    ctx.orphan_trigger.notify_one();
+    Ok(Action::await_change())
+}
+
+/// Whether a Machine of this name exists, read from the API server (used where the store
+/// could be stale, e.g. before deleting a VM as an orphan).
+pub async fn machine_exists(ctx: &Ctx, name: &str) -> Result<bool, Error> {
+    Ok(machine_api(ctx)
+        .get_opt(name)
+        .await
+        .map_err(|e| Error::kube("read the machine", e))?
+        .is_some())
+}

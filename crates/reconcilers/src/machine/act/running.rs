@@ -1,0 +1,271 @@
+//! The phases of a machine that exists: Available, Running, Unknown, Failed, and the
+//! driver probes the health decisions ask for.
+
+use super::*;
+
+/// The VM exists and there is no target cluster to join: `Available` (upstream's phase for
+/// this mode), announced once.
+pub async fn mark_available(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
+    let op = Operation::successful(
+        MachineOperationType::Create,
+        "Created machine on cloud provider".to_string(),
+    );
+    record(ctx, m, Some(&MachinePhase::Available), &op).await?;
+    let note = format!(
+        "VM {} created; there is no target cluster (--target-kubeconfig=none), so the machine \
+         is Available without a Node",
+        m.spec.provider_id.as_deref().unwrap_or_default()
+    );
+    ctx.events
+        .normal(&m.object_ref(&()), "Available", "Create", note)
+        .await;
+    Ok(Action::await_change())
+}
+
+/// The Node is Ready and healthy: Running (and the bootstrap token is no longer needed).
+pub async fn mark_running(ctx: &Ctx, m: &Machine, node: Option<&Node>) -> Result<Action, Error> {
+    // Unknown, or a preserved Failed machine whose node recovered.
+    let from_unknown = matches!(
+        m.phase(),
+        Some(MachinePhase::Unknown | MachinePhase::Failed)
+    );
+    let joined_after = since(m.metadata.creation_timestamp.as_ref());
+    let (kind, description) = if from_unknown {
+        (
+            MachineOperationType::HealthCheck,
+            format!("Machine {} is healthy again", name(m)),
+        )
+    } else {
+        (
+            MachineOperationType::Create,
+            format!(
+                "Machine {} successfully joined the cluster in {}",
+                name(m),
+                mcm_api::duration::format_go_duration(Duration::from_secs(joined_after.as_secs()))
+            ),
+        )
+    };
+    // The token goes before Running is recorded, so a crash in between cannot skip it.
+    delete_bootstrap_token(ctx, m).await?;
+    if !from_unknown {
+        record_join_duration(ctx, m, joined_after).await?;
+    }
+    let op = Operation::successful(kind, description);
+    // Running, the operation and the node's conditions and addresses in one status write.
+    let mut patch = status::status_patch(m, Some(&MachinePhase::Running), &op, Timestamp::now());
+    if let Some(node) = node {
+        let addresses = node
+            .status
+            .as_ref()
+            .and_then(|s| s.addresses.clone())
+            .unwrap_or_default();
+        status::merge_into(
+            &mut patch,
+            status::node_status_patch(
+                crate::machine::observe::node_conditions_of(node),
+                &addresses,
+            ),
+        );
+    }
+    patch_status(ctx, m, patch).await?;
+    let note = if from_unknown {
+        op.description
+    } else {
+        // The first Running Event also tells of the VM's creation.
+        format!(
+            "{} as node {} (VM {})",
+            op.description,
+            m.node_name().unwrap_or_default(),
+            m.spec.provider_id.as_deref().unwrap_or_default()
+        )
+    };
+    ctx.events
+        .normal(&m.object_ref(&()), "Running", "HealthCheck", note)
+        .await;
+    Ok(Action::requeue(ctx.settings.resync))
+}
+
+/// Records on the Machine how long it took to join (the annotation
+/// `node.machine.sapcloud.io/machine-join-duration`, once) and in the join metric.
+pub(super) async fn record_join_duration(
+    ctx: &Ctx,
+    m: &Machine,
+    took: Duration,
+) -> Result<(), Error> {
+    if m.annotations()
+        .contains_key(annotations::MACHINE_JOIN_DURATION)
+    {
+        return Ok(());
+    }
+    let value = mcm_api::duration::format_go_duration(Duration::from_secs(took.as_secs()));
+    let patch = json!({"metadata": {"annotations": {annotations::MACHINE_JOIN_DURATION: value}}});
+    patch_machine(ctx, m, &patch, "record the join duration").await?;
+    record_duration(ctx, m, Timed::Join, took);
+    Ok(())
+}
+
+/// Healthy and Running: copy Node conditions when they changed and apply the node template.
+/// No API call unless something changed: this runs on every relevant Node update.
+pub async fn keep_running(ctx: &Ctx, m: &Machine, node: Option<&Node>) -> Result<Action, Error> {
+    if let Some(node) = node {
+        copy_node_status(ctx, m, node, false).await?;
+        crate::machine::nodetemplate::sync(ctx, m, node).await?;
+    }
+    Ok(Action::requeue(ctx.settings.resync))
+}
+
+pub(super) async fn copy_node_status(
+    ctx: &Ctx,
+    m: &Machine,
+    node: &Node,
+    always: bool,
+) -> Result<(), Error> {
+    let conditions = crate::machine::observe::node_conditions_of(node);
+    let current = m.status.as_ref().and_then(|s| s.conditions.as_deref());
+    if always || status::conditions_differ(current, conditions) {
+        let addresses = node
+            .status
+            .as_ref()
+            .and_then(|s| s.addresses.clone())
+            .unwrap_or_default();
+        patch_status(ctx, m, status::node_status_patch(conditions, &addresses)).await?;
+    }
+    Ok(())
+}
+
+/// The Node is missing or unhealthy: Unknown.
+pub async fn mark_unknown(
+    ctx: &Ctx,
+    m: &Machine,
+    reason: &str,
+    node: Option<&Node>,
+) -> Result<Action, Error> {
+    if let Some(node) = node {
+        copy_node_status(ctx, m, node, true).await?;
+    }
+    let description = format!(
+        "Machine {} is unhealthy - changing phase to Unknown: {reason}",
+        name(m)
+    );
+    let op = Operation::processing(MachineOperationType::HealthCheck, description);
+    let notice = Notice::warning("Unhealthy", "HealthCheck");
+    announce(ctx, m, Some(&MachinePhase::Unknown), op, notice).await?;
+    Ok(Action::requeue(RECHECK))
+}
+
+/// The machine would fail, but the replacement budget of its deployment is used up:
+/// record why (once, with an Event) and check again later.
+pub async fn throttle_replacement(
+    ctx: &Ctx,
+    m: &Machine,
+    throttled: &str,
+    reason: &str,
+) -> Result<Action, Error> {
+    let description = format!("replacement throttled: {throttled}; {reason}");
+    if last_description(m) != Some(description.as_str()) {
+        ctx.metrics.remediation_held();
+        let op = Operation::processing(MachineOperationType::HealthCheck, description);
+        let notice = Notice::warning("ReplacementThrottled", "HealthCheck");
+        announce(ctx, m, None, op, notice).await?;
+    }
+    Ok(Action::requeue(RECHECK))
+}
+
+/// How soon a machine whose failure lost the race for its deployment's permit looks again.
+pub(super) const PERMIT_BUSY_RECHECK: Duration = Duration::from_secs(1);
+
+/// The machine is beyond repair: Failed. The decision saw room in the replacement budget;
+/// the deployment's permit (taken without waiting) serialises concurrent failures of its
+/// machines, and the budget is counted again under it.
+pub async fn mark_failed(ctx: &Ctx, m: &Machine, reason: &str) -> Result<Action, Error> {
+    let _permit = match ctx.replacement_permit(m) {
+        Ok(permit) => permit,
+        Err(busy) => {
+            tracing::debug!(%busy, "replacement permit busy");
+            return Ok(Action::requeue(PERMIT_BUSY_RECHECK));
+        }
+    };
+    if let Some(throttled) = ctx.replacement_throttle(m) {
+        return throttle_replacement(ctx, m, &throttled, reason).await;
+    }
+    let kind = match m.phase() {
+        Some(MachinePhase::Unknown) | Some(MachinePhase::Running) => {
+            MachineOperationType::HealthCheck
+        }
+        _ => MachineOperationType::Create,
+    };
+    let description = format!("Machine {} failed: {reason}", name(m));
+    let op = Operation::failed(kind, description, None);
+    let notice = Notice::warning("Failed", "HealthCheck");
+    announce(ctx, m, Some(&MachinePhase::Failed), op, notice).await?;
+    ctx.metrics.failed();
+    // A VM that never joined within the creation timeout.
+    if m.node_name().is_some()
+        && matches!(
+            m.phase(),
+            Some(MachinePhase::Pending | MachinePhase::Available)
+        )
+        && let Some(labels) = placement_labels(ctx, m)
+    {
+        ctx.metrics.failed_join(&labels);
+    }
+    Ok(Action::await_change())
+}
+
+/// Records that a step is held back (frozen, protected) without changing the phase.
+pub async fn hold(ctx: &Ctx, m: &Machine, why: &str) -> Result<Action, Error> {
+    if last_description(m) != Some(why) {
+        let kind = if m.metadata.deletion_timestamp.is_some() {
+            MachineOperationType::Delete
+        } else {
+            MachineOperationType::HealthCheck
+        };
+        record(ctx, m, None, &Operation::processing(kind, why)).await?;
+    }
+    Ok(Action::requeue(RECHECK))
+}
+
+/// Whether the driver reports the machine's VM gone (`NotFound`). Any other answer, or a
+/// class that cannot be read, counts as "may exist".
+pub async fn vm_is_gone(ctx: &Ctx, m: &Machine) -> bool {
+    let Ok((class, secret)) = class_and_secret(ctx, m).await else {
+        return false;
+    };
+    let status = vm_status(ctx, m, &class, &secret, &RequestId::generate()).await;
+    matches!(status, Err(e) if e.code == Code::NotFound)
+}
+
+/// Asks the driver about the VM of an unhealthy machine (the fast path): gone, stopped (its
+/// VM resource reported `Stopped` or `Failed`), present, or `NotAsked` when the driver
+/// could not tell (an error other than `NotFound`, or the class is unusable).
+pub async fn vm_report(ctx: &Ctx, m: &Machine) -> VmReport {
+    let Ok((class, secret)) = class_and_secret(ctx, m).await else {
+        return VmReport::NotAsked;
+    };
+    match vm_status(ctx, m, &class, &secret, &RequestId::generate()).await {
+        Err(e) if e.code == Code::NotFound => VmReport::Gone,
+        Err(e) => {
+            tracing::debug!(error = %e, "the driver could not tell the VM's state");
+            VmReport::NotAsked
+        }
+        Ok(status) => report_of(&status),
+    }
+}
+
+/// The fast path's reading of a status response. Pure.
+pub fn report_of(status: &GetMachineStatusResponse) -> VmReport {
+    use mcm_driver::{ResourceKind, ResourceState};
+    status
+        .resources
+        .iter()
+        .find(|r| r.kind == ResourceKind::Vm)
+        .map_or(VmReport::Present, |vm| match vm.state {
+            ResourceState::Stopped | ResourceState::Failed => VmReport::Stopped {
+                message: vm
+                    .message
+                    .clone()
+                    .unwrap_or_else(|| format!("{:?}", vm.state).to_lowercase()),
+            },
+            _ => VmReport::Present,
+        })
+}

@@ -1,0 +1,157 @@
+//! The third part of a reconcile: carries out a [`Decision`] (effects only; the actions are in
+//! [`act`], [`preserve`] and [`inplace`]).
+
+use kube::ResourceExt;
+use kube::runtime::controller::Action;
+use mcm_api::Machine;
+
+use super::decide::Step;
+use super::gather::Snapshot;
+use super::plan::{Decision, Plan};
+use super::{Ctx, Error, act, inplace, nodefinalizer, observe, preserve};
+
+/// Carries out `decision` for the machine of `s`.
+pub async fn execute(ctx: &Ctx, s: &Snapshot, decision: Decision) -> Result<Action, Error> {
+    let m = &*s.machine;
+    if let Some(problem) = &decision.warn_policy {
+        act::warn_policy_problem(ctx, m, problem).await;
+    }
+    if let Some(value) = &decision.warn_preserve_value {
+        preserve::warn_invalid_node_value(ctx, m, value).await;
+    }
+    let node = s.node.as_deref();
+    match decision.plan {
+        Plan::DeleteMachine => delete_machine_of_deleted_node(ctx, m).await,
+        Plan::Preserve(step) => preserve::run(ctx, m, &s.cfg, node, step)
+            .await
+            .unwrap_or_else(|| {
+                Err(Error::Invariant(
+                    "a preservation plan without a step".into(),
+                ))
+            }),
+        Plan::InPlace(step) => {
+            let Some(node) = node else {
+                return Err(Error::Invariant("an in-place plan without a node".into()));
+            };
+            inplace::run(ctx, m, &s.cfg, node, step)
+                .await
+                .unwrap_or_else(|| Err(Error::Invariant("an in-place plan without a step".into())))
+        }
+        Plan::Lifecycle {
+            step,
+            hold_node_finalizer,
+        } => {
+            // The Node finalizer: with the node template's write where this step makes one.
+            if let Some(node) = node
+                && hold_node_finalizer
+            {
+                nodefinalizer::hold(ctx, node).await?;
+            }
+            lifecycle_step(ctx, s, step).await
+        }
+    }
+}
+
+/// Carries out a lifecycle [`Step`].
+async fn lifecycle_step(ctx: &Ctx, s: &Snapshot, step: Step) -> Result<Action, Error> {
+    let (m, cfg, node) = (&*s.machine, &s.cfg, s.node.as_deref());
+    match step {
+        Step::AddFinalizer => act::add_finalizer(ctx, m).await,
+        Step::ReportClassProblem(p) => act::report_class_problem(ctx, m, &p).await,
+        Step::CreateVm => act::create_vm(ctx, m, cfg).await,
+        Step::FinishCreation => act::finish_creation(ctx, m, cfg).await,
+        Step::MarkAvailable => act::mark_available(ctx, m).await,
+        Step::AwaitNode { remaining } => Ok(Action::requeue(remaining.min(ctx.settings.resync))),
+        Step::MarkRunning => act::mark_running(ctx, m, node).await,
+        Step::MarkUnknown { reason } => act::mark_unknown(ctx, m, &reason, node).await,
+        Step::AwaitRecovery { remaining } => Ok(Action::requeue(
+            remaining
+                .unwrap_or(ctx.settings.resync)
+                .min(ctx.settings.resync),
+        )),
+        Step::MarkFailed { reason } => act::mark_failed(ctx, m, &reason).await,
+        Step::ReplacementThrottled { throttled, reason } => {
+            act::throttle_replacement(ctx, m, &throttled, &reason).await
+        }
+        Step::Frozen => {
+            act::hold(
+                ctx,
+                m,
+                "machine controller is frozen by the safety controller",
+            )
+            .await
+        }
+        Step::Protected { reason } => {
+            act::hold(ctx, m, &format!("not marked Failed: {reason}")).await
+        }
+        Step::AwaitHooks {
+            stage,
+            hooks,
+            remaining,
+        } => act::await_hooks(ctx, m, stage, &hooks, remaining).await,
+        Step::ExpireHooks { stage, hooks } => act::expire_hooks(ctx, m, stage, &hooks, cfg).await,
+        Step::KeepRunning => act::keep_running(ctx, m, node).await,
+        Step::Nothing => Ok(Action::await_change()),
+        Step::MarkTerminating => {
+            act::mark_terminating(ctx, m, node, observe::vm_requested(m)).await
+        }
+        Step::DrainPass {
+            first,
+            force,
+            force_reason,
+            unreachable,
+            elapsed,
+            pods_gone_for,
+        } => {
+            let Some(node_name) = observe::node_name(m) else {
+                return Err(Error::Invariant("DrainPass without a node name".into()));
+            };
+            if first {
+                let Some(node) = node else {
+                    return Err(Error::Invariant(
+                        "the first drain pass without a node".into(),
+                    ));
+                };
+                act::set_node_terminating(ctx, node, m).await?;
+            }
+            let plan = act::PassPlan {
+                first,
+                force,
+                force_reason: force_reason.as_deref(),
+                unreachable,
+                elapsed,
+                pods_gone_for,
+            };
+            act::drain_pass(ctx, m, cfg, node_name, plan).await
+        }
+        Step::DeleteVolumeAttachments => act::delete_volume_attachments(ctx, m).await,
+        Step::DeleteVm => act::delete_vm(ctx, m).await,
+        Step::DeletionBlocked(problem) => act::deletion_blocked(ctx, m, &problem).await,
+        Step::DeleteNode => act::delete_node(ctx, m).await,
+        Step::RemoveFinalizer => act::finish_deletion(ctx, m).await,
+    }
+}
+
+/// Deletes a Machine whose Node was deleted (MCM's rule: the node's deletion deletes its
+/// machine, which then drains the Node if it still exists and deletes the VM).
+async fn delete_machine_of_deleted_node(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
+    let node = observe::node_name(m).unwrap_or_default();
+    tracing::info!(node, "node deleted: deleting its machine");
+    let api: kube::Api<Machine> =
+        kube::Api::namespaced(ctx.control.clone(), &ctx.settings.namespace);
+    let outcome = crate::kube_api::delete(&api, &m.name_any(), &Default::default())
+        .await
+        .map_err(|e| Error::kube("delete the machine of a deleted node", e))?;
+    if outcome.is_gone() {
+        return Ok(Action::await_change());
+    }
+    ctx.events
+        .normal(
+            &kube::Resource::object_ref(m, &()),
+            "NodeDeleted",
+            "Delete",
+            format!("node {node} was deleted: deleting the machine"),
+        )
+        .await;
+    Ok(Action::await_change())
+}

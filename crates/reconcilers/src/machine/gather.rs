@@ -1,0 +1,133 @@
+//! The first part of a reconcile: every read it decides from, taken once. The stores, the
+//! settings and "now" from the context's clock; then the driver, only where
+//! [`plan::probe`] says an answer can change the plan.
+
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
+use mcm_api::Machine;
+
+use super::decide::{ClassProblem, MachineConfig, Probe, VmReport};
+use super::{Ctx, act, observe, plan};
+
+/// What the Node store says about the Node a Machine records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeState {
+    /// The machine records no node.
+    NotRecorded,
+    /// The Node exists (or is not managed by MCM: deleting it is not ours to act on).
+    Present,
+    /// The Node is being deleted: our finalizer (or another) holds it.
+    Deleting,
+    /// The Node is gone.
+    Gone,
+}
+
+/// Everything one reconcile of a Machine decides from ([`plan::plan`]).
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// The Machine, as the store holds it.
+    pub machine: Arc<Machine>,
+    /// Now, taken once from the context's clock.
+    pub now: Timestamp,
+    /// The safety controller froze the machine controller.
+    pub frozen: bool,
+    /// The state of the machine's Node.
+    pub node_state: NodeState,
+    /// The machine's effective configuration (flags, overridden by its own and its
+    /// deployment's annotations).
+    pub cfg: MachineConfig,
+    /// A health annotation that does not parse and has not been announced for this machine.
+    pub new_policy_problem: Option<String>,
+    /// Whether the class exists (its secrets are read when a step needs them).
+    pub class: Result<(), ClassProblem>,
+    /// The machine's Node, when it exists and MCM manages it.
+    pub node: Option<Arc<Node>>,
+    /// Why the machine must not be marked Failed now (a rollout protects it).
+    pub protection: Option<String>,
+    /// Why the deployment's replacement budget allows no failure now (counted only where a
+    /// failure can be decided).
+    pub throttled: Option<String>,
+    /// VolumeAttachments still pointing at the node of a machine being deleted.
+    pub attachments_left: usize,
+    /// The driver reported the VM gone ([`Probe::VmGone`]).
+    pub vm_gone: bool,
+    /// What the driver said of the VM ([`Probe::VmStatus`]).
+    pub vm: VmReport,
+}
+
+/// Reads what a reconcile of `m` decides from; `None` while the store's copy of `m` predates
+/// this controller's own last write (deciding on it would repeat that write's step).
+pub async fn gather(ctx: &Ctx, m: &Arc<Machine>) -> Option<Snapshot> {
+    if ctx.store_is_behind(m) {
+        return None;
+    }
+    let frozen = ctx.freeze.is_frozen();
+    let (_, deployment) = ctx.owners(m);
+    let (cfg, policy_problem) = observe::machine_config_in(
+        m,
+        deployment
+            .as_ref()
+            .and_then(|d| d.metadata.annotations.as_ref()),
+        &ctx.settings.defaults,
+    );
+    // Announced once per machine and problem; a fixed problem is forgotten.
+    let new_policy_problem = ctx
+        .policy_problem_is_new(m, policy_problem.as_deref())
+        .then_some(policy_problem)
+        .flatten();
+    let class = match observe::class_name(m) {
+        Err(p) => Err(p),
+        Ok(name) => match ctx.class(name) {
+            None => Err(ClassProblem::ClassMissing { name: name.into() }),
+            Some(_) => Ok(()),
+        },
+    };
+    let node = observe::node_name(m)
+        .and_then(|n| ctx.node(n))
+        .filter(|n| !observe::node_not_managed(n));
+    let deleting = m.metadata.deletion_timestamp.is_some();
+    let attachments_left = match observe::node_name(m) {
+        Some(n) if deleting => act::attachments_of(ctx, n).len(),
+        _ => 0,
+    };
+    let mut snapshot = Snapshot {
+        machine: m.clone(),
+        now: ctx.clock.now(),
+        frozen,
+        node_state: node_state(ctx, m),
+        cfg,
+        new_policy_problem,
+        class,
+        node,
+        protection: ctx.failure_protection(m),
+        throttled: plan::may_fail(m)
+            .then(|| ctx.replacement_throttle(m))
+            .flatten(),
+        attachments_left,
+        vm_gone: false,
+        vm: VmReport::NotAsked,
+    };
+    match plan::probe(&snapshot, &ctx.settings) {
+        Probe::None => {}
+        Probe::VmGone => snapshot.vm_gone = act::vm_is_gone(ctx, m).await,
+        Probe::VmStatus => snapshot.vm = act::vm_report(ctx, m).await,
+    }
+    Some(snapshot)
+}
+
+/// The state of the Node `m` records, from the Node store. A Node deleted while annotated
+/// not-managed-by-MCM counts as present: its Machine stays.
+fn node_state(ctx: &Ctx, m: &Machine) -> NodeState {
+    match observe::node_name(m) {
+        None => NodeState::NotRecorded,
+        Some(n) => match ctx.node(n) {
+            Some(node) if observe::node_not_managed(&node) => NodeState::Present,
+            Some(node) if node.metadata.deletion_timestamp.is_some() => NodeState::Deleting,
+            Some(_) => NodeState::Present,
+            None if ctx.unmanaged_node_deleted(n) => NodeState::Present,
+            None => NodeState::Gone,
+        },
+    }
+}

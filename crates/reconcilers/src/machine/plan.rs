@@ -1,0 +1,533 @@
+//! The second part of a reconcile, pure: from a [`Snapshot`], which of the machine's
+//! deciders acts and with which step. The order between them is this file's:
+//!
+//! 1. the deletion of its Node deletes the Machine ([`node_gone`]);
+//! 2. preservation ([`preserve::next`]), unless frozen;
+//! 3. an in-place update ([`inplace::next`]), unless frozen, for a live machine with a Node;
+//! 4. the lifecycle ([`decide::next_step`]).
+//!
+//! One of them acts per reconcile; each converges, so the next reconcile goes on where this
+//! one stopped.
+
+use mcm_api::{Machine, MachinePhase};
+
+use super::decide::{self, Probe, Step};
+use super::gather::{NodeState, Snapshot};
+use super::inplace::{self, InPlaceStep};
+use super::preserve::{self, PreserveStep};
+use super::{Settings, nodefinalizer, observe};
+
+/// What one reconcile does.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Plan {
+    /// The machine's Node was deleted: delete the Machine (which then drains what is left
+    /// and deletes the VM).
+    DeleteMachine,
+    /// A preservation step.
+    Preserve(PreserveStep),
+    /// An in-place update step.
+    InPlace(InPlaceStep),
+    /// A lifecycle step.
+    Lifecycle {
+        /// The step.
+        step: Step,
+        /// Put the Node finalizer on the Node first.
+        hold_node_finalizer: bool,
+    },
+}
+
+/// A [`Plan`] and the warnings announced whatever it is.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Decision {
+    /// A health annotation that does not parse (announced once per machine and problem).
+    pub warn_policy: Option<String>,
+    /// The preserve value the Node carries is not one upstream allows (preservation is left
+    /// as it is; the other deciders go on).
+    pub warn_preserve_value: Option<String>,
+    /// What to do.
+    pub plan: Plan,
+}
+
+/// Decides one reconcile. Pure.
+pub fn plan(s: &Snapshot, settings: &Settings) -> Decision {
+    let (early, warn_preserve_value) = early_decider(s, settings);
+    let plan = early.unwrap_or_else(|| {
+        let observed = observed(s, settings);
+        let step = decide::next_step(&observed, &s.cfg, s.now);
+        let hold_node_finalizer = s.node.as_deref().is_some_and(|node| {
+            !s.frozen && step != Step::KeepRunning && nodefinalizer::to_add(&s.machine, node)
+        });
+        Plan::Lifecycle {
+            step,
+            hold_node_finalizer,
+        }
+    });
+    Decision {
+        warn_policy: s.new_policy_problem.clone(),
+        warn_preserve_value,
+        plan,
+    }
+}
+
+/// The driver question the plan of `s` depends on: none when a decider before the lifecycle
+/// acts, else the lifecycle's ([`decide::probe_for`]). `s` is taken without answers. Pure.
+pub fn probe(s: &Snapshot, settings: &Settings) -> Probe {
+    match early_decider(s, settings) {
+        (Some(_), _) => Probe::None,
+        (None, _) => decide::probe_for(&observed(s, settings), &s.cfg),
+    }
+}
+
+/// Whether a failure of `m` can be decided now (the replacement budget is counted only
+/// then): not being deleted, and in a phase a health or creation timeout fails. Pure.
+pub fn may_fail(m: &Machine) -> bool {
+    m.metadata.deletion_timestamp.is_none()
+        && matches!(
+            m.phase(),
+            Some(
+                MachinePhase::Unknown
+                    | MachinePhase::Pending
+                    | MachinePhase::Available
+                    | MachinePhase::CrashLoopBackOff
+            )
+        )
+}
+
+/// The deciders before the lifecycle, in their order: the plan if one of them acts, and the
+/// invalid preserve value to warn about.
+fn early_decider(s: &Snapshot, settings: &Settings) -> (Option<Plan>, Option<String>) {
+    let m = &*s.machine;
+    if node_gone(m, s.node_state, s.frozen) {
+        return (Some(Plan::DeleteMachine), None);
+    }
+    // Not while frozen: the API servers may be unreachable.
+    if s.frozen {
+        return (None, None);
+    }
+    let node = s.node.as_deref();
+    let health = node.map(|n| observe::node_health(n, &s.cfg.bad_conditions));
+    let facts = preserve::facts(
+        m,
+        node,
+        health.as_ref(),
+        &s.cfg,
+        settings.defaults.preserve_timeout,
+    );
+    let mut warn = None;
+    match preserve::next(&facts, s.now) {
+        PreserveStep::Nothing => {}
+        PreserveStep::InvalidNodeValue(value) => warn = Some(value),
+        step => return (Some(Plan::Preserve(step)), None),
+    }
+    // An in-place update needs a Node (none without a target cluster).
+    if let (Some(node), Some(health)) = (node, health)
+        && m.metadata.deletion_timestamp.is_none()
+        && m.phase().is_some()
+    {
+        let facts = inplace::facts(
+            m,
+            node,
+            health.healthy(),
+            &s.cfg,
+            settings.defaults.inplace_timeout,
+        );
+        match inplace::next(&facts, s.now) {
+            InPlaceStep::Nothing => {}
+            step => return (Some(Plan::InPlace(step)), warn),
+        }
+    }
+    (None, warn)
+}
+
+/// What the lifecycle decides from.
+fn observed(s: &Snapshot, settings: &Settings) -> decide::Observed {
+    observe::observe(
+        &s.machine,
+        &s.cfg,
+        observe::Context {
+            class: &s.class,
+            node: s.node.as_deref(),
+            frozen: s.frozen,
+            failure_protected: s.protection.as_deref(),
+            replacement_throttled: s.throttled.as_deref(),
+            vm_gone: s.vm_gone,
+            vm: &s.vm,
+            attachments_left: s.attachments_left,
+            target_cluster: settings.target_cluster,
+        },
+    )
+}
+
+/// Whether the deletion of its Node deletes `m`, as in the Go MCM: a Node being deleted
+/// (held by the Node finalizer) deletes the machine in any phase, which then drains the
+/// Node and deletes the VM before the Node object goes; a Node already gone deletes a machine
+/// that had joined (Running or Unknown; before that its Node is only missing). Never a
+/// machine already being deleted, nor while frozen. Pure.
+pub fn node_gone(m: &Machine, node: NodeState, frozen: bool) -> bool {
+    if m.metadata.deletion_timestamp.is_some() || frozen {
+        return false;
+    }
+    match node {
+        NodeState::Deleting => true,
+        NodeState::Gone => matches!(
+            m.phase(),
+            Some(MachinePhase::Running | MachinePhase::Unknown)
+        ),
+        NodeState::NotRecorded | NodeState::Present => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use jiff::Timestamp;
+    use k8s_openapi::api::core::v1::Node;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use mcm_api::constants::{annotations, labels};
+    use serde_json::json;
+
+    use super::*;
+    use crate::machine::decide::{MachineConfig, VmReport};
+    use crate::machine::observe::Defaults;
+
+    fn now() -> Timestamp {
+        "2026-11-26T10:00:00Z".parse().unwrap()
+    }
+
+    fn settings() -> Settings {
+        Settings {
+            namespace: "ns".into(),
+            defaults: Defaults {
+                creation_timeout: Duration::from_secs(1200),
+                health_timeout: Duration::from_secs(600),
+                drain_timeout: Duration::from_secs(7200),
+                max_evict_retries: 10,
+                bad_conditions: vec![],
+                preserve_timeout: Duration::from_secs(3600),
+                inplace_timeout: Duration::from_secs(600),
+                unhealthy_conditions: vec![],
+                node_startup_timeout: None,
+                hook_timeout: None,
+            },
+            pv_detach_timeout: Duration::from_secs(5),
+            pv_reattach_timeout: Duration::from_secs(5),
+            bootstrap_token_auth_extra_groups: String::new(),
+            resource_exhausted_retry: Duration::from_secs(1),
+            backoff_initial: Duration::from_millis(500),
+            backoff_max: Duration::from_secs(2),
+            eviction_retry_interval: Duration::from_secs(1),
+            drain_parallelism: 4,
+            resync: Duration::from_secs(600),
+            target_cluster: true,
+        }
+    }
+
+    /// A machine with a VM and Node `n1`, in `phase` for an hour; preserved `now` on request.
+    fn machine(phase: &str, deleting: bool, preserve: bool) -> Machine {
+        let an_hour_ago = now() - jiff::SignedDuration::from_secs(3600);
+        let mut m: Machine = serde_json::from_value(json!({
+            "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "Machine",
+            "metadata": {
+                "name": "m", "namespace": "ns", "uid": "u1",
+                "finalizers": [crate::machine::FINALIZER],
+                "labels": {"node": "n1"},
+                "annotations": {
+                    "progress.machine.sapcloud.io/vm-requested": an_hour_ago.to_string()
+                },
+                "creationTimestamp": an_hour_ago.to_string(),
+            },
+            "spec": {"class": {"kind": "MachineClass", "name": "c"}, "providerID": "fake://m"},
+            "status": {"currentStatus": {"phase": phase, "lastUpdateTime": an_hour_ago.to_string()}}
+        }))
+        .unwrap();
+        if preserve {
+            m.metadata
+                .annotations
+                .get_or_insert_default()
+                .insert(annotations::PRESERVE.into(), "now".into());
+        }
+        if deleting {
+            m.metadata.deletion_timestamp = Some(Time(now()));
+        }
+        m
+    }
+
+    /// Node `n1`, Ready or not; a candidate for an in-place update on request; with a preserve
+    /// value upstream does not allow on request.
+    fn node(ready: bool, candidate: bool, bad_preserve_value: bool) -> Node {
+        let mut n: Node = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": "n1", "labels": {}, "annotations": {}},
+            "status": {"conditions": [{
+                "type": "Ready", "status": if ready { "True" } else { "False" },
+                "lastTransitionTime": (now() - jiff::SignedDuration::from_secs(60)).to_string(),
+            }]}
+        }))
+        .unwrap();
+        if candidate {
+            n.metadata
+                .labels
+                .get_or_insert_default()
+                .insert(labels::CANDIDATE_FOR_UPDATE.into(), "true".into());
+        }
+        if bad_preserve_value {
+            n.metadata
+                .annotations
+                .get_or_insert_default()
+                .insert(annotations::PRESERVE.into(), "sometimes".into());
+        }
+        n
+    }
+
+    fn snapshot(m: Machine, node: Option<Node>, node_state: NodeState, frozen: bool) -> Snapshot {
+        let cfg: MachineConfig = observe::machine_config(&m, &settings().defaults);
+        Snapshot {
+            machine: Arc::new(m),
+            now: now(),
+            frozen,
+            node_state,
+            cfg,
+            new_policy_problem: None,
+            class: Ok(()),
+            node: node.map(Arc::new),
+            protection: None,
+            throttled: None,
+            attachments_left: 0,
+            vm_gone: false,
+            vm: VmReport::NotAsked,
+        }
+    }
+
+    /// Which decider a plan comes from.
+    fn decider(p: &Plan) -> &'static str {
+        match p {
+            Plan::DeleteMachine => "node deleted",
+            Plan::Preserve(_) => "preservation",
+            Plan::InPlace(_) => "in-place",
+            Plan::Lifecycle { .. } => "lifecycle",
+        }
+    }
+
+    #[test]
+    fn the_deciders_act_in_their_order() {
+        use NodeState::*;
+        // (case, phase, deleting, preserve due, in-place due, node state, frozen) -> decider
+        let cases = [
+            (
+                "all due, Node deleting",
+                "Running",
+                false,
+                true,
+                true,
+                Deleting,
+                false,
+                "node deleted",
+            ),
+            (
+                "all due, Node gone",
+                "Running",
+                false,
+                true,
+                true,
+                Gone,
+                false,
+                "node deleted",
+            ),
+            (
+                "preservation and in-place due",
+                "Running",
+                false,
+                true,
+                true,
+                Present,
+                false,
+                "preservation",
+            ),
+            (
+                "preservation due",
+                "Running",
+                false,
+                true,
+                false,
+                Present,
+                false,
+                "preservation",
+            ),
+            (
+                "in-place due",
+                "Running",
+                false,
+                false,
+                true,
+                Present,
+                false,
+                "in-place",
+            ),
+            (
+                "nothing due",
+                "Running",
+                false,
+                false,
+                false,
+                Present,
+                false,
+                "lifecycle",
+            ),
+            (
+                "frozen: the node's deletion waits",
+                "Running",
+                false,
+                true,
+                true,
+                Deleting,
+                true,
+                "lifecycle",
+            ),
+            (
+                "frozen: preservation and in-place wait",
+                "Running",
+                false,
+                true,
+                true,
+                Present,
+                true,
+                "lifecycle",
+            ),
+            (
+                "deleting: no preservation, no in-place",
+                "Terminating",
+                true,
+                true,
+                true,
+                Present,
+                false,
+                "lifecycle",
+            ),
+            (
+                "deleting: the node's deletion is not repeated",
+                "Terminating",
+                true,
+                false,
+                false,
+                Deleting,
+                false,
+                "lifecycle",
+            ),
+        ];
+        for (case, phase, deleting, preserve, inplace, state, frozen, want) in cases {
+            let n = node(true, inplace, false);
+            let s = snapshot(machine(phase, deleting, preserve), Some(n), state, frozen);
+            let d = plan(&s, &settings());
+            assert_eq!(decider(&d.plan), want, "{case}: {:?}", d.plan);
+        }
+    }
+
+    #[test]
+    fn an_invalid_preserve_value_on_the_node_warns_and_the_next_decider_acts() {
+        let s = snapshot(
+            machine("Running", false, false),
+            Some(node(true, true, true)),
+            NodeState::Present,
+            false,
+        );
+        let d = plan(&s, &settings());
+        assert_eq!(decider(&d.plan), "in-place", "{:?}", d.plan);
+        assert_eq!(d.warn_preserve_value.as_deref(), Some("sometimes"));
+        let s = snapshot(
+            machine("Running", false, false),
+            Some(node(true, false, true)),
+            NodeState::Present,
+            false,
+        );
+        let d = plan(&s, &settings());
+        assert_eq!(decider(&d.plan), "lifecycle", "{:?}", d.plan);
+        assert_eq!(d.warn_preserve_value.as_deref(), Some("sometimes"));
+    }
+
+    #[test]
+    fn the_driver_is_asked_only_where_its_answer_can_change_the_step() {
+        // An Unknown machine whose node is not Ready: the fast path asks for the VM's state.
+        let unknown = |preserve| {
+            snapshot(
+                machine("Unknown", false, preserve),
+                Some(node(false, false, false)),
+                NodeState::Present,
+                false,
+            )
+        };
+        assert_eq!(probe(&unknown(false), &settings()), Probe::VmStatus);
+        // Preservation acts first: no question.
+        assert_eq!(probe(&unknown(true), &settings()), Probe::None);
+        // A Running machine: none.
+        let running = snapshot(
+            machine("Running", false, false),
+            Some(node(true, false, false)),
+            NodeState::Present,
+            false,
+        );
+        assert_eq!(probe(&running, &settings()), Probe::None);
+        // A machine whose drain is about to start: whether the VM still exists.
+        let terminating = snapshot(
+            machine("Terminating", true, false),
+            Some(node(true, false, false)),
+            NodeState::Present,
+            false,
+        );
+        assert_eq!(probe(&terminating, &settings()), Probe::VmGone);
+        // Its Node deleted while Running: the machine is deleted, nothing asked.
+        let node_deleted = snapshot(
+            machine("Unknown", false, false),
+            Some(node(false, false, false)),
+            NodeState::Deleting,
+            false,
+        );
+        assert_eq!(probe(&node_deleted, &settings()), Probe::None);
+    }
+
+    fn bare(phase: Option<&str>, deleting: bool) -> Machine {
+        let mut m: Machine = serde_json::from_value(json!({
+            "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "Machine",
+            "metadata": { "name": "m", "labels": { "node": "n" } },
+            "spec": {},
+            "status": { "currentStatus": { "phase": phase } }
+        }))
+        .unwrap();
+        if deleting {
+            m.metadata.deletion_timestamp = Some(Time(now()));
+        }
+        m
+    }
+
+    #[test]
+    fn a_deleting_node_or_a_joined_machine_whose_node_is_gone_deletes_the_machine() {
+        use NodeState::*;
+        // (phase, deleting, node, frozen) -> deleted
+        let cases = [
+            (Some("Running"), false, Gone, false, true),
+            (Some("Unknown"), false, Gone, false, true),
+            // The node has not joined yet.
+            (Some("Pending"), false, Gone, false, false),
+            (None, false, Gone, false, false),
+            // A Node being deleted deletes its machine in any phase.
+            (Some("Running"), false, Deleting, false, true),
+            (Some("Pending"), false, Deleting, false, true),
+            (Some("Failed"), false, Deleting, false, true),
+            // Present, no node recorded, already deleting, or frozen.
+            (Some("Running"), false, Present, false, false),
+            (Some("Running"), false, NotRecorded, false, false),
+            (Some("Running"), true, Gone, false, false),
+            (Some("Running"), true, Deleting, false, false),
+            (Some("Running"), false, Gone, true, false),
+            (Some("Running"), false, Deleting, true, false),
+        ];
+        for (phase, deleting, present, frozen, want) in cases {
+            assert_eq!(
+                node_gone(&bare(phase, deleting), present, frozen),
+                want,
+                "{phase:?} deleting={deleting} present={present:?} frozen={frozen}"
+            );
+        }
+    }
+}
