@@ -1,5 +1,5 @@
 //! The third part of a reconcile: carries out a [`Decision`] (effects only; the actions are in
-//! [`act`], [`preserve`] and [`inplace`]).
+//! [`act`]).
 
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
@@ -8,7 +8,7 @@ use mcm_api::Machine;
 use super::decide::Step;
 use super::gather::Snapshot;
 use super::plan::{Decision, Plan};
-use super::{Ctx, Error, act, inplace, nodefinalizer, observe, preserve};
+use super::{Ctx, Error, act, nodefinalizer, observe};
 
 /// Carries out `decision` for the machine of `s`.
 pub async fn execute(ctx: &Ctx, s: &Snapshot, decision: Decision) -> Result<Action, Error> {
@@ -17,12 +17,12 @@ pub async fn execute(ctx: &Ctx, s: &Snapshot, decision: Decision) -> Result<Acti
         act::warn_policy_problem(ctx, m, problem).await;
     }
     if let Some(value) = &decision.warn_preserve_value {
-        preserve::warn_invalid_node_value(ctx, m, value).await;
+        act::warn_invalid_node_value(ctx, m, value).await;
     }
     let node = s.node.as_deref();
     match decision.plan {
         Plan::DeleteMachine => delete_machine_of_deleted_node(ctx, m).await,
-        Plan::Preserve(step) => preserve::run(ctx, m, &s.cfg, node, step)
+        Plan::Preserve(step) => act::preserve_step(ctx, m, &s.cfg, node, step)
             .await
             .unwrap_or_else(|| {
                 Err(Error::Invariant(
@@ -33,7 +33,7 @@ pub async fn execute(ctx: &Ctx, s: &Snapshot, decision: Decision) -> Result<Acti
             let Some(node) = node else {
                 return Err(Error::Invariant("an in-place plan without a node".into()));
             };
-            inplace::run(ctx, m, &s.cfg, node, step)
+            act::inplace_step(ctx, m, &s.cfg, node, step)
                 .await
                 .unwrap_or_else(|| Err(Error::Invariant("an in-place plan without a step".into())))
         }

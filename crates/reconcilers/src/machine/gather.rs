@@ -4,58 +4,11 @@
 
 use std::sync::Arc;
 
-use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Node;
 use mcm_api::Machine;
 
-use super::decide::{ClassProblem, MachineConfig, Probe, VmReport};
+use super::decide::{ClassProblem, Probe, VmReport};
+pub use super::model::{NodeState, Snapshot};
 use super::{Ctx, act, observe, plan};
-
-/// What the Node store says about the Node a Machine records.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NodeState {
-    /// The machine records no node.
-    NotRecorded,
-    /// The Node exists (or is not managed by MCM: deleting it is not ours to act on).
-    Present,
-    /// The Node is being deleted: our finalizer (or another) holds it.
-    Deleting,
-    /// The Node is gone.
-    Gone,
-}
-
-/// Everything one reconcile of a Machine decides from ([`plan::plan`]).
-#[derive(Debug, Clone)]
-pub struct Snapshot {
-    /// The Machine, as the store holds it.
-    pub machine: Arc<Machine>,
-    /// Now, taken once from the context's clock.
-    pub now: Timestamp,
-    /// The safety controller froze the machine controller.
-    pub frozen: bool,
-    /// The state of the machine's Node.
-    pub node_state: NodeState,
-    /// The machine's effective configuration (flags, overridden by its own and its
-    /// deployment's annotations).
-    pub cfg: MachineConfig,
-    /// A health annotation that does not parse and has not been announced for this machine.
-    pub new_policy_problem: Option<String>,
-    /// Whether the class exists (its secrets are read when a step needs them).
-    pub class: Result<(), ClassProblem>,
-    /// The machine's Node, when it exists and MCM manages it.
-    pub node: Option<Arc<Node>>,
-    /// Why the machine must not be marked Failed now (a rollout protects it).
-    pub protection: Option<String>,
-    /// Why the deployment's replacement budget allows no failure now (counted only where a
-    /// failure can be decided).
-    pub throttled: Option<String>,
-    /// VolumeAttachments still pointing at the node of a machine being deleted.
-    pub attachments_left: usize,
-    /// The driver reported the VM gone ([`Probe::VmGone`]).
-    pub vm_gone: bool,
-    /// What the driver said of the VM ([`Probe::VmStatus`]).
-    pub vm: VmReport,
-}
 
 /// Reads what a reconcile of `m` decides from; `None` while the store's copy of `m` predates
 /// this controller's own last write (deciding on it would repeat that write's step).

@@ -8,25 +8,22 @@
 //! update; uncordoning and moving the machine to the new MachineSet are the MachineDeployment
 //! controller's part.
 //!
-//! [`next`] decides one step from the Machine and its Node (pure); [`run`] carries it out.
+//! [`next`] decides one step from the Machine and its Node (pure); [`act::inplace_step`](super::act::inplace_step) carries it out.
 
 use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, NodeCondition};
-use kube::runtime::controller::Action;
-use kube::{Resource, ResourceExt};
+use kube::ResourceExt;
 use mcm_api::constants::node_conditions::{self, in_place};
 use mcm_api::constants::{annotations, labels};
 use mcm_api::{Machine, MachineOperationType, MachinePhase};
-use serde_json::json;
 
 use super::decide::MachineConfig;
-use super::status::{self, Operation};
-use super::{Ctx, Error};
+use super::status::Operation;
 
 /// How soon a reconcile comes back after an in-place step.
-const NEXT_STEP: Duration = Duration::from_secs(2);
+pub(crate) const NEXT_STEP: Duration = Duration::from_secs(2);
 /// How often a machine waiting for its node agent is looked at again (a label change wakes
 /// it sooner).
 const AWAIT_AGENT: Duration = Duration::from_secs(60);
@@ -300,135 +297,10 @@ pub fn facts<'a>(
     }
 }
 
-/// Carries out an in-place step; `None` for [`InPlaceStep::Nothing`] (the lifecycle step
-/// goes on).
-pub async fn run(
-    ctx: &Ctx,
-    m: &Machine,
-    cfg: &MachineConfig,
-    node: &Node,
-    step: InPlaceStep,
-) -> Option<Result<Action, Error>> {
-    Some(match step {
-        InPlaceStep::Nothing => return None,
-        InPlaceStep::Await { after } => Ok(Action::requeue(after.min(ctx.settings.resync))),
-        InPlaceStep::Condition { reason, message } => set_condition(ctx, node, reason, &message)
-            .await
-            .map(|()| Action::requeue(NEXT_STEP)),
-        InPlaceStep::Drain { force, elapsed } => drain(ctx, m, cfg, node, force, elapsed).await,
-        InPlaceStep::Phase { phase, op } => {
-            let patch = status::status_patch(m, Some(&phase), &op, Timestamp::now());
-            match super::act::patch_status(ctx, m, patch).await {
-                Ok(()) => {
-                    let warning = op.state == mcm_api::MachineState::Failed;
-                    let (reason, note) = (phase.as_str().to_string(), op.description.clone());
-                    let reference = m.object_ref(&());
-                    if warning {
-                        ctx.events
-                            .warning(&reference, &reason, "InPlaceUpdate", note)
-                            .await;
-                    } else {
-                        ctx.events
-                            .normal(&reference, &reason, "InPlaceUpdate", note)
-                            .await;
-                    }
-                    Ok(Action::requeue(NEXT_STEP))
-                }
-                Err(e) => Err(e),
-            }
-        }
-        InPlaceStep::Fail { reason } => super::act::mark_failed(ctx, m, &reason).await,
-    })
-}
-
-/// Writes the Node's `InPlaceUpdate` condition (status `True`, as upstream).
-async fn set_condition(ctx: &Ctx, node: &Node, reason: &str, message: &str) -> Result<(), Error> {
-    let now = Timestamp::now().to_string();
-    let condition = json!({
-        "type": node_conditions::IN_PLACE_UPDATE,
-        "status": "True",
-        "reason": reason,
-        "message": message,
-        "lastHeartbeatTime": now,
-        "lastTransitionTime": now,
-    });
-    let what = "set the node's InPlaceUpdate condition";
-    super::act::patch_node_condition(ctx, &node.name_any(), condition, what).await
-}
-
-/// One pass of the in-place drain: cordon and evict; once nothing is left, the machine is
-/// `InPlaceUpdating` and the node `DrainSuccessful` (in that order, so a crash in between
-/// drains again, which finds nothing, instead of skipping the phase).
-async fn drain(
-    ctx: &Ctx,
-    m: &Machine,
-    cfg: &MachineConfig,
-    node: &Node,
-    force: bool,
-    elapsed: Duration,
-) -> Result<Action, Error> {
-    let name = node.name_any();
-    let options = super::act::drain_options(ctx, m, cfg, force);
-    let input = mcm_drain::PassInput {
-        elapsed,
-        pods_gone_for: None,
-        unreachable: false,
-    };
-    let report = super::act::drain_node_pass(ctx, &name, &options, &input).await?;
-    match report.state() {
-        mcm_drain::PassState::Done
-        | mcm_drain::PassState::Volumes
-        | mcm_drain::PassState::NodeGone => {
-            let op = Operation::processing(
-                MachineOperationType::InPlaceUpdate,
-                format!("Machine {} is undergoing an in-place update", m.name_any()),
-            );
-            let phase = MachinePhase::InPlaceUpdating;
-            if m.phase() != Some(&phase) {
-                let patch = status::status_patch(m, Some(&phase), &op, Timestamp::now());
-                super::act::patch_status(ctx, m, patch).await?;
-            }
-            set_condition(
-                ctx,
-                node,
-                in_place::DRAIN_SUCCESSFUL,
-                "Node draining successful",
-            )
-            .await?;
-            ctx.events
-                .normal(
-                    &m.object_ref(&()),
-                    "InPlaceUpdating",
-                    "InPlaceUpdate",
-                    op.description,
-                )
-                .await;
-            Ok(Action::requeue(NEXT_STEP))
-        }
-        mcm_drain::PassState::Pods => {
-            if let Some(e) = report.failed.first() {
-                let op = Operation::processing(
-                    MachineOperationType::DrainNode,
-                    format!(
-                        "Drain failed due to - {}. Will retry in next sync. Initiate node drain",
-                        crate::error_chain(e)
-                    ),
-                );
-                let patch = status::status_patch(m, None, &op, Timestamp::now());
-                super::act::patch_status(ctx, m, patch).await?;
-                return Ok(Action::requeue(ctx.settings.eviction_retry_interval));
-            }
-            if !report.blocked.is_empty() || !report.misconfigured.is_empty() {
-                return Ok(Action::requeue(ctx.settings.eviction_retry_interval));
-            }
-            Ok(Action::requeue(NEXT_STEP))
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn t(s: &str) -> Timestamp {
         s.parse().unwrap()

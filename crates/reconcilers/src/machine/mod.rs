@@ -24,6 +24,7 @@ pub mod health;
 pub mod hooks;
 pub mod inplace;
 pub mod metrics;
+pub mod model;
 pub mod nodefinalizer;
 pub mod nodetemplate;
 pub mod observe;

@@ -12,8 +12,8 @@
 use mcm_api::{Machine, MachinePhase};
 
 use super::decide::{self, Probe, Step};
-use super::gather::{NodeState, Snapshot};
 use super::inplace::{self, InPlaceStep};
+use super::model::{NodeState, Snapshot};
 use super::preserve::{self, PreserveStep};
 use super::{Settings, nodefinalizer, observe};
 

@@ -7,7 +7,7 @@
 //! `when-failed` or `auto-preserved` machine recovers; the MachineSet replaces a Failed machine
 //! only once it is no longer preserved.
 //!
-//! [`next`] decides one step from the Machine and its Node (pure); [`run`] carries it out.
+//! [`next`] decides one step from the Machine and its Node (pure); [`act::preserve_step`](super::act::preserve_step) carries it out.
 //! Each reconcile runs at most one preservation step before the lifecycle step, so both
 //! converge side by side.
 
@@ -15,21 +15,16 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, NodeCondition, Taint};
-use kube::api::Api;
-use kube::runtime::controller::Action;
-use kube::{Resource, ResourceExt};
+use kube::ResourceExt;
 use mcm_api::constants::{annotations, node_conditions, taints};
 use mcm_api::preservation::{self, Effective, PreserveValue};
 use mcm_api::{Machine, MachinePhase};
-use serde_json::{Value, json};
 
 use super::decide::{FORCE_DRAIN_NOT_READY_AFTER, MachineConfig, NodeHealth};
-use super::{Ctx, Error};
-use crate::kube_api::{self, Part};
 
 /// How soon a reconcile comes back after a preservation step (the next step, or the next
 /// drain pass).
-const NEXT_STEP: Duration = Duration::from_secs(2);
+pub(crate) const NEXT_STEP: Duration = Duration::from_secs(2);
 
 /// What preservation does next.
 #[derive(Debug, Clone, PartialEq)]
@@ -247,7 +242,7 @@ pub fn has_preserved_taint(node: &Node) -> bool {
         .any(|t| t.key == taints::NODE_PRESERVED)
 }
 
-fn taints_of(node: &Node) -> &[Taint] {
+pub(crate) fn taints_of(node: &Node) -> &[Taint] {
     node.spec
         .as_ref()
         .and_then(|s| s.taints.as_deref())
@@ -327,285 +322,10 @@ pub fn facts<'a>(
     }
 }
 
-/// Carries out a preservation step; `None` for [`PreserveStep::Nothing`] (the lifecycle
-/// step goes on).
-pub async fn run(
-    ctx: &Ctx,
-    m: &Machine,
-    cfg: &MachineConfig,
-    node: Option<&Node>,
-    step: PreserveStep,
-) -> Option<Result<Action, Error>> {
-    let result = match step {
-        PreserveStep::Nothing => return None,
-        PreserveStep::InvalidNodeValue(value) => {
-            warn_invalid_node_value(ctx, m, &value).await;
-            return None;
-        }
-        PreserveStep::Start { until, value } => start(ctx, m, until, value).await,
-        PreserveStep::Node(work) => match node {
-            Some(node) => {
-                return Some(
-                    node_work(ctx, m, cfg, node, &work)
-                        .await
-                        .map(Action::requeue),
-                );
-            }
-            None => Ok(()),
-        },
-        PreserveStep::Untaint => match node {
-            Some(node) => remove_taint(ctx, node).await,
-            None => Ok(()),
-        },
-        PreserveStep::Stop {
-            remove_annotations,
-            mark_false,
-            why,
-        } => stop_preservation(ctx, m, node, remove_annotations, mark_false, why).await,
-        PreserveStep::SyncFromNode { node_value } => {
-            let patch = json!({"metadata": {"annotations": {
-                annotations::PRESERVE: null,
-                annotations::LAST_APPLIED_NODE_PRESERVE_VALUE: node_value,
-            }}});
-            super::act::patch_machine(ctx, m, &patch, "record the node's preserve value").await
-        }
-    };
-    Some(result.map(|()| Action::requeue(NEXT_STEP)))
-}
-
-/// Warns that the Node carries a preserve value upstream does not allow.
-pub(crate) async fn warn_invalid_node_value(ctx: &Ctx, m: &Machine, value: &str) {
-    let note = format!(
-        "annotation {}={value:?} on node {} is not one of now, when-failed, auto-preserved, \
-         false: preservation is left as it is",
-        annotations::PRESERVE,
-        m.node_name().unwrap_or_default()
-    );
-    ctx.events
-        .warning(&m.object_ref(&()), "InvalidPreserveValue", "Preserve", note)
-        .await;
-}
-
-async fn start(
-    ctx: &Ctx,
-    m: &Machine,
-    until: Timestamp,
-    value: PreserveValue,
-) -> Result<(), Error> {
-    let patch = json!({"status": {"currentStatus": {"preserveExpiryTime": until.to_string()}}});
-    super::act::patch_status(ctx, m, patch).await?;
-    let note = format!(
-        "preserved until {until} ({}={})",
-        annotations::PRESERVE,
-        value.as_str()
-    );
-    ctx.events
-        .normal(&m.object_ref(&()), "Preserved", "Preserve", note)
-        .await;
-    Ok(())
-}
-
-fn nodes(ctx: &Ctx) -> Api<Node> {
-    Api::all(ctx.target.clone())
-}
-
-async fn patch_node(ctx: &Ctx, node: &str, part: Part, patch: &Value) -> Result<(), Error> {
-    // A node gone meanwhile needs nothing.
-    let _ = kube_api::merge_patch(&nodes(ctx), part, node, patch)
-        .await
-        .map_err(|e| Error::kube("update the preserved node", e))?;
-    Ok(())
-}
-
-/// The Node's part of a preservation in progress; returns when to come back (the next drain
-/// pass, or later after a failed or blocked one).
-async fn node_work(
-    ctx: &Ctx,
-    m: &Machine,
-    cfg: &MachineConfig,
-    node: &Node,
-    work: &NodeWork,
-) -> Result<Duration, Error> {
-    let name = node.name_any();
-    if work.annotate {
-        let v = annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED_VALUE;
-        let patch = json!({"metadata": {"annotations": {
-            annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED: v,
-            annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED_BY_MCM: v,
-        }}});
-        patch_node(ctx, &name, Part::Object, &patch).await?;
-    }
-    let failed = m.phase() == Some(&MachinePhase::Failed);
-    let mut drain_failed = false;
-    if work.drain {
-        if !has_preserved_taint(node) {
-            let mut list = taints_of(node).to_vec();
-            list.push(Taint {
-                key: taints::NODE_PRESERVED.into(),
-                value: None,
-                effect: "NoSchedule".into(),
-                time_added: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                    Timestamp::now(),
-                )),
-            });
-            let patch = json!({
-                "metadata": {"resourceVersion": node.resource_version()},
-                "spec": {"taints": list},
-            });
-            patch_node(ctx, &name, Part::Object, &patch).await?;
-        }
-        let mut options = super::act::drain_options(ctx, m, cfg, work.force);
-        options.cordon = false;
-        let input = mcm_drain::PassInput {
-            elapsed: Duration::ZERO,
-            pods_gone_for: None,
-            unreachable: work.unreachable,
-        };
-        let report = super::act::drain_node_pass(ctx, &name, &options, &input).await?;
-        match report.state() {
-            // Volumes are not waited for: the VM stays.
-            mcm_drain::PassState::Done
-            | mcm_drain::PassState::Volumes
-            | mcm_drain::PassState::NodeGone => {}
-            mcm_drain::PassState::Pods => {
-                if report.failed.is_empty() && report.misconfigured.is_empty() {
-                    // In progress: the next pass comes back (after the retry interval when a
-                    // PodDisruptionBudget refused an eviction).
-                    if report.blocked.is_empty() {
-                        return Ok(NEXT_STEP);
-                    }
-                    return Ok(ctx.settings.eviction_retry_interval);
-                }
-                drain_failed = true;
-            }
-        }
-    }
-    write_condition(
-        ctx,
-        node,
-        condition_for(work.value, failed, drain_failed, work.until),
-    )
-    .await?;
-    Ok(if drain_failed {
-        ctx.settings.eviction_retry_interval
-    } else {
-        NEXT_STEP
-    })
-}
-
-async fn write_condition(
-    ctx: &Ctx,
-    node: &Node,
-    (status, reason, message): (bool, String, String),
-) -> Result<(), Error> {
-    let status = if status { "True" } else { "False" };
-    let existing = preserved_condition(node);
-    if existing.is_some_and(|c| {
-        c.status == status
-            && c.reason.as_deref() == Some(reason.as_str())
-            && c.message.as_deref() == Some(message.as_str())
-    }) {
-        return Ok(());
-    }
-    let now = Timestamp::now().to_string();
-    let transition = match existing {
-        Some(c) if c.status == status => c
-            .last_transition_time
-            .as_ref()
-            .map_or(now.clone(), |t| t.0.to_string()),
-        _ => now.clone(),
-    };
-    let condition = json!({
-        "type": node_conditions::NODE_PRESERVED,
-        "status": status,
-        "reason": reason,
-        "message": message,
-        "lastHeartbeatTime": now,
-        "lastTransitionTime": transition,
-    });
-    let what = "set the node's Preserved condition";
-    super::act::patch_node_condition(ctx, &node.name_any(), condition, what).await
-}
-
-async fn remove_taint(ctx: &Ctx, node: &Node) -> Result<(), Error> {
-    if !has_preserved_taint(node) {
-        return Ok(());
-    }
-    let kept: Vec<&Taint> = taints_of(node)
-        .iter()
-        .filter(|t| t.key != taints::NODE_PRESERVED)
-        .collect();
-    let patch = json!({
-        "metadata": {"resourceVersion": node.resource_version()},
-        "spec": {"taints": kept},
-    });
-    patch_node(ctx, &node.name_any(), Part::Object, &patch).await
-}
-
-async fn stop_preservation(
-    ctx: &Ctx,
-    m: &Machine,
-    node: Option<&Node>,
-    remove_annotations: bool,
-    mark_false: bool,
-    why: &str,
-) -> Result<(), Error> {
-    if let Some(node) = node {
-        write_condition(
-            ctx,
-            node,
-            (
-                false,
-                node_conditions::PRESERVATION_STOPPED.to_string(),
-                String::new(),
-            ),
-        )
-        .await?;
-        let anns = node.annotations();
-        let mut remove = serde_json::Map::new();
-        if anns.contains_key(annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED_BY_MCM) {
-            remove.insert(
-                annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED.into(),
-                Value::Null,
-            );
-            remove.insert(
-                annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED_BY_MCM.into(),
-                Value::Null,
-            );
-        }
-        if remove_annotations && anns.contains_key(annotations::PRESERVE) {
-            remove.insert(annotations::PRESERVE.into(), Value::Null);
-        }
-        if !remove.is_empty() {
-            let patch = json!({"metadata": {"annotations": remove}});
-            patch_node(ctx, &node.name_any(), Part::Object, &patch).await?;
-        }
-        remove_taint(ctx, node).await?;
-    }
-    if remove_annotations {
-        let value = mark_false.then_some(mcm_api::constants::annotations::preserve_values::FALSE);
-        let patch = json!({"metadata": {"annotations": {
-            annotations::PRESERVE: value,
-            annotations::LAST_APPLIED_NODE_PRESERVE_VALUE: null,
-        }}});
-        super::act::patch_machine(ctx, m, &patch, "remove the preserve annotations").await?;
-    }
-    let patch = json!({"status": {"currentStatus": {"preserveExpiryTime": null}}});
-    super::act::patch_status(ctx, m, patch).await?;
-    ctx.events
-        .normal(
-            &m.object_ref(&()),
-            "PreservationStopped",
-            "Preserve",
-            format!("preservation stopped: {why}"),
-        )
-        .await;
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn t(s: &str) -> Timestamp {
         s.parse().unwrap()

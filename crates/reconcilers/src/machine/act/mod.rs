@@ -36,11 +36,16 @@ use crate::machine::status::{self, Operation};
 mod create;
 mod delete;
 mod drain;
+mod inplace;
+mod preserve;
 mod records;
 mod running;
 
 pub use create::*;
 pub use delete::*;
 pub use drain::*;
+pub use inplace::inplace_step;
+pub use preserve::preserve_step;
+pub(crate) use preserve::warn_invalid_node_value;
 pub use records::*;
 pub use running::*;

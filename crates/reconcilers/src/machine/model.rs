@@ -1,0 +1,386 @@
+//! What the machine controller's lifecycle decides from and what it can decide: the facts of
+//! one Machine ([`Observed`], [`DeletionFacts`], [`NodeHealth`], [`VmReport`]), its effective
+//! configuration ([`MachineConfig`]), the steps ([`Step`]), and the [`Snapshot`] one reconcile
+//! decides from. Plain data; the rules are in [`decide`](super::decide) and
+//! [`plan`](super::plan).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
+use mcm_api::{Machine, MachinePhase};
+
+use super::health::ConditionRule;
+use super::hooks::HookStage;
+
+/// The timeouts and health rules that apply to one Machine: the controller's flags,
+/// overridden by the Machine's inline `spec` configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MachineConfig {
+    /// `--machine-creation-timeout` / `spec.creationTimeout`.
+    pub creation_timeout: Duration,
+    /// `--machine-health-timeout` / `spec.healthTimeout`.
+    pub health_timeout: Duration,
+    /// `--machine-drain-timeout` / `spec.drainTimeout`.
+    pub drain_timeout: Duration,
+    /// `spec.disableHealthTimeout`: never fail a machine for being unhealthy.
+    pub disable_health_timeout: bool,
+    /// Node condition types that make a machine unhealthy when `True`
+    /// (`--node-conditions` / `spec.nodeConditions`).
+    pub bad_conditions: Vec<String>,
+    /// Per-condition health rules (`--unhealthy-conditions` / the
+    /// `health.mcm-rs.io/unhealthy-conditions` annotation).
+    pub unhealthy_conditions: Vec<ConditionRule>,
+    /// How long a created VM may take to register its Node (`--node-startup-timeout` / the
+    /// `health.mcm-rs.io/node-startup-timeout` annotation); `None`: only the creation timeout.
+    pub node_startup_timeout: Option<Duration>,
+    /// How long a lifecycle hook may hold a deletion (`--machine-lifecycle-hook-timeout`);
+    /// `None`: for as long as it is there.
+    pub hook_timeout: Option<Duration>,
+}
+
+/// A Node condition that matches a health rule, and since when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuleMatch {
+    /// The rule.
+    pub rule: ConditionRule,
+    /// The condition's last transition (else the Node's creation).
+    pub since: Timestamp,
+}
+
+/// What the driver said of the VM of an unhealthy machine (the fast path).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum VmReport {
+    /// Not asked, or the driver could not tell.
+    #[default]
+    NotAsked,
+    /// The driver reported the VM gone (`NotFound`).
+    Gone,
+    /// The driver reported the VM stopped or failed (cloud-side health).
+    Stopped {
+        /// The driver's detail.
+        message: String,
+    },
+    /// The VM exists and runs, as far as the driver knows.
+    Present,
+}
+
+/// Why the machine's class cannot be used right now.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClassProblem {
+    /// `spec.class` is empty or not a MachineClass.
+    NoClassReference,
+    /// The referenced MachineClass does not exist.
+    ClassMissing {
+        /// Its name.
+        name: String,
+    },
+    /// A Secret the class references does not exist.
+    SecretMissing {
+        /// The class.
+        class: String,
+        /// The secret's name.
+        secret: String,
+    },
+    /// The class failed validation.
+    Invalid {
+        /// The class.
+        class: String,
+        /// What is wrong, naming the field.
+        message: String,
+    },
+}
+
+impl std::fmt::Display for ClassProblem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClassProblem::NoClassReference => {
+                f.write_str("spec.class must name a MachineClass (kind MachineClass)")
+            }
+            ClassProblem::ClassMissing { name } => write!(f, "MachineClass {name:?} not found"),
+            ClassProblem::SecretMissing { class, secret } => {
+                write!(
+                    f,
+                    "Secret {secret:?} referenced by MachineClass {class:?} not found"
+                )
+            }
+            ClassProblem::Invalid { class, message } => {
+                write!(f, "MachineClass {class:?} is invalid: {message}")
+            }
+        }
+    }
+}
+
+/// What the controller saw of the Machine's Node.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct NodeHealth {
+    /// `Ready` is `True`.
+    pub ready: bool,
+    /// Since when `Ready` has not been `True` (its last transition), if it is not.
+    pub not_ready_since: Option<Timestamp>,
+    /// Configured bad condition types that are `True`.
+    pub bad_conditions: Vec<String>,
+    /// `Ready` is `Unknown` (or missing): the kubelet stopped reporting, so pods on the node
+    /// can never finish terminating.
+    pub unreachable: bool,
+    /// Conditions that match a per-condition health rule.
+    pub rule_matches: Vec<RuleMatch>,
+}
+
+impl NodeHealth {
+    /// Ready and without bad conditions.
+    pub fn healthy(&self) -> bool {
+        self.ready && self.bad_conditions.is_empty() && self.rule_matches.is_empty()
+    }
+
+    /// A human-readable reason why the node is unhealthy.
+    pub fn unhealthy_reason(&self) -> String {
+        let mut parts = Vec::new();
+        if !self.ready {
+            parts.push("node is not Ready".to_string());
+        }
+        if !self.bad_conditions.is_empty() {
+            parts.push(format!(
+                "node conditions {} are True",
+                self.bad_conditions.join(", ")
+            ));
+        }
+        for m in &self.rule_matches {
+            parts.push(format!(
+                "node condition {}={} (health rule {})",
+                m.rule.type_, m.rule.status, m.rule
+            ));
+        }
+        parts.join("; ")
+    }
+}
+
+/// Everything [`next_step`](super::decide::next_step) decides from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Observed {
+    /// `metadata.deletionTimestamp` is set.
+    pub deleting: bool,
+    /// How the Machine carries our finalizer.
+    pub finalizer: super::Finalizer,
+    /// `status.currentStatus.phase`.
+    pub phase: Option<MachinePhase>,
+    /// When the phase began (`status.currentStatus.lastUpdateTime`), else creation time.
+    pub phase_since: Timestamp,
+    /// `spec.providerID`, when a VM was recorded.
+    pub provider_id: Option<String>,
+    /// The `node` label, when the VM's node name was recorded.
+    pub node_name: Option<String>,
+    /// Whether the class and its secrets are usable.
+    pub class: Result<(), ClassProblem>,
+    /// The Node, when it exists.
+    pub node: Option<NodeHealth>,
+    /// The safety controller froze the machine controller.
+    pub frozen: bool,
+    /// The `force-deletion` label is set.
+    pub force_deletion: bool,
+    /// Why this machine must not be marked Failed right now even if its health timeout
+    /// expired (e.g. it belongs to an old MachineSet while a rollout is in progress).
+    pub failure_protected: Option<String>,
+    /// Why the replacement budget of the machine's deployment allows no further failure
+    /// right now (at most maxSurge of its machines may be Failed or terminating at once).
+    pub replacement_throttled: Option<String>,
+    /// A VM may exist: a providerID is recorded, or creation was requested (the
+    /// `vm-requested` progress annotation). Without either, the Machine never asked for a
+    /// VM and is deleted without touching the driver (or needing its class).
+    pub vm_requested: bool,
+    /// There is a target cluster; without one a machine with a VM is `Available` and never
+    /// has a Node.
+    pub target_cluster: bool,
+    /// The machine is preserved (`preserveExpiryTime` set): a Failed one whose node is
+    /// healthy again goes back to Running.
+    pub preserved: bool,
+    /// What the driver said of the VM (asked only for an Unknown machine whose node is not
+    /// Ready).
+    pub vm: VmReport,
+    /// What deletion has done so far (only meaningful while deleting).
+    pub deletion: DeletionFacts,
+}
+
+/// The facts deletion decides from: the durable progress record on the Machine, plus what
+/// was seen of the node's VolumeAttachments and of the VM.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DeletionFacts {
+    /// When the drain started (the node was cordoned).
+    pub drain_started: Option<Timestamp>,
+    /// When the drain first found no pod left to wait for.
+    pub pods_drained: Option<Timestamp>,
+    /// The drain finished.
+    pub drained: bool,
+    /// `delete_machine` succeeded.
+    pub vm_deleted: bool,
+    /// VolumeAttachments to the machine's node that still exist.
+    pub attachments_left: usize,
+    /// The driver reported the VM gone (`NotFound`): there is nothing to drain. `false` when
+    /// the driver was not asked or could not tell.
+    pub vm_gone: bool,
+    /// When the deletion was requested (`metadata.deletionTimestamp`).
+    pub requested: Option<Timestamp>,
+    /// When the drain finished, if it did.
+    pub drained_at: Option<Timestamp>,
+    /// Pre-drain hooks on the Machine (`name (owner ...)`).
+    pub pre_drain_hooks: Vec<String>,
+    /// Pre-terminate hooks on the Machine.
+    pub pre_terminate_hooks: Vec<String>,
+    /// The pre-drain hooks were given up on after the hook timeout.
+    pub pre_drain_expired: bool,
+    /// The pre-terminate hooks were given up on after the hook timeout.
+    pub pre_terminate_expired: bool,
+}
+
+/// What to do next.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Step {
+    /// Put our finalizer on the Machine.
+    AddFinalizer,
+    /// Record the class problem (lastOperation Failed, Event) and retry later.
+    ReportClassProblem(ClassProblem),
+    /// Find the VM (adopt) or create it (with its bootstrap token, initialized when the
+    /// driver needs it), then record providerID and the node label.
+    CreateVm,
+    /// The VM is recorded but its creation did not finish (no phase yet, or
+    /// CrashLoopBackOff after a failed initialization): ask the driver, initialize the VM when
+    /// it needs that, then move on as creation does (Pending, Running or Available).
+    FinishCreation,
+    /// The VM is recorded and there is no target cluster to join: `Available`.
+    MarkAvailable,
+    /// Pending: wait for the Node; the creation timeout expires in `remaining`.
+    AwaitNode {
+        /// Time left before the machine fails.
+        remaining: Duration,
+    },
+    /// The Node is Ready and healthy: Running.
+    MarkRunning,
+    /// The Node is missing or unhealthy: Unknown (the health timeout starts).
+    MarkUnknown {
+        /// Why.
+        reason: String,
+    },
+    /// Unknown: wait for recovery; the health timeout expires in `remaining` (`None`: never).
+    AwaitRecovery {
+        /// Time left before the machine fails.
+        remaining: Option<Duration>,
+    },
+    /// The machine is beyond repair: Failed (the MachineSet replaces it).
+    MarkFailed {
+        /// Why.
+        reason: String,
+    },
+    /// The machine would fail, but its deployment's replacement budget is used up.
+    ReplacementThrottled {
+        /// Why the budget is used up.
+        throttled: String,
+        /// Why the machine would fail.
+        reason: String,
+    },
+    /// The machine would fail or start deleting, but the controller is frozen.
+    Frozen,
+    /// Deletion waits for lifecycle hooks of a stage to be removed by their owners.
+    AwaitHooks {
+        /// The stage.
+        stage: HookStage,
+        /// The hooks (`name (owner ...)`).
+        hooks: Vec<String>,
+        /// Time left before the hook timeout gives up on them (`None`: no timeout).
+        remaining: Option<Duration>,
+    },
+    /// The hook timeout passed: record that the stage's hooks are given up on (Warning) and
+    /// go on.
+    ExpireHooks {
+        /// The stage.
+        stage: HookStage,
+        /// The hooks left.
+        hooks: Vec<String>,
+    },
+    /// The machine would fail, but it is protected (see [`Observed::failure_protected`]).
+    Protected {
+        /// Why.
+        reason: String,
+    },
+    /// Healthy and Running: keep Node conditions, node template and bootstrap token tidy.
+    KeepRunning,
+    /// Nothing to do (Failed machines wait for their owner; foreign objects are left alone).
+    Nothing,
+    /// Deletion requested: set Terminating.
+    MarkTerminating,
+    /// One pass of the drain (cordon, evictions or deletions of this round, then requeue).
+    /// The first pass also marks the node Terminating and records when the drain started.
+    DrainPass {
+        /// The first pass: the drain has not started yet.
+        first: bool,
+        /// Delete pods instead of evicting them.
+        force: bool,
+        /// Why force was chosen, if it was.
+        force_reason: Option<String>,
+        /// The node is unreachable: pods whose deletion was requested are not waited for.
+        unreachable: bool,
+        /// Time since the drain started.
+        elapsed: Duration,
+        /// Time since the drain first found no pod left, if it did.
+        pods_gone_for: Option<Duration>,
+    },
+    /// Drained (or nothing to drain): delete the VolumeAttachments of the node.
+    DeleteVolumeAttachments,
+    /// Delete the VM through the driver (always called when a VM may exist, so leftovers
+    /// such as disks or NICs go too).
+    DeleteVm,
+    /// A VM may exist but the class cannot be used to delete it: keep the finalizer, say so,
+    /// and continue once the class is fixed.
+    DeletionBlocked(ClassProblem),
+    /// The VM is gone: delete the Node.
+    DeleteNode,
+    /// Everything is gone: delete the bootstrap token and remove the finalizer.
+    RemoveFinalizer,
+}
+
+/// What the Node store says about the Node a Machine records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeState {
+    /// The machine records no node.
+    NotRecorded,
+    /// The Node exists (or is not managed by MCM: deleting it is not ours to act on).
+    Present,
+    /// The Node is being deleted: our finalizer (or another) holds it.
+    Deleting,
+    /// The Node is gone.
+    Gone,
+}
+
+/// Everything one reconcile of a Machine decides from: what
+/// [`gather`](super::gather::gather) read, for [`plan`](super::plan::plan).
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    /// The Machine, as the store holds it.
+    pub machine: Arc<Machine>,
+    /// Now, taken once from the context's clock.
+    pub now: Timestamp,
+    /// The safety controller froze the machine controller.
+    pub frozen: bool,
+    /// The state of the machine's Node.
+    pub node_state: NodeState,
+    /// The machine's effective configuration (flags, overridden by its own and its
+    /// deployment's annotations).
+    pub cfg: MachineConfig,
+    /// A health annotation that does not parse and has not been announced for this machine.
+    pub new_policy_problem: Option<String>,
+    /// Whether the class exists (its secrets are read when a step needs them).
+    pub class: Result<(), ClassProblem>,
+    /// The machine's Node, when it exists and MCM manages it.
+    pub node: Option<Arc<Node>>,
+    /// Why the machine must not be marked Failed now (a rollout protects it).
+    pub protection: Option<String>,
+    /// Why the deployment's replacement budget allows no failure now (counted only where a
+    /// failure can be decided).
+    pub throttled: Option<String>,
+    /// VolumeAttachments still pointing at the node of a machine being deleted.
+    pub attachments_left: usize,
+    /// The driver reported the VM gone ([`Probe::VmGone`](super::decide::Probe::VmGone)).
+    pub vm_gone: bool,
+    /// What the driver said of the VM ([`Probe::VmStatus`](super::decide::Probe::VmStatus)).
+    pub vm: VmReport,
+}
