@@ -14,6 +14,7 @@
 //! [`metrics`] records every reconcile, [`events`] publishes Kubernetes Events.
 #![warn(missing_docs)]
 
+pub mod announce;
 pub mod clock;
 pub mod disruptionbudget;
 pub mod events;

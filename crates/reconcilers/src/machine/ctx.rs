@@ -61,7 +61,7 @@ pub struct Ctx {
     /// it was written: see [`Ctx::store_is_behind`].
     own_writes: Mutex<HashMap<String, (u64, Instant)>>,
     /// The health-annotation problem last announced per machine (by uid).
-    policy_warned: Mutex<HashMap<String, String>>,
+    policy_warned: crate::announce::Announced,
 }
 
 /// How long a write of our own is awaited in the store before a reconcile goes on without
@@ -101,7 +101,7 @@ impl Ctx {
             retry_at: Mutex::new(HashMap::new()),
             unmanaged_gone: Mutex::new(HashSet::new()),
             own_writes: Mutex::new(HashMap::new()),
-            policy_warned: Mutex::new(HashMap::new()),
+            policy_warned: crate::announce::Announced::new(),
         }
     }
 
@@ -194,13 +194,12 @@ impl Ctx {
     /// it is announced once per machine and problem, not on every reconcile.
     pub(crate) fn policy_problem_is_new(&self, m: &Machine, problem: Option<&str>) -> bool {
         let uid = m.uid().unwrap_or_default();
-        let mut warned = self.policy_warned.lock().unwrap_or_else(|e| e.into_inner());
         match problem {
             None => {
-                warned.remove(&uid);
+                self.policy_warned.forget(&uid);
                 false
             }
-            Some(p) => warned.insert(uid, p.to_string()).as_deref() != Some(p),
+            Some(p) => self.policy_warned.is_new(&uid, p),
         }
     }
 

@@ -1,0 +1,61 @@
+//! "Announce once": a note (an Event, a warning) is published when it is new for an object,
+//! not on every reconcile that sees the same thing. One record per object (by uid), forgotten
+//! when the object goes or the problem is fixed, so that its return is announced again.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+/// The note last announced per object (by uid).
+#[derive(Debug, Default)]
+pub struct Announced(Mutex<HashMap<String, String>>);
+
+impl Announced {
+    /// An empty record.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records `note` for `uid`; whether it differs from the note last announced for it
+    /// (then it is to be announced).
+    pub fn is_new(&self, uid: &str, note: &str) -> bool {
+        let mut notes = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        notes.insert(uid.to_owned(), note.to_owned()).as_deref() != Some(note)
+    }
+
+    /// Forgets what was announced for `uid` (the object is gone, or all is well again).
+    pub fn forget(&self, uid: &str) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
+    }
+
+    /// How many objects have a note on record.
+    pub fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Whether no object has a note on record.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_note_is_new_once_until_it_changes_or_is_forgotten() {
+        let a = Announced::new();
+        assert!(a.is_new("u1", "bad value x"));
+        assert!(!a.is_new("u1", "bad value x"));
+        assert!(a.is_new("u2", "bad value x"), "per object");
+        assert!(a.is_new("u1", "bad value y"), "a changed note");
+        a.forget("u1");
+        assert!(
+            a.is_new("u1", "bad value y"),
+            "announced again after it was fixed"
+        );
+        a.forget("u1");
+        a.forget("u2");
+        assert!(a.is_empty());
+    }
+}
