@@ -443,7 +443,7 @@ async fn deletion_respects_a_pdb_and_reports_it_then_drains() {
         "controller=\"machine\"",
     );
     assert!(longest < 3.0, "a reconcile took {longest}s");
-    for reason in ["DrainStarted", "Drained", "VMDeleted"] {
+    for reason in ["DrainStarted", "Drained"] {
         assert!(
             !node_events_for(&h.client, "d1", reason).await.is_empty(),
             "no {reason} event on the node"

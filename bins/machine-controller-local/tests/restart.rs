@@ -36,7 +36,8 @@ fn has_progress(m: Option<&Machine>, key: &str) -> bool {
 }
 
 /// Deletion is a sequence of steps, each one reconcile: Terminating, drain started (node
-/// cordoned and marked), drain passes, drained, VM deleted, Node deleted, finalizer removed.
+/// cordoned and marked), drain passes, drained, then the VM, the Node and the finalizer (one
+/// step: after a kill there the VM is deleted again, which is NotFound, and the rest follows).
 /// The controller is SIGKILLed as soon as each step's durable record appears, and restarted.
 #[tokio::test]
 async fn a_deletion_interrupted_at_every_step_finishes_without_leaks() {
@@ -69,7 +70,6 @@ async fn a_deletion_interrupted_at_every_step_finishes_without_leaks() {
     let kills = [
         (progress::DRAIN_STARTED, "drain started"),
         (progress::DRAINED, "drained"),
-        (progress::VM_DELETED, "VM deleted"),
     ];
     for (i, (key, what)) in kills.iter().enumerate() {
         let wanted = key.to_string();
@@ -102,12 +102,6 @@ async fn a_deletion_interrupted_at_every_step_finishes_without_leaks() {
             assert!(
                 pods.get_opt("slow").await.unwrap().is_none(),
                 "drained means the pod is gone"
-            );
-        }
-        if *key == progress::VM_DELETED {
-            assert!(
-                !process_alive(victim_pid),
-                "the VM is gone once recorded deleted"
             );
         }
         mc = h.spawn_controller(&format!("mc-{}", i + 3), &[]);

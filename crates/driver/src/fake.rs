@@ -75,6 +75,12 @@ impl FakeDriver {
         });
     }
 
+    /// Removes a VM behind the controller's back (deleted by a controller that crashed before
+    /// it recorded the deletion, or by someone else). Whether it existed.
+    pub fn remove_vm(&self, machine_name: &str) -> bool {
+        self.with(|s| s.vms.remove(machine_name).is_some())
+    }
+
     /// The VMs that exist now.
     pub fn vms(&self) -> Vec<FakeVm> {
         self.with(|s| s.vms.values().cloned().collect())

@@ -447,6 +447,35 @@ async fn deletion_removes_the_vm_and_the_finalizer() {
     w.stop().await;
 }
 
+/// The VM of a running machine is deleted, and the controller crashes before the Node and
+/// the finalizer go (one step, nothing recorded in between): the deletion asks the driver
+/// again, takes its NotFound as done, and deletes the Node and the Machine.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vm_deleted_before_a_crash_is_not_found_and_the_deletion_finishes() {
+    let w = World::start("steps-vm-gone").await;
+    w.create_machine(MachineBuilder::new("vg1").class(CLASS).build())
+        .await;
+    w.await_machine("vg1", "the VM to be recorded", |m| {
+        m.spec.provider_id.is_some() && has_our_finalizer(m)
+    })
+    .await;
+    create_ready_node(&w.client, "vg1", "fake:///vg1", &[]).await;
+    w.await_machine("vg1", "the machine to run", |m| {
+        m.phase() == Some(&MachinePhase::Running)
+    })
+    .await;
+    assert!(w.fake().remove_vm("vg1"));
+    w.machines()
+        .delete("vg1", &DeleteParams::default())
+        .await
+        .expect("delete");
+    await_gone(w.machines(), "vg1", WAIT).await;
+    let nodes: Api<Node> = Api::all(w.client.clone());
+    await_gone(nodes, "vg1", WAIT).await;
+    assert!(w.fake().vms().is_empty(), "VM left: {:?}", w.fake().vms());
+    w.stop().await;
+}
+
 /// Swapped in for the Go MCM (or for an earlier mcm-rs): a Machine holding the Go MCM's
 /// finalizer is finished by us, one holding the earlier `machine-controller` name gets the Go
 /// name instead (so the Go MCM can finish it after a swap back) and is finished with both

@@ -90,6 +90,14 @@ pub struct ScaleArgs {
     /// shows as a ratio far above 1 whatever the machine's speed.
     #[arg(long)]
     pub max_bound_ratio: Option<f64>,
+    /// Fail (after printing the results) when a phase sent more requests per machine than
+    /// its path's target: creation 6, deletion 8, replacement (rollout, rescale) 14.
+    #[arg(long)]
+    pub check_request_targets: bool,
+    /// Build the binaries in the `fast-release` profile (no LTO): for short runs that check
+    /// ratios and requests; peak RSS is a release build's only in the default profile.
+    #[arg(long)]
+    pub fast_build: bool,
 }
 
 /// Runs the chosen benchmark.

@@ -171,6 +171,30 @@ pub fn phases_above_ratio(r: &Results, limit: f64) -> Vec<String> {
         .collect()
 }
 
+/// The requests-per-machine target of a phase, both controllers together, Events included:
+/// creating a machine 6, deleting one 8, replacing one (a rollout, or a rescale while the old
+/// machines are deleted) 14. `None` for the idle phase.
+pub fn request_target(phase: &str) -> Option<f64> {
+    match phase {
+        "scale-up" | "scale-up-again" => Some(6.0),
+        "scale-down" => Some(8.0),
+        "rollout" | "rescale" => Some(14.0),
+        _ => None,
+    }
+}
+
+/// The phases whose requests per machine exceed [`request_target`], described.
+pub fn phases_above_request_target(r: &Results) -> Vec<String> {
+    r.phases
+        .iter()
+        .filter_map(|p| {
+            let target = request_target(&p.name)?;
+            let per = p.requests_per_machine?;
+            (per > target).then(|| format!("{} ({per:.1} > {target})", p.name))
+        })
+        .collect()
+}
+
 /// The results table and, per phase, the requests by kind (most frequent first).
 pub fn table(r: &Results) -> String {
     let mut out = String::new();

@@ -58,7 +58,11 @@ const TICKS_PER_SECOND: f64 = 100.0;
 /// Runs one scale benchmark and prints its results.
 pub fn run(kind: Kind, args: ScaleArgs) -> Result<()> {
     env::plain_logs_for_children();
-    let bins = env::prepare_binaries_in(Profile::Release)?;
+    let bins = env::prepare_binaries_in(if args.fast_build {
+        Profile::FastRelease
+    } else {
+        Profile::Release
+    })?;
     if std::env::var_os(mcm_testenv::binaries::KWOK_ENV).is_none() {
         // `prepare_binaries_in` ran `cargo xtask testenv` unless KUBEBUILDER_ASSETS is set;
         // kwok must be there either way.
@@ -105,6 +109,15 @@ pub fn run(kind: Kind, args: ScaleArgs) -> Result<()> {
         if !over.is_empty() {
             bail!(
                 "phases beyond {limit}x their QPS bound: {}",
+                over.join(", ")
+            );
+        }
+    }
+    if args.check_request_targets {
+        let over = report::phases_above_request_target(&results);
+        if !over.is_empty() {
+            bail!(
+                "phases above their requests-per-machine target: {}",
                 over.join(", ")
             );
         }

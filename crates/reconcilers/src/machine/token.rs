@@ -37,6 +37,17 @@ pub fn token_id(namespace: &str, machine_name: &str) -> String {
     id
 }
 
+/// Whether the bootstrap token of `m` may still exist. It is deleted before the machine's
+/// first Running is recorded, together with the `machine-join-duration` annotation written
+/// right after (by either MCM): a machine that has that annotation has no token left, and
+/// deleting it again would only be a 404. Pure.
+pub fn may_exist(m: &mcm_api::Machine) -> bool {
+    !m.metadata
+        .annotations
+        .as_ref()
+        .is_some_and(|a| a.contains_key(mcm_api::constants::annotations::MACHINE_JOIN_DURATION))
+}
+
 /// The name of the token secret for a token id.
 pub fn secret_name(id: &str) -> String {
     format!("bootstrap-token-{id}")
@@ -135,6 +146,27 @@ pub fn render_machine_name(user_data: &str, machine_name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_machine_that_joined_has_no_token_left() {
+        let mut m: mcm_api::Machine = serde_json::from_value(serde_json::json!({
+            "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "Machine",
+            "metadata": {"name": "m"}, "spec": {}
+        }))
+        .unwrap();
+        assert!(may_exist(&m), "never joined");
+        m.metadata.annotations = Some(
+            [(
+                mcm_api::constants::annotations::MACHINE_JOIN_DURATION.to_string(),
+                "2m3s".to_string(),
+            )]
+            .into(),
+        );
+        assert!(
+            !may_exist(&m),
+            "joined: deleted before Running was recorded"
+        );
+    }
 
     #[test]
     fn token_ids_are_stable_and_valid() {

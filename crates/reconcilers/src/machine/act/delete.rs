@@ -3,8 +3,12 @@
 
 use super::*;
 
-/// Deletes the machine's bootstrap token (the Node joined, or the machine goes away).
+/// Deletes the machine's bootstrap token (the Node joined, or the machine goes away), unless
+/// it is known to be gone already ([`token::may_exist`]).
 pub(super) async fn delete_bootstrap_token(ctx: &Ctx, m: &Machine) -> Result<(), Error> {
+    if !token::may_exist(m) {
+        return Ok(());
+    }
     let api: Api<Secret> = Api::namespaced(ctx.target.clone(), token::TOKEN_NAMESPACE);
     let id = token::token_id(&ctx.settings.namespace, &name(m));
     // Gone already is as good as deleted.
@@ -105,16 +109,12 @@ pub async fn delete_vm(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
         since(m.metadata.deletion_timestamp.as_ref()),
     );
     ctx.reset_backoff(m);
-    set_progress(ctx, m, progress::VM_DELETED).await?;
-    let what = vm_description(m);
-    let description = format!("Deleted {what}");
-    // The Machine's Event comes when its deletion is complete ("Deleted"); the node's
-    // says now why it goes away.
-    record_deletion_step(ctx, m, description.clone()).await?;
-    if let Some(node) = m.node_name() {
-        node_event(ctx, node, EventType::Normal, "VMDeleted", description).await;
-    }
-    Ok(Action::requeue(RECHECK))
+    // The Node and the finalizer go in the same reconcile, with no record of the VM's
+    // deletion in between: after a crash the VM is deleted again, which the driver answers
+    // with NotFound (success), and the rest follows. Recording it would cost a Machine
+    // patch, a status write and a Node Event per machine for a state that lasts milliseconds.
+    remove_node(ctx, m).await?;
+    finish_deletion(ctx, m).await
 }
 
 /// The VM as a Machine knows it: its providerID, or when its creation was requested.
@@ -156,23 +156,37 @@ pub async fn deletion_blocked(
     Ok(Action::requeue(ctx.backoff(m, None)))
 }
 
-/// The VM is gone: delete the Node, after releasing its finalizer (the Go MCM's order: the
-/// Node object goes at once).
+/// The VM is gone (recorded so by an earlier release, or never requested) but the Node is
+/// still there: delete it ([`remove_node`]).
 pub async fn delete_node(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
-    if let Some(node_name) = m.node_name() {
-        let known = ctx.node(node_name);
-        if known
-            .as_deref()
-            .is_none_or(crate::machine::nodefinalizer::held)
-        {
-            crate::machine::nodefinalizer::release(ctx, node_name, known.as_deref()).await?;
-        }
-        let nodes: Api<Node> = Api::all(ctx.target.clone());
-        let _ = kube_api::delete(&nodes, node_name, &DeleteParams::default())
-            .await
-            .map_err(|e| Error::kube("delete the machine's node", e))?;
-    }
+    remove_node(ctx, m).await?;
     Ok(Action::requeue(DELETION_STEP_REQUEUE))
+}
+
+/// Deletes the machine's Node, after releasing its finalizer (the Go MCM's order: the Node
+/// object goes at once). A Node the store does not hold is gone already, and one not managed
+/// by MCM is left alone (as the lifecycle
+/// decides: [`Step::RemoveFinalizer`](crate::machine::decide::Step::RemoveFinalizer) follows
+/// when there is no Node).
+pub(super) async fn remove_node(ctx: &Ctx, m: &Machine) -> Result<(), Error> {
+    let Some(node_name) = m.node_name() else {
+        return Ok(());
+    };
+    // A Node not managed by MCM is not ours to delete.
+    let Some(known) = ctx
+        .node(node_name)
+        .filter(|n| !crate::machine::observe::node_not_managed(n))
+    else {
+        return Ok(());
+    };
+    if crate::machine::nodefinalizer::held(&known) {
+        crate::machine::nodefinalizer::release(ctx, node_name, Some(&known)).await?;
+    }
+    let nodes: Api<Node> = Api::all(ctx.target.clone());
+    let _ = kube_api::delete(&nodes, node_name, &DeleteParams::default())
+        .await
+        .map_err(|e| Error::kube("delete the machine's node", e))?;
+    Ok(())
 }
 
 /// Everything is gone: delete the bootstrap token and remove the finalizer.
