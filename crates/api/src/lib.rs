@@ -32,6 +32,7 @@ pub mod machine_class;
 pub mod machine_deployment;
 pub mod machine_set;
 pub mod owner;
+pub mod policy;
 pub mod preservation;
 pub mod quantity;
 mod resource;

@@ -327,10 +327,10 @@ pub struct ManagerOptions {
 
 /// The parsed `--unhealthy-conditions`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct UnhealthyConditions(pub Vec<mcm_reconcilers::machine::health::ConditionRule>);
+pub struct UnhealthyConditions(pub Vec<mcm_api::policy::health::ConditionRule>);
 
 fn unhealthy_conditions(value: &str) -> Result<UnhealthyConditions, String> {
-    mcm_reconcilers::machine::health::parse_rules(value)
+    mcm_api::policy::health::parse_rules(value)
         .map(UnhealthyConditions)
         .map_err(|e| e.to_string())
 }

@@ -192,7 +192,7 @@ pub fn machine_deployment(d: &MachineDeployment, target_cluster: bool) -> Vec<Sp
     creation_timeout_annotation(d.metadata.annotations.as_ref(), &mut out);
     if let Some(anns) = d.metadata.annotations.as_ref() {
         policy_annotations_at(anns, "metadata.annotations", &mut out);
-        if let Err(e) = mcm_reconcilers::machine::remediation::policy_of(Some(anns)) {
+        if let Err(e) = mcm_api::policy::remediation::policy_of(Some(anns)) {
             out.push(SpecProblem::new(
                 format!("metadata.annotations[{}]", e.annotation),
                 e.source.to_string(),
@@ -338,7 +338,7 @@ fn machine_annotations_at(
 
 /// The health annotations (mcm-rs) of a Machine, a template or a MachineDeployment.
 fn policy_annotations_at(anns: &BTreeMap<String, String>, at: &str, out: &mut Vec<SpecProblem>) {
-    use mcm_reconcilers::machine::health;
+    use mcm_api::policy::health;
     let found = (
         anns.get(policy::UNHEALTHY_CONDITIONS)
             .map(|v| health::parse_rules(v).err()),
