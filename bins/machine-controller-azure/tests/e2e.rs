@@ -10,8 +10,7 @@
 //! through `mcm_testenv::process::ManagedProcess`, and is killed on drop, so nothing outlives a
 //! failing test.
 
-#[path = "../../../providers/azure/tests/common/fake_arm.rs"]
-mod fake_arm;
+use mcm_fake_arm as fake_arm;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

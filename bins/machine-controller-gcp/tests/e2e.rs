@@ -10,8 +10,7 @@
 //! through `mcm_testenv::process::ManagedProcess`, and is killed on drop, so nothing outlives a
 //! failing test.
 
-#[path = "../../../providers/gcp/tests/common/fake_compute.rs"]
-mod fake_compute;
+use mcm_fake_compute as fake_compute;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -1,8 +1,7 @@
-//! The Azure driver through the Azure SDK against the fake ARM (`common/fake_arm.rs`, one
+//! The Azure driver through the Azure SDK against the fake ARM (`mcm-fake-arm`, providers/azure/fake, one
 //! server per test).
 
-#[path = "common/fake_arm.rs"]
-mod fake_arm;
+use mcm_fake_arm as fake_arm;
 
 use std::time::Duration;
 

@@ -1,11 +1,10 @@
-//! Drives the fake Azure Resource Manager (`common/fake_arm.rs`) with the legacy Azure SDK 0.21
+//! Drives the fake Azure Resource Manager (`mcm-fake-arm`, providers/azure/fake) with the legacy Azure SDK 0.21
 //! (`azure_identity`, `azure_mgmt_compute`, `azure_mgmt_network`, `azure_core`): the token
 //! endpoint and bearer tokens, the wire format of NICs, VMs and disks, asynchronous operations
 //! polled by hand and by the SDK's own futures, paging, references between resources, faults and
 //! how the SDK surfaces each error.
 
-#[path = "common/fake_arm.rs"]
-mod fake_arm;
+use mcm_fake_arm as fake_arm;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -5,8 +5,7 @@
 //! never served as something else; and each served pool, created against the fake ARM, sends
 //! exactly the NIC and VM bodies in `tests/golden/<pool>.requests.json`.
 
-#[path = "common/fake_arm.rs"]
-mod fake_arm;
+use mcm_fake_arm as fake_arm;
 
 use std::time::Duration;
 

@@ -1,8 +1,7 @@
 //! The GCP driver through the official Compute client against the fake Compute API
-//! (`common/fake_compute.rs`, one server per test).
+//! (`mcm-fake-compute`, providers/gcp/fake, one server per test).
 
-#[path = "common/fake_compute.rs"]
-mod fake_compute;
+use mcm_fake_compute as fake_compute;
 
 use std::time::Duration;
 

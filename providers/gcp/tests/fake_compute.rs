@@ -1,9 +1,8 @@
-//! Drives the fake Compute Engine API (`common/fake_compute.rs`) with the official client: the
+//! Drives the fake Compute Engine API (`mcm-fake-compute`, providers/gcp/fake) with the official client: the
 //! wire format, asynchronous operations, `requestId` replays, pagination, filters, faults and
 //! authentication, and how the client surfaces each error.
 
-#[path = "common/fake_compute.rs"]
-mod fake_compute;
+use mcm_fake_compute as fake_compute;
 
 use std::time::Duration;
 
