@@ -6,7 +6,7 @@
 //! Manager side (provider independent, [`manager`]): [`machineset`] and
 //! [`machinedeployment`] with Kubernetes Deployment semantics, and the overshooting guard
 //! ([`safety::overshoot`]), and the MachineDisruptionBudget controller and gate
-//! ([`disruptionbudget`]).
+//! ([`disruptionbudget`]); [`selector`] is their label selector matching.
 //!
 //! Every controller is a `kube_runtime::Controller` over the process's shared stores
 //! ([`informers`]: one watch per kind, whichever halves run in the process); the decisions
@@ -28,6 +28,7 @@ pub mod metrics;
 pub mod pacer;
 pub mod runtime;
 pub mod safety;
+pub mod selector;
 
 /// An error and its chain of causes on one line (`a: b: c`), for logs and messages on exit.
 ///

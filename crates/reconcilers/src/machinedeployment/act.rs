@@ -24,8 +24,8 @@ use super::hash::{template_hash, templates_equal};
 use super::status::{is_invalid_strategy, reasons};
 use crate::kube_api::{
     self, ApiCallError, ApiErrorExt, ApiResultExt, Outcome, Part, merge_patch, patch_existing,
+    status_patch,
 };
-use crate::machineset::controller::status_patch;
 
 /// The finalizer of the manager's controllers.
 pub const FINALIZER: &str = finalizers::MACHINE_CONTROLLER_MANAGER;

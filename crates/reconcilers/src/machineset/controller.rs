@@ -29,13 +29,13 @@ use super::decide::{
     SetInput, claim, count_machines, is_frozen, plan_auto_preservation, plan_replicas,
     slow_start_batches,
 };
-use super::selector::selector_matches;
 use crate::disruptionbudget::{self, BudgetGate, Refusal};
 use crate::events::EventPublisher;
 use crate::kube_api::{
     self, ApiCallError, ApiErrorExt, ApiResultExt, Outcome, Part, ReconcileFailure, RetryPolicy,
-    merge_patch,
+    merge_patch, status_patch,
 };
+use crate::selector::selector_matches;
 
 /// How often a set is reconciled without any event (MCM: 10 minutes).
 pub const RESYNC_PERIOD: Duration = Duration::from_secs(600);
@@ -466,7 +466,7 @@ async fn announce_refusals(ctx: &Context, set: &MachineSet, refused: &[Refusal])
         {
             ctx.events
                 .warning(
-                    &crate::disruptionbudget::controller::budget_reference(&budget),
+                    &crate::disruptionbudget::act::budget_reference(&budget),
                     DISRUPTION_BLOCKED,
                     "Delete",
                     text,
@@ -929,17 +929,6 @@ pub fn desired_status(
             .then_some(counts.auto_preserved),
         preserved_failed_replicas: (counts.preserved_failed > 0).then_some(counts.preserved_failed),
     }
-}
-
-/// A merge patch for `status` that also clears fields that became empty.
-pub fn status_patch<T: serde::Serialize>(status: &T, clearable: &[&str]) -> Value {
-    let mut value = serde_json::to_value(status).unwrap_or(Value::Null);
-    if let Value::Object(map) = &mut value {
-        for k in clearable {
-            map.entry((*k).to_owned()).or_insert(Value::Null);
-        }
-    }
-    json!({ "status": value })
 }
 
 /// `status` without what changes as machines come and go: the replica counters, and the

@@ -12,7 +12,7 @@ use mcm_api::constants::{annotations, labels};
 use mcm_api::preservation;
 use mcm_api::{Machine, MachinePhase, MachineState, MachineSummary};
 
-use super::selector::{labels_contain, selector_matches};
+use crate::selector::{labels_contain, selector_matches};
 
 /// Most machines created or deleted by one reconcile of a set (MCM's `BurstReplicas`).
 pub const BURST_REPLICAS: usize = 100;

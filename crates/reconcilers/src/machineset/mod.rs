@@ -13,4 +13,3 @@
 
 pub mod controller;
 pub mod decide;
-pub mod selector;
