@@ -29,7 +29,7 @@ use crate::events::EventPublisher;
 use crate::informers::{Informer, Informers};
 use crate::kube_api::ApiErrorExt;
 use crate::machinedeployment::controller as md;
-use crate::machineset::controller as ms;
+use crate::machineset as ms;
 use crate::metrics::ReconcileMetrics;
 use crate::runtime::Runner;
 use crate::safety::overshoot::{self, SafetyContext, SafetyLimits};
