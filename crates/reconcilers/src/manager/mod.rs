@@ -28,7 +28,7 @@ use crate::disruptionbudget::{self as mdb, BudgetGate};
 use crate::events::EventPublisher;
 use crate::informers::{Informer, Informers};
 use crate::kube_api::ApiErrorExt;
-use crate::machinedeployment::controller as md;
+use crate::machinedeployment as md;
 use crate::machineset as ms;
 use crate::metrics::ReconcileMetrics;
 use crate::runtime::Runner;
