@@ -2,8 +2,9 @@
 //! ([`ApiErrorExt`]), writes that report a vanished object as [`Outcome::Gone`] instead of
 //! failing or silently succeeding ([`merge_patch`] of an object or its status, [`delete`]),
 //! idempotent finalizer updates guarded by the resourceVersion ([`add_finalizer`],
-//! [`remove_finalizer`]), an error type for a failed call on a named object
-//! ([`ApiCallError`], [`ApiResultExt::context`]) and one retry policy for failed reconciles ([`error_policy`]).
+//! [`remove_finalizer`]), status patches that clear emptied fields ([`status_patch`]), an
+//! error type for a failed call on a named object ([`ApiCallError`],
+//! [`ApiResultExt::context`]) and one retry policy for failed reconciles ([`error_policy`]).
 
 use std::fmt::Debug;
 use std::time::Duration;
@@ -104,6 +105,18 @@ pub async fn patch_existing<K: ApiObject>(
         Part::Object => api.patch(name, &params, &patch).await,
         Part::Status => api.patch_status(name, &params, &patch).await,
     }
+}
+
+/// A merge patch for `status` that also clears fields that became empty (`clearable`: the
+/// status's field names that are omitted when empty).
+pub fn status_patch<T: serde::Serialize>(status: &T, clearable: &[&str]) -> Value {
+    let mut value = serde_json::to_value(status).unwrap_or(Value::Null);
+    if let Value::Object(map) = &mut value {
+        for k in clearable {
+            map.entry((*k).to_owned()).or_insert(Value::Null);
+        }
+    }
+    json!({ "status": value })
 }
 
 /// Deletes the object `name`; [`Outcome::Gone`] when it did not exist.

@@ -6,11 +6,17 @@
 //! Manager side (provider independent, [`manager`]): [`machineset`] and
 //! [`machinedeployment`] with Kubernetes Deployment semantics, and the overshooting guard
 //! ([`safety::overshoot`]), and the MachineDisruptionBudget controller and gate
-//! ([`disruptionbudget`]).
+//! ([`disruptionbudget`]); [`selector`] is their label selector matching.
 //!
 //! Every controller is a `kube_runtime::Controller` over the process's shared stores
 //! ([`informers`]: one watch per kind, whichever halves run in the process); the decisions
-//! are pure functions (`decide` modules) and the effects are small async actions.
+//! are pure functions (`decide` modules) and the effects are small async actions. The
+//! manager-side controllers ([`machineset`], [`machinedeployment`], [`disruptionbudget`]) have
+//! the same modules: `model` (plain data), `context` (the controller's state and error),
+//! `decide` (pure), `observe` (store reads into plain data), `act` (API writes and Events)
+//! and `reconcile` (the glue), plus topic modules; dependencies go one way, and the
+//! controllers depend on each other only downwards (MachineDeployment on MachineSet on
+//! MachineDisruptionBudget).
 //! [`metrics`] records every reconcile, [`events`] publishes Kubernetes Events.
 #![warn(missing_docs)]
 
@@ -30,6 +36,7 @@ pub mod metrics;
 pub mod pacer;
 pub mod runtime;
 pub mod safety;
+pub mod selector;
 
 /// An error and its chain of causes on one line (`a: b: c`), for logs and messages on exit.
 ///

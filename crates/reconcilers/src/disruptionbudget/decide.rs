@@ -1,7 +1,7 @@
 //! Pure decisions about MachineDisruptionBudgets: is a spec valid, which machines a budget
 //! selects, how many of them are available, how many voluntary disruptions it allows now,
 //! whether it applies to a reason at a time, and whether one machine may be disrupted
-//! ([`may_disrupt`]).
+//! ([`may_disrupt`]), and what a budget's status says ([`verdict`], [`desired_status`]).
 //!
 //! Counting (as a Kubernetes PodDisruptionBudget, with Machines):
 //! - a selected Machine is **available** when its phase is `Running` and it is not being
@@ -26,46 +26,23 @@ use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;
 
 use jiff::Timestamp;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use mcm_api::constants::{annotations, node_conditions};
 use mcm_api::cron::Schedule;
+use mcm_api::disruption_budget::{
+    BudgetCondition, CONDITION_DISRUPTION_ALLOWED, MachineDisruptionBudgetStatus, condition_reasons,
+};
 use mcm_api::duration::parse_go_duration;
 use mcm_api::intstr::scaled_value;
 use mcm_api::preservation;
-use mcm_api::{DisruptionReason, Machine, MachineDisruptionBudget, MachinePhase};
+use mcm_api::{ConditionStatus, DisruptionReason, Machine, MachineDisruptionBudget, MachinePhase};
 
-use crate::machineset::selector::selector_matches;
+use super::model::{Blocked, Counts, InvalidSpec, Limit, Policy, Standing, Verdict, Waiting};
+use crate::selector::selector_matches;
 
 /// The longest window a budget may have: the window check looks back minute by minute.
 pub const MAX_WINDOW: Duration = Duration::from_secs(31 * 24 * 3600);
-
-/// The limit of a valid budget.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Limit {
-    /// `minAvailable`.
-    MinAvailable(IntOrString),
-    /// `maxUnavailable`.
-    MaxUnavailable(IntOrString),
-}
-
-/// A valid budget spec, ready to evaluate.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Policy {
-    /// The limit.
-    pub limit: Limit,
-    /// The reasons it limits (`None`: every voluntary reason).
-    pub reasons: Option<BTreeSet<DisruptionReason>>,
-    /// Its windows (empty: always applies).
-    pub windows: Vec<(Schedule, Duration)>,
-}
-
-/// Why a budget spec cannot be acted on (all problems, in one message).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{}", .problems.join("; "))]
-pub struct InvalidSpec {
-    /// One line per problem, naming the field.
-    pub problems: Vec<String>,
-}
 
 /// Checks a budget's spec: exactly one of `minAvailable`/`maxUnavailable`, each a
 /// non-negative number or a percentage (`maxUnavailable` at most `100%`), known reasons,
@@ -146,34 +123,6 @@ pub fn validate(budget: &MachineDisruptionBudget) -> Result<Policy, InvalidSpec>
     }
 }
 
-impl Policy {
-    /// Whether the budget limits `reason`.
-    pub fn covers(&self, reason: &DisruptionReason) -> bool {
-        self.reasons.as_ref().is_none_or(|rs| rs.contains(reason))
-    }
-
-    /// Whether the budget applies at `now`: always without windows, else while one is open
-    /// (its schedule fired at most its duration ago).
-    pub fn in_window(&self, now: Timestamp) -> bool {
-        self.windows.is_empty()
-            || self.windows.iter().any(|(s, d)| {
-                s.last_start(now, *d)
-                    .is_some_and(|t| now.duration_since(t).unsigned_abs() < *d)
-            })
-    }
-}
-
-/// How a selected machine counts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Standing {
-    /// Running and not being deleted.
-    Available,
-    /// Being deleted (or its deletion was just issued).
-    Deleting,
-    /// Unavailable for another reason (Failed, Unknown, Pending, ...).
-    Involuntary,
-}
-
 /// How `machine` counts; `in_flight` holds the names whose deletion this process issued and
 /// has not seen in the store yet.
 pub fn standing(machine: &Machine, in_flight: &HashSet<String>) -> Standing {
@@ -198,30 +147,6 @@ pub fn selects(budget: &MachineDisruptionBudget, machine: &Machine) -> bool {
             budget.spec.selector.as_ref(),
             machine.metadata.labels.as_ref(),
         )
-}
-
-/// The numbers of a budget (its status counters).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Counts {
-    /// Selected machines.
-    pub expected: i32,
-    /// Available ones.
-    pub current_available: i32,
-    /// Ones that must stay available.
-    pub desired_available: i32,
-    /// Voluntary disruptions allowed now.
-    pub disruptions_allowed: i32,
-    /// Involuntarily unavailable ones.
-    pub unavailable_involuntary: i32,
-    /// Ones being deleted.
-    pub deleting: i32,
-}
-
-impl Counts {
-    /// At least as many available as desired.
-    pub fn healthy(&self) -> bool {
-        self.current_available >= self.desired_available
-    }
 }
 
 fn to_i32(n: usize) -> i32 {
@@ -255,20 +180,6 @@ pub fn count<'m>(
     .max(0);
     counts.disruptions_allowed = (counts.current_available - counts.desired_available).max(0);
     counts
-}
-
-/// A voluntary disruption that must wait.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("MachineDisruptionBudget {budget} blocks the {reason} of machine {machine}: {message}")]
-pub struct Blocked {
-    /// The budget's name.
-    pub budget: String,
-    /// The machine's name.
-    pub machine: String,
-    /// The reason of the disruption.
-    pub reason: DisruptionReason,
-    /// Why (counts).
-    pub message: String,
 }
 
 /// Whether `machine` may be disrupted for `reason` at `now`: every valid budget that
@@ -357,6 +268,140 @@ pub fn deletion_reason(
         (true, false, _) => None,
         (false, _, true) => Some(DisruptionReason::RollingUpdate),
         (false, _, false) => Some(DisruptionReason::ScaleDown),
+    }
+}
+
+/// Decides a budget's condition and Warning from its spec, its selected machines, the
+/// deletions in flight, the waiting disruptions and `now`. Pure.
+pub fn verdict(
+    budget: &MachineDisruptionBudget,
+    selected: &[&Machine],
+    in_flight: &std::collections::HashSet<String>,
+    waiting: &[Waiting],
+    now: Timestamp,
+) -> Verdict {
+    match validate(budget) {
+        Err(e) => {
+            let mut counts = Counts::default();
+            for m in selected {
+                counts.expected += 1;
+                match standing(m, in_flight) {
+                    Standing::Available => counts.current_available += 1,
+                    Standing::Deleting => counts.deleting += 1,
+                    Standing::Involuntary => counts.unavailable_involuntary += 1,
+                }
+            }
+            let message = format!("the budget blocks nothing until its spec is fixed: {e}");
+            Verdict {
+                counts,
+                valid: false,
+                condition: (
+                    ConditionStatus::False,
+                    condition_reasons::INVALID_SPEC,
+                    message.clone(),
+                ),
+                warning: Some((condition_reasons::INVALID_SPEC, message)),
+            }
+        }
+        Ok(policy) => {
+            let counts = count(&policy.limit, selected.iter().copied(), in_flight);
+            let condition = if !policy.in_window(now) {
+                (
+                    ConditionStatus::True,
+                    condition_reasons::OUTSIDE_WINDOWS,
+                    "no window of the budget is open: it blocks nothing now".to_owned(),
+                )
+            } else if counts.disruptions_allowed > 0 {
+                (
+                    ConditionStatus::True,
+                    condition_reasons::SUFFICIENT_MACHINES,
+                    format!(
+                        "{} voluntary disruption(s) allowed: {} of {} selected machines available, {} must stay available",
+                        counts.disruptions_allowed,
+                        counts.current_available,
+                        counts.expected,
+                        counts.desired_available
+                    ),
+                )
+            } else {
+                let mut message = exhausted_message(&counts);
+                if !waiting.is_empty() {
+                    message.push_str("; waiting: ");
+                    message.push_str(&waiting_note(waiting));
+                }
+                (
+                    ConditionStatus::False,
+                    condition_reasons::BUDGET_EXHAUSTED,
+                    message,
+                )
+            };
+            let warning = (condition.1 == condition_reasons::BUDGET_EXHAUSTED
+                && !waiting.is_empty())
+            .then(|| {
+                (
+                    condition_reasons::BUDGET_EXHAUSTED,
+                    format!(
+                        "No voluntary disruption allowed; waiting: {}",
+                        waiting_note(waiting)
+                    ),
+                )
+            });
+            Verdict {
+                counts,
+                valid: true,
+                condition,
+                warning,
+            }
+        }
+    }
+}
+
+fn waiting_note(waiting: &[Waiting]) -> String {
+    let mut items: Vec<String> = waiting
+        .iter()
+        .map(|w| format!("{} of machine {}", w.reason, w.machine))
+        .collect();
+    items.sort();
+    items.join(", ")
+}
+
+/// The status a budget should have for `verdict` (the condition's transition time kept
+/// when its status did not change).
+pub fn desired_status(
+    budget: &MachineDisruptionBudget,
+    verdict: &Verdict,
+    now: Timestamp,
+) -> MachineDisruptionBudgetStatus {
+    let prev = budget
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|cs| cs.iter().find(|c| c.type_ == CONDITION_DISRUPTION_ALLOWED));
+    let (status, reason, message) = &verdict.condition;
+    let last_transition_time = match prev {
+        Some(p) if p.status == *status => p.last_transition_time.clone(),
+        _ => Some(Time(now)),
+    };
+    let c = &verdict.counts;
+    MachineDisruptionBudgetStatus {
+        observed_generation: budget.metadata.generation,
+        expected_machines: Some(c.expected),
+        current_available: Some(c.current_available),
+        desired_available: verdict.valid.then_some(c.desired_available),
+        disruptions_allowed: Some(if verdict.valid {
+            c.disruptions_allowed
+        } else {
+            0
+        }),
+        unavailable_involuntary: Some(c.unavailable_involuntary),
+        conditions: Some(vec![BudgetCondition {
+            type_: CONDITION_DISRUPTION_ALLOWED.to_owned(),
+            status: status.clone(),
+            last_transition_time,
+            reason: Some((*reason).to_owned()),
+            message: Some(message.clone()),
+            observed_generation: budget.metadata.generation,
+        }]),
     }
 }
 

@@ -1,6 +1,7 @@
 //! Pure rollout arithmetic of the MachineDeployment controller (Kubernetes Deployment
 //! semantics): which MachineSet to create, how to scale the new and old sets for
-//! RollingUpdate and Recreate, proportional scaling, history pruning, status and conditions.
+//! RollingUpdate and Recreate, proportional scaling, history pruning, revisions and
+//! rollbacks.
 //!
 //! Decisions take a [`Snapshot`] (the deployment and its sets with machine counts taken from
 //! the machines themselves) and return [`Action`]s; the controller applies them and reconciles
@@ -13,198 +14,13 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 
-/// Who selects the machines of an in-place update
-/// (`spec.strategy.inPlaceUpdate.orchestrationType`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Orchestration {
-    /// The controller selects machines within `maxUnavailable`.
-    Auto,
-    /// A user selects machines (node label `node.machine.sapcloud.io/selected-for-update`);
-    /// the controller never does.
-    Manual,
-}
-
-/// How machines are replaced.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Strategy {
-    /// Surge new machines and remove old ones within limits (already resolved for the
-    /// deployment's replicas, see `mcm_api::intstr::resolve_fenceposts`).
-    RollingUpdate {
-        /// Machines allowed above the desired replicas.
-        max_surge: i32,
-        /// Machines allowed to be unavailable below the desired replicas.
-        max_unavailable: i32,
-    },
-    /// Remove all old machines, then create the new ones.
-    Recreate,
-    /// Update the machines where they are and move them to the new set
-    /// ([`super::inplace`]); limits resolved for the deployment's replicas (`max_surge` 0 for
-    /// [`Orchestration::Manual`], `max_unavailable` at least 1 when both resolve to 0, at most
-    /// the replicas).
-    InPlaceUpdate {
-        /// Fresh machines of the new template allowed above the desired replicas (only
-        /// when the new set is created).
-        max_surge: i32,
-        /// Machines allowed to be unavailable (selected for update) below the desired
-        /// replicas.
-        max_unavailable: i32,
-        /// Who selects the machines to update.
-        orchestration: Orchestration,
-    },
-}
-
-impl Strategy {
-    /// The surge that proportional scaling and the sets' max-replicas annotation use
-    /// (upstream's `MaxSurge`): 0 for Recreate and InPlaceUpdate.
-    pub fn max_surge(&self) -> i32 {
-        match self {
-            Strategy::RollingUpdate { max_surge, .. } => *max_surge,
-            Strategy::Recreate | Strategy::InPlaceUpdate { .. } => 0,
-        }
-    }
-
-    /// The allowed unavailability of the strategy (0 for Recreate).
-    pub fn max_unavailable(&self) -> i32 {
-        match self {
-            Strategy::RollingUpdate {
-                max_unavailable, ..
-            }
-            | Strategy::InPlaceUpdate {
-                max_unavailable, ..
-            } => *max_unavailable,
-            Strategy::Recreate => 0,
-        }
-    }
-}
-
-/// The deployment as the decision sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Rollout {
-    /// `spec.replicas`.
-    pub replicas: i32,
-    /// The strategy with resolved limits.
-    pub strategy: Strategy,
-    /// `spec.paused`.
-    pub paused: bool,
-    /// The deployment carries the `freeze` label: only scale-downs are applied.
-    pub frozen: bool,
-}
-
-/// One MachineSet of the deployment with counts taken from its machines.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SetState {
-    /// Name of the set.
-    pub name: String,
-    /// `spec.replicas`.
-    pub replicas: i32,
-    /// Machines of the set that are not terminating.
-    pub machines: i32,
-    /// Terminating machines of the set.
-    pub terminating: i32,
-    /// Ready machines.
-    pub ready: i32,
-    /// Available machines (ready for `minReadySeconds`).
-    pub available: i32,
-    /// Failed machines kept for their preservation (upstream's MachineSet
-    /// `status.preservedFailedReplicas`).
-    pub preserved_failed: i32,
-    /// Creation time (older sets are scaled down first).
-    pub created: Option<Timestamp>,
-    /// Annotation `deployment.kubernetes.io/desired-replicas`.
-    pub desired_annotation: Option<i32>,
-    /// Annotation `deployment.kubernetes.io/max-replicas`.
-    pub max_annotation: Option<i32>,
-}
-
-impl SetState {
-    /// A set with the given name and replicas and nothing else.
-    pub fn new(name: &str, replicas: i32) -> Self {
-        SetState {
-            name: name.to_owned(),
-            replicas,
-            machines: 0,
-            terminating: 0,
-            ready: 0,
-            available: 0,
-            preserved_failed: 0,
-            created: None,
-            desired_annotation: None,
-            max_annotation: None,
-        }
-    }
-
-    /// Available machines that survive the set's own scale-down: `min(available, replicas)`.
-    pub fn effective_available(&self) -> i32 {
-        self.available.min(self.replicas).max(0)
-    }
-
-    /// Machines that exist or will exist: `max(replicas, machines)`.
-    pub fn footprint(&self) -> i32 {
-        self.replicas.max(self.machines)
-    }
-}
-
-/// The deployment with its new set (template equal to the deployment's) and old sets.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Snapshot {
-    /// The deployment.
-    pub rollout: Rollout,
-    /// The set whose template matches the deployment's, if it exists.
-    pub new_set: Option<SetState>,
-    /// All other sets of the deployment.
-    pub old_sets: Vec<SetState>,
-}
-
-/// What to do next.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Action {
-    /// Create the new MachineSet with this many replicas.
-    CreateNewSet {
-        /// Initial replicas of the new set.
-        replicas: i32,
-    },
-    /// Set a MachineSet's replicas (and its desired/max replicas annotations).
-    Scale {
-        /// Name of the set.
-        set: String,
-        /// New `spec.replicas`.
-        replicas: i32,
-    },
-}
-
-impl Action {
-    /// Scale the set `set` to `replicas`.
-    pub fn scale(set: &str, replicas: i32) -> Self {
-        Action::Scale {
-            set: set.to_owned(),
-            replicas,
-        }
-    }
-}
+pub use super::model::{
+    Action, Orchestration, RevisionPlan, RollbackCandidate, RollbackPlan, Rollout, SetState,
+    Snapshot, Strategy,
+};
 
 fn sum(sets: &[&SetState], f: impl Fn(&SetState) -> i32) -> i32 {
     sets.iter().map(|s| f(s)).sum()
-}
-
-impl Snapshot {
-    fn all(&self) -> Vec<&SetState> {
-        self.new_set.iter().chain(self.old_sets.iter()).collect()
-    }
-
-    /// Whether the rollout is finished: the new set has all desired replicas available and
-    /// no old machine is left.
-    pub fn is_complete(&self) -> bool {
-        let d = self.rollout.replicas;
-        let new_ok = match &self.new_set {
-            Some(n) => n.replicas == d && n.machines == d && n.available >= d,
-            None => d == 0 && self.old_sets.is_empty(),
-        };
-        new_ok
-            && self
-                .old_sets
-                .iter()
-                .all(|s| s.replicas == 0 && s.machines == 0)
-    }
 }
 
 /// The next actions for the deployment.
@@ -273,7 +89,7 @@ fn initial_new_replicas(s: &Snapshot) -> i32 {
             max_surge,
             orchestration,
             ..
-        } => super::inplace::initial_new_replicas(
+        } => super::inplace::strategy::initial_new_replicas(
             s.rollout.replicas,
             max_surge,
             orchestration,
@@ -581,18 +397,6 @@ pub fn requeue_after(
     next + Duration::from_millis(500)
 }
 
-/// The revision bookkeeping of a deployment's new set.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RevisionPlan {
-    /// The revision of the new set (and of the deployment).
-    pub revision: i64,
-    /// The new set's revision history (comma separated) when its revision must be raised
-    /// above the old sets' (`None`: the set's revision is fine).
-    pub bump: Option<Option<String>>,
-    /// Whether the deployment's revision annotation must be set to `revision`.
-    pub update_deployment: bool,
-}
-
 /// Keeps the new set's revision above all old revisions (the replaced revision joins its
 /// history) and the deployment's revision equal to the new set's.
 pub fn plan_revision(
@@ -616,42 +420,6 @@ pub fn plan_revision(
         bump,
         update_deployment: deployment_revision != Some(revision),
     }
-}
-
-/// One set of a deployment as a rollback sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RollbackCandidate {
-    /// The set's name.
-    pub name: String,
-    /// Its revision annotation (0 when absent, as upstream reads it).
-    pub revision: i64,
-    /// Its template equals the deployment's (the hash label aside).
-    pub same_template: bool,
-}
-
-/// What `spec.rollbackTo` leads to. Every outcome clears `rollbackTo`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RollbackPlan {
-    /// No set has the revision: Warning `DeploymentRollbackRevisionNotFound` with `message`.
-    NotFound {
-        /// Upstream's message.
-        message: &'static str,
-    },
-    /// The set of the revision has the deployment's template already: Warning
-    /// `DeploymentRollbackTemplateUnchanged`.
-    Unchanged {
-        /// The set.
-        set: String,
-        /// Its revision.
-        revision: i64,
-    },
-    /// Copy the template of `set` into the deployment: Normal `DeploymentRollback`.
-    To {
-        /// The set.
-        set: String,
-        /// Its revision.
-        revision: i64,
-    },
 }
 
 /// The revision before the newest one (upstream's `LastRevision`: the second highest
@@ -696,145 +464,6 @@ pub fn plan_rollback(requested: i64, sets: &[RollbackCandidate]) -> RollbackPlan
             revision,
         },
     }
-}
-
-/// One entry of the trigger-deletion annotation.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TriggerEntry {
-    /// Machine name.
-    pub machine: String,
-    /// When the scaler decided to delete it (`name~time`), `None` for a bare name.
-    pub time: Option<String>,
-}
-
-/// Parses `node.machine.sapcloud.io/trigger-deletion-by-mcm`: comma-separated machine names,
-/// each optionally followed by `~<RFC 3339 time>` (the cluster-autoscaler's current format,
-/// written together with the reduced replicas). Blank entries are dropped.
-pub fn parse_trigger_deletion(value: &str) -> Vec<TriggerEntry> {
-    value
-        .split(',')
-        .map(str::trim)
-        .filter(|e| !e.is_empty())
-        .map(|e| match e.split_once('~') {
-            Some((name, time)) => TriggerEntry {
-                machine: name.trim().to_owned(),
-                time: Some(time.trim().to_owned()),
-            },
-            None => TriggerEntry {
-                machine: e.to_owned(),
-                time: None,
-            },
-        })
-        .collect()
-}
-
-/// `t` as Go's `time.RFC3339` formats a UTC time: whole seconds and `Z`.
-pub fn rfc3339_seconds(t: Timestamp) -> String {
-    t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
-}
-
-/// The time a replica change by the scaler is recorded with: now, but strictly after the
-/// change time the new set already has (`set_time`), in whole seconds. The set deletes the
-/// machines marked at or before its change time; a machine marked now must not look like one
-/// to a set whose replicas have not come down yet (it would replace the machine first).
-pub fn replica_change_time(now: Timestamp, set_time: Option<Timestamp>) -> String {
-    let after = set_time.and_then(|t| t.checked_add(jiff::SignedDuration::from_secs(1)).ok());
-    let at = after.filter(|a| *a > now).unwrap_or(now);
-    rfc3339_seconds(at)
-}
-
-/// What the trigger-deletion annotation asks for.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct TriggerPlan {
-    /// Machines to mark with priority 1, each with its marked-for-deletion time (`None`: it
-    /// already has one, which is kept).
-    pub mark: Vec<(String, Option<String>)>,
-    /// The new value of the annotation (`None`: remove it).
-    pub annotation: Option<String>,
-    /// The `last-deployment-replica-change-by-scaler-time` to set on the deployment (it had
-    /// none and bare names were rewritten with this time).
-    pub replica_change_time: Option<String>,
-    /// Whether the deployment must be updated (annotation or replica-change time).
-    pub update_deployment: bool,
-}
-
-/// The deployment as the trigger-deletion plan sees it.
-#[derive(Debug, Clone, Copy)]
-pub struct TriggerInput<'a> {
-    /// The value of `node.machine.sapcloud.io/trigger-deletion-by-mcm`.
-    pub value: &'a str,
-    /// The value of `machine.sapcloud.io/last-deployment-replica-change-by-scaler-time`.
-    pub replica_change_time: Option<&'a str>,
-    /// Now, in RFC 3339 with seconds (as Go's `time.RFC3339` formats it).
-    pub now: &'a str,
-}
-
-/// The plan for the trigger-deletion annotation, given the deployment's machines by name.
-///
-/// The protocol of Gardener's cluster-autoscaler, as upstream MCM implements it
-/// (`adjustingMachineDeploymentDeletionAnnotations`, `computeMachineTriggerDeletionData`):
-/// the scaler lowers `spec.replicas` **itself**, in the same update that names the machines
-/// it chose, so replicas are never changed here. Bare names are rewritten to `name~<now>`
-/// and `last-deployment-replica-change-by-scaler-time` is set to now (upstream sets it only
-/// when missing and rewrites with the old time; then the machine of a second scale-down is
-/// marked before the old time its set already has, and the set replaces it before its
-/// replicas come down); an entry of any other shape, with a time that is not RFC 3339, or
-/// naming a machine that is gone, not the deployment's, Failed or terminating is dropped;
-/// the machines of the remaining entries get priority 1 and, unless they have one, the
-/// entry's time as marked-for-deletion time. A machine that already has both is left alone.
-/// The MachineSet then deletes those machines ([`crate::machineset::decide::plan_replicas`]).
-pub fn plan_trigger_deletion(
-    input: &TriggerInput<'_>,
-    machines: &BTreeMap<String, TriggerMachine>,
-) -> TriggerPlan {
-    let mut plan = TriggerPlan::default();
-    let value = input.value;
-    if value.trim().is_empty() {
-        // An empty annotation is removed.
-        plan.update_deployment = true;
-        return plan;
-    }
-    let mut rewritten = false;
-    let mut keep = Vec::new();
-    // An entry with more than one `~` keeps the rest in its time, which then is no time.
-    for entry in parse_trigger_deletion(value) {
-        // Bare names come with the scaler's replica change: now is its time.
-        let time = entry.time.as_deref().unwrap_or(input.now);
-        rewritten |= entry.time.is_none();
-        let name = entry.machine.as_str();
-        if name.is_empty() || time.parse::<Timestamp>().is_err() {
-            continue;
-        }
-        let Some(m) = machines.get(name) else {
-            continue;
-        };
-        if m.gone_or_failed {
-            continue;
-        }
-        keep.push(format!("{name}~{time}"));
-        if !(m.priority_one && m.marked) {
-            let time = (!m.marked).then(|| time.to_owned());
-            plan.mark.push((name.to_owned(), time));
-        }
-    }
-    if rewritten && input.replica_change_time != Some(input.now) {
-        plan.replica_change_time = Some(input.now.to_owned());
-    }
-    let new_value = keep.join(",");
-    plan.update_deployment = new_value != value || plan.replica_change_time.is_some();
-    plan.annotation = (!new_value.is_empty()).then_some(new_value);
-    plan
-}
-
-/// A machine of the deployment named in the trigger-deletion annotation, as the plan sees it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TriggerMachine {
-    /// Terminating, being deleted or Failed: its entry is dropped.
-    pub gone_or_failed: bool,
-    /// Carries `machinepriority.machine.sapcloud.io: "1"`.
-    pub priority_one: bool,
-    /// Carries `machine.sapcloud.io/marked-for-deletion-time`.
-    pub marked: bool,
 }
 
 #[cfg(test)]
@@ -988,106 +617,6 @@ mod tests {
         assert_eq!(plan_revision(None, None, 0, None).bump, Some(None));
     }
 
-    const T0: &str = "2026-11-26T09:00:00Z";
-    const T1: &str = "2026-11-26T09:30:00Z";
-    const NOW: &str = "2026-11-26T10:00:00Z";
-
-    fn trigger_machine(gone_or_failed: bool, priority_one: bool, marked: bool) -> TriggerMachine {
-        TriggerMachine {
-            gone_or_failed,
-            priority_one,
-            marked,
-        }
-    }
-
-    fn trigger(value: &str, change: Option<&str>) -> TriggerPlan {
-        let machines = BTreeMap::from([
-            ("a".to_owned(), trigger_machine(false, false, false)),
-            ("b".to_owned(), trigger_machine(false, true, true)),
-            ("c".to_owned(), trigger_machine(true, false, false)),
-            ("d".to_owned(), trigger_machine(false, true, false)),
-            ("e".to_owned(), trigger_machine(false, false, true)),
-        ]);
-        let input = TriggerInput {
-            value,
-            replica_change_time: change,
-            now: NOW,
-        };
-        plan_trigger_deletion(&input, &machines)
-    }
-
-    #[test]
-    fn bare_names_take_the_replica_change_time_and_never_change_replicas() {
-        // The autoscaler wrote replicas and bare names in one update; no change time yet.
-        let plan = trigger("a,d", None);
-        assert_eq!(
-            plan,
-            TriggerPlan {
-                mark: vec![
-                    ("a".into(), Some(NOW.into())),
-                    ("d".into(), Some(NOW.into()))
-                ],
-                annotation: Some(format!("a~{NOW},d~{NOW}")),
-                replica_change_time: Some(NOW.into()),
-                update_deployment: true,
-            }
-        );
-        // After an earlier change, bare names are a new change: now, and the change time
-        // moves to now (a set still at the old time does not see them marked before it).
-        let plan = trigger(&format!("a,b~{T0}"), Some(T0));
-        assert_eq!(plan.annotation, Some(format!("a~{NOW},b~{T0}")));
-        assert_eq!(plan.replica_change_time, Some(NOW.into()));
-        assert_eq!(plan.mark, vec![("a".into(), Some(NOW.into()))]);
-        assert!(plan.update_deployment);
-    }
-
-    #[test]
-    fn the_change_time_is_after_the_sets() {
-        let now: Timestamp = "2026-11-26T10:00:00.7Z".parse().expect("time");
-        assert_eq!(replica_change_time(now, None), "2026-11-26T10:00:00Z");
-        let earlier = "2026-11-26T09:00:00Z".parse().ok();
-        assert_eq!(replica_change_time(now, earlier), "2026-11-26T10:00:00Z");
-        // The set's time is this very second: one second later.
-        let same = "2026-11-26T10:00:00Z".parse().ok();
-        assert_eq!(replica_change_time(now, same), "2026-11-26T10:00:01Z");
-    }
-
-    #[test]
-    fn timed_entries_mark_with_their_time_and_stay() {
-        let value = format!("a~{T1},b~{T0}");
-        let plan = trigger(&value, Some(T1));
-        // b already has priority 1 and a time: left alone, its entry stays.
-        assert_eq!(plan.mark, vec![("a".into(), Some(T1.into()))]);
-        assert_eq!(plan.annotation.as_deref(), Some(value.as_str()));
-        assert!(!plan.update_deployment, "nothing changes on the deployment");
-        // A machine with a time but another priority gets priority 1 and keeps its time;
-        // one with priority 1 but no time gets the entry's time.
-        let plan = trigger(&format!("e~{T1},d~{T1}"), Some(T1));
-        assert_eq!(
-            plan.mark,
-            vec![("e".into(), None), ("d".into(), Some(T1.into()))]
-        );
-    }
-
-    #[test]
-    fn entries_of_gone_failed_or_malformed_are_dropped() {
-        let plan = trigger(
-            &format!("c~{T0},x~{T0},a~yesterday,a~{T0}~{T1},,b~{T0}"),
-            Some(T0),
-        );
-        assert_eq!(plan.annotation, Some(format!("b~{T0}")));
-        assert!(plan.mark.is_empty());
-        assert!(plan.update_deployment);
-        assert_eq!(plan.replica_change_time, None, "no bare name was rewritten");
-        // Nothing left: the annotation is removed.
-        let plan = trigger(&format!("c~{T0}"), Some(T0));
-        assert_eq!(plan.annotation, None);
-        assert!(plan.update_deployment);
-        let plan = trigger("", Some(T0));
-        assert_eq!(plan.annotation, None);
-        assert!(plan.update_deployment);
-    }
-
     #[test]
     fn requeues_by_min_ready_while_incomplete() {
         let resync = Duration::from_secs(600);
@@ -1102,23 +631,6 @@ mod tests {
         assert_eq!(
             requeue_after(soon, resync, 30, false),
             Duration::from_secs(5) + margin
-        );
-    }
-
-    #[test]
-    fn parses_trigger_deletion() {
-        assert_eq!(
-            parse_trigger_deletion(" a, b~2024-01-01T00:00:00Z ,,"),
-            vec![
-                TriggerEntry {
-                    machine: "a".into(),
-                    time: None
-                },
-                TriggerEntry {
-                    machine: "b".into(),
-                    time: Some("2024-01-01T00:00:00Z".into())
-                },
-            ]
         );
     }
 

@@ -1,19 +1,33 @@
 //! The MachineDeployment controller: Kubernetes Deployment semantics over MachineSets.
 //!
-//! Each reconcile ([`controller`]) observes ([`observe`]: the deployment's sets and their
-//! machines as facts), decides ([`decide`], pure: the rollout arithmetic, revisions and the
-//! trigger-deletion annotation) and acts ([`act`], one small async function per action).
-//! [`status`] computes the status and conditions, [`hash`] the template hash and [`nodes`]
-//! the node taints/annotations applied during a rollout. [`inplace`] decides the steps of an
-//! in-place update (strategy `InPlaceUpdate`) from the machines' Nodes, [`inplace_act`]
-//! carries them out.
+//! Each reconcile ([`reconcile`](mod@reconcile)) observes ([`observe`]: the deployment's sets
+//! and their machines as facts), decides ([`decide`], pure: the rollout arithmetic,
+//! revisions and rollbacks) and acts ([`act`], one small async function per action).
+//! [`status`] computes the status and conditions, [`hash`] the template hash, [`sets`] what
+//! the deployment writes into its sets and [`nodes`] the node taints/annotations applied
+//! during a rollout. [`trigger`] plans the trigger-deletion annotation of the
+//! cluster-autoscaler. [`inplace`] is an in-place update (strategy `InPlaceUpdate`): its
+//! facts from the machines' Nodes, its steps and their writes.
+//!
+//! The modules, each depending only on those before it: [`hash`], [`model`] (plain data),
+//! [`context`] (the controller's state and error), [`inplace::model`],
+//! [`inplace::strategy`], [`inplace::decide`], [`inplace::patch`], [`trigger`], [`sets`],
+//! [`decide`], [`status`], [`nodes`], [`observe`], [`inplace::observe`], [`act`],
+//! [`inplace::act`], [`inplace::reconcile`] and [`reconcile`](mod@reconcile).
 
 pub mod act;
-pub mod controller;
+pub mod context;
 pub mod decide;
 pub mod hash;
 pub mod inplace;
-pub mod inplace_act;
+pub mod model;
 pub mod nodes;
 pub mod observe;
+pub mod reconcile;
+pub mod sets;
 pub mod status;
+pub mod trigger;
+
+pub use context::{Context, DeploymentProblem, Error};
+pub use observe::{deployment_for_machine, deployment_for_set, deployments_for_node};
+pub use reconcile::{CONTROLLER, error_policy, reconcile};

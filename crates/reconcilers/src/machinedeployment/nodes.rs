@@ -5,15 +5,14 @@
 //! again when the rollout is over, but only where MCM set them (`...-by-mcm`), and not from
 //! the Node of a preserved machine (its preservation holds them; upstream's
 //! `removeAutoscalerAnnotationsIfRequired`).
+//!
+//! The patches, pure; [`super::act`] applies them (`apply_markers`, `remove_old_set_taint`).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Taint};
-use kube::api::{Patch, PatchParams};
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Api, Client, ResourceExt};
+use kube::ResourceExt;
 use mcm_api::constants::{annotations, taints};
-use mcm_api::{Machine, preservation};
 use serde_json::{Value, json};
 
 /// The taint put on the Nodes of old sets.
@@ -59,25 +58,6 @@ pub fn untaint_patch(node: &Node) -> Option<Value> {
     }))
 }
 
-/// Removes the old-set taint from the Nodes of `machines` (a rollback makes their set the
-/// new one again). Unlike the advisory markers, a failure is returned: the rollback is
-/// retried.
-pub async fn remove_old_set_taint(
-    target: &Client,
-    nodes: &Store<Node>,
-    machines: &[&Machine],
-) -> Result<(), kube::Error> {
-    let api: Api<Node> = Api::all(target.clone());
-    let names = machines.iter().filter_map(|m| m.node_name());
-    for node in names.filter_map(|n| nodes.get(&ObjectRef::new(n))) {
-        if let Some(p) = untaint_patch(&node) {
-            api.patch(&node.name_any(), &PatchParams::default(), &Patch::Merge(&p))
-                .await?;
-        }
-    }
-    Ok(())
-}
-
 /// The patch adding (`rollout`) or removing the cluster-autoscaler annotations, `None` when
 /// nothing changes. Annotations set by someone else (no `-by-mcm` marker) are left alone.
 pub fn autoscaler_patch(node: &Node, rollout: bool) -> Option<Value> {
@@ -119,48 +99,6 @@ pub fn markers_patch(node: &Node, taint: bool, annotate: bool, preserved: bool) 
             p["metadata"]["annotations"] = a["metadata"]["annotations"].clone();
             Some(p)
         }
-    }
-}
-
-/// Applies the markers: during a rollout, taints the nodes of `old` machines and (with
-/// `autoscaler_annotations`) annotates the nodes of `all` machines; afterwards removes MCM's
-/// annotations from the nodes of `all`, except those of machines with a preservation expiry.
-/// One patch per node that needs one.
-/// Errors are logged and retried on the next reconcile: markers are advisory.
-pub async fn apply_markers(
-    target: &Client,
-    nodes: &Store<Node>,
-    old: &[&Machine],
-    all: &[&Machine],
-    rollout: bool,
-    autoscaler_annotations: bool,
-) {
-    let api: Api<Node> = Api::all(target.clone());
-    let old_nodes: BTreeSet<&str> = old.iter().filter_map(|m| m.node_name()).collect();
-    let preserved_nodes: BTreeSet<&str> = all
-        .iter()
-        .filter(|m| preservation::expiry(m).is_some())
-        .filter_map(|m| m.node_name())
-        .collect();
-    // Without the annotations enabled, only ever remove what MCM added earlier.
-    let annotate = rollout && autoscaler_annotations;
-    let all_nodes = all.iter().filter_map(|m| m.node_name());
-    for node in all_nodes.filter_map(|n| nodes.get(&ObjectRef::new(n))) {
-        let name = node.name_any();
-        let taint = rollout && old_nodes.contains(name.as_str());
-        let preserved = preserved_nodes.contains(name.as_str());
-        if let Some(p) = markers_patch(&node, taint, annotate, preserved) {
-            patch(&api, &node.name_any(), &p).await;
-        }
-    }
-}
-
-async fn patch(api: &Api<Node>, name: &str, p: &Value) {
-    if let Err(error) = api
-        .patch(name, &PatchParams::default(), &Patch::Merge(p))
-        .await
-    {
-        tracing::debug!(node = name, %error, "could not update rollout markers of node");
     }
 }
 

@@ -1,13 +1,17 @@
 //! Turning a MachineDeployment, its MachineSets and their Machines into the facts the
-//! decisions are made from. Pure: the store contents come in as slices.
+//! decisions are made from: the contents of the stores come in as slices or are read from
+//! the stores, the facts go out as plain data. Also the deployments a set, machine or Node
+//! event concerns (the watch mappers).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
-use mcm_api::constants::annotations;
+use mcm_api::constants::{annotations, labels};
 use mcm_api::intstr::RollingUpdateError;
 use mcm_api::owner::controller_of;
 use mcm_api::{
@@ -15,11 +19,14 @@ use mcm_api::{
     MachineSummary,
 };
 
-use super::decide::{Rollout, SetState, Snapshot, Strategy, TriggerMachine};
 use super::hash::templates_equal;
-use super::inplace::{self, InPlaceStrategyError};
+use super::inplace::strategy::{InPlaceStrategyError, resolve_strategy};
+use super::model::{RollbackCandidate, Rollout, SetState, Snapshot, Strategy};
 use super::status::StatusInput;
-use crate::machineset::decide::{MachineView, count_machines, is_frozen};
+use super::trigger::TriggerMachine;
+use crate::machine::remediation::Member;
+use crate::machineset::decide::{count_machines, is_frozen};
+use crate::machineset::model::MachineView;
 
 /// The sets a deployment controls, with their machines.
 #[derive(Debug, Clone, Default)]
@@ -207,7 +214,7 @@ pub enum StrategyError {
 }
 
 /// The deployment's strategy with resolved limits
-/// ([`MachineDeployment::resolved_rolling_update`], [`inplace::resolve_strategy`]); an error
+/// ([`MachineDeployment::resolved_rolling_update`], [`resolve_strategy`]); an error
 /// names the field and the value that cannot be used. An unknown `spec.strategy.type` is an
 /// error, never a silent rolling update; so is an in-place update without a target cluster
 /// (`target_cluster` false).
@@ -218,7 +225,7 @@ pub fn strategy_of(d: &MachineDeployment, target_cluster: bool) -> Result<Strate
             if !target_cluster {
                 return Err(StrategyError::InPlaceWithoutTargetCluster);
             }
-            return Ok(inplace::resolve_strategy(d)?);
+            return Ok(resolve_strategy(d)?);
         }
         None | Some(MachineDeploymentStrategyType::RollingUpdate) => {}
         Some(other) => return Err(StrategyError::Unsupported(other.as_str().to_string())),
@@ -352,6 +359,88 @@ pub fn trigger_machine(m: &Machine) -> TriggerMachine {
 /// Whether a machine is going away (deleted or Terminating).
 pub fn is_terminating(m: &Machine) -> bool {
     m.metadata.deletion_timestamp.is_some() || m.phase() == Some(&MachinePhase::Terminating)
+}
+
+/// The sets of the deployment `d` as rollback candidates.
+pub(crate) fn rollback_candidates(
+    d: &MachineDeployment,
+    observed: &Observed,
+) -> Vec<RollbackCandidate> {
+    observed
+        .sets
+        .iter()
+        .map(|s| RollbackCandidate {
+            name: s.name_any(),
+            revision: annotation_i64(s.as_ref(), annotations::REVISION).unwrap_or(0),
+            same_template: s
+                .spec
+                .template
+                .as_ref()
+                .is_some_and(|t| templates_equal(t, &d.spec.template)),
+        })
+        .collect()
+}
+
+/// The deployment's machines with their Nodes from the store, as the remediation census
+/// counts them.
+pub(crate) fn remediation_members(observed: &Observed, nodes: &Store<Node>) -> Vec<Member> {
+    observed
+        .all_machines()
+        .into_iter()
+        .map(|m| {
+            let node =
+                crate::machine::observe::node_name(m).and_then(|n| nodes.get(&ObjectRef::new(n)));
+            Member::of(m, node.as_deref())
+        })
+        .collect()
+}
+
+/// The deployment owning a set, for watches.
+pub fn deployment_for_set(set: &MachineSet) -> Option<ObjectRef<MachineDeployment>> {
+    let owner = controller_of(&set.metadata)?;
+    (owner.kind == MachineDeployment::KIND)
+        .then(|| ObjectRef::new(&owner.name).within(&set.namespace().unwrap_or_default()))
+}
+
+/// The deployment owning a machine's set, for watches.
+pub fn deployment_for_machine(
+    machine: &Machine,
+    sets: &Store<MachineSet>,
+) -> Option<ObjectRef<MachineDeployment>> {
+    let owner = controller_of(&machine.metadata)?;
+    if owner.kind != MachineSet::KIND {
+        return None;
+    }
+    let set =
+        sets.get(&ObjectRef::new(&owner.name).within(&machine.namespace().unwrap_or_default()))?;
+    deployment_for_set(&set)
+}
+
+/// The deployments of the machines on a Node that takes part in an in-place update (carries
+/// `candidate-for-update`, `selected-for-update` or `update-result`), for watches: the node
+/// agent's result and the machine controller's condition move the rollout on. Other Nodes
+/// concern no deployment.
+pub fn deployments_for_node(
+    node: &Node,
+    machines: &Store<Machine>,
+    sets: &Store<MachineSet>,
+) -> Vec<ObjectRef<MachineDeployment>> {
+    let node_labels = node.labels();
+    let in_place = [
+        labels::CANDIDATE_FOR_UPDATE,
+        labels::SELECTED_FOR_UPDATE,
+        labels::UPDATE_RESULT,
+    ];
+    if !in_place.iter().any(|k| node_labels.contains_key(*k)) {
+        return Vec::new();
+    }
+    let name = node.name_any();
+    machines
+        .state()
+        .iter()
+        .filter(|m| m.node_name() == Some(name.as_str()))
+        .filter_map(|m| deployment_for_machine(m, sets))
+        .collect()
 }
 
 #[cfg(test)]

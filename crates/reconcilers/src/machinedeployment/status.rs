@@ -9,7 +9,7 @@ use mcm_api::{
     MachineDeploymentStatus, MachineSummary,
 };
 
-use super::decide::{SetState, Snapshot};
+use super::model::{SetState, Snapshot};
 
 /// Condition reasons (the strings of the Go controller).
 pub mod reasons {
@@ -508,7 +508,7 @@ pub fn without_counters(status: &MachineDeploymentStatus) -> MachineDeploymentSt
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::machinedeployment::decide::{Rollout, SetState, Strategy};
+    use crate::machinedeployment::model::{Rollout, SetState, Strategy};
     use mcm_api::MachineDeployment;
 
     fn snapshot(new_available: i32) -> Snapshot {

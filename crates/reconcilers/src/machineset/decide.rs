@@ -1,192 +1,38 @@
 //! Pure decisions of the MachineSet controller: which machines a set claims, how many it
 //! creates, which it deletes (MCM's deletion order), which Failed machines it auto-preserves,
-//! and its status counters.
+//! its status counters and status, the machines it creates from its template and the spec
+//! it keeps them in line with, and the notes of its batch Events.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, ObjectMeta, OwnerReference, Time,
+};
+use kube::ResourceExt;
 use mcm_api::constants::{annotations, labels};
+use mcm_api::owner::controller_reference;
 use mcm_api::preservation;
-use mcm_api::{Machine, MachinePhase, MachineState, MachineSummary};
+use mcm_api::{
+    ConditionStatus, Machine, MachinePhase, MachineSet, MachineSetCondition,
+    MachineSetConditionType, MachineSetStatus,
+};
+use serde_json::{Value, json};
 
-use super::selector::{labels_contain, selector_matches};
+use super::context::Error;
+pub use super::model::{
+    AutoPreservePlan, Claim, DEFAULT_PRIORITY, MachineView, ReplicaPlan, SetCounts, SetInput,
+    priority_of,
+};
+use crate::kube_api::ApiCallError;
+use crate::selector::selector_matches;
 
 /// Most machines created or deleted by one reconcile of a set (MCM's `BurstReplicas`).
 pub const BURST_REPLICAS: usize = 100;
 /// Size of the first creation batch; each following batch doubles (MCM's slow start).
 pub const SLOW_START_INITIAL_BATCH_SIZE: usize = 1;
-/// Priority of machines without (or with an unparsable) priority annotation.
-pub const DEFAULT_PRIORITY: i32 = 3;
-
-/// What the set controller needs to know about one of its machines.
-#[derive(Debug, Clone, PartialEq)]
-pub struct MachineView {
-    /// Name of the machine.
-    pub name: String,
-    /// Current phase (`None` for a machine the machine controller has not processed yet).
-    pub phase: Option<MachinePhase>,
-    /// Deletion priority (annotation `machinepriority.machine.sapcloud.io`, default 3).
-    pub priority: i32,
-    /// When the machine was marked for deletion (annotation
-    /// `machine.sapcloud.io/marked-for-deletion-time`, RFC 3339).
-    pub marked_for_deletion: Option<Timestamp>,
-    /// Creation time.
-    pub created: Option<Timestamp>,
-    /// Whether the machine has a deletion timestamp.
-    pub deleting: bool,
-    /// When the current phase was entered (`status.currentStatus.lastUpdateTime`).
-    pub phase_since: Option<Timestamp>,
-    /// Whether the machine carries all labels of the set's template.
-    pub fully_labeled: bool,
-    /// Preserved now: `status.currentStatus.preserveExpiryTime` is in the future
-    /// ([`preservation::is_preserved`]). Such machines are deleted last on a scale-down.
-    pub preserved: bool,
-    /// The Machine carries `node.machine.sapcloud.io/preserve: auto-preserved`.
-    pub auto_preserved: bool,
-    /// `status.currentStatus.preserveExpiryTime`.
-    pub preserve_expiry: Option<Timestamp>,
-    /// When Failed, the set keeps the machine instead of replacing it: it is preserved or
-    /// its preservation is starting ([`preservation::failed_machine_to_terminate`] is false).
-    pub keep_if_failed: bool,
-    /// Summary of the machine when its last operation failed (`status.failedMachines` takes
-    /// it through [`MachineView::failed_summary`], which leaves preserved Failed machines out).
-    pub failure: Option<MachineSummary>,
-    /// The Machine carries the label `node.machine.sapcloud.io/update-result: successful`: an
-    /// in-place rollout just moved it to this set ([`plan_replicas`] never deletes it as
-    /// surplus, the set's replicas are raised right after the move).
-    pub update_successful: bool,
-}
-
-impl MachineView {
-    /// Builds the view of `machine` for a set with the given template labels;
-    /// `node_preserve` is the preserve annotation of the machine's Node (`None` when the Node
-    /// has none or is not known).
-    pub fn from_machine(
-        machine: &Machine,
-        template_labels: Option<&BTreeMap<String, String>>,
-        node_preserve: Option<&str>,
-        now: Timestamp,
-    ) -> Self {
-        let meta = &machine.metadata;
-        let anns = meta.annotations.as_ref();
-        let current = machine
-            .status
-            .as_ref()
-            .and_then(|s| s.current_status.as_ref());
-        let last_op = machine
-            .status
-            .as_ref()
-            .and_then(|s| s.last_operation.as_ref());
-        let failure = last_op
-            .filter(|op| op.state == Some(MachineState::Failed))
-            .map(|op| MachineSummary {
-                name: meta.name.clone(),
-                provider_id: machine.spec.provider_id.clone(),
-                last_operation: Some(op.clone()),
-                owner_ref: mcm_api::owner::controller_of(meta).map(|r| r.name.clone()),
-            });
-        MachineView {
-            name: meta.name.clone().unwrap_or_default(),
-            phase: machine.phase().cloned(),
-            priority: priority_of(machine),
-            marked_for_deletion: anns
-                .and_then(|a| a.get(annotations::MARKED_FOR_DELETION_TIME))
-                .and_then(|v| v.parse().ok()),
-            created: meta.creation_timestamp.as_ref().map(|t| t.0),
-            deleting: meta.deletion_timestamp.is_some(),
-            phase_since: current
-                .and_then(|c| c.last_update_time.as_ref())
-                .map(|t| t.0),
-            fully_labeled: labels_contain(meta.labels.as_ref(), template_labels),
-            preserved: preservation::is_preserved(machine, now),
-            auto_preserved: preservation::is_auto_preserved(machine),
-            preserve_expiry: preservation::expiry(machine),
-            keep_if_failed: !preservation::failed_machine_to_terminate(machine, node_preserve, now),
-            failure,
-            update_successful: meta
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(labels::UPDATE_RESULT))
-                .is_some_and(|v| v == labels::update_result::SUCCESSFUL),
-        }
-    }
-
-    /// Failed with a preservation expiry set (upstream's `isMachinePreservedAndFailed`):
-    /// counted in `status.preservedFailedReplicas`, not among the failed machines.
-    pub fn is_preserved_failed(&self) -> bool {
-        self.is_failed() && self.preserve_expiry.is_some()
-    }
-
-    /// The summary for `status.failedMachines`: the last operation failed and the machine
-    /// is not a preserved Failed one.
-    pub fn failed_summary(&self) -> Option<&MachineSummary> {
-        self.failure
-            .as_ref()
-            .filter(|_| !self.is_preserved_failed())
-    }
-
-    /// A Failed machine the set deletes (and replaces).
-    pub fn is_failed_to_replace(&self) -> bool {
-        self.is_failed() && !self.keep_if_failed
-    }
-
-    /// Deleted or being deleted: no longer counts towards the set's replicas.
-    pub fn is_terminating(&self) -> bool {
-        self.deleting || self.phase == Some(MachinePhase::Terminating)
-    }
-
-    /// In phase `Failed`.
-    pub fn is_failed(&self) -> bool {
-        self.phase == Some(MachinePhase::Failed)
-    }
-
-    /// Ready: in phase `Running` and not terminating (upstream's `isMachineReady`).
-    pub fn is_ready(&self) -> bool {
-        !self.is_terminating() && self.phase == Some(MachinePhase::Running)
-    }
-
-    /// In a phase that counts as available: `Running`, or `Available` (a machine whose VM
-    /// exists; without a target cluster machines stay there), and not terminating (upstream's
-    /// `isMachineAvailable`).
-    pub fn is_available_phase(&self) -> bool {
-        !self.is_terminating()
-            && matches!(
-                self.phase,
-                Some(MachinePhase::Running | MachinePhase::Available)
-            )
-    }
-
-    /// Time until the machine becomes available, `Some(ZERO)` when it already is, `None` when
-    /// it is in no available phase ([`MachineView::is_available_phase`]).
-    pub fn until_available(&self, min_ready_seconds: i32, now: Timestamp) -> Option<Duration> {
-        if !self.is_available_phase() {
-            return None;
-        }
-        if min_ready_seconds <= 0 {
-            return Some(Duration::ZERO);
-        }
-        let Some(since) = self.phase_since else {
-            return Some(Duration::ZERO);
-        };
-        let ready_at = since.as_second() + i64::from(min_ready_seconds);
-        let left = ready_at - now.as_second();
-        Some(Duration::from_secs(u64::try_from(left.max(0)).unwrap_or(0)))
-    }
-}
-
-/// The deletion priority of a machine: the priority annotation, 3 when absent or invalid.
-pub fn priority_of(machine: &Machine) -> i32 {
-    machine
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(annotations::MACHINE_PRIORITY))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap_or(DEFAULT_PRIORITY)
-}
 
 /// Rank of a phase in MCM's deletion order (lower is deleted first). Machines without a
 /// phase (or with an unknown one) rank lowest, like the Go map lookup that yields 0.
@@ -248,23 +94,6 @@ pub fn deletion_order(a: &MachineView, b: &MachineView) -> Ordering {
         .then_with(|| a.name.cmp(&b.name))
 }
 
-/// What the set looks like to [`plan_replicas`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct SetInput {
-    /// `spec.replicas`.
-    pub replicas: i32,
-    /// The set carries the `freeze: True` label.
-    pub frozen: bool,
-    /// The set carries the scale-up-disabled label.
-    pub scale_up_disabled: bool,
-    /// The set has a deletion timestamp.
-    pub deleting: bool,
-    /// The set's `machine.sapcloud.io/last-deployment-replica-change-by-scaler-time`
-    /// (copied from its deployment): machines the scaler marked for deletion at or before
-    /// it are deleted ([`marked_by_scaler`]).
-    pub replica_change_time: Option<Timestamp>,
-}
-
 /// Whether the scaler chose `m` for deletion at or before `replica_change_time`: priority 1
 /// with a marked-for-deletion time not after the set's last replica change by the scaler
 /// (upstream's `getMachinesMarkedForDeletion`). Such a machine is deleted even when the
@@ -274,17 +103,6 @@ pub fn marked_by_scaler(m: &MachineView, replica_change_time: Option<Timestamp>)
         (Some(change), Some(marked)) => m.priority == MARKED_PRIORITY && marked <= change,
         _ => false,
     }
-}
-
-/// Machines to create and to delete.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct ReplicaPlan {
-    /// Number of machines to create (in slow-start batches).
-    pub create: usize,
-    /// Names of the machines to delete, in deletion order.
-    pub delete: Vec<String>,
-    /// Why no machine is created although some are missing.
-    pub scale_up_blocked: Option<&'static str>,
 }
 
 /// MCM's `manageReplicas` (and the deletion of a deleted set's machines) as a pure function.
@@ -369,19 +187,6 @@ pub fn slow_start_batches(count: usize, initial: usize) -> Vec<usize> {
     batches
 }
 
-/// The set's relation to one machine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Claim {
-    /// Controlled by the set and selected by it.
-    Owned,
-    /// An orphan selected by the set: take a controller reference.
-    Adopt,
-    /// Controlled by the set but no longer selected: drop the controller reference.
-    Release,
-    /// Not the set's business.
-    Ignore,
-}
-
 /// The controller reference among an object's owner references, if any
 /// ([`mcm_api::owner::controller_ref`]).
 pub fn controller_of(refs: Option<&Vec<OwnerReference>>) -> Option<&OwnerReference> {
@@ -427,30 +232,6 @@ pub fn overlapping_owners<'m>(
         .collect()
 }
 
-/// Status counters of a set.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct SetCounts {
-    /// All claimed machines (MCM counts terminating ones too).
-    pub replicas: i32,
-    /// Claimed machines carrying all template labels.
-    pub fully_labeled: i32,
-    /// Ready (Running) machines.
-    pub ready: i32,
-    /// Machines in an available phase (Running or Available) for at least
-    /// `minReadySeconds`.
-    pub available: i32,
-    /// Summaries of machines whose last operation failed (preserved Failed machines not
-    /// among them).
-    pub failed: Vec<MachineSummary>,
-    /// Failed machines with a preservation expiry (`status.preservedFailedReplicas`).
-    pub preserved_failed: i32,
-    /// Machines annotated `auto-preserved`, whatever their phase
-    /// (`status.autoPreserveFailedMachineCount`).
-    pub auto_preserved: i32,
-    /// When to look again because a machine becomes available.
-    pub recheck_after: Option<Duration>,
-}
-
 fn count(n: usize) -> i32 {
     i32::try_from(n).unwrap_or(i32::MAX)
 }
@@ -490,15 +271,6 @@ pub fn count_machines(
         }
     }
     counts
-}
-
-/// Annotation changes of upstream's `manageAutoPreservationOfFailedMachines`.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct AutoPreservePlan {
-    /// Failed machines to annotate `auto-preserved` (newest first).
-    pub annotate: Vec<String>,
-    /// Machines whose `auto-preserved` annotation is removed (oldest first).
-    pub release: Vec<String>,
 }
 
 /// Which machines of a set get (or lose) the `auto-preserved` annotation, so that at most
@@ -564,9 +336,199 @@ pub fn is_frozen(set_labels: Option<&BTreeMap<String, String>>) -> bool {
         .is_some_and(|v| v == labels::TRUE_VALUE)
 }
 
+/// The set's `node.machine.sapcloud.io/effective-creation-timeout` annotation, parsed
+/// (`None` without one).
+pub fn effective_creation_timeout(
+    set: &MachineSet,
+) -> Option<Result<Duration, mcm_api::duration::DurationError>> {
+    let value = set
+        .annotations()
+        .get(annotations::EFFECTIVE_CREATION_TIMEOUT)?;
+    Some(mcm_api::duration::parse_go_duration(value))
+}
+
+/// The Machine a set creates: template labels, annotations and spec, `generateName:
+/// <set>-`, the set as controller, no finalizers (the machine controller adds its own).
+/// The set's effective-creation-timeout annotation goes onto the Machine, and when it parses
+/// it is the Machine's `spec.creationTimeout` too (upstream's rule).
+pub fn machine_from_template(set: &MachineSet) -> Machine {
+    let template = set.spec.template.clone().unwrap_or_default();
+    let meta = template.metadata.unwrap_or_default();
+    let mut machine_annotations = meta.annotations;
+    let mut spec = template.spec.unwrap_or_default();
+    if let Some(value) = set
+        .annotations()
+        .get(annotations::EFFECTIVE_CREATION_TIMEOUT)
+    {
+        machine_annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(
+                annotations::EFFECTIVE_CREATION_TIMEOUT.into(),
+                value.clone(),
+            );
+        if let Some(Ok(timeout)) = effective_creation_timeout(set) {
+            spec.configuration.creation_timeout = Some(mcm_api::GoDuration(timeout));
+        }
+    }
+    Machine {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{}-", set.name_any())),
+            namespace: set.namespace(),
+            labels: meta.labels,
+            annotations: machine_annotations,
+            owner_references: Some(vec![controller_reference(set)]),
+            ..ObjectMeta::default()
+        },
+        spec,
+        ..Machine::default()
+    }
+}
+
+/// The patch that brings a machine's node template, configuration and class kind in line
+/// with its set's template (MCM's `syncMachinesNodeTemplates`, `syncMachinesConfig`,
+/// `syncMachinesClassKind`), or `None` when nothing differs.
+pub fn machine_spec_patch(set: &MachineSet, machine: &Machine) -> Option<Value> {
+    let template = set.spec.template.as_ref()?.spec.as_ref()?;
+    let mut spec = serde_json::Map::new();
+    let want = serde_json::to_value(&template.node_template).unwrap_or(Value::Null);
+    let have = serde_json::to_value(&machine.spec.node_template).unwrap_or(Value::Null);
+    if mcm_api::canonical::canonical(&want, &[]) != mcm_api::canonical::canonical(&have, &[]) {
+        // A merge patch that also removes the labels, annotations and taints the set no
+        // longer has.
+        let patch = mcm_api::canonical::merge_patch_to(&have, &want).unwrap_or(Value::Null);
+        spec.insert("nodeTemplate".into(), patch);
+    }
+    // A machine created under an effective creation timeout keeps it.
+    let mut configuration = template.configuration.clone();
+    if let Some(timeout) = machine
+        .annotations()
+        .get(annotations::EFFECTIVE_CREATION_TIMEOUT)
+        .and_then(|v| mcm_api::duration::parse_go_duration(v).ok())
+    {
+        configuration.creation_timeout = Some(mcm_api::GoDuration(timeout));
+    }
+    if configuration != machine.spec.configuration {
+        let want = serde_json::to_value(&configuration).unwrap_or(Value::Null);
+        let have = serde_json::to_value(&machine.spec.configuration).unwrap_or(Value::Null);
+        if let (Value::Object(want), Value::Object(have)) = (want, have) {
+            for k in have.keys() {
+                if !want.contains_key(k) {
+                    spec.insert(k.clone(), Value::Null);
+                }
+            }
+            spec.extend(want);
+        }
+    }
+    let want_kind = template.class.as_ref().and_then(|c| c.kind.as_ref());
+    let have_kind = machine.spec.class.as_ref().and_then(|c| c.kind.as_ref());
+    if want_kind.is_some() && want_kind != have_kind {
+        spec.insert("class".into(), json!({"kind": want_kind}));
+    }
+    (!spec.is_empty()).then(|| json!({"spec": spec}))
+}
+
+/// The most names one batch Event lists (an Event's note holds 1 KiB).
+const NAMES_PER_EVENT: usize = 10;
+
+/// The note of one Event for a batch of machines created or deleted together: MCM's text
+/// (`Created Machine: a`) for one, the count and the first names for more (`Created 12
+/// Machines: a, b, ... and 2 more`). One Event per batch instead of one per machine: at 20
+/// QPS, an Event per machine is a twentieth of a second of the budget each.
+pub(crate) fn batch_note(verb: &str, noun: &str, names: &[String]) -> Option<String> {
+    match names {
+        [] => None,
+        [one] => Some(format!("{verb} {noun}: {one}")),
+        _ => {
+            let listed = names[..names.len().min(NAMES_PER_EVENT)].join(", ");
+            let more = names.len().saturating_sub(NAMES_PER_EVENT);
+            let tail = if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            };
+            Some(format!("{verb} {} {noun}s: {listed}{tail}", names.len()))
+        }
+    }
+}
+
+/// The status a set should have.
+pub fn desired_status(
+    set: &MachineSet,
+    counts: &SetCounts,
+    failure: Option<&Error>,
+) -> MachineSetStatus {
+    let prev = set.status.clone().unwrap_or_default();
+    let mut conditions = prev.conditions.clone().unwrap_or_default();
+    match failure {
+        Some(e) => {
+            let message = e.to_string();
+            let now = Some(Time(Timestamp::now()));
+            match conditions
+                .iter_mut()
+                .find(|c| c.type_ == MachineSetConditionType::ReplicaFailure)
+            {
+                Some(c) if c.message.as_deref() == Some(message.as_str()) => {}
+                Some(c) => c.message = Some(message),
+                None => conditions.push(MachineSetCondition {
+                    type_: MachineSetConditionType::ReplicaFailure,
+                    status: ConditionStatus::True,
+                    last_transition_time: now,
+                    reason: Some(
+                        if matches!(
+                            e,
+                            Error::Kube(ApiCallError {
+                                action: "delete",
+                                ..
+                            })
+                        ) {
+                            "FailedDelete"
+                        } else {
+                            "FailedCreate"
+                        }
+                        .into(),
+                    ),
+                    message: Some(message),
+                }),
+            }
+        }
+        None => conditions.retain(|c| c.type_ != MachineSetConditionType::ReplicaFailure),
+    }
+    MachineSetStatus {
+        replicas: Some(counts.replicas),
+        fully_labeled_replicas: Some(counts.fully_labeled),
+        ready_replicas: Some(counts.ready),
+        available_replicas: Some(counts.available),
+        observed_generation: set.metadata.generation,
+        conditions: (!conditions.is_empty()).then_some(conditions),
+        last_operation: prev.last_operation,
+        failed_machines: (!counts.failed.is_empty()).then(|| counts.failed.clone()),
+        // Both `omitempty` upstream.
+        auto_preserve_failed_machine_count: (counts.auto_preserved > 0)
+            .then_some(counts.auto_preserved),
+        preserved_failed_replicas: (counts.preserved_failed > 0).then_some(counts.preserved_failed),
+    }
+}
+
+/// `status` without what changes as machines come and go: the replica counters, and the
+/// times and messages of conditions. Two statuses that differ only there differ only in
+/// counters ([`crate::pacer`]). Pure.
+pub fn without_counters(status: &MachineSetStatus) -> MachineSetStatus {
+    let mut s = status.clone();
+    s.replicas = None;
+    s.fully_labeled_replicas = None;
+    s.ready_replicas = None;
+    s.available_replicas = None;
+    for c in s.conditions.iter_mut().flatten() {
+        c.last_transition_time = None;
+        c.message = None;
+    }
+    s
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mcm_api::MachineState;
 
     #[test]
     fn machines_of_other_controllers_that_the_selector_matches_are_an_overlap() {
@@ -1037,5 +999,100 @@ mod tests {
                 "running-new"
             ]
         );
+    }
+
+    #[test]
+    fn a_batch_is_told_in_one_note() {
+        let names = |n: usize| (0..n).map(|i| format!("m-{i}")).collect::<Vec<_>>();
+        assert_eq!(super::batch_note("Created", "Machine", &[]), None);
+        assert_eq!(
+            super::batch_note("Created", "Machine", &names(1)).as_deref(),
+            Some("Created Machine: m-0")
+        );
+        assert_eq!(
+            super::batch_note("Deleted", "machine", &names(3)).as_deref(),
+            Some("Deleted 3 machines: m-0, m-1, m-2")
+        );
+        let many = super::batch_note("Created", "Machine", &names(64)).unwrap();
+        assert!(many.starts_with("Created 64 Machines: m-0, m-1,"), "{many}");
+        assert!(many.ends_with("m-9 and 54 more"), "{many}");
+        assert!(many.len() < 1024);
+    }
+
+    fn status(ready: i32, failure: Option<&str>) -> MachineSetStatus {
+        MachineSetStatus {
+            replicas: Some(3),
+            ready_replicas: Some(ready),
+            available_replicas: Some(ready),
+            observed_generation: Some(1),
+            conditions: failure.map(|m| {
+                vec![MachineSetCondition {
+                    type_: MachineSetConditionType::ReplicaFailure,
+                    status: ConditionStatus::True,
+                    last_transition_time: None,
+                    reason: Some("FailedCreate".into()),
+                    message: Some(m.into()),
+                }]
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn counters_and_messages_are_not_significant_a_new_failure_is() {
+        assert_eq!(
+            without_counters(&status(1, None)),
+            without_counters(&status(2, None))
+        );
+        assert_eq!(
+            without_counters(&status(1, Some("quota"))),
+            without_counters(&status(2, Some("quota again")))
+        );
+        assert_ne!(
+            without_counters(&status(1, None)),
+            without_counters(&status(1, Some("quota")))
+        );
+    }
+
+    #[test]
+    fn a_set_passes_its_effective_creation_timeout_to_new_machines() {
+        let mut set = MachineSet::default();
+        set.metadata.name = Some("s".into());
+        let mut template = mcm_api::MachineTemplateSpec::default();
+        let mut spec = mcm_api::MachineSpec::default();
+        spec.configuration.creation_timeout = Some(mcm_api::GoDuration(Duration::from_secs(60)));
+        template.spec = Some(spec);
+        set.spec.template = Some(template);
+        let m = machine_from_template(&set);
+        assert_eq!(
+            m.spec.configuration.creation_timeout,
+            Some(mcm_api::GoDuration(Duration::from_secs(60)))
+        );
+        set.metadata.annotations = Some(BTreeMap::from([(
+            annotations::EFFECTIVE_CREATION_TIMEOUT.to_owned(),
+            "7m".to_owned(),
+        )]));
+        let m = machine_from_template(&set);
+        assert_eq!(
+            m.spec.configuration.creation_timeout,
+            Some(mcm_api::GoDuration(Duration::from_secs(420)))
+        );
+        assert_eq!(
+            m.annotations()[annotations::EFFECTIVE_CREATION_TIMEOUT],
+            "7m"
+        );
+        // The spec sync of the set keeps it.
+        assert_eq!(machine_spec_patch(&set, &m), None);
+        // A value that is no duration is copied but sets nothing.
+        set.metadata.annotations = Some(BTreeMap::from([(
+            annotations::EFFECTIVE_CREATION_TIMEOUT.to_owned(),
+            "7 minutes".to_owned(),
+        )]));
+        let m = machine_from_template(&set);
+        assert_eq!(
+            m.spec.configuration.creation_timeout.map(|g| g.0.as_secs()),
+            Some(60)
+        );
+        assert!(matches!(effective_creation_timeout(&set), Some(Err(_))));
     }
 }

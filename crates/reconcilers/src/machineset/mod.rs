@@ -8,9 +8,23 @@
 //! `spec.autoPreserveFailedMachineMax` Failed machines are annotated `auto-preserved` before
 //! the replicas are managed. The machine controller does the preserving itself.
 //!
-//! [`decide`] holds the pure decisions, [`controller`] the reconciler; the overshooting guard
-//! that freezes sets with far too many machines is [`crate::safety::overshoot`].
+//! The modules, each depending only on those before it: [`model`] (plain data),
+//! [`expectations`] (the creations and deletions a set waits to see), [`context`] (the
+//! controller's state and error), [`decide`] (pure decisions), [`observe`] (reads the
+//! stores), [`budget`] (voluntary deletions and the MachineDisruptionBudget gate), [`act`]
+//! (API writes and Events) and [`reconcile`](mod@reconcile) (the glue). The overshooting
+//! guard that freezes sets with far too many machines is [`crate::safety::overshoot`].
 
-pub mod controller;
+pub mod act;
+pub mod budget;
+pub mod context;
 pub mod decide;
-pub mod selector;
+pub mod expectations;
+pub mod model;
+pub mod observe;
+pub mod reconcile;
+
+pub use context::{Context, Error, SetProblem};
+pub use expectations::Expectations;
+pub use observe::{sets_for_budget, sets_for_machine};
+pub use reconcile::{CONTROLLER, error_policy, reconcile};

@@ -24,12 +24,12 @@ use mcm_api::{Machine, MachineDeployment, MachineDisruptionBudget, MachineSet};
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 
-use crate::disruptionbudget::{self, BudgetGate, controller as mdb};
+use crate::disruptionbudget::{self as mdb, BudgetGate};
 use crate::events::EventPublisher;
 use crate::informers::{Informer, Informers};
 use crate::kube_api::ApiErrorExt;
-use crate::machinedeployment::controller as md;
-use crate::machineset::controller as ms;
+use crate::machinedeployment as md;
+use crate::machineset as ms;
 use crate::metrics::ReconcileMetrics;
 use crate::runtime::Runner;
 use crate::safety::overshoot::{self, SafetyContext, SafetyLimits};
@@ -238,7 +238,7 @@ pub fn prepare(
     let mdb_controller = runner.run(
         Controller::for_shared_stream(budget_informer.subscribe(), budgets)
             .watches_shared_stream(informers.machines.changes(), move |m: Arc<Machine>| {
-                disruptionbudget::budgets_for_machine(&m, &budgets_for_machines)
+                mdb::budgets_for_machine(&m, &budgets_for_machines)
             })
             .reconcile_on(budget_wake),
         (mdb::CONTROLLER, mdb::reconcile, mdb::error_policy),

@@ -26,7 +26,7 @@ use serde_json::json;
 use crate::events::EventPublisher;
 use crate::kube_api::{self, ApiCallError, STANDARD_RETRY};
 use crate::machineset::decide::is_frozen;
-use crate::machineset::selector::labels_contain;
+use crate::selector::labels_contain;
 
 /// The `--safety-up` / `--safety-down` settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,31 +1,26 @@
 //! The MachineDeployment reconciler: observes the deployment, its sets and their machines
 //! ([`super::observe`]), asks [`super::decide`] what to do (pure) and applies it
-//! ([`super::act`], one small action per decision).
+//! ([`super::act`], one small action per decision); the in-place rollout
+//! ([`super::inplace`]) and the trigger-deletion annotation ([`super::trigger`]) have their
+//! own steps.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::{ObjectRef, Store};
-use kube::{Client, ResourceExt};
-use mcm_api::constants::{annotations, labels};
-use mcm_api::owner::controller_of;
+use mcm_api::constants::annotations;
 use mcm_api::{Machine, MachineDeployment, MachineSet};
 
 use super::act::{self, Actor};
-use super::decide::{self, Action as RolloutAction, Snapshot, Strategy};
-use super::hash::templates_equal;
-use super::inplace_act;
-use super::nodes::{apply_markers, remove_old_set_taint};
+use super::context::{Context, Error};
+use super::decide;
+use super::model::{Action as RolloutAction, RollbackPlan, Snapshot, Strategy};
 use super::observe::{self, Observed, annotation_i64};
 use super::status::{self, Counters, compute_status, invalid_strategy_status};
-use crate::events::EventPublisher;
-use crate::kube_api::{self, ApiResultExt, ReconcileFailure, RetryPolicy};
-
-pub use super::act::new_machine_set;
-pub use super::decide::{TriggerEntry, parse_trigger_deletion};
+use super::{inplace, trigger};
+use crate::kube_api::{self, ApiResultExt, RetryPolicy};
 
 /// How often a deployment is reconciled without any event (MCM: 10 minutes).
 pub const RESYNC_PERIOD: Duration = Duration::from_secs(600);
@@ -33,104 +28,6 @@ pub const RESYNC_PERIOD: Duration = Duration::from_secs(600);
 pub const IN_PLACE_RECHECK: Duration = Duration::from_secs(30);
 /// Old sets kept when `revisionHistoryLimit` is unset (the apps/v1 Deployment default).
 pub const DEFAULT_REVISION_HISTORY_LIMIT: i32 = 10;
-
-/// Problems of a MachineDeployment that are no API failures.
-#[derive(Debug, thiserror::Error)]
-pub enum DeploymentProblem {
-    /// A MachineSet with the new set's name exists with another template.
-    #[error("hash collision for MachineSet {0}")]
-    HashCollision(String),
-    /// The MachineSet a rollback chose has no template to roll back to.
-    #[error("MachineSet {0} of the rollback revision has no template")]
-    RollbackSetWithoutTemplate(String),
-    /// A Node could not be uncordoned after the in-place update of its machine.
-    #[error("failed to uncordon Node {node}")]
-    Uncordon {
-        /// The Node.
-        node: String,
-        /// Why.
-        #[source]
-        source: mcm_drain::DrainError,
-    },
-}
-
-/// Errors of the MachineDeployment reconciler. Each keeps the underlying error.
-pub type Error = ReconcileFailure<DeploymentProblem>;
-
-/// Shared state of the MachineDeployment reconciler.
-pub struct Context {
-    /// Client of the control cluster (machine objects).
-    pub client: Client,
-    /// Client of the target cluster (Nodes).
-    pub target: Client,
-    /// Store of the Machines.
-    pub machines: Store<Machine>,
-    /// Store of the MachineSets.
-    pub sets: Store<MachineSet>,
-    /// Store of the target cluster's Nodes.
-    pub nodes: Store<Node>,
-    /// Event publisher.
-    pub events: EventPublisher,
-    /// Annotate nodes against cluster-autoscaler scale-down during rollouts.
-    pub autoscaler_annotations: bool,
-    /// There is a target cluster (`--target-kubeconfig` is not `none`); without one an
-    /// in-place update is refused.
-    pub target_cluster: bool,
-    /// The invalid-strategy message announced per deployment (uid) by this process: a
-    /// reconcile that reads the deployment before its own status write reached the store
-    /// does not announce it again.
-    pub announced: std::sync::Mutex<std::collections::HashMap<String, String>>,
-    /// Paces status writes that change only counters.
-    pub status_pacer: crate::pacer::StatusPacer,
-}
-
-/// The deployment owning a set, for watches.
-pub fn deployment_for_set(set: &MachineSet) -> Option<ObjectRef<MachineDeployment>> {
-    let owner = controller_of(&set.metadata)?;
-    (owner.kind == MachineDeployment::KIND)
-        .then(|| ObjectRef::new(&owner.name).within(&set.namespace().unwrap_or_default()))
-}
-
-/// The deployment owning a machine's set, for watches.
-pub fn deployment_for_machine(
-    machine: &Machine,
-    sets: &Store<MachineSet>,
-) -> Option<ObjectRef<MachineDeployment>> {
-    let owner = controller_of(&machine.metadata)?;
-    if owner.kind != MachineSet::KIND {
-        return None;
-    }
-    let set =
-        sets.get(&ObjectRef::new(&owner.name).within(&machine.namespace().unwrap_or_default()))?;
-    deployment_for_set(&set)
-}
-
-/// The deployments of the machines on a Node that takes part in an in-place update (carries
-/// `candidate-for-update`, `selected-for-update` or `update-result`), for watches: the node
-/// agent's result and the machine controller's condition move the rollout on. Other Nodes
-/// concern no deployment.
-pub fn deployments_for_node(
-    node: &Node,
-    machines: &Store<Machine>,
-    sets: &Store<MachineSet>,
-) -> Vec<ObjectRef<MachineDeployment>> {
-    let node_labels = node.labels();
-    let in_place = [
-        labels::CANDIDATE_FOR_UPDATE,
-        labels::SELECTED_FOR_UPDATE,
-        labels::UPDATE_RESULT,
-    ];
-    if !in_place.iter().any(|k| node_labels.contains_key(*k)) {
-        return Vec::new();
-    }
-    let name = node.name_any();
-    machines
-        .state()
-        .iter()
-        .filter(|m| m.node_name() == Some(name.as_str()))
-        .filter_map(|m| deployment_for_machine(m, sets))
-        .collect()
-}
 
 /// The `controller` label of this controller's reconcile metrics.
 pub const CONTROLLER: &str = "machinedeployment";
@@ -195,7 +92,7 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
     let in_place = matches!(snapshot.rollout.strategy, Strategy::InPlaceUpdate { .. });
     let mut progressed = !actions.is_empty();
     if in_place && actions.is_empty() && !snapshot.rollout.paused {
-        progressed |= inplace_act::rollout(&ctx, &act, &observed, &snapshot).await?;
+        progressed |= inplace::reconcile::rollout(&ctx, &act, &observed, &snapshot).await?;
     }
     if !progressed && !snapshot.rollout.paused && snapshot.is_complete() {
         let limit = d
@@ -209,7 +106,7 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
     // Rollout markers on the target cluster's nodes; none are added or removed while
     // paused (as in the Go MCM, which only scales a paused deployment).
     if let Some(rolling_out) = decide::markers_wanted(&snapshot) {
-        apply_markers(
+        act::apply_markers(
             &ctx.target,
             &ctx.nodes,
             &observed.old_machines(),
@@ -222,15 +119,7 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
 
     let input = observe::status_input(&d, failed, progressed, now);
     let (mut status, recheck) = compute_status(&snapshot, &input);
-    let members: Vec<_> = observed
-        .all_machines()
-        .into_iter()
-        .map(|m| {
-            let node = crate::machine::observe::node_name(m)
-                .and_then(|n| ctx.nodes.get(&kube::runtime::reflector::ObjectRef::new(n)));
-            crate::machine::remediation::Member::of(m, node.as_deref())
-        })
-        .collect();
+    let members = observe::remediation_members(&observed, &ctx.nodes);
     let remediation = status::remediation_condition(
         &d.name_any(),
         d.metadata.annotations.as_ref(),
@@ -266,26 +155,14 @@ async fn rollback(
     observed: &Observed,
     requested: i64,
 ) -> Result<(), Error> {
-    let candidates: Vec<decide::RollbackCandidate> = observed
-        .sets
-        .iter()
-        .map(|s| decide::RollbackCandidate {
-            name: s.name_any(),
-            revision: annotation_i64(s.as_ref(), annotations::REVISION).unwrap_or(0),
-            same_template: s
-                .spec
-                .template
-                .as_ref()
-                .is_some_and(|t| templates_equal(t, &d.spec.template)),
-        })
-        .collect();
+    let candidates = observe::rollback_candidates(d, observed);
     let plan = decide::plan_rollback(requested, &candidates);
     tracing::info!(?plan, requested, "rollback requested");
-    if let decide::RollbackPlan::To { set, .. } = &plan
+    if let RollbackPlan::To { set, .. } = &plan
         && let Some(s) = observed.sets.iter().find(|s| s.name_any() == *set)
     {
         let machines: Vec<&Machine> = observed.machines_of(s).iter().map(AsRef::as_ref).collect();
-        remove_old_set_taint(&ctx.target, &ctx.nodes, &machines)
+        act::remove_old_set_taint(&ctx.target, &ctx.nodes, &machines)
             .await
             .context(
                 "remove the old-set taint from the nodes of",
@@ -375,7 +252,7 @@ async fn apply_action(
     }
 }
 
-/// Handles the trigger-deletion annotation ([`decide::plan_trigger_deletion`]): marks the
+/// Handles the trigger-deletion annotation ([`trigger::plan_trigger_deletion`]): marks the
 /// named machines of this deployment for deletion and rewrites the annotation. Returns
 /// whether anything was written: the reconcile then ends, so that no set is scaled before
 /// the machine store has seen the marks (the set controller reads the same store).
@@ -396,15 +273,15 @@ async fn handle_trigger_deletion(
                 .get(annotations::LAST_DEPLOYMENT_REPLICA_CHANGE_BY_SCALER_TIME)
         })
         .and_then(|t| t.parse().ok());
-    let now = decide::replica_change_time(Timestamp::now(), set_time);
-    let input = decide::TriggerInput {
+    let now = trigger::replica_change_time(Timestamp::now(), set_time);
+    let input = trigger::TriggerInput {
         value,
         replica_change_time: anns
             .get(annotations::LAST_DEPLOYMENT_REPLICA_CHANGE_BY_SCALER_TIME)
             .map(String::as_str),
         now: &now,
     };
-    let plan = decide::plan_trigger_deletion(&input, &observed.trigger_machines());
+    let plan = trigger::plan_trigger_deletion(&input, &observed.trigger_machines());
     for (machine, time) in &plan.mark {
         act.mark_for_deletion(machine, time.as_deref()).await?;
     }

@@ -1,0 +1,248 @@
+//! Plain data of the MachineDeployment controller: the deployment and its sets as the
+//! rollout decisions see them ([`Snapshot`], [`Rollout`], [`SetState`], [`Strategy`]), the
+//! actions they return ([`Action`]), and the plans of the revision bookkeeping and of a
+//! rollback.
+
+use jiff::Timestamp;
+
+/// Who selects the machines of an in-place update
+/// (`spec.strategy.inPlaceUpdate.orchestrationType`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Orchestration {
+    /// The controller selects machines within `maxUnavailable`.
+    Auto,
+    /// A user selects machines (node label `node.machine.sapcloud.io/selected-for-update`);
+    /// the controller never does.
+    Manual,
+}
+
+/// How machines are replaced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Strategy {
+    /// Surge new machines and remove old ones within limits (already resolved for the
+    /// deployment's replicas, see `mcm_api::intstr::resolve_fenceposts`).
+    RollingUpdate {
+        /// Machines allowed above the desired replicas.
+        max_surge: i32,
+        /// Machines allowed to be unavailable below the desired replicas.
+        max_unavailable: i32,
+    },
+    /// Remove all old machines, then create the new ones.
+    Recreate,
+    /// Update the machines where they are and move them to the new set
+    /// ([`super::inplace`]); limits resolved for the deployment's replicas (`max_surge` 0 for
+    /// [`Orchestration::Manual`], `max_unavailable` at least 1 when both resolve to 0, at most
+    /// the replicas).
+    InPlaceUpdate {
+        /// Fresh machines of the new template allowed above the desired replicas (only
+        /// when the new set is created).
+        max_surge: i32,
+        /// Machines allowed to be unavailable (selected for update) below the desired
+        /// replicas.
+        max_unavailable: i32,
+        /// Who selects the machines to update.
+        orchestration: Orchestration,
+    },
+}
+
+impl Strategy {
+    /// The surge that proportional scaling and the sets' max-replicas annotation use
+    /// (upstream's `MaxSurge`): 0 for Recreate and InPlaceUpdate.
+    pub fn max_surge(&self) -> i32 {
+        match self {
+            Strategy::RollingUpdate { max_surge, .. } => *max_surge,
+            Strategy::Recreate | Strategy::InPlaceUpdate { .. } => 0,
+        }
+    }
+
+    /// The allowed unavailability of the strategy (0 for Recreate).
+    pub fn max_unavailable(&self) -> i32 {
+        match self {
+            Strategy::RollingUpdate {
+                max_unavailable, ..
+            }
+            | Strategy::InPlaceUpdate {
+                max_unavailable, ..
+            } => *max_unavailable,
+            Strategy::Recreate => 0,
+        }
+    }
+}
+
+/// The deployment as the decision sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rollout {
+    /// `spec.replicas`.
+    pub replicas: i32,
+    /// The strategy with resolved limits.
+    pub strategy: Strategy,
+    /// `spec.paused`.
+    pub paused: bool,
+    /// The deployment carries the `freeze` label: only scale-downs are applied.
+    pub frozen: bool,
+}
+
+/// One MachineSet of the deployment with counts taken from its machines.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetState {
+    /// Name of the set.
+    pub name: String,
+    /// `spec.replicas`.
+    pub replicas: i32,
+    /// Machines of the set that are not terminating.
+    pub machines: i32,
+    /// Terminating machines of the set.
+    pub terminating: i32,
+    /// Ready machines.
+    pub ready: i32,
+    /// Available machines (ready for `minReadySeconds`).
+    pub available: i32,
+    /// Failed machines kept for their preservation (upstream's MachineSet
+    /// `status.preservedFailedReplicas`).
+    pub preserved_failed: i32,
+    /// Creation time (older sets are scaled down first).
+    pub created: Option<Timestamp>,
+    /// Annotation `deployment.kubernetes.io/desired-replicas`.
+    pub desired_annotation: Option<i32>,
+    /// Annotation `deployment.kubernetes.io/max-replicas`.
+    pub max_annotation: Option<i32>,
+}
+
+impl SetState {
+    /// A set with the given name and replicas and nothing else.
+    pub fn new(name: &str, replicas: i32) -> Self {
+        SetState {
+            name: name.to_owned(),
+            replicas,
+            machines: 0,
+            terminating: 0,
+            ready: 0,
+            available: 0,
+            preserved_failed: 0,
+            created: None,
+            desired_annotation: None,
+            max_annotation: None,
+        }
+    }
+
+    /// Available machines that survive the set's own scale-down: `min(available, replicas)`.
+    pub fn effective_available(&self) -> i32 {
+        self.available.min(self.replicas).max(0)
+    }
+
+    /// Machines that exist or will exist: `max(replicas, machines)`.
+    pub fn footprint(&self) -> i32 {
+        self.replicas.max(self.machines)
+    }
+}
+
+/// The deployment with its new set (template equal to the deployment's) and old sets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The deployment.
+    pub rollout: Rollout,
+    /// The set whose template matches the deployment's, if it exists.
+    pub new_set: Option<SetState>,
+    /// All other sets of the deployment.
+    pub old_sets: Vec<SetState>,
+}
+
+/// What to do next.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Action {
+    /// Create the new MachineSet with this many replicas.
+    CreateNewSet {
+        /// Initial replicas of the new set.
+        replicas: i32,
+    },
+    /// Set a MachineSet's replicas (and its desired/max replicas annotations).
+    Scale {
+        /// Name of the set.
+        set: String,
+        /// New `spec.replicas`.
+        replicas: i32,
+    },
+}
+
+impl Action {
+    /// Scale the set `set` to `replicas`.
+    pub fn scale(set: &str, replicas: i32) -> Self {
+        Action::Scale {
+            set: set.to_owned(),
+            replicas,
+        }
+    }
+}
+
+impl Snapshot {
+    /// The new set (if any) and the old sets.
+    pub(crate) fn all(&self) -> Vec<&SetState> {
+        self.new_set.iter().chain(self.old_sets.iter()).collect()
+    }
+
+    /// Whether the rollout is finished: the new set has all desired replicas available and
+    /// no old machine is left.
+    pub fn is_complete(&self) -> bool {
+        let d = self.rollout.replicas;
+        let new_ok = match &self.new_set {
+            Some(n) => n.replicas == d && n.machines == d && n.available >= d,
+            None => d == 0 && self.old_sets.is_empty(),
+        };
+        new_ok
+            && self
+                .old_sets
+                .iter()
+                .all(|s| s.replicas == 0 && s.machines == 0)
+    }
+}
+
+/// The revision bookkeeping of a deployment's new set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RevisionPlan {
+    /// The revision of the new set (and of the deployment).
+    pub revision: i64,
+    /// The new set's revision history (comma separated) when its revision must be raised
+    /// above the old sets' (`None`: the set's revision is fine).
+    pub bump: Option<Option<String>>,
+    /// Whether the deployment's revision annotation must be set to `revision`.
+    pub update_deployment: bool,
+}
+
+/// One set of a deployment as a rollback sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RollbackCandidate {
+    /// The set's name.
+    pub name: String,
+    /// Its revision annotation (0 when absent, as upstream reads it).
+    pub revision: i64,
+    /// Its template equals the deployment's (the hash label aside).
+    pub same_template: bool,
+}
+
+/// What `spec.rollbackTo` leads to. Every outcome clears `rollbackTo`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RollbackPlan {
+    /// No set has the revision: Warning `DeploymentRollbackRevisionNotFound` with `message`.
+    NotFound {
+        /// Upstream's message.
+        message: &'static str,
+    },
+    /// The set of the revision has the deployment's template already: Warning
+    /// `DeploymentRollbackTemplateUnchanged`.
+    Unchanged {
+        /// The set.
+        set: String,
+        /// Its revision.
+        revision: i64,
+    },
+    /// Copy the template of `set` into the deployment: Normal `DeploymentRollback`.
+    To {
+        /// The set.
+        set: String,
+        /// Its revision.
+        revision: i64,
+    },
+}
+
+/// The value of the in-place labels of Nodes and of `scale-up-disabled`.
+pub const LABEL_TRUE: &str = "true";

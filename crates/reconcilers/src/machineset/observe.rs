@@ -1,0 +1,143 @@
+//! What the MachineSet controller reads from the stores: the machines of a namespace, the
+//! views of a set's machines with their Nodes' preserve annotations, the set as
+//! [`SetInput`], what makes a deletion voluntary (a preserved Node, a rolling deployment),
+//! and the sets a machine or budget event concerns.
+
+use std::sync::Arc;
+
+use jiff::Timestamp;
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+use kube::runtime::reflector::{ObjectRef, Store};
+use mcm_api::constants::{annotations, labels};
+use mcm_api::owner::controller_of;
+use mcm_api::{Machine, MachineDeployment, MachineDisruptionBudget, MachineSet};
+
+use super::decide::is_frozen;
+use super::model::{MachineView, SetInput};
+use crate::disruptionbudget;
+use crate::selector::selector_matches;
+
+/// The machines of the store in namespace `ns`.
+pub(crate) fn machines_in(machines: &Store<Machine>, ns: &str) -> Vec<Arc<Machine>> {
+    machines
+        .state()
+        .into_iter()
+        .filter(|m| m.namespace().as_deref() == Some(ns))
+        .collect()
+}
+
+/// The views of the `claimed` machines of `set` at `now`, each with its Node's preserve
+/// annotation ([`node_preserve_annotation`]).
+pub(crate) fn views(
+    nodes: &Store<Node>,
+    set: &MachineSet,
+    claimed: &[Arc<Machine>],
+    now: Timestamp,
+) -> Vec<MachineView> {
+    let template_labels = set.template_labels();
+    claimed
+        .iter()
+        .map(|m| {
+            let node = node_preserve_annotation(nodes, m);
+            MachineView::from_machine(m, template_labels, node.as_deref(), now)
+        })
+        .collect()
+}
+
+/// The set as [`super::decide::plan_replicas`] sees it.
+pub(crate) fn set_input(set: &MachineSet) -> SetInput {
+    SetInput {
+        replicas: set.spec.replicas(),
+        frozen: is_frozen(set.metadata.labels.as_ref()),
+        scale_up_disabled: set
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(labels::MACHINE_SET_SCALE_UP_DISABLED)),
+        deleting: set.metadata.deletion_timestamp.is_some(),
+        replica_change_time: set
+            .annotations()
+            .get(annotations::LAST_DEPLOYMENT_REPLICA_CHANGE_BY_SCALER_TIME)
+            .and_then(|t| t.parse().ok()),
+    }
+}
+
+/// The preserve annotation of the Node of `machine` (named by its `node` label), from the
+/// Node store; `None` without a node label, without a Node in the store, or without the
+/// annotation (the machine's own annotation then decides, as in the machine controller).
+pub fn node_preserve_annotation(nodes: &Store<Node>, machine: &Machine) -> Option<String> {
+    let node = nodes.get(&ObjectRef::new(machine.node_name()?))?;
+    node.annotations().get(annotations::PRESERVE).cloned()
+}
+
+/// Whether the Node of `machine` carries the `Preserved` condition (it was preserved).
+pub(crate) fn node_was_preserved(nodes: &Store<Node>, machine: &Machine) -> bool {
+    machine
+        .node_name()
+        .and_then(|n| nodes.get(&ObjectRef::new(n)))
+        .and_then(|n| n.status.as_ref()?.conditions.clone())
+        .is_some_and(|cs| {
+            cs.iter()
+                .any(|c| c.type_ == disruptionbudget::decide::NODE_PRESERVED_CONDITION)
+        })
+}
+
+/// Whether `set` is an old set of a MachineDeployment whose template differs from it (its
+/// surplus deletions are a rolling update's).
+pub(crate) fn is_old_set_of_rollout(
+    set: &MachineSet,
+    deployments: &Store<MachineDeployment>,
+) -> bool {
+    let Some(owner) = controller_of(&set.metadata) else {
+        return false;
+    };
+    if owner.kind != MachineDeployment::KIND {
+        return false;
+    }
+    let key = ObjectRef::new(&owner.name).within(&set.namespace().unwrap_or_default());
+    let Some(deployment) = deployments.get(&key) else {
+        return false;
+    };
+    // The comparison by which a deployment finds its new set
+    // (`machinedeployment::hash::templates_equal`); this controller does not import that one.
+    set.spec
+        .template
+        .as_ref()
+        .is_none_or(|t| !mcm_api::canonical::same_set_template(&deployment.spec.template, t))
+}
+
+/// The sets a machine event concerns: its controlling set, or every set selecting it when
+/// it is an orphan (so that one can adopt it).
+pub fn sets_for_machine(machine: &Machine, sets: &Store<MachineSet>) -> Vec<ObjectRef<MachineSet>> {
+    let ns = machine.namespace().unwrap_or_default();
+    if let Some(owner) = controller_of(&machine.metadata) {
+        if owner.kind == MachineSet::KIND {
+            return vec![ObjectRef::new(&owner.name).within(&ns)];
+        }
+        return Vec::new();
+    }
+    sets.state()
+        .iter()
+        .filter(|s| s.namespace().as_deref() == Some(ns.as_str()))
+        .filter(|s| selector_matches(s.spec.selector.as_ref(), machine.metadata.labels.as_ref()))
+        .map(|s| ObjectRef::from_obj(s.as_ref()))
+        .collect()
+}
+
+/// The sets a budget event concerns: the sets of the machines it selects.
+pub fn sets_for_budget(
+    budget: &MachineDisruptionBudget,
+    machines: &Store<Machine>,
+    sets: &Store<MachineSet>,
+) -> Vec<ObjectRef<MachineSet>> {
+    let mut out: Vec<ObjectRef<MachineSet>> = machines
+        .state()
+        .iter()
+        .filter(|m| disruptionbudget::decide::selects(budget, m))
+        .flat_map(|m| sets_for_machine(m, sets))
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out.dedup();
+    out
+}
