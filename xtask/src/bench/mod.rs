@@ -94,10 +94,27 @@ pub struct ScaleArgs {
     /// its path's target: creation 6, deletion 8, replacement (rollout, rescale) 14.
     #[arg(long)]
     pub check_request_targets: bool,
+    /// Fail (after printing the results) when the phase sent more requests per machine than
+    /// `N`: `--max-requests-per-machine scale-down=16.5` (repeatable). A regression guard at
+    /// the figures reached so far, where the targets are not met yet.
+    #[arg(long = "max-requests-per-machine", value_parser = parse_phase_limit)]
+    pub max_requests_per_machine: Vec<(String, f64)>,
     /// Build the binaries in the `fast-release` profile (no LTO): for short runs that check
     /// ratios and requests; peak RSS is a release build's only in the default profile.
     #[arg(long)]
     pub fast_build: bool,
+}
+
+/// Parses `phase=N` (a phase name and a number of requests per machine).
+fn parse_phase_limit(value: &str) -> Result<(String, f64), String> {
+    let (phase, n) = value
+        .split_once('=')
+        .ok_or_else(|| format!("{value:?} is not phase=N"))?;
+    let n: f64 = n
+        .trim()
+        .parse()
+        .map_err(|e| format!("{value:?}: {n:?} is no number: {e}"))?;
+    Ok((phase.trim().to_owned(), n))
 }
 
 /// Runs the chosen benchmark.

@@ -195,6 +195,25 @@ pub fn phases_above_request_target(r: &Results) -> Vec<String> {
         .collect()
 }
 
+/// The phases whose requests per machine exceed the limit given for them (`(phase, limit)`;
+/// a limit for a phase this benchmark has not run is an error, so a renamed phase is never
+/// silently unguarded).
+pub fn phases_above_request_limits(r: &Results, limits: &[(String, f64)]) -> Vec<String> {
+    limits
+        .iter()
+        .filter_map(|(name, limit)| {
+            let Some(p) = r.phases.iter().find(|p| &p.name == name) else {
+                return Some(format!("{name} (no such phase)"));
+            };
+            match p.requests_per_machine {
+                Some(per) if per > *limit => Some(format!("{name} ({per:.1} > {limit})")),
+                Some(_) => None,
+                None => Some(format!("{name} (no requests counted)")),
+            }
+        })
+        .collect()
+}
+
 /// The results table and, per phase, the requests by kind (most frequent first).
 pub fn table(r: &Results) -> String {
     let mut out = String::new();
@@ -405,6 +424,31 @@ mod tests {
         assert_eq!(p.requests_per_machine, Some(6.7));
         assert_eq!(p.manager_peak_rss_mib, 10.0);
         assert!((p.cpu_percent_of_a_core - 7.5).abs() < 1e-9);
+    }
+
+    #[test]
+    fn requests_per_machine_are_checked_against_targets_and_limits() {
+        let mut up = phase("scale-up", 0, 100, 30.0, [100, 500]);
+        up.fill_bounds(20.0, 30);
+        let mut down = phase("scale-down", 100, 0, 30.0, [100, 500]);
+        down.fill_bounds(20.0, 30);
+        let r = results("scale-down", 100, vec![up, down]);
+        // 6.1 requests per machine: above creation's 6, within deletion's 8.
+        assert_eq!(
+            phases_above_request_target(&r),
+            vec!["scale-up (6.1 > 6)".to_string()]
+        );
+        let limits = |l: &[(&str, f64)]| -> Vec<(String, f64)> {
+            l.iter().map(|(p, n)| (p.to_string(), *n)).collect()
+        };
+        assert!(phases_above_request_limits(&r, &limits(&[("scale-up", 6.5)])).is_empty());
+        assert_eq!(
+            phases_above_request_limits(&r, &limits(&[("scale-down", 6.0), ("rollout", 9.0)])),
+            vec![
+                "scale-down (6.1 > 6)".to_string(),
+                "rollout (no such phase)".to_string()
+            ]
+        );
     }
 
     #[test]

@@ -113,6 +113,13 @@ pub fn run(kind: Kind, args: ScaleArgs) -> Result<()> {
             );
         }
     }
+    let over = report::phases_above_request_limits(&results, &args.max_requests_per_machine);
+    if !over.is_empty() {
+        bail!(
+            "phases above their requests-per-machine limit: {}",
+            over.join(", ")
+        );
+    }
     if args.check_request_targets {
         let over = report::phases_above_request_target(&results);
         if !over.is_empty() {

@@ -203,7 +203,7 @@ pub fn machine_deployment(d: &MachineDeployment, target_cluster: bool) -> Vec<Sp
         label_selector(selector, "spec.selector", &mut out);
     }
     template(&d.spec.template, &mut out);
-    if let Err(e) = mcm_reconcilers::machinedeployment::observe::strategy_of(d, target_cluster) {
+    if let Err(e) = mcm_api::policy::strategy::strategy_of(d, target_cluster) {
         // The controller's messages name their field already (`spec.strategy...: ...`).
         let text = e.to_string();
         match text.split_once(": ") {

@@ -5,69 +5,7 @@
 
 use jiff::Timestamp;
 
-/// Who selects the machines of an in-place update
-/// (`spec.strategy.inPlaceUpdate.orchestrationType`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Orchestration {
-    /// The controller selects machines within `maxUnavailable`.
-    Auto,
-    /// A user selects machines (node label `node.machine.sapcloud.io/selected-for-update`);
-    /// the controller never does.
-    Manual,
-}
-
-/// How machines are replaced.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Strategy {
-    /// Surge new machines and remove old ones within limits (already resolved for the
-    /// deployment's replicas, see `mcm_api::intstr::resolve_fenceposts`).
-    RollingUpdate {
-        /// Machines allowed above the desired replicas.
-        max_surge: i32,
-        /// Machines allowed to be unavailable below the desired replicas.
-        max_unavailable: i32,
-    },
-    /// Remove all old machines, then create the new ones.
-    Recreate,
-    /// Update the machines where they are and move them to the new set
-    /// ([`super::inplace`]); limits resolved for the deployment's replicas (`max_surge` 0 for
-    /// [`Orchestration::Manual`], `max_unavailable` at least 1 when both resolve to 0, at most
-    /// the replicas).
-    InPlaceUpdate {
-        /// Fresh machines of the new template allowed above the desired replicas (only
-        /// when the new set is created).
-        max_surge: i32,
-        /// Machines allowed to be unavailable (selected for update) below the desired
-        /// replicas.
-        max_unavailable: i32,
-        /// Who selects the machines to update.
-        orchestration: Orchestration,
-    },
-}
-
-impl Strategy {
-    /// The surge that proportional scaling and the sets' max-replicas annotation use
-    /// (upstream's `MaxSurge`): 0 for Recreate and InPlaceUpdate.
-    pub fn max_surge(&self) -> i32 {
-        match self {
-            Strategy::RollingUpdate { max_surge, .. } => *max_surge,
-            Strategy::Recreate | Strategy::InPlaceUpdate { .. } => 0,
-        }
-    }
-
-    /// The allowed unavailability of the strategy (0 for Recreate).
-    pub fn max_unavailable(&self) -> i32 {
-        match self {
-            Strategy::RollingUpdate {
-                max_unavailable, ..
-            }
-            | Strategy::InPlaceUpdate {
-                max_unavailable, ..
-            } => *max_unavailable,
-            Strategy::Recreate => 0,
-        }
-    }
-}
+pub use mcm_api::policy::strategy::{Orchestration, Strategy};
 
 /// The deployment as the decision sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -12,7 +12,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Resource, ResourceExt};
 use mcm_api::constants::{annotations, labels};
-use mcm_api::intstr::RollingUpdateError;
 use mcm_api::owner::controller_of;
 use mcm_api::{
     Machine, MachineDeployment, MachineDeploymentStrategyType, MachinePhase, MachineSet,
@@ -20,7 +19,6 @@ use mcm_api::{
 };
 
 use super::hash::templates_equal;
-use super::inplace::strategy::{InPlaceStrategyError, resolve_strategy};
 use super::model::{RollbackCandidate, Rollout, SetState, Snapshot, Strategy};
 use super::status::StatusInput;
 use super::trigger::TriggerMachine;
@@ -193,49 +191,7 @@ pub fn set_state(set: &MachineSet, machines: &[Arc<Machine>], now: Timestamp) ->
     }
 }
 
-/// Why a deployment's strategy cannot be used.
-#[derive(Debug, thiserror::Error)]
-pub enum StrategyError {
-    /// `spec.strategy.type` names a strategy this controller does not implement.
-    #[error(
-        "spec.strategy.type: {0:?} is not supported by this controller (use Recreate, RollingUpdate or InPlaceUpdate)"
-    )]
-    Unsupported(String),
-    /// A rolling-update limit cannot be used.
-    #[error(transparent)]
-    Limits(#[from] RollingUpdateError),
-    /// The in-place update parameters cannot be used.
-    #[error(transparent)]
-    InPlace(#[from] InPlaceStrategyError),
-    /// An in-place update needs the Nodes of a target cluster (`--target-kubeconfig=none`);
-    /// upstream's message.
-    #[error("in-place updates are not supported if running without a target cluster")]
-    InPlaceWithoutTargetCluster,
-}
-
-/// The deployment's strategy with resolved limits
-/// ([`MachineDeployment::resolved_rolling_update`], [`resolve_strategy`]); an error
-/// names the field and the value that cannot be used. An unknown `spec.strategy.type` is an
-/// error, never a silent rolling update; so is an in-place update without a target cluster
-/// (`target_cluster` false).
-pub fn strategy_of(d: &MachineDeployment, target_cluster: bool) -> Result<Strategy, StrategyError> {
-    match d.spec.strategy.as_ref().and_then(|s| s.type_.as_ref()) {
-        Some(MachineDeploymentStrategyType::Recreate) => return Ok(Strategy::Recreate),
-        Some(MachineDeploymentStrategyType::InPlaceUpdate) => {
-            if !target_cluster {
-                return Err(StrategyError::InPlaceWithoutTargetCluster);
-            }
-            return Ok(resolve_strategy(d)?);
-        }
-        None | Some(MachineDeploymentStrategyType::RollingUpdate) => {}
-        Some(other) => return Err(StrategyError::Unsupported(other.as_str().to_string())),
-    }
-    let (max_surge, max_unavailable) = d.resolved_rolling_update()?;
-    Ok(Strategy::RollingUpdate {
-        max_surge,
-        max_unavailable,
-    })
-}
+pub use mcm_api::policy::strategy::{StrategyError, strategy_of};
 
 /// The snapshot the rollout is decided from.
 pub fn snapshot(d: &MachineDeployment, strategy: Strategy, facts: Facts) -> Snapshot {
@@ -446,6 +402,7 @@ pub fn deployments_for_node(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use mcm_api::policy::strategy::InPlaceStrategyError;
 
     #[test]
     fn max_unavailable_for_availability_is_the_go_mcm_s() {

@@ -157,7 +157,7 @@ pub async fn deletion_blocked(
 }
 
 /// The VM is gone (recorded so by an earlier release, or never requested) but the Node is
-/// still there: delete it ([`remove_node`]).
+/// still there: release its finalizer and delete it.
 pub async fn delete_node(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
     remove_node(ctx, m).await?;
     Ok(Action::requeue(DELETION_STEP_REQUEUE))
