@@ -24,13 +24,12 @@ pub fn rollout_protection(
     deployment: &MachineDeployment,
     owned_sets: &[Arc<MachineSet>],
 ) -> Option<String> {
-    use crate::machinedeployment::hash::templates_equal;
     let current = &deployment.spec.template;
     let is_new = |s: &MachineSet| {
         s.spec
             .template
             .as_ref()
-            .is_some_and(|t| templates_equal(t, current))
+            .is_some_and(|t| mcm_api::canonical::same_set_template(t, current))
     };
     if is_new(set) {
         return None;
