@@ -26,7 +26,9 @@ use mcm_api::{
     UpdateConfiguration,
 };
 use mcm_reconcilers::machine::inplace as mc_inplace;
-use mcm_testenv::kit::{MachineDeploymentBuilder, await_list, create_ready_node, eventually};
+use mcm_testenv::kit::{
+    MachineDeploymentBuilder, await_list, consistently, create_ready_node, eventually,
+};
 use serde_json::json;
 
 /// Bound for reactions to a deletion: far below the 600 s resync, so a deployment that only
@@ -1442,29 +1444,38 @@ async fn in_place_manual_updates_only_what_a_user_selects() {
         },
     )
     .await;
-    // Nothing is selected by the controller.
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let listed = nodes_api(&h)
-        .list(&ListParams::default())
-        .await
-        .expect("list")
-        .items;
-    assert!(
-        listed
-            .iter()
-            .filter(|n| is_mine(n))
-            .all(|n| node_label(n, labels::SELECTED_FOR_UPDATE).is_none()),
-        "Manual: the controller selects nothing"
-    );
-    assert_eq!(
-        h.sets()
-            .get(&new_set.name_any())
-            .await
-            .expect("get")
-            .spec
-            .replicas,
-        Some(0)
-    );
+    // Nothing is selected by the controller, and the new set stays empty.
+    consistently(
+        Duration::from_secs(3),
+        "Manual: the controller selects nothing",
+        || async {
+            let listed = nodes_api(&h)
+                .list(&ListParams::default())
+                .await
+                .map_err(|e| format!("the list failed: {e}"))?
+                .items;
+            let selected: Vec<String> = listed
+                .iter()
+                .filter(|n| is_mine(n) && node_label(n, labels::SELECTED_FOR_UPDATE).is_some())
+                .map(ResourceExt::name_any)
+                .collect();
+            let replicas = h
+                .sets()
+                .get(&new_set.name_any())
+                .await
+                .map_err(|e| format!("the get failed: {e}"))?
+                .spec
+                .replicas;
+            if selected.is_empty() && replicas == Some(0) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "selected {selected:?}, the new set's replicas {replicas:?}"
+                ))
+            }
+        },
+    )
+    .await;
 
     // The user selects the first machine's node.
     let (first, first_node) = nodes
@@ -1489,28 +1500,38 @@ async fn in_place_manual_updates_only_what_a_user_selects() {
         .iter()
         .find(|m| m.name_any() != first)
         .expect("the other machine");
-    assert_ne!(
-        owner_uid(other).as_deref(),
-        Some(new_uid.as_str()),
-        "not selected, not moved"
-    );
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let listed = nodes_api(&h)
-        .list(&ListParams::default())
-        .await
-        .expect("list")
-        .items;
-    let other_node = &nodes[&other.name_any()];
-    let other_node = listed
-        .iter()
-        .find(|n| n.name_any() == *other_node)
-        .expect("node");
-    assert_eq!(node_label(other_node, labels::SELECTED_FOR_UPDATE), None);
+    let other = other.name_any();
+    let other_node = &nodes[&other];
+    consistently(
+        Duration::from_secs(2),
+        "the other machine neither selected nor moved",
+        || async {
+            let node = nodes_api(&h)
+                .get(other_node)
+                .await
+                .map_err(|e| format!("the get failed: {e}"))?;
+            let m = h
+                .machines()
+                .get(&other)
+                .await
+                .map_err(|e| format!("the get failed: {e}"))?;
+            let selected = node_label(&node, labels::SELECTED_FOR_UPDATE);
+            let owner = owner_uid(&m);
+            if selected.is_none() && owner.as_deref() != Some(new_uid.as_str()) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "{other_node} selected-for-update {selected:?}, {other} owned by {owner:?}"
+                ))
+            }
+        },
+    )
+    .await;
 
     // Then the other one.
     nodes_api(&h)
         .patch(
-            &other_node.name_any(),
+            other_node,
             &PatchParams::default(),
             &Patch::Merge(json!({"metadata": {"labels": {labels::SELECTED_FOR_UPDATE: "true"}}})),
         )
@@ -1570,43 +1591,65 @@ async fn in_place_a_failed_update_is_never_moved() {
         },
     )
     .await;
-    // Give the controller time to do what it should not.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let ms = h
-        .machines()
-        .list(&ListParams::default())
-        .await
-        .expect("list")
-        .items;
-    assert_same_machines(&ms, &uids);
-    let m = ms
-        .iter()
-        .find(|m| m.name_any() == failed)
-        .expect("the failed machine");
-    assert_eq!(
-        owner_uid(m).as_deref(),
-        Some(old_uid.as_str()),
-        "never moved"
-    );
-    assert!(!m.labels().contains_key(labels::UPDATE_RESULT));
-    let node = nodes_api(&h).get(&failed_node).await.expect("node");
-    assert_eq!(node_label(&node, labels::UPDATE_RESULT), Some("failed"));
-    assert_eq!(
-        node_label(&node, labels::SELECTED_FOR_UPDATE),
-        Some("true"),
-        "left as it is"
-    );
-    assert_eq!(
-        node.spec.as_ref().and_then(|s| s.unschedulable),
-        Some(true),
-        "still cordoned"
-    );
-    let old = h.sets().get(&old_set.name_any()).await.expect("old set");
-    assert_eq!(
-        old.spec.replicas,
-        Some(2),
-        "only the moved machine left the old set"
-    );
+    // The failed machine is never moved, its node left as it is (selected, labelled
+    // failed, cordoned), and only the moved machine left the old set: once that is so, it
+    // stays so while the controller has time to do what it should not.
+    let left_alone = || async {
+        let ms = h
+            .machines()
+            .list(&ListParams::default())
+            .await
+            .map_err(|e| format!("the list failed: {e}"))?
+            .items;
+        let same: BTreeMap<String, String> = ms
+            .iter()
+            .map(|m| (m.name_any(), m.metadata.uid.clone().unwrap_or_default()))
+            .collect();
+        if same != uids {
+            return Err(format!("machines deleted or created: {same:?}"));
+        }
+        let m = ms
+            .iter()
+            .find(|m| m.name_any() == failed)
+            .ok_or("the failed machine is gone")?;
+        if owner_uid(m).as_deref() != Some(old_uid.as_str()) {
+            return Err(format!("{failed} moved to {:?}", owner_uid(m)));
+        }
+        if let Some(result) = m.labels().get(labels::UPDATE_RESULT) {
+            return Err(format!("{failed} labelled update-result {result}"));
+        }
+        let node = nodes_api(&h)
+            .get(&failed_node)
+            .await
+            .map_err(|e| format!("the get failed: {e}"))?;
+        let labelled = (
+            node_label(&node, labels::UPDATE_RESULT),
+            node_label(&node, labels::SELECTED_FOR_UPDATE),
+            node.spec.as_ref().and_then(|s| s.unschedulable),
+        );
+        if labelled != (Some("failed"), Some("true"), Some(true)) {
+            return Err(format!(
+                "{failed_node} not left as it was (update-result, selected, unschedulable): \
+                 {labelled:?}"
+            ));
+        }
+        let old = h
+            .sets()
+            .get(&old_set.name_any())
+            .await
+            .map_err(|e| format!("the get failed: {e}"))?;
+        match old.spec.replicas {
+            Some(2) => Ok(()),
+            n => Err(format!("the old set has {n:?} replicas, not 2")),
+        }
+    };
+    eventually(WAIT, "the failed update left alone", &left_alone).await;
+    consistently(
+        Duration::from_secs(5),
+        "the failed update left alone",
+        &left_alone,
+    )
+    .await;
     player.abort();
     delete_nodes(&h).await;
     h.stop().await;
@@ -1635,9 +1678,27 @@ async fn in_place_without_a_target_cluster_is_refused() {
         !events_of(&h, "InvalidStrategy").await.is_empty()
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let events = events_of(&h, "InvalidStrategy").await;
-    assert_eq!(events.len(), 1, "{events:#?}");
+    // Published once: a repeated Event would be a second one or (the recorder aggregates
+    // repeats) a series on the first.
+    let events = consistently(Duration::from_secs(2), "a single Event", || async {
+        let events = events_of(&h, "InvalidStrategy").await;
+        if events.len() == 1 && events[0].series.is_none() {
+            Ok(Some(events))
+        } else {
+            let seen: Vec<_> = events
+                .iter()
+                .map(|e| {
+                    (
+                        &e.metadata.name,
+                        &e.note,
+                        e.series.as_ref().map(|s| s.count),
+                    )
+                })
+                .collect();
+            Err(format!("Events (name, note, series count): {seen:?}"))
+        }
+    })
+    .await;
     assert_eq!(events[0].type_.as_deref(), Some("Warning"));
     assert_eq!(events[0].note.as_deref(), Some(message));
     h.stop().await;

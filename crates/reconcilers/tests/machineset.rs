@@ -11,7 +11,7 @@ use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
 use mcm_api::constants::annotations::preserve_values;
 use mcm_api::constants::{annotations, finalizers, labels};
 use mcm_api::{Machine, MachineSet, MachineSetConditionType};
-use mcm_testenv::kit::{MachineBuilder, MachineSetBuilder, await_list};
+use mcm_testenv::kit::{MachineBuilder, MachineSetBuilder, await_list, consistently, eventually};
 use serde_json::json;
 
 /// Bound for reactions to a deletion: far below the 600 s resync, so a set that only
@@ -325,15 +325,22 @@ async fn a_preserved_failed_machine_is_kept_until_its_expiry() {
     })
     .await;
     // Kept, and no replacement.
-    tokio::time::sleep(Duration::from_secs(2)).await;
-    let now = h.machines().list(&Default::default()).await.expect("list");
-    assert_eq!(now.items.len(), 2, "no replacement while preserved");
-    assert!(
-        now.items
-            .iter()
-            .any(|m| m.name_any() == victim && m.metadata.deletion_timestamp.is_none()),
-        "the preserved machine is kept"
-    );
+    consistently(
+        Duration::from_secs(2),
+        "the preserved machine kept and not replaced",
+        || async {
+            let ms = list_machines(&h).await?;
+            let kept = ms
+                .iter()
+                .any(|m| m.name_any() == victim && m.metadata.deletion_timestamp.is_none());
+            if ms.len() == 2 && kept {
+                Ok(())
+            } else {
+                Err(overview(&ms))
+            }
+        },
+    )
+    .await;
 
     // The preservation expires: the set deletes the machine and replaces it.
     patch_machine_status(
@@ -365,9 +372,20 @@ async fn auto_preservation_keeps_the_newest_failed_machines_up_to_the_maximum() 
         .create(&PostParams::default(), &s)
         .await
         .expect("create set");
-    wait_machines(&h, "1 running", |m| running_of_class(m, "c1") == 1).await;
-    // Creation times have a resolution of a second: the second machine is newer.
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let first = wait_machines(&h, "1 running", |m| running_of_class(m, "c1") == 1).await;
+    // Creation times have a resolution of a second: the second machine is newer once the
+    // second of the first one's creation is over.
+    let created = first
+        .iter()
+        .find_map(|m| m.metadata.creation_timestamp.as_ref())
+        .expect("a creation time")
+        .0;
+    eventually(
+        WAIT,
+        "the second of the first creation to pass",
+        || async move { jiff::Timestamp::now().as_second() > created.as_second() },
+    )
+    .await;
     h.sets()
         .patch(
             "ms",
@@ -467,8 +485,8 @@ async fn scale_down_spares_a_preserved_machine() {
         })
     })
     .await;
-    // Let the manager's store see it too (a separate watch).
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The manager's store must hold it too (a separate watch).
+    manager_caught_up(&h, &kept).await;
     h.sets()
         .patch(
             "ms",
@@ -498,8 +516,13 @@ async fn label_machine(h: &Harness, name: &str, key: &str, value: Option<&str>) 
         .expect("label machine");
 }
 
-/// Sets the replicas (and optionally the scale-up-disabled label) of the set `ms`.
-async fn scale_set(h: &Harness, replicas: i32, scale_up_disabled: Option<Option<&str>>) {
+/// Sets the replicas (and optionally the scale-up-disabled label) of the set `ms`; returns
+/// the set as patched.
+async fn scale_set(
+    h: &Harness,
+    replicas: i32,
+    scale_up_disabled: Option<Option<&str>>,
+) -> MachineSet {
     let mut patch = json!({"spec": {"replicas": replicas}});
     if let Some(value) = scale_up_disabled {
         patch["metadata"] = json!({"labels": {labels::MACHINE_SET_SCALE_UP_DISABLED: value}});
@@ -507,7 +530,47 @@ async fn scale_set(h: &Harness, replicas: i32, scale_up_disabled: Option<Option<
     h.sets()
         .patch("ms", &PatchParams::default(), &Patch::Merge(&patch))
         .await
-        .expect("scale set");
+        .expect("scale set")
+}
+
+/// Waits until the set has reconciled the spec of `patched` (its `observedGeneration`).
+async fn wait_observed(h: &Harness, patched: &MachineSet) {
+    let generation = patched.metadata.generation.expect("a generation");
+    wait_list(
+        h.sets(),
+        &format!("generation {generation} observed"),
+        |s| {
+            status_of(s)
+                .and_then(|st| st.observed_generation)
+                .is_some_and(|g| g >= generation)
+        },
+    )
+    .await;
+}
+
+/// The machines of the test (a failed list as its error).
+async fn list_machines(h: &Harness) -> Result<Vec<Machine>, String> {
+    h.machines()
+        .list(&Default::default())
+        .await
+        .map(|l| l.items)
+        .map_err(|e| format!("the list failed: {e}"))
+}
+
+/// Name, phase and deletion of each machine, for a failure message.
+fn overview(ms: &[Machine]) -> String {
+    let each: Vec<String> = ms
+        .iter()
+        .map(|m| {
+            let deleting = if m.metadata.deletion_timestamp.is_some() {
+                ", deleting"
+            } else {
+                ""
+            };
+            format!("{} ({:?}{deleting})", m.name_any(), m.phase())
+        })
+        .collect();
+    format!("{} machines: {}", ms.len(), each.join(", "))
 }
 
 /// In-place updates, the MachineSet's part: a machine labelled `update-result: successful`
@@ -525,17 +588,19 @@ async fn a_moved_machine_is_kept_and_scale_up_disabled_creates_nothing() {
         })
     })
     .await;
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    manager_caught_up(&h, &moved).await;
     // 2 replicas and 2 machines without the label: nothing is surplus.
-    scale_set(&h, 2, None).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let now = h
-        .machines()
-        .list(&Default::default())
-        .await
-        .expect("list")
-        .items;
-    assert_eq!(now.len(), 3, "no machine deleted: {now:#?}");
+    let scaled = scale_set(&h, 2, None).await;
+    wait_observed(&h, &scaled).await;
+    consistently(Duration::from_secs(3), "no machine deleted", || async {
+        let ms = list_machines(&h).await?;
+        if ms.len() == 3 && ms.iter().all(|m| m.metadata.deletion_timestamp.is_none()) {
+            Ok(())
+        } else {
+            Err(overview(&ms))
+        }
+    })
+    .await;
     // 1 replica: one of the other two goes, the moved one stays.
     scale_set(&h, 1, None).await;
     let left = wait_machines(&h, "2 machines", |m| m.len() == 2).await;
@@ -544,15 +609,17 @@ async fn a_moved_machine_is_kept_and_scale_up_disabled_creates_nothing() {
     wait_machines(&h, "1 machine", |m| m.len() == 1).await;
 
     // Scale-up disabled: 3 replicas, still 1 machine.
-    scale_set(&h, 3, Some(Some("true"))).await;
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    let now = h
-        .machines()
-        .list(&Default::default())
-        .await
-        .expect("list")
-        .items;
-    assert_eq!(now.len(), 1, "no machine created: {now:#?}");
+    let scaled = scale_set(&h, 3, Some(Some("true"))).await;
+    wait_observed(&h, &scaled).await;
+    consistently(Duration::from_secs(3), "no machine created", || async {
+        let ms = list_machines(&h).await?;
+        if ms.len() == 1 {
+            Ok(())
+        } else {
+            Err(overview(&ms))
+        }
+    })
+    .await;
     scale_set(&h, 3, Some(None)).await;
     wait_machines(&h, "3 running", |m| {
         m.len() == 3 && running_of_class(m, "c1") == 3

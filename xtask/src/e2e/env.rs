@@ -1,7 +1,7 @@
 //! What `cargo xtask e2e` and `cargo xtask demo` share: the binaries, the control plane,
 //! controller processes, VM processes, applying objects, bounded waits.
 
-use mcm_testenv::kit::{http_get, metric};
+use mcm_testenv::kit::{Outcome, http_get, metric, try_eventually};
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
@@ -488,25 +488,34 @@ pub enum Check<T> {
     Pending(String),
 }
 
-/// Polls `look` every 250 ms until it reports [`Check::Done`], failing after `timeout` with
-/// `what` and the last thing seen. Errors of `look` are retried (and reported on timeout).
+impl<T> Outcome for Check<T> {
+    type Value = T;
+    fn judge(self) -> Result<T, String> {
+        match self {
+            Check::Done(v) => Ok(v),
+            Check::Pending(seen) => Err(seen),
+        }
+    }
+}
+
+/// Polls `look` (the kit's [`try_eventually`]) until it reports [`Check::Done`], failing
+/// after `timeout` with `what` and the last thing seen; a look still running then is cut
+/// off. Errors of `look` are retried (and reported on timeout).
 pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut look: F) -> Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Result<Check<T>>>,
 {
-    let began = Instant::now();
-    loop {
-        let last = match look().await {
-            Ok(Check::Done(v)) => return Ok(v),
-            Ok(Check::Pending(seen)) => seen,
-            Err(e) => format!("error: {e:#}"),
-        };
-        if began.elapsed() > timeout {
-            bail!("timed out after {timeout:?} waiting for {what}; last seen: {last}");
+    let found = try_eventually(timeout, what, || {
+        let looking = look();
+        async move {
+            looking
+                .await
+                .unwrap_or_else(|e| Check::Pending(format!("error: {e:#}")))
         }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    })
+    .await?;
+    Ok(found)
 }
 
 /// Replaces every string value equal to a key of `vars` by its value (placeholders such as

@@ -17,7 +17,7 @@ use serde_json::json;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-use mcm_testenv::kit::{TestNamespace, await_list};
+use mcm_testenv::kit::{TestNamespace, await_list, eventually};
 
 /// Longest a single wait in these tests may take.
 pub const WAIT: Duration = Duration::from_secs(60);
@@ -274,6 +274,28 @@ pub async fn wait_machines(
 /// Waits (on a watch) until the objects of `api` satisfy `pred`, for at most [`WAIT`].
 pub async fn wait_list<K: Watched>(api: Api<K>, what: &str, pred: impl Fn(&[K]) -> bool) -> Vec<K> {
     await_list(api, WAIT, what, pred).await
+}
+
+/// Waits until the manager's Machine store holds what the test has written to the machine
+/// `name` so far (the test's own watch seeing a write says nothing about the manager's): gives
+/// the machine a Node template label and waits until its MachineSet, which syncs its
+/// machines' specs from that store, has taken it away again. For a machine of a MachineSet
+/// whose template has no Node template.
+pub async fn manager_caught_up(h: &Harness, name: &str) {
+    let fence =
+        json!({"spec": {"nodeTemplate": {"metadata": {"labels": {"test.mcm-rs/fence": "up"}}}}});
+    h.machines()
+        .patch(name, &PatchParams::default(), &Patch::Merge(&fence))
+        .await
+        .expect("give the machine a Node template");
+    let what = format!("the manager to take {name}'s Node template away");
+    eventually(WAIT, &what, || async {
+        h.machines()
+            .get(name)
+            .await
+            .map(|m| m.spec.node_template.is_none())
+    })
+    .await;
 }
 
 pub fn running_of_class(ms: &[Machine], class: &str) -> usize {

@@ -1,8 +1,9 @@
 //! The test kit of mcm-rs: what the integration tests of every crate share.
 //!
 //! - [`wait`]: [`within`] (a future or a panic naming it), [`eventually`] (a polled check
-//!   with a bounded timeout, failing with what was awaited and the last observation), and
-//!   the watch-based [`await_object`] and [`await_list`];
+//!   with a bounded timeout, failing with what was awaited and the last observation), the
+//!   watch-based [`await_object`] and [`await_list`], and [`consistently`] (a polled check
+//!   that must hold for a while: something that must not happen);
 //! - [`fixtures`]: a fresh namespace on the shared control plane ([`TestNamespace`]), typed
 //!   builders of Machines, MachineSets, MachineDeployments and
 //!   MachineClasses, a Secret, a Ready Node; namespaces come from
@@ -52,5 +53,6 @@ pub use process::{
 };
 pub use proxy::Proxy;
 pub use wait::{
-    Outcome, Timeout, await_gone, await_list, await_object, eventually, try_eventually, within,
+    Outcome, Timeout, Violation, await_gone, await_list, await_object, consistently, eventually,
+    try_consistently, try_eventually, within,
 };

@@ -1,5 +1,6 @@
-//! Bounded waits: [`within`] for a future, [`eventually`] for a polled check, and the
-//! watch-based [`await_object`] and [`await_list`].
+//! Bounded waits: [`within`] for a future, [`eventually`] for a polled check, the
+//! watch-based [`await_object`] and [`await_list`], and [`consistently`] for a check that
+//! must hold for a while (something that must not happen).
 
 use std::fmt::Debug;
 use std::future::Future;
@@ -12,7 +13,7 @@ use kube::runtime::wait::{Condition, await_condition};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use serde::de::DeserializeOwned;
 
-/// The pause between two polls of [`eventually`].
+/// The pause between two polls of [`eventually`] and [`consistently`].
 pub const POLL_INTERVAL: Duration = Duration::from_millis(200);
 
 /// Awaits `fut` for at most `timeout`; panics naming `what` when it takes longer.
@@ -23,8 +24,8 @@ pub async fn within<T>(timeout: Duration, what: &str, fut: impl Future<Output = 
     }
 }
 
-/// What one poll of [`eventually`] returns: done with a value, or not yet with an
-/// observation to report if time runs out.
+/// What one poll of [`eventually`] or [`consistently`] returns: satisfied with a value, or
+/// not (yet) with an observation to report.
 pub trait Outcome {
     /// The value of a satisfied check.
     type Value;
@@ -118,6 +119,78 @@ where
     Fut: Future<Output = R>,
 {
     match try_eventually(timeout, what, check).await {
+        Ok(v) => v,
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// [`try_consistently`] saw its check unsatisfied before the duration was over.
+#[derive(Debug, thiserror::Error)]
+#[error("{what} stopped holding after {after:?} of {duration:?}; observed: {observed}")]
+pub struct Violation {
+    /// What was to hold.
+    pub what: String,
+    /// When the failing poll ended, counted from the start of the wait.
+    pub after: Duration,
+    /// How long it was to hold.
+    pub duration: Duration,
+    /// What the failing poll saw.
+    pub observed: String,
+}
+
+/// Polls `check` every [`POLL_INTERVAL`] for `duration` (a first poll at once, a last one at
+/// the end) and stops at the first poll that is not satisfied (see [`Outcome`]): the error
+/// names `what`, when, and the observation. A check that does not finish within `duration`
+/// of its start is cut off and counts as unsatisfied (the wait takes at most about twice
+/// `duration`). Returns the value of the last poll when every poll was satisfied.
+///
+/// It proves nothing about what the system has not looked at yet: wait (with
+/// [`eventually`] or a watch) until the system has seen the change whose consequence must
+/// not happen, then hold the check.
+pub async fn try_consistently<R, F, Fut>(
+    duration: Duration,
+    what: &str,
+    mut check: F,
+) -> Result<R::Value, Violation>
+where
+    R: Outcome,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = R>,
+{
+    let began = tokio::time::Instant::now();
+    let deadline = began + duration;
+    loop {
+        let judged = match tokio::time::timeout(duration, check()).await {
+            Ok(outcome) => outcome.judge(),
+            Err(_) => Err(format!(
+                "the check itself did not finish within {duration:?}"
+            )),
+        };
+        let now = tokio::time::Instant::now();
+        match judged {
+            Ok(v) if now >= deadline => return Ok(v),
+            Ok(_) => {}
+            Err(observed) => {
+                return Err(Violation {
+                    what: what.into(),
+                    after: now - began,
+                    duration,
+                    observed,
+                });
+            }
+        }
+        tokio::time::sleep(POLL_INTERVAL.min(deadline - now)).await;
+    }
+}
+
+/// [`try_consistently`], panicking with its error.
+pub async fn consistently<R, F, Fut>(duration: Duration, what: &str, check: F) -> R::Value
+where
+    R: Outcome,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = R>,
+{
+    match try_consistently(duration, what, check).await {
         Ok(v) => v,
         Err(e) => panic!("{e}"),
     }
@@ -262,6 +335,65 @@ mod tests {
         .unwrap_err();
         assert!(began.elapsed() < Duration::from_secs(2));
         assert!(err.last.contains("did not finish"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn consistently_polls_for_the_whole_duration_and_returns_the_last_value() {
+        let began = std::time::Instant::now();
+        let mut n = 0;
+        let last = consistently(Duration::from_millis(700), "n to stay small", || {
+            n += 1;
+            let seen = n;
+            async move { (seen < 100).then_some(seen) }
+        })
+        .await;
+        assert!(began.elapsed() >= Duration::from_millis(700));
+        // At once, every 200 ms, and at the end (0, 200, 400, 600, 700 ms unless loaded).
+        assert!(last >= 2, "polled {last} times");
+        assert_eq!(last, n);
+    }
+
+    #[tokio::test]
+    async fn consistently_stops_at_the_first_violation_and_reports_it() {
+        let began = std::time::Instant::now();
+        let mut n = 0;
+        let err = try_consistently(Duration::from_secs(30), "the answer to stay 42", || {
+            n += 1;
+            let seen = n;
+            async move {
+                if seen < 3 {
+                    Ok(())
+                } else {
+                    Err(format!("it became {}", 40 + seen))
+                }
+            }
+        })
+        .await
+        .unwrap_err();
+        assert!(began.elapsed() < Duration::from_secs(5), "{err}");
+        assert_eq!(n, 3, "no poll after the violation");
+        let text = err.to_string();
+        assert!(text.contains("the answer to stay 42"), "{text}");
+        assert!(text.contains("it became 43"), "{text}");
+        assert!(err.after < Duration::from_secs(5), "{err:?}");
+    }
+
+    #[tokio::test]
+    async fn a_hanging_check_fails_consistently_and_is_cut_off() {
+        let began = std::time::Instant::now();
+        let err = try_consistently(Duration::from_millis(300), "a hang", || {
+            std::future::pending::<bool>()
+        })
+        .await
+        .unwrap_err();
+        assert!(began.elapsed() < Duration::from_secs(2));
+        assert!(err.observed.contains("did not finish"), "{err}");
+    }
+
+    #[tokio::test]
+    #[should_panic(expected = "false to hold stopped holding after")]
+    async fn consistently_panics_naming_what() {
+        consistently(Duration::from_secs(10), "false to hold", || async { false }).await;
     }
 
     #[tokio::test]
