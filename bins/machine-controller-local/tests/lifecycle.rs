@@ -189,16 +189,18 @@ async fn a_missing_secret_and_an_invalid_class_are_reported_and_heal_when_correc
         h.vm_records().is_empty(),
         "nothing may be created for a bad class"
     );
-    assert!(
-        !events_for(&h.client, &h.ns, "m-nosecret", "MachineClassProblem")
-            .await
-            .is_empty()
-    );
-    assert!(
-        !events_for(&h.client, &h.ns, "m-invalid", "CreationFailed")
-            .await
-            .is_empty()
-    );
+    // Each Event follows its status write (the announcement writes the status first).
+    for (machine, reason) in [
+        ("m-nosecret", "MachineClassProblem"),
+        ("m-invalid", "CreationFailed"),
+    ] {
+        eventually(WAIT, &format!("a {reason} Event on {machine}"), || async {
+            !events_for(&h.client, &h.ns, machine, reason)
+                .await
+                .is_empty()
+        })
+        .await;
+    }
 
     // No hot loop: with the backoff capped at 2s, a 6s window sees a handful of attempts
     // (each a status lookup and maybe a create), not hundreds.

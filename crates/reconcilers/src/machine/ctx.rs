@@ -171,6 +171,19 @@ impl Ctx {
         writes.insert(uid, (rv, now));
     }
 
+    /// Notes that this controller finished `m` (removed its finalizer): the Machine is about
+    /// to disappear, and every copy the store still holds predates that (a reconcile queued
+    /// meanwhile would start the deletion's last step again and delete the VM a second time).
+    /// Such copies count as behind ([`Ctx::store_is_behind`]) until the store drops the
+    /// Machine, or for [`OWN_WRITE_WAIT`] at most.
+    pub(crate) fn note_finished(&self, m: &Machine) {
+        let Some(uid) = m.uid() else { return };
+        let now = Instant::now();
+        let mut writes = self.own_writes.lock().unwrap_or_else(|e| e.into_inner());
+        writes.retain(|_, (_, at)| now.duration_since(*at) < OWN_WRITE_WAIT);
+        writes.insert(uid, (u64::MAX, now));
+    }
+
     /// Whether the store's copy `m` predates this controller's own last write to it. Acting
     /// on such a copy repeats a step that is already done: a reconcile woken by a Node
     /// before the watch delivered the providerID patch would look for the VM again and count

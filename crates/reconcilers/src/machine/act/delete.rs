@@ -203,6 +203,7 @@ pub async fn finish_deletion(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
         .normal(&m.object_ref(&()), "Deleted", "Delete", note)
         .await;
     remove_finalizer(ctx, m).await?;
+    ctx.note_finished(m);
     ctx.metrics.deleted();
     ctx.reset_backoff(m);
     // Look for leftovers (e.g. of an earlier failed creation) right away.
