@@ -16,8 +16,13 @@ impl Announced {
     }
 
     /// Records `note` for `uid`; whether it differs from the note last announced for it
-    /// (then it is to be announced).
+    /// (then it is to be announced). An empty note is nothing to announce: the record of
+    /// `uid` is forgotten (so the next problem is new) and the answer is `false`.
     pub fn is_new(&self, uid: &str, note: &str) -> bool {
+        if note.is_empty() {
+            self.forget(uid);
+            return false;
+        }
         let mut notes = self.0.lock().unwrap_or_else(|e| e.into_inner());
         notes.insert(uid.to_owned(), note.to_owned()).as_deref() != Some(note)
     }
@@ -54,6 +59,8 @@ mod tests {
             a.is_new("u1", "bad value y"),
             "announced again after it was fixed"
         );
+        assert!(!a.is_new("u1", ""), "an empty note is nothing to announce");
+        assert!(a.is_new("u1", "bad value y"), "and the problem after it is new");
         a.forget("u1");
         a.forget("u2");
         assert!(a.is_empty());

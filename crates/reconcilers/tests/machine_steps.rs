@@ -528,6 +528,9 @@ async fn machines_of_a_go_fleet_or_an_earlier_release_are_finished() {
     w.stop().await;
 }
 
+/// A finalizer of someone else's.
+const FOREIGN: &str = "example.com/keep";
+
 fn holds_node_finalizer(n: &Node) -> bool {
     n.finalizers().iter().any(|f| f == finalizers::NODE)
 }
@@ -606,8 +609,9 @@ async fn deleting_a_node_deletes_its_machine_with_a_drain_first() {
 }
 
 /// A Node left holding the Node finalizer by a machine that is gone (its finalizer removed
-/// by hand) is released, so that deleting it completes; a machine's deletion releases its
-/// Node's finalizer before it deletes the Node.
+/// by hand) is released, so that deleting it completes once another holder lets go too (the
+/// release removes our name only); a machine's deletion releases its Node's finalizer before
+/// it deletes the Node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_no_machine_claims_is_released_from_the_node_finalizer() {
     let w = World::start("steps-nodefree").await;
@@ -624,7 +628,7 @@ async fn a_node_no_machine_claims_is_released_from_the_node_finalizer() {
             "stray",
             &kube::api::PatchParams::default(),
             &kube::api::Patch::Merge(serde_json::json!({
-                "metadata": { "finalizers": [finalizers::NODE] }
+                "metadata": { "finalizers": [finalizers::NODE, FOREIGN] }
             })),
         )
         .await
@@ -633,12 +637,24 @@ async fn a_node_no_machine_claims_is_released_from_the_node_finalizer() {
         .delete("stray", &DeleteParams::default())
         .await
         .expect("delete the node");
-    // A collection pass releases it (asked for again until the store has seen the deletion).
-    eventually(WAIT, "the stray node to be released and gone", || async {
+    // A collection pass releases it (asked for again until the store has seen the deletion);
+    // the other holder's finalizer stays.
+    eventually(WAIT, "the stray node to be released by us", || async {
         w.handles.orphan_trigger.notify_one();
-        nodes.get_opt("stray").await.map(|n| n.is_none())
+        nodes.get_opt("stray").await.map(|n| {
+            n.is_some_and(|n| n.finalizers() == [FOREIGN.to_string()])
+        })
     })
     .await;
+    nodes
+        .patch(
+            "stray",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .expect("the other holder lets go");
+    await_gone(nodes, "stray", WAIT).await;
     w.stop().await;
 }
 

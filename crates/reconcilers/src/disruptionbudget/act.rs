@@ -23,11 +23,9 @@ pub(crate) async fn announce(
 ) {
     let note = warning.map(|(r, n)| format!("{r}: {n}"));
     let uid = budget.metadata.uid.clone().unwrap_or_default();
-    let changed = {
-        let mut announced = ctx.announced.lock().unwrap_or_else(|e| e.into_inner());
-        let note = note.clone().unwrap_or_default();
-        announced.insert(uid, note.clone()).unwrap_or_default() != note
-    };
+    let changed = ctx
+        .announced
+        .is_new(&uid, note.as_deref().unwrap_or_default());
     if changed && let Some((reason, note)) = warning.cloned() {
         ctx.events
             .warning(&budget_reference(budget), reason, "Evaluate", note)

@@ -31,5 +31,5 @@ pub struct Context {
     pub events: EventPublisher,
     /// The last Event note announced per budget uid, so an Event is published on a
     /// transition, not on every reconcile.
-    pub announced: Mutex<HashMap<String, String>>,
+    pub announced: crate::announce::Announced,
 }

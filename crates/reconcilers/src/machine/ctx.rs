@@ -178,6 +178,8 @@ impl Ctx {
     /// Machine, or for [`OWN_WRITE_WAIT`] at most.
     pub(crate) fn note_finished(&self, m: &Machine) {
         let Some(uid) = m.uid() else { return };
+        // Nothing more is announced for it.
+        self.policy_warned.forget(&uid);
         let now = Instant::now();
         let mut writes = self.own_writes.lock().unwrap_or_else(|e| e.into_inner());
         writes.retain(|_, (_, at)| now.duration_since(*at) < OWN_WRITE_WAIT);

@@ -97,6 +97,13 @@ impl<'a> Actor<'a> {
         Ok(outcome)
     }
 
+    /// Forgets what was announced for the deployment (it goes: nothing more is announced).
+    pub fn forget_announcements(&self) {
+        if let Some(uid) = self.d.metadata.uid.as_deref() {
+            self.ctx.announced.forget(uid);
+        }
+    }
+
     /// Adds (`present`) or removes the finalizer of the deployment; [`Outcome::Gone`] when the
     /// deployment no longer exists.
     pub async fn set_finalizer(&self, present: bool) -> Result<Outcome, Error> {
@@ -474,10 +481,7 @@ impl<'a> Actor<'a> {
         tracing::debug!(%message, "invalid strategy");
         self.update_status(&status).await?;
         let uid = self.d.metadata.uid.clone().unwrap_or_default();
-        let first = {
-            let mut announced = self.ctx.announced.lock().unwrap_or_else(|e| e.into_inner());
-            announced.insert(uid, message.clone()).as_deref() != Some(message.as_str())
-        };
+        let first = self.ctx.announced.is_new(&uid, &message);
         if first && before.as_deref() != Some(message.as_str()) {
             let reason = reasons::INVALID_STRATEGY;
             let events = &self.ctx.events;

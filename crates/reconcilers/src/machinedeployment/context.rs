@@ -53,7 +53,7 @@ pub struct Context {
     /// The invalid-strategy message announced per deployment (uid) by this process: a
     /// reconcile that reads the deployment before its own status write reached the store
     /// does not announce it again.
-    pub announced: std::sync::Mutex<std::collections::HashMap<String, String>>,
+    pub announced: crate::announce::Announced,
     /// Paces status writes that change only counters.
     pub status_pacer: crate::pacer::StatusPacer,
 }

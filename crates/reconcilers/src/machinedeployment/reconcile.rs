@@ -78,8 +78,7 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
     };
     // A usable strategy: a later invalid one is announced again.
     if let Some(uid) = d.metadata.uid.as_deref() {
-        let mut announced = ctx.announced.lock().unwrap_or_else(|e| e.into_inner());
-        announced.remove(uid);
+        ctx.announced.forget(uid);
     }
     let failed = facts.failed.clone();
     let snapshot = observe::snapshot(&d, strategy, facts);
@@ -185,6 +184,8 @@ async fn finish_deletion(
     if observed.sets.is_empty() {
         // Gone already is as good as released.
         let _ = act.set_finalizer(false).await?;
+        // Nothing more is announced for a deployment that goes.
+        act.forget_announcements();
         return Ok(Action::await_change());
     }
     let live: Vec<&MachineSet> = observed

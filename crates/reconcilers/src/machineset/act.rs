@@ -57,10 +57,7 @@ pub(crate) async fn warn_overlap(ctx: &Context, set: &MachineSet, all: &[Arc<Mac
             owners.into_iter().collect::<Vec<_>>().join(", ")
         )
     };
-    let changed = {
-        let mut overlaps = ctx.overlaps.lock().unwrap_or_else(|e| e.into_inner());
-        overlaps.insert(uid, note.clone()).unwrap_or_default() != note
-    };
+    let changed = ctx.overlaps.is_new(&uid, &note);
     if changed && !note.is_empty() {
         ctx.events
             .warning(&set_reference(set), SELECTOR_OVERLAP, "Claim", note)
@@ -84,13 +81,7 @@ pub(crate) async fn announce_refusals(ctx: &Context, set: &MachineSet, refused: 
         .collect::<Vec<_>>()
         .join(",");
     let uid = set.metadata.uid.clone().unwrap_or_default();
-    let changed = {
-        let mut announced = ctx
-            .announced_blocks
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        announced.insert(uid, note.clone()).unwrap_or_default() != note
-    };
+    let changed = ctx.announced_blocks.is_new(&uid, &note);
     if !changed {
         return;
     }

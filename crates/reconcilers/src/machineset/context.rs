@@ -46,7 +46,7 @@ pub struct Context {
     pub expectations: Expectations,
     /// The selector-overlap warning announced per set (uid) by this process, so that it is
     /// published once per change, not on every reconcile.
-    pub overlaps: std::sync::Mutex<std::collections::HashMap<String, String>>,
+    pub overlaps: crate::announce::Announced,
     /// Paces status writes that change only counters.
     pub status_pacer: crate::pacer::StatusPacer,
     /// Store of the MachineDeployments (is a set an old set of a rolling deployment?).
@@ -55,5 +55,5 @@ pub struct Context {
     pub budget_gate: BudgetGate,
     /// The budget refusals announced per set (uid) by this process, so that the Warning is
     /// published when they change, not on every reconcile.
-    pub announced_blocks: Mutex<HashMap<String, String>>,
+    pub announced_blocks: crate::announce::Announced,
 }

@@ -76,6 +76,11 @@ pub async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action
     if deleting && claimed.is_empty() {
         // Gone already is as good as released.
         let _ = act::set_finalizer(&sets, &set, false).await?;
+        // Nothing more is announced for a set that goes.
+        if let Some(uid) = set.metadata.uid.as_deref() {
+            ctx.overlaps.forget(uid);
+            ctx.announced_blocks.forget(uid);
+        }
         return Ok(Action::await_change());
     }
 

@@ -154,7 +154,7 @@ async fn delete_orphan_node(
     };
     let name = node.name_any();
     if nodefinalizer::held(node) {
-        nodefinalizer::release(ctx, &name, Some(node)).await?;
+        nodefinalizer::release(ctx, &name).await?;
     }
     let api: Api<Node> = Api::all(ctx.target.clone());
     let outcome = kube_api::delete(&api, &name, &DeleteParams::default())
@@ -195,7 +195,7 @@ async fn release_unclaimed_nodes(ctx: &Ctx) -> Result<(), Error> {
             node = name,
             "releasing the finalizer of a node no machine claims"
         );
-        nodefinalizer::release(ctx, &name, Some(node)).await?;
+        nodefinalizer::release(ctx, &name).await?;
     }
     Ok(())
 }

@@ -180,7 +180,7 @@ pub(super) async fn remove_node(ctx: &Ctx, m: &Machine) -> Result<(), Error> {
         return Ok(());
     };
     if crate::machine::nodefinalizer::held(&known) {
-        crate::machine::nodefinalizer::release(ctx, node_name, Some(&known)).await?;
+        crate::machine::nodefinalizer::release(ctx, node_name).await?;
     }
     let nodes: Api<Node> = Api::all(ctx.target.clone());
     let _ = kube_api::delete(&nodes, node_name, &DeleteParams::default())
