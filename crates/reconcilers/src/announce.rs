@@ -60,7 +60,10 @@ mod tests {
             "announced again after it was fixed"
         );
         assert!(!a.is_new("u1", ""), "an empty note is nothing to announce");
-        assert!(a.is_new("u1", "bad value y"), "and the problem after it is new");
+        assert!(
+            a.is_new("u1", "bad value y"),
+            "and the problem after it is new"
+        );
         a.forget("u1");
         a.forget("u2");
         assert!(a.is_empty());

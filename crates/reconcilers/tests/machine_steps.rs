@@ -43,10 +43,19 @@ struct World {
     handles: Handles,
     cancel: CancellationToken,
     controller: Option<tokio::task::JoinHandle<()>>,
+    /// Held for the World's life (see [`ONE_WORLD_AT_A_TIME`]).
+    _alone: tokio::sync::MutexGuard<'static, ()>,
 }
+
+/// One World at a time. Nodes are cluster-wide and every World's orphan collector (at its
+/// start and after each deletion) releases the Node finalizer of Nodes whose machine its own
+/// namespace does not have: a World running beside another would release the other's Nodes
+/// (in production one namespace serves one target cluster).
+static ONE_WORLD_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 impl World {
     async fn start(prefix: &str) -> World {
+        let alone = ONE_WORLD_AT_A_TIME.lock().await;
         let TestNamespace { client, ns, .. } =
             TestNamespace::new(Components::API_SERVER, prefix).await;
         let class = MachineClassBuilder::new(CLASS)
@@ -82,6 +91,7 @@ impl World {
             handles,
             cancel,
             controller: Some(controller),
+            _alone: alone,
         }
     }
 
@@ -641,9 +651,10 @@ async fn a_node_no_machine_claims_is_released_from_the_node_finalizer() {
     // the other holder's finalizer stays.
     eventually(WAIT, "the stray node to be released by us", || async {
         w.handles.orphan_trigger.notify_one();
-        nodes.get_opt("stray").await.map(|n| {
-            n.is_some_and(|n| n.finalizers() == [FOREIGN.to_string()])
-        })
+        nodes
+            .get_opt("stray")
+            .await
+            .map(|n| n.is_some_and(|n| n.finalizers() == [FOREIGN.to_string()]))
     })
     .await;
     nodes

@@ -1,8 +1,5 @@
 //! The shared state of the MachineDisruptionBudget controller and its error type.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-
 use kube::Client;
 use kube::runtime::reflector::Store;
 use mcm_api::Machine;

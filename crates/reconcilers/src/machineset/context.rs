@@ -1,8 +1,5 @@
 //! The shared state of the MachineSet controller and its error type.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::runtime::reflector::Store;
