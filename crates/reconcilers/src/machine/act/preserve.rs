@@ -1,7 +1,7 @@
 //! Carries out a preservation step ([`PreserveStep`]): the expiry, the Node's taint, condition
 //! and autoscaler annotation, the drain of a preserved Node, and the end of a preservation.
 
-use crate::kube_api::{self, Part};
+use crate::kube_api::{self, ApiErrorExt, Part};
 use crate::machine::decide::MachineConfig;
 use crate::machine::preserve::*;
 use crate::machine::{Ctx, Error};
@@ -127,22 +127,22 @@ async fn node_work(
     let failed = m.phase() == Some(&MachinePhase::Failed);
     let mut drain_failed = false;
     if work.drain {
-        if !has_preserved_taint(node) {
-            let mut list = taints_of(node).to_vec();
-            list.push(Taint {
-                key: taints::NODE_PRESERVED.into(),
-                value: None,
-                effect: "NoSchedule".into(),
-                time_added: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                    Timestamp::now(),
-                )),
-            });
-            let patch = json!({
-                "metadata": {"resourceVersion": node.resource_version()},
-                "spec": {"taints": list},
-            });
-            patch_node(ctx, &name, Part::Object, &patch).await?;
-        }
+        update_taints(ctx, node, |current| {
+            let held = current.iter().any(|t| t.key == taints::NODE_PRESERVED);
+            (!held).then(|| {
+                let mut list = current.to_vec();
+                list.push(Taint {
+                    key: taints::NODE_PRESERVED.into(),
+                    value: None,
+                    effect: "NoSchedule".into(),
+                    time_added: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        Timestamp::now(),
+                    )),
+                });
+                list
+            })
+        })
+        .await?;
         let mut options = super::drain_options(ctx, m, cfg, work.force);
         options.cordon = false;
         let input = mcm_drain::PassInput {
@@ -217,18 +217,58 @@ async fn write_condition(
 }
 
 async fn remove_taint(ctx: &Ctx, node: &Node) -> Result<(), Error> {
-    if !has_preserved_taint(node) {
-        return Ok(());
+    update_taints(ctx, node, |current| {
+        let held = current.iter().any(|t| t.key == taints::NODE_PRESERVED);
+        held.then(|| {
+            current
+                .iter()
+                .filter(|t| t.key != taints::NODE_PRESERVED)
+                .cloned()
+                .collect()
+        })
+    })
+    .await
+}
+
+/// Writes the Node's taints as `change` makes them from the current ones (`None`: nothing to
+/// change), guarded by the resourceVersion, since the list is replaced whole. The store's copy
+/// is tried first; its version can be behind the API server's (the Node store passes on no
+/// change of heartbeats only), so a conflict reads the Node and tries again.
+async fn update_taints(
+    ctx: &Ctx,
+    node: &Node,
+    change: impl Fn(&[Taint]) -> Option<Vec<Taint>>,
+) -> Result<(), Error> {
+    let api = nodes(ctx);
+    let name = node.name_any();
+    let mut fresh: Option<Node> = None;
+    for _ in 0..3 {
+        let current = fresh.as_ref().unwrap_or(node);
+        let Some(list) = change(taints_of(current)) else {
+            return Ok(());
+        };
+        let patch = json!({
+            "metadata": {"resourceVersion": current.resource_version()},
+            "spec": {"taints": list},
+        });
+        match kube_api::merge_patch(&api, Part::Object, &name, &patch).await {
+            Ok(_) => return Ok(()),
+            Err(e) if e.is_conflict() => {
+                match api
+                    .get_opt(&name)
+                    .await
+                    .map_err(|e| Error::kube("read the preserved node", e))?
+                {
+                    Some(n) => fresh = Some(n),
+                    None => return Ok(()),
+                }
+            }
+            Err(e) => return Err(Error::kube("update the preserved node", e)),
+        }
     }
-    let kept: Vec<&Taint> = taints_of(node)
-        .iter()
-        .filter(|t| t.key != taints::NODE_PRESERVED)
-        .collect();
-    let patch = json!({
-        "metadata": {"resourceVersion": node.resource_version()},
-        "spec": {"taints": kept},
-    });
-    patch_node(ctx, &node.name_any(), Part::Object, &patch).await
+    Err(Error::Invariant(format!(
+        "the taints of node {name} could not be written: the node kept changing"
+    )))
 }
 
 async fn stop_preservation(
