@@ -19,7 +19,7 @@ use mcm_testenv::kit::{
 use serde_json::json;
 
 fn token_secret_name(h: &Harness, machine: &str) -> String {
-    mcm_reconcilers::machine::token::secret_name(&mcm_reconcilers::machine::token::token_id(
+    mcm_reconcilers::bootstrap_token::secret_name(&mcm_reconcilers::bootstrap_token::token_id(
         &h.ns, machine,
     ))
 }

@@ -60,8 +60,8 @@ async fn machines_are_available_without_a_target_cluster() {
     );
     // No bootstrap token: there is no cluster to join.
     let tokens: Api<Secret> = Api::namespaced(h.client.clone(), "kube-system");
-    let token_id = mcm_reconcilers::machine::token::token_id(&h.ns, "m1");
-    let name = mcm_reconcilers::machine::token::secret_name(&token_id);
+    let token_id = mcm_reconcilers::bootstrap_token::token_id(&h.ns, "m1");
+    let name = mcm_reconcilers::bootstrap_token::secret_name(&token_id);
     assert!(
         tokens.get_opt(&name).await.unwrap().is_none(),
         "no token {name}"

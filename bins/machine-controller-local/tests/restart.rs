@@ -232,7 +232,7 @@ async fn a_controller_killed_right_after_creating_a_vm_adopts_it_after_restart()
 async fn a_vm_created_before_a_crash_is_adopted_not_duplicated() {
     use mcm_driver::{CreateMachineRequest, Driver, IdempotencyKey, RequestId, SecretData};
     use mcm_provider_local::{LocalDriver, LocalDriverConfig};
-    use mcm_reconcilers::machine::token;
+    use mcm_reconcilers::bootstrap_token as token;
 
     let h = Harness::new("restart-adopt", json!({})).await;
     let machine = h.create_machine("orphaned", "local").await;

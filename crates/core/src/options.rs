@@ -7,11 +7,11 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser};
-use mcm_reconcilers::machine::Settings;
-use mcm_reconcilers::machine::observe::{Defaults, split_list};
 use mcm_reconcilers::machine_controller::MachineControllerConfig;
 use mcm_reconcilers::manager::ManagerConfig;
-use mcm_reconcilers::safety::SafetySettings;
+use mcm_reconcilers::settings::SafetySettings;
+use mcm_reconcilers::settings::Settings;
+use mcm_reconcilers::settings::{Defaults, split_list};
 
 use crate::webhook::WebhookConfig;
 

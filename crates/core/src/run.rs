@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use kube_lease_manager::LeaseManagerBuilder;
 use mcm_driver::{Driver, DriverMetrics, Instrumented};
+use mcm_reconcilers::MachineMetrics;
+use mcm_reconcilers::ReconcileMetrics;
 use mcm_reconcilers::informers::Informers;
-use mcm_reconcilers::machine::MachineMetrics;
 use mcm_reconcilers::machine_controller::{self, Handles};
-use mcm_reconcilers::metrics::ReconcileMetrics;
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
 

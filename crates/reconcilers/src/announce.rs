@@ -33,11 +33,13 @@ impl Announced {
     }
 
     /// How many objects have a note on record.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     /// Whether no object has a note on record.
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

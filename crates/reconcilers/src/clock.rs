@@ -1,6 +1,7 @@
 //! Where the controllers take "now" from: the system's clock in production, a clock a test
 //! sets in tests. A reconcile takes it once and decides with that one value.
 
+#[cfg(test)]
 use std::sync::Mutex;
 
 use jiff::Timestamp;
@@ -22,9 +23,11 @@ impl Clock for SystemClock {
 }
 
 /// A clock that stands still until it is set or advanced (for tests that step time).
+#[cfg(test)]
 #[derive(Debug)]
 pub struct ManualClock(Mutex<Timestamp>);
 
+#[cfg(test)]
 impl ManualClock {
     /// A clock showing `at`.
     pub fn new(at: Timestamp) -> Self {
@@ -42,6 +45,7 @@ impl ManualClock {
     }
 }
 
+#[cfg(test)]
 impl Clock for ManualClock {
     fn now(&self) -> Timestamp {
         *self.0.lock().unwrap_or_else(|e| e.into_inner())

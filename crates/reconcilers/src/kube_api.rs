@@ -1,8 +1,7 @@
 //! Kubernetes API helpers shared by the controllers: classifying API errors
 //! ([`ApiErrorExt`]), writes that report a vanished object as [`Outcome::Gone`] instead of
 //! failing or silently succeeding ([`merge_patch`] of an object or its status, [`delete`]),
-//! idempotent finalizer updates guarded by the resourceVersion ([`add_finalizer`],
-//! [`remove_finalizer`]), status patches that clear emptied fields ([`status_patch`]), an
+//! idempotent finalizer updates guarded by the resourceVersion ([`set_finalizer`]), status patches that clear emptied fields ([`status_patch`]), an
 //! error type for a failed call on a named object ([`ApiCallError`],
 //! [`ApiResultExt::context`]) and one retry policy for failed reconciles ([`error_policy`]).
 
@@ -211,20 +210,6 @@ where
         Some(patch) => merge_patch(api, Part::Object, &obj.name_any(), &patch).await,
         None => Ok(Outcome::Done),
     }
-}
-
-/// Adds the finalizer `f` to `obj` ([`set_finalizer`]).
-pub async fn add_finalizer<K: Resource + ApiObject>(api: &Api<K>, obj: &K, f: &str) -> ApiResult {
-    set_finalizer(api, obj, f, true).await
-}
-
-/// Removes the finalizer `f` from `obj` ([`set_finalizer`]).
-pub async fn remove_finalizer<K: Resource + ApiObject>(
-    api: &Api<K>,
-    obj: &K,
-    f: &str,
-) -> ApiResult {
-    set_finalizer(api, obj, f, false).await
 }
 
 /// A failed API call on one named object: what was attempted, on what, and the cause.

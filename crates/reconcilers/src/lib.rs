@@ -1,42 +1,64 @@
-//! The controllers of mcm-rs.
+//! The controllers of mcm-rs, behind a small facade.
 //!
-//! Machine-controller side (one binary per provider, [`machine_controller`]): [`machine`]
-//! (lifecycle of each Machine: create, health, delete), [`machineclass`] (class finalizers,
-//! validation, the Secrets classes reference), [`safety`] (orphan VMs, API-server freeze).
-//! Manager side (provider independent, [`manager`]): [`machineset`] and
-//! [`machinedeployment`] with Kubernetes Deployment semantics, and the overshooting guard
-//! ([`safety::overshoot`]), and the MachineDisruptionBudget controller and gate
-//! ([`disruptionbudget`]); [`selector`] is their label selector matching.
+//! - [`machine_controller`]: the machine-controller side (one binary per provider): the
+//!   lifecycle of each Machine, its VM and its Node, the MachineClasses and the Secrets they
+//!   reference, orphan VMs and the API-server freeze.
+//! - [`manager`]: the provider-independent side: MachineSets and MachineDeployments with
+//!   Kubernetes Deployment semantics, the overshooting guard and the MachineDisruptionBudgets.
+//! - [`informers`]: the process's shared stores (one watch per kind, whichever halves run).
+//! - [`settings`]: what the command line configures; [`ReconcileMetrics`] and
+//!   [`MachineMetrics`] what the controllers record.
+//! - [`class_problems`], [`bootstrap_token`] and [`in_place`]: the few rules other crates
+//!   apply as the controllers do (the admission webhook, tests and node agents).
 //!
-//! Every controller is a `kube_runtime::Controller` over the process's shared stores
-//! ([`informers`]: one watch per kind, whichever halves run in the process); the decisions
-//! are pure functions (`decide` modules) and the effects are small async actions. The
-//! manager-side controllers ([`machineset`], [`machinedeployment`], [`disruptionbudget`]) have
-//! the same modules: `model` (plain data), `context` (the controller's state and error),
-//! `decide` (pure), `observe` (store reads into plain data), `act` (API writes and Events)
-//! and `reconcile` (the glue), plus topic modules; dependencies go one way, and the
-//! controllers depend on each other only downwards (MachineDeployment on MachineSet on
-//! MachineDisruptionBudget).
-//! [`metrics`] records every reconcile, [`events`] publishes Kubernetes Events.
+//! Inside, every controller is a `kube_runtime::Controller` over the shared stores, with the
+//! same modules: `model` (plain data), `context` (its state and error), `decide`/`plan`
+//! (pure), `observe`/`gather` (reads into plain data), `act`/`execute` (API writes and
+//! Events) and `reconcile` (the glue); dependencies go one way, and the controllers depend
+//! on each other only downwards (MachineDeployment on MachineSet on MachineDisruptionBudget).
 #![warn(missing_docs)]
 
-pub mod announce;
-pub mod clock;
-pub mod disruptionbudget;
-pub mod events;
+pub(crate) mod announce;
+pub(crate) mod clock;
+pub(crate) mod disruptionbudget;
+pub(crate) mod events;
 pub mod informers;
-pub mod kube_api;
-pub mod machine;
+pub(crate) mod kube_api;
+pub(crate) mod machine;
 pub mod machine_controller;
-pub mod machineclass;
-pub mod machinedeployment;
-pub mod machineset;
+pub(crate) mod machineclass;
+pub(crate) mod machinedeployment;
+pub(crate) mod machineset;
 pub mod manager;
-pub mod metrics;
-pub mod pacer;
-pub mod runtime;
-pub mod safety;
-pub mod selector;
+pub(crate) mod metrics;
+pub(crate) mod pacer;
+pub(crate) mod runtime;
+pub(crate) mod safety;
+pub(crate) mod selector;
+
+pub use machine::MachineMetrics;
+pub use machineclass::class_problems;
+pub use metrics::ReconcileMetrics;
+
+/// What the command line configures: the machine controller's
+/// [`Settings`](settings::Settings), the [`Defaults`](settings::Defaults) a MachineClass may
+/// override, and the [`SafetySettings`](settings::SafetySettings) of the orphan collector and
+/// the API-server freeze.
+pub mod settings {
+    pub use crate::machine::Settings;
+    pub use crate::machine::observe::{Defaults, split_list};
+    pub use crate::safety::SafetySettings;
+}
+
+pub use machine::token as bootstrap_token;
+
+/// The machine controller's half of an in-place update, as a pure function: the step it
+/// takes for a machine and its Node ([`next`](in_place::next)). For node agents and test
+/// doubles of the machine controller that play the protocol with a MachineDeployment.
+pub mod in_place {
+    pub use crate::machine::inplace::{Facts, InPlaceStep, next};
+    pub use crate::machine::observe::phase_since;
+}
 
 /// An error and its chain of causes on one line (`a: b: c`), for logs and messages on exit.
 ///

@@ -13,11 +13,9 @@ use mcm_api::{Machine, MachineClass, MachinePhase};
 use mcm_driver::{
     Code, Driver, DriverError, FakeDriver, FaultInjecting, FaultSpec, IdempotencyKey, Operation,
 };
-use mcm_reconcilers::machine::observe::Defaults;
-use mcm_reconcilers::machine::{MachineMetrics, Settings};
 use mcm_reconcilers::machine_controller::{self, Handles, MachineControllerConfig};
-use mcm_reconcilers::metrics::ReconcileMetrics;
-use mcm_reconcilers::safety::SafetySettings;
+use mcm_reconcilers::settings::{Defaults, SafetySettings, Settings};
+use mcm_reconcilers::{MachineMetrics, ReconcileMetrics};
 use mcm_testenv::Components;
 use mcm_testenv::kit::{
     MachineBuilder, MachineClassBuilder, TestNamespace, await_gone, await_object, create,

@@ -25,7 +25,7 @@ use mcm_api::{
     MachineDeploymentStrategy, MachineDeploymentStrategyType, MachineSet, OrchestrationType,
     UpdateConfiguration,
 };
-use mcm_reconcilers::machine::inplace as mc_inplace;
+use mcm_reconcilers::in_place as mc_inplace;
 use mcm_testenv::kit::{
     MachineDeploymentBuilder, await_list, consistently, create_ready_node, eventually,
 };
@@ -1084,7 +1084,7 @@ async fn play_in_place(client: Client, ns: String, failing: BTreeSet<String>) {
                 let facts = mc_inplace::Facts {
                     machine: m.metadata.name.as_deref().unwrap_or_default(),
                     phase: m.phase(),
-                    phase_since: mcm_reconcilers::machine::observe::phase_since(m),
+                    phase_since: mc_inplace::phase_since(m),
                     force_drain: false,
                     node: &node,
                     healthy: true,

@@ -159,7 +159,7 @@ fn decoded<T: DeserializeOwned>(object: &serde_json::Value) -> Result<T, SpecPro
 
 /// A MachineClass: the shape every provider needs, then the provider's own rules.
 pub fn machine_class(class: &MachineClass, driver: &dyn Driver) -> Vec<SpecProblem> {
-    let mut out: Vec<SpecProblem> = mcm_reconcilers::machineclass::class_problems(class);
+    let mut out: Vec<SpecProblem> = mcm_reconcilers::class_problems(class);
     out.extend(driver.validate_machine_class(class));
     out
 }

@@ -23,8 +23,8 @@ pub mod model;
 pub mod observe;
 pub mod reconcile;
 
-pub use context::{BudgetProblem, Context, Error};
-pub use gate::{BudgetGate, IN_FLIGHT_TIMEOUT, Refusal, WAIT_TIMEOUT};
-pub use model::{Blocked, Waiting};
+pub use context::Context;
+pub use gate::{BudgetGate, Refusal};
+pub use model::Blocked;
 pub use observe::budgets_for_machine;
 pub use reconcile::{CONTROLLER, error_policy, reconcile};

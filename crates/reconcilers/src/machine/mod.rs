@@ -37,11 +37,10 @@ pub mod settings;
 pub mod status;
 pub mod token;
 
-pub use ctx::{Ctx, Stores};
+pub use ctx::Ctx;
 pub use error::Error;
 pub use freeze::Freeze;
 pub use metrics::MachineMetrics;
-pub use policy::{backoff_delay, max_replacements, rollout_protection};
 pub use reconcile::{CONTROLLER, error_policy, reconcile};
 pub use settings::Settings;
 

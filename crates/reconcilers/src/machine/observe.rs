@@ -41,12 +41,7 @@ pub struct Defaults {
     pub hook_timeout: Option<Duration>,
 }
 
-/// The effective configuration of one machine: its `spec` overrides the defaults.
-pub fn machine_config(machine: &Machine, d: &Defaults) -> MachineConfig {
-    machine_config_in(machine, None, d).0
-}
-
-/// [`machine_config`] with the health annotations of the Machine, else of its
+/// The effective configuration of one machine (its `spec` overrides the defaults) with the health annotations of the Machine, else of its
 /// MachineDeployment (`deployment`), over the flags. An annotation that does not parse is
 /// returned as the second value, and the flags apply in its place (the caller reports it).
 pub fn machine_config_in(
@@ -338,6 +333,10 @@ pub fn is_being_replaced(machine: &Machine) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn machine_config(machine: &Machine, d: &Defaults) -> MachineConfig {
+        machine_config_in(machine, None, d).0
+    }
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use mcm_api::{ClassSpec, GoDuration, MachineSpec};
 

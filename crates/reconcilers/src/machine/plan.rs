@@ -282,7 +282,7 @@ mod tests {
     }
 
     fn snapshot(m: Machine, node: Option<Node>, node_state: NodeState, frozen: bool) -> Snapshot {
-        let cfg: MachineConfig = observe::machine_config(&m, &settings().defaults);
+        let cfg: MachineConfig = observe::machine_config_in(&m, None, &settings().defaults).0;
         Snapshot {
             machine: Arc::new(m),
             now: now(),

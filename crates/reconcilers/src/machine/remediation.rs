@@ -11,7 +11,7 @@ use mcm_api::constants::annotations::policy;
 use mcm_api::intstr::scaled_value;
 use mcm_api::{Machine, MachinePhase};
 
-pub use mcm_api::policy::remediation::{PolicyError, RemediationPolicy, policy_of};
+pub use mcm_api::policy::remediation::{RemediationPolicy, policy_of};
 
 /// What the decision counts of one deployment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -12,11 +12,11 @@ use std::cmp::Ordering;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+#[cfg(test)]
 use jiff::Timestamp;
 
 pub use super::model::{
-    Action, Orchestration, RevisionPlan, RollbackCandidate, RollbackPlan, Rollout, SetState,
-    Snapshot, Strategy,
+    Action, RevisionPlan, RollbackCandidate, RollbackPlan, SetState, Snapshot, Strategy,
 };
 
 fn sum(sets: &[&SetState], f: impl Fn(&SetState) -> i32) -> i32 {
@@ -342,6 +342,7 @@ pub fn sets_to_prune(old_sets: &[SetState], limit: i32) -> Vec<String> {
 /// Applies actions to a snapshot as the MachineDeployment controller would (for
 /// simulations and tests): scaled sets get the deployment's desired/max annotations, a
 /// created new set is named `new_name` and created at `now`.
+#[cfg(test)]
 pub fn apply(s: &mut Snapshot, actions: &[Action], new_name: &str, now: Option<Timestamp>) {
     let desired = s.rollout.replicas;
     let max = desired + s.rollout.strategy.max_surge();
@@ -469,6 +470,7 @@ pub fn plan_rollback(requested: i64, sets: &[RollbackCandidate]) -> RollbackPlan
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::machinedeployment::model::Rollout;
 
     fn rolling_snapshot(d: i32, surge: i32, unavailable: i32) -> Snapshot {
         Snapshot {

@@ -28,6 +28,9 @@ pub mod sets;
 pub mod status;
 pub mod trigger;
 
-pub use context::{Context, DeploymentProblem, Error};
+#[cfg(test)]
+mod scenarios;
+
+pub use context::Context;
 pub use observe::{deployment_for_machine, deployment_for_set, deployments_for_node};
 pub use reconcile::{CONTROLLER, error_policy, reconcile};

@@ -191,7 +191,7 @@ pub fn set_state(set: &MachineSet, machines: &[Arc<Machine>], now: Timestamp) ->
     }
 }
 
-pub use mcm_api::policy::strategy::{StrategyError, strategy_of};
+pub use mcm_api::policy::strategy::strategy_of;
 
 /// The snapshot the rollout is decided from.
 pub fn snapshot(d: &MachineDeployment, strategy: Strategy, facts: Facts) -> Snapshot {
@@ -402,7 +402,7 @@ pub fn deployments_for_node(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mcm_api::policy::strategy::InPlaceStrategyError;
+    use mcm_api::policy::strategy::{InPlaceStrategyError, StrategyError};
 
     #[test]
     fn max_unavailable_for_availability_is_the_go_mcm_s() {

@@ -17,8 +17,6 @@ pub mod reasons {
     pub const NEW_MACHINE_SET_AVAILABLE: &str = "NewMachineSetAvailable";
     /// A MachineSet was scaled or created: the rollout progresses.
     pub const MACHINE_SET_UPDATED: &str = "MachineSetUpdated";
-    /// The new MachineSet was created.
-    pub const NEW_MACHINE_SET_CREATED: &str = "NewMachineSetCreated";
     /// The rollout made no progress within `progressDeadlineSeconds`.
     pub const PROGRESS_DEADLINE_EXCEEDED: &str = "ProgressDeadlineExceeded";
     /// The deployment is paused.

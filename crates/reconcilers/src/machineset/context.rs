@@ -4,7 +4,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::runtime::reflector::Store;
 use mcm_api::constants::finalizers;
-use mcm_api::{Machine, MachineDeployment, MachineSet};
+use mcm_api::{Machine, MachineDeployment};
 
 use super::expectations::Expectations;
 use crate::disruptionbudget::BudgetGate;
@@ -32,8 +32,6 @@ pub struct Context {
     pub client: Client,
     /// Store of the Machines.
     pub machines: Store<Machine>,
-    /// Store of the MachineSets.
-    pub sets: Store<MachineSet>,
     /// Store of the target cluster's Nodes (read only: a Node's preserve annotation decides
     /// whether its Failed machine is kept).
     pub nodes: Store<Node>,

@@ -8,9 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
-    LabelSelector, ObjectMeta, OwnerReference, Time,
-};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, Time};
 use kube::ResourceExt;
 use mcm_api::constants::{annotations, labels};
 use mcm_api::owner::controller_reference;
@@ -22,10 +20,7 @@ use mcm_api::{
 use serde_json::{Value, json};
 
 use super::context::Error;
-pub use super::model::{
-    AutoPreservePlan, Claim, DEFAULT_PRIORITY, MachineView, ReplicaPlan, SetCounts, SetInput,
-    priority_of,
-};
+pub use super::model::{AutoPreservePlan, Claim, MachineView, ReplicaPlan, SetCounts, SetInput};
 use crate::kube_api::ApiCallError;
 use crate::selector::selector_matches;
 
@@ -185,12 +180,6 @@ pub fn slow_start_batches(count: usize, initial: usize) -> Vec<usize> {
         size = (2 * size).min(remaining);
     }
     batches
-}
-
-/// The controller reference among an object's owner references, if any
-/// ([`mcm_api::owner::controller_ref`]).
-pub fn controller_of(refs: Option<&Vec<OwnerReference>>) -> Option<&OwnerReference> {
-    refs.and_then(|r| mcm_api::owner::controller_ref(r))
 }
 
 /// Kubernetes' `ClaimObject` for machines: adopt orphans that match, release owned machines

@@ -24,7 +24,7 @@ pub mod model;
 pub mod observe;
 pub mod reconcile;
 
-pub use context::{Context, Error, SetProblem};
+pub use context::Context;
 pub use expectations::Expectations;
 pub use observe::{sets_for_budget, sets_for_machine};
 pub use reconcile::{CONTROLLER, error_policy, reconcile};

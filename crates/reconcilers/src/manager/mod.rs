@@ -3,7 +3,7 @@
 //! ([`crate::informers`]), plus MCM's `mcm_machine_set_*` / `mcm_machine_deployment_*`
 //! metrics read from those stores ([`metrics`]), and the MachineDisruptionBudget controller
 //! with the gate the MachineSet controller asks before a voluntary deletion
-//! ([`crate::disruptionbudget`]).
+//! (the `disruptionbudget` module).
 //!
 //! Deleted Machines and MachineSets reach the controllers through the informers' deletion
 //! taps (shared-store subscribers never see deletions), mapped like the subscribed objects.
@@ -160,7 +160,6 @@ pub fn prepare(
     let ms_ctx = Arc::new(ms::Context {
         client: control.clone(),
         machines: machines.clone(),
-        sets: sets.clone(),
         nodes: nodes.clone(),
         events: events.clone(),
         expectations: ms::Expectations::default(),

@@ -37,18 +37,3 @@ pub mod observe;
 pub mod patch;
 pub mod reconcile;
 pub mod strategy;
-
-pub use super::model::LABEL_TRUE;
-pub use decide::{
-    machine_sets_scaled_to_zero, machines_for_drain, machines_undergoing_update,
-    nodes_to_mark_candidate, reconcile_new_machine_set, reconcile_old_machine_sets,
-    select_for_update, sets_to_disable_scale_up, sync_machine_sets,
-};
-pub use model::{
-    InPlaceSet, InPlaceSnapshot, MachineFacts, Move, NewSetPlan, NodeFacts, OldSetsPlan, SyncPlan,
-    UpdateResult,
-};
-pub use patch::{cleanup_patch, critical_components_not_ready_taint, label_patch, transfer_patch};
-pub use strategy::{
-    InPlaceLimit, InPlaceStrategyError, fenceposts, initial_new_replicas, resolve_strategy,
-};

@@ -1,12 +1,8 @@
-//! The `InPlaceUpdate` strategy: its validation as upstream validates it, its limits
-//! resolved for the deployment's replicas ([`fenceposts`], [`resolve_strategy`]) and the
-//! replicas of a new set created for it ([`initial_new_replicas`]).
+//! The `InPlaceUpdate` strategy: the replicas of a new set created for it
+//! ([`initial_new_replicas`]). Its validation and its limits resolved for the deployment's
+//! replicas are `mcm_api::policy::strategy`'s.
 
 use super::super::model::{Orchestration, SetState};
-
-pub use mcm_api::policy::strategy::{
-    InPlaceLimit, InPlaceStrategyError, fenceposts, resolve_strategy,
-};
 
 /// Replicas of a new set created for an in-place update (upstream's `NewISNewReplicas`):
 /// none under `Manual` (machines only arrive by moving); under `Auto` as many fresh machines

@@ -3,14 +3,15 @@
 //! does). Every scenario must converge within a bounded number of steps, and the surge and
 //! availability invariants must hold after every single step.
 
+use crate::machinedeployment::decide::{
+    Action, SetState, Snapshot, Strategy, apply, decide, sets_to_prune,
+};
+use crate::machinedeployment::model::Rollout;
+use crate::machineset::decide::{MachineView, SetInput, plan_replicas};
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use mcm_api::MachinePhase;
 use mcm_api::intstr::resolve_fenceposts;
-use mcm_reconcilers::machinedeployment::decide::{
-    Action, Rollout, SetState, Snapshot, Strategy, apply, decide, sets_to_prune,
-};
-use mcm_reconcilers::machineset::decide::{MachineView, SetInput, plan_replicas};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
