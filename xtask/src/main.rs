@@ -7,6 +7,7 @@ mod crds;
 mod demo;
 mod e2e;
 mod image;
+mod test;
 mod testenv;
 
 use anyhow::Result;
@@ -51,9 +52,14 @@ enum Cmd {
         force: bool,
     },
     /// Run the whole test suite: builds the control plane if needed (unless
-    /// KUBEBUILDER_ASSETS names one) and helm (unless HELM names one), then
-    /// `cargo test --workspace`.
+    /// KUBEBUILDER_ASSETS names one) and helm (unless HELM names one), then every test
+    /// binary of the workspace, `--jobs` at a time, and the doc tests. With arguments it is
+    /// `cargo test --workspace <args>`.
     Test {
+        /// Test binaries run at once (each starts its own control plane; they mostly wait on
+        /// it). Default: the number of CPUs plus one.
+        #[arg(long)]
+        jobs: Option<usize>,
         /// Extra arguments passed to `cargo test` (after `--`, e.g. a test name filter).
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
@@ -102,7 +108,7 @@ fn main() -> Result<()> {
         Cmd::Crds { check } => crds::run(check),
         Cmd::Chart { out, sync } => chart::run(out, sync),
         Cmd::Testenv { print_env, force } => testenv::run(print_env, force),
-        Cmd::Test { args } => test(&args),
+        Cmd::Test { jobs, args } => test(jobs, &args),
         Cmd::Demo {
             exit_when_ready,
             timeout,
@@ -122,19 +128,13 @@ fn main() -> Result<()> {
     }
 }
 
-fn test(args: &[String]) -> Result<()> {
+fn test(jobs: Option<usize>, args: &[String]) -> Result<()> {
     if std::env::var_os(mcm_testenv::binaries::ASSETS_ENV).is_none() {
         testenv::run(false, false)?;
     }
     // The chart test renders with helm; it fails (never skips) without it.
     chart::ensure_helm()?;
-    let status = e2e::env::cargo_command()
-        .current_dir(crds::workspace_root())
-        .args(["test", "--workspace", "--locked"])
-        .args(args)
-        .status()?;
-    if !status.success() {
-        anyhow::bail!("cargo test failed ({status})");
-    }
-    Ok(())
+    let jobs =
+        jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()) + 1);
+    test::run(args, jobs)
 }

@@ -64,6 +64,14 @@ impl Machine {
             .and_then(|c| c.phase.as_ref())
     }
 
+    /// Deleted or being deleted: a deletion timestamp, or the phase `Terminating` (a machine
+    /// whose deletion began keeps that phase until it is gone). Such a machine no longer
+    /// counts as capacity anywhere.
+    pub fn is_terminating(&self) -> bool {
+        self.metadata.deletion_timestamp.is_some()
+            || self.phase() == Some(&MachinePhase::Terminating)
+    }
+
     /// The name of the machine's Node (its `node` label), if recorded and not empty.
     pub fn node_name(&self) -> Option<&str> {
         self.metadata

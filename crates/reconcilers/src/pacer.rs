@@ -28,7 +28,38 @@ impl Default for StatusPacer {
     }
 }
 
+/// What to do with a desired status ([`StatusPacer::admit`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// The object has it already: no write.
+    Unchanged,
+    /// Write it now (the write is noted).
+    Write,
+    /// Only counters changed and the last write is recent: come back after this long.
+    Wait(Duration),
+}
+
 impl StatusPacer {
+    /// Whether the object `uid`, whose status is `current`, gets `desired` written now.
+    /// `without_counters` strips what changes with every machine (see the module's
+    /// introduction); a difference beyond it is written at once.
+    pub fn admit<S: PartialEq>(
+        &self,
+        uid: &str,
+        current: Option<&S>,
+        desired: &S,
+        without_counters: impl Fn(&S) -> S,
+    ) -> Admission {
+        if current == Some(desired) {
+            return Admission::Unchanged;
+        }
+        let significant = current.is_none_or(|c| without_counters(c) != without_counters(desired));
+        match self.hold_back(uid, significant) {
+            Some(wait) => Admission::Wait(wait),
+            None => Admission::Write,
+        }
+    }
+
     /// A pacer allowing one counter-only write per `interval` and object.
     pub fn new(interval: Duration) -> Self {
         StatusPacer {
@@ -69,6 +100,31 @@ pub fn hold_back_for(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_status_is_written_when_it_changed_and_counters_only_wait() {
+        // A status of two fields: a counter and something significant.
+        let strip = |s: &(u32, &'static str)| (0, s.1);
+        let pacer = StatusPacer::new(Duration::from_secs(60));
+        assert_eq!(
+            pacer.admit("a", Some(&(1, "ok")), &(1, "ok"), strip),
+            Admission::Unchanged
+        );
+        assert_eq!(pacer.admit("a", None, &(1, "ok"), strip), Admission::Write);
+        assert!(matches!(
+            pacer.admit("a", Some(&(1, "ok")), &(2, "ok"), strip),
+            Admission::Wait(_)
+        ));
+        assert_eq!(
+            pacer.admit("a", Some(&(1, "ok")), &(2, "quota"), strip),
+            Admission::Write
+        );
+        // Another object has its own pace.
+        assert_eq!(
+            pacer.admit("b", Some(&(1, "ok")), &(2, "ok"), strip),
+            Admission::Write
+        );
+    }
 
     #[test]
     fn counter_only_writes_wait_for_the_interval_significant_ones_do_not() {

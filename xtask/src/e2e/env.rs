@@ -59,7 +59,13 @@ pub fn target_dir() -> PathBuf {
 /// again on the next plain build. They are removed.
 pub fn cargo_command() -> Command {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut cmd = Command::new(cargo);
+    command_without_cargo_run_env(cargo)
+}
+
+/// A command for `program` without the variables `cargo run` set for the xtask binary (see
+/// [`cargo_command`]): a test binary run by `cargo xtask test` gets its own package's.
+pub fn command_without_cargo_run_env(program: impl AsRef<std::ffi::OsStr>) -> Command {
+    let mut cmd = Command::new(program);
     for (name, _) in std::env::vars_os() {
         let Some(name) = name.to_str() else { continue };
         if name == "CARGO_MANIFEST_DIR"

@@ -127,10 +127,7 @@ pub fn validate(budget: &MachineDisruptionBudget) -> Result<Policy, InvalidSpec>
 /// has not seen in the store yet.
 pub fn standing(machine: &Machine, in_flight: &HashSet<String>) -> Standing {
     let name = machine.metadata.name.as_deref().unwrap_or_default();
-    if machine.metadata.deletion_timestamp.is_some()
-        || machine.phase() == Some(&MachinePhase::Terminating)
-        || in_flight.contains(name)
-    {
+    if machine.is_terminating() || in_flight.contains(name) {
         Standing::Deleting
     } else if machine.phase() == Some(&MachinePhase::Running) {
         Standing::Available

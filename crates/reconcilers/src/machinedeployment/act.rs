@@ -27,6 +27,7 @@ use crate::kube_api::{
     self, ApiCallError, ApiErrorExt, ApiResultExt, Outcome, Part, merge_patch, patch_existing,
     status_patch,
 };
+use crate::pacer::Admission;
 
 /// The finalizer of the manager's controllers.
 pub const FINALIZER: &str = finalizers::MACHINE_CONTROLLER_MANAGER;
@@ -436,19 +437,12 @@ impl<'a> Actor<'a> {
         status: &MachineDeploymentStatus,
         pacer: &crate::pacer::StatusPacer,
     ) -> Result<Option<std::time::Duration>, Error> {
-        if self.d.status.as_ref() == Some(status) {
-            return Ok(None);
-        }
-        let significant = self
-            .d
-            .status
-            .as_ref()
-            .is_none_or(|current| without_counters(current) != without_counters(status));
         let uid = self.d.metadata.uid.as_deref().unwrap_or_default();
-        if let Some(wait) = pacer.hold_back(uid, significant) {
-            return Ok(Some(wait));
+        match pacer.admit(uid, self.d.status.as_ref(), status, without_counters) {
+            Admission::Unchanged => Ok(None),
+            Admission::Wait(wait) => Ok(Some(wait)),
+            Admission::Write => self.write_status(status).await.map(|()| None),
         }
-        self.write_status(status).await.map(|()| None)
     }
 
     async fn write_status(&self, status: &MachineDeploymentStatus) -> Result<(), Error> {

@@ -175,7 +175,7 @@ pub fn set_state(set: &MachineSet, machines: &[Arc<Machine>], now: Timestamp) ->
         .map(|m| MachineView::from_machine(m, None, None, now))
         .collect();
     let counts = count_machines(&views, set.spec.min_ready_seconds.unwrap_or(0), now);
-    let terminating = machines.iter().filter(|m| is_terminating(m)).count();
+    let terminating = machines.iter().filter(|m| m.is_terminating()).count();
     let annotation_i32 = |key: &str| annotation_i64(set, key).and_then(|v| i32::try_from(v).ok());
     SetState {
         name: set.name_any(),
@@ -304,17 +304,12 @@ pub fn annotation_i64<K: Resource>(obj: &K, key: &str) -> Option<i64> {
 pub fn trigger_machine(m: &Machine) -> TriggerMachine {
     let anns = m.annotations();
     TriggerMachine {
-        gone_or_failed: is_terminating(m) || m.phase() == Some(&MachinePhase::Failed),
+        gone_or_failed: m.is_terminating() || m.phase() == Some(&MachinePhase::Failed),
         priority_one: anns.get(annotations::MACHINE_PRIORITY).map(String::as_str) == Some("1"),
         marked: anns
             .get(annotations::MARKED_FOR_DELETION_TIME)
             .is_some_and(|t| !t.is_empty()),
     }
-}
-
-/// Whether a machine is going away (deleted or Terminating).
-pub fn is_terminating(m: &Machine) -> bool {
-    m.metadata.deletion_timestamp.is_some() || m.phase() == Some(&MachinePhase::Terminating)
 }
 
 /// The sets of the deployment `d` as rollback candidates.

@@ -2,6 +2,7 @@
 //! references, machine specs and auto-preservation, creations in slow-start batches,
 //! deletions, status) and its Events.
 
+use crate::pacer::Admission;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
@@ -352,18 +353,15 @@ pub(crate) async fn update_status(
     failure: Option<&Error>,
 ) -> Result<Option<Duration>, Error> {
     let status = desired_status(set, counts, failure);
-    if set.status.as_ref() == Some(&status) {
-        return Ok(None);
-    }
-    let significant = set
-        .status
-        .as_ref()
-        .is_none_or(|current| without_counters(current) != without_counters(&status));
     let uid = set.metadata.uid.as_deref().unwrap_or_default();
-    if let Some(wait) = ctx.status_pacer.hold_back(uid, significant) {
-        return Ok(Some(wait));
+    match ctx
+        .status_pacer
+        .admit(uid, set.status.as_ref(), &status, without_counters)
+    {
+        Admission::Unchanged => Ok(None),
+        Admission::Wait(wait) => Ok(Some(wait)),
+        Admission::Write => write_status(api, set, &status).await.map(|()| None),
     }
-    write_status(api, set, &status).await.map(|()| None)
 }
 
 async fn write_status(

@@ -20,6 +20,41 @@ pub struct PassPlan<'a> {
     pub pods_gone_for: Option<Duration>,
 }
 
+/// Where a pass of a drain that does not wait for volumes (preservation and in-place
+/// updates: the VM stays) leaves its caller.
+#[derive(Debug)]
+pub(crate) enum PodsDrain<'a> {
+    /// No pod is left to move (or the Node is gone).
+    Drained,
+    /// Pods are left: come back after this long (the eviction retry interval when a
+    /// PodDisruptionBudget refused an eviction, or can never allow one until the drain
+    /// deletes the pod; the next step's pace otherwise).
+    Draining(Duration),
+    /// A request failed (retried after the eviction retry interval): the first failure.
+    Failed(&'a mcm_drain::DrainError),
+}
+
+/// How preservation and in-place updates read a drain pass (pure). `next`: the pace of
+/// their steps; `retry`: the eviction retry interval.
+pub(crate) fn pods_drain(
+    report: &mcm_drain::PassReport,
+    next: Duration,
+    retry: Duration,
+) -> PodsDrain<'_> {
+    match report.state() {
+        mcm_drain::PassState::Done
+        | mcm_drain::PassState::Volumes
+        | mcm_drain::PassState::NodeGone => PodsDrain::Drained,
+        mcm_drain::PassState::Pods => match report.failed.first() {
+            Some(e) => PodsDrain::Failed(e),
+            None if !report.blocked.is_empty() || !report.misconfigured.is_empty() => {
+                PodsDrain::Draining(retry)
+            }
+            None => PodsDrain::Draining(next),
+        },
+    }
+}
+
 /// One pass of the drain of `node` (deletion, preservation and in-place updates drain through
 /// it).
 pub(crate) async fn drain_node_pass(
@@ -239,5 +274,51 @@ pub(crate) async fn patch_node_condition(
         Ok(_) => Ok(()),
         Err(e) if e.is_not_found() => Ok(()),
         Err(e) => Err(Error::kube(what, e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pass_without_the_volume_wait_is_drained_draining_or_failed() {
+        let next = Duration::from_secs(2);
+        let retry = Duration::from_secs(20);
+        let report = |state, f: &dyn Fn(&mut mcm_drain::PassReport)| {
+            let mut r = mcm_drain::PassReport {
+                state: Some(state),
+                ..Default::default()
+            };
+            f(&mut r);
+            r
+        };
+        use mcm_drain::PassState::*;
+        for state in [Done, Volumes, NodeGone] {
+            let r = report(state, &|_| {});
+            assert!(
+                matches!(pods_drain(&r, next, retry), PodsDrain::Drained),
+                "{state:?}"
+            );
+        }
+        let moving = report(Pods, &|r| r.terminating.push("ns/p".into()));
+        assert!(matches!(pods_drain(&moving, next, retry), PodsDrain::Draining(d) if d == next));
+        let refused = report(Pods, &|r| {
+            r.misconfigured.push(mcm_drain::MisconfiguredBudget {
+                pod: "ns/p".into(),
+                pdb: "ns/budget".into(),
+                reason: mcm_drain::MisconfiguredReason::MultipleBudgets,
+            })
+        });
+        assert!(matches!(pods_drain(&refused, next, retry), PodsDrain::Draining(d) if d == retry));
+        let failed = report(Pods, &|r| {
+            r.failed.push(mcm_drain::DrainError::CacheNotReady {
+                what: "VolumeAttachment",
+            })
+        });
+        assert!(matches!(
+            pods_drain(&failed, next, retry),
+            PodsDrain::Failed(_)
+        ));
     }
 }

@@ -89,10 +89,9 @@ async fn drain(
         unreachable: false,
     };
     let report = super::drain_node_pass(ctx, &name, &options, &input).await?;
-    match report.state() {
-        mcm_drain::PassState::Done
-        | mcm_drain::PassState::Volumes
-        | mcm_drain::PassState::NodeGone => {
+    let retry = ctx.settings.eviction_retry_interval;
+    match super::pods_drain(&report, NEXT_STEP, retry) {
+        super::PodsDrain::Drained => {
             let op = Operation::processing(
                 MachineOperationType::InPlaceUpdate,
                 format!("Machine {} is undergoing an in-place update", m.name_any()),
@@ -119,23 +118,18 @@ async fn drain(
                 .await;
             Ok(Action::requeue(NEXT_STEP))
         }
-        mcm_drain::PassState::Pods => {
-            if let Some(e) = report.failed.first() {
-                let op = Operation::processing(
-                    MachineOperationType::DrainNode,
-                    format!(
-                        "Drain failed due to - {}. Will retry in next sync. Initiate node drain",
-                        crate::error_chain(e)
-                    ),
-                );
-                let patch = status::status_patch(m, None, &op, Timestamp::now());
-                super::patch_status(ctx, m, patch).await?;
-                return Ok(Action::requeue(ctx.settings.eviction_retry_interval));
-            }
-            if !report.blocked.is_empty() || !report.misconfigured.is_empty() {
-                return Ok(Action::requeue(ctx.settings.eviction_retry_interval));
-            }
-            Ok(Action::requeue(NEXT_STEP))
+        super::PodsDrain::Failed(e) => {
+            let op = Operation::processing(
+                MachineOperationType::DrainNode,
+                format!(
+                    "Drain failed due to - {}. Will retry in next sync. Initiate node drain",
+                    crate::error_chain(e)
+                ),
+            );
+            let patch = status::status_patch(m, None, &op, Timestamp::now());
+            super::patch_status(ctx, m, patch).await?;
+            Ok(Action::requeue(retry))
         }
+        super::PodsDrain::Draining(again) => Ok(Action::requeue(again)),
     }
 }

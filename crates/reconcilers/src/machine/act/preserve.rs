@@ -151,22 +151,11 @@ async fn node_work(
             unreachable: work.unreachable,
         };
         let report = super::drain_node_pass(ctx, &name, &options, &input).await?;
-        match report.state() {
-            // Volumes are not waited for: the VM stays.
-            mcm_drain::PassState::Done
-            | mcm_drain::PassState::Volumes
-            | mcm_drain::PassState::NodeGone => {}
-            mcm_drain::PassState::Pods => {
-                if report.failed.is_empty() && report.misconfigured.is_empty() {
-                    // In progress: the next pass comes back (after the retry interval when a
-                    // PodDisruptionBudget refused an eviction).
-                    if report.blocked.is_empty() {
-                        return Ok(NEXT_STEP);
-                    }
-                    return Ok(ctx.settings.eviction_retry_interval);
-                }
-                drain_failed = true;
-            }
+        let retry = ctx.settings.eviction_retry_interval;
+        match super::pods_drain(&report, NEXT_STEP, retry) {
+            super::PodsDrain::Drained => {}
+            super::PodsDrain::Draining(again) => return Ok(again),
+            super::PodsDrain::Failed(_) => drain_failed = true,
         }
     }
     write_condition(

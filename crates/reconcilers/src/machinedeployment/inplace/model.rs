@@ -118,8 +118,7 @@ impl MachineFacts {
                 .get(labels::UPDATE_RESULT)
                 .is_some_and(|v| v == labels::update_result::SUCCESSFUL),
             updating: machine.phase() == Some(&MachinePhase::InPlaceUpdating),
-            terminating: machine.metadata.deletion_timestamp.is_some()
-                || machine.phase() == Some(&MachinePhase::Terminating),
+            terminating: machine.is_terminating(),
         }
     }
 
