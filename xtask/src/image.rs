@@ -93,6 +93,10 @@ pub struct Args {
     /// Directory for the image layouts and archives [default: target/images in the workspace].
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Build the binaries in the `fast-release` profile (no LTO, larger binaries): for CI's
+    /// check that the images build, verify and run; released images use the default profile.
+    #[arg(long)]
+    pub fast_build: bool,
 }
 
 /// A binary in an image.
@@ -219,9 +223,15 @@ pub fn run(args: &Args) -> Result<()> {
     let mut reports = Vec::new();
     for spec in selected(args.provider, args.all) {
         let began = Instant::now();
-        build(spec)?;
+        let profile = if args.fast_build {
+            "fast-release"
+        } else {
+            "release"
+        };
+        build(spec, profile)?;
         let build_time = began.elapsed();
-        let report = pack_and_check(spec, &out, &ca_bundle, epoch, build_time)
+        let bin_dir = target_dir().join(TARGET).join(profile);
+        let report = pack_and_check(spec, &bin_dir, &out, &ca_bundle, epoch, build_time)
             .with_context(|| format!("image {}", spec.name))?;
         reports.push(report);
     }
@@ -252,9 +262,17 @@ fn source_date_epoch() -> Result<u64> {
     }
 }
 
-/// `cargo build --release --locked --target <musl> -p <package>...` for one image's binaries.
-fn build(spec: &ImageSpec) -> Result<()> {
-    let mut args = vec!["build", "--release", "--locked", "--target", TARGET];
+/// `cargo build --profile <profile> --locked --target <musl> -p <package>...` for one image's
+/// binaries.
+fn build(spec: &ImageSpec, profile: &str) -> Result<()> {
+    let mut args = vec![
+        "build",
+        "--profile",
+        profile,
+        "--locked",
+        "--target",
+        TARGET,
+    ];
     let mut packages: Vec<&str> = spec.binaries.iter().map(|b| b.package).collect();
     packages.dedup();
     for p in packages {
@@ -280,13 +298,13 @@ fn build(spec: &ImageSpec) -> Result<()> {
 /// verifies and smoke-tests the result.
 fn pack_and_check(
     spec: &ImageSpec,
+    bin_dir: &Path,
     out: &Path,
     ca_bundle: &[u8],
     epoch: u64,
     build: Duration,
 ) -> Result<Report> {
     let began = Instant::now();
-    let bin_dir = target_dir().join(TARGET).join("release");
     let mut binaries = Vec::new();
     for b in spec.binaries {
         let path = bin_dir.join(b.name);

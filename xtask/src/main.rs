@@ -53,8 +53,8 @@ enum Cmd {
     },
     /// Run the whole test suite: builds the control plane if needed (unless
     /// KUBEBUILDER_ASSETS names one) and helm (unless HELM names one), then every test
-    /// binary of the workspace, `--jobs` at a time, and the doc tests. With arguments it is
-    /// `cargo test --workspace <args>`.
+    /// binary of the workspace, the doc tests and the end-to-end scenarios, `--jobs` at a
+    /// time. With arguments it is `cargo test --workspace <args>`.
     Test {
         /// Test binaries run at once (each starts its own control plane; they mostly wait on
         /// it). Default: the number of CPUs plus one.

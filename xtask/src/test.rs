@@ -8,8 +8,9 @@
 //! first, each from its package's directory as `cargo test` runs it. A binary's output is
 //! printed whole when it fails; each one's result line and duration always.
 //!
-//! With arguments (`cargo xtask test -p mcm-api some_test`) it is plain `cargo test` with
-//! those arguments.
+//! The end-to-end scenarios (`cargo xtask e2e`) run as one more job, their output printed
+//! whole. With arguments (`cargo xtask test -p mcm-api some_test`) it is plain `cargo test`
+//! with those arguments, without the scenarios.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -32,6 +33,8 @@ struct Job {
     args: Vec<String>,
     dir: PathBuf,
     package: Option<String>,
+    /// Print its whole output even when it passes.
+    verbose: bool,
 }
 
 /// What one job did.
@@ -96,14 +99,25 @@ pub fn run(args: &[String], jobs: usize) -> Result<()> {
             .to_vec(),
         dir: crate::crds::workspace_root(),
         package: None,
+        verbose: false,
+    });
+    // The end-to-end scenarios (`cargo xtask e2e`) are one more job: their own control plane,
+    // both controllers as processes; they mostly wait on the timeouts they exercise.
+    queue.push(Job {
+        label: "end-to-end scenarios".into(),
+        program: std::env::current_exe().context("the xtask binary's path")?,
+        args: vec!["e2e".into()],
+        dir: crate::crds::workspace_root(),
+        package: None,
+        verbose: true,
     });
     let history = durations_file();
     let before = read_durations(&history);
     order_slowest_first(&mut queue, &before);
     let jobs = jobs.max(1);
     println!(
-        "running {} test binaries and the doc tests, {jobs} at a time",
-        queue.len() - 1
+        "running {} test binaries, the doc tests and the end-to-end scenarios, {jobs} at a time",
+        queue.len() - 2
     );
     let queue = Mutex::new(VecDeque::from(queue));
     let outcomes = Mutex::new(Vec::new());
@@ -194,6 +208,7 @@ fn test_binaries() -> Result<Vec<Job>> {
             args: Vec::new(),
             dir,
             package: Some(package),
+            verbose: false,
         });
     }
     if jobs.is_empty() {
@@ -270,7 +285,14 @@ fn run_job(job: &Job) -> Outcome {
         [] => String::new(),
         many => format!("{} results, e.g. {}", many.len(), many[0]),
     };
-    if passed {
+    if passed && job.verbose {
+        println!(
+            "ok     {:>6.1}s  {}\n{text}--- end of {}",
+            took.as_secs_f64(),
+            job.label,
+            job.label
+        );
+    } else if passed {
         println!(
             "ok     {:>6.1}s  {}  {summary}",
             took.as_secs_f64(),
@@ -334,6 +356,7 @@ mod tests {
             args: Vec::new(),
             dir: ".".into(),
             package: None,
+            verbose: false,
         }
     }
 

@@ -22,8 +22,8 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use mcm_api::{Machine, MachineDeployment, MachinePhase};
 use mcm_testenv::kit::{
-    MachineClassBuilder, MachineDeploymentBuilder, ProviderController, TestNamespace,
-    binary_beside, create_class_with_secret, events_for, eventually, secret,
+    MachineClassBuilder, MachineDeploymentBuilder, ProviderController, TestNamespace, await_event,
+    binary_beside, create_class_with_secret, eventually, secret,
 };
 use mcm_testenv::process::ManagedProcess;
 use mcm_testenv::{Components, ControlPlane};
@@ -291,13 +291,15 @@ async fn a_machine_deployment_runs_on_the_fake_compute_api_through_quota_scale_d
         "{description}"
     );
     let name = exhausted.metadata.name.clone().unwrap();
-    let events = events_for(&env.client, &env.ns, &name, "CreationFailed").await;
-    assert!(
-        events
-            .iter()
-            .any(|e| e.contains("ZONE_RESOURCE_POOL_EXHAUSTED")),
-        "{events:?}"
-    );
+    await_event(
+        &env.client,
+        &env.ns,
+        &name,
+        "CreationFailed",
+        "ZONE_RESOURCE_POOL_EXHAUSTED",
+        WAIT,
+    )
+    .await;
 
     // Capacity is back: three machines Running, each backed by one instance whose Node joined.
     let running = eventually(WAIT, "3 machines Running", || async {

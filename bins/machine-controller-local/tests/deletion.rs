@@ -9,7 +9,7 @@ use kube::ResourceExt;
 use kube::api::PostParams;
 use mcm_api::constants::annotations::progress;
 use mcm_api::{Machine, MachinePhase};
-use mcm_testenv::kit::{events_for, metric_with, node_events_for};
+use mcm_testenv::kit::{await_event, eventually, metric_with, node_events_for};
 use serde_json::json;
 
 fn annotation<'a>(m: &'a Machine, key: &str) -> Option<&'a str> {
@@ -52,13 +52,8 @@ async fn a_machine_of_an_invalid_class_never_got_a_vm_and_is_deleted() {
     h.delete_machine("b1").await;
     h.await_gone("b1", WAIT).await;
     assert!(h.vm_records().is_empty());
-    let deleted = events_for(&h.client, &h.ns, "b1", "Deleted").await;
-    assert!(
-        deleted
-            .iter()
-            .any(|n| n.contains("no VM was ever requested")),
-        "{deleted:?}"
-    );
+    let text = "no VM was ever requested";
+    await_event(&h.client, &h.ns, "b1", "Deleted", text, WAIT).await;
 }
 
 #[tokio::test]
@@ -121,7 +116,7 @@ async fn a_vm_that_may_exist_blocks_deletion_until_the_class_is_fixed() {
         "the finalizer stays while the VM may exist"
     );
     assert!(h.vm_alive("v1"), "the VM is neither leaked nor deleted");
-    let events = events_for(&h.client, &h.ns, "v1", "DeletionBlocked").await;
+    let events = await_event(&h.client, &h.ns, "v1", "DeletionBlocked", "", WAIT).await;
     assert_eq!(events.len(), 1, "one Event, not one per retry: {events:?}");
 
     // Fixed: the deletion finishes.
@@ -181,17 +176,14 @@ async fn pods_on_an_unreachable_node_are_not_waited_for() {
             "the pod was evicted"
         );
     }
-    let drained = events_for(&h.client, &h.ns, "u1", "Drained").await;
-    assert!(
-        drained
-            .iter()
-            .any(|n| n.contains("not waited for (node unreachable)")),
-        "{drained:?}"
-    );
+    let text = "not waited for (node unreachable)";
+    await_event(&h.client, &h.ns, "u1", "Drained", text, WAIT).await;
     // The node's own events tell an operator why it went away (the Machine's `Deleted` says
     // that its VM and Node are gone).
     for reason in ["DrainStarted", "Drained"] {
-        let on_node = node_events_for(&h.client, "u1", reason).await;
-        assert!(!on_node.is_empty(), "no {reason} event on the node");
+        eventually(WAIT, &format!("a {reason} Event on the node"), || async {
+            !node_events_for(&h.client, "u1", reason).await.is_empty()
+        })
+        .await;
     }
 }

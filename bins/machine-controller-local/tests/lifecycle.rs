@@ -13,8 +13,8 @@ use mcm_api::MachinePhase;
 use mcm_driver::{CreateMachineRequest, Driver, IdempotencyKey, RequestId, SecretData};
 use mcm_provider_local::{LocalDriver, LocalDriverConfig};
 use mcm_testenv::kit::{
-    MachineBuilder, MachineDeploymentBuilder, MachineSetBuilder, await_object, create, events_for,
-    eventually, metric_with, node_events_for,
+    MachineBuilder, MachineDeploymentBuilder, MachineSetBuilder, await_event, await_object, create,
+    events_for, eventually, metric_with, node_events_for,
 };
 use serde_json::json;
 
@@ -107,7 +107,7 @@ async fn a_machine_runs_with_its_bootstrap_token_consumed_and_is_deleted_cleanly
             .any(|c| c.type_ == "Ready" && c.status == "True"),
         "{conditions:?}"
     );
-    let running_notes = events_for(&h.client, &h.ns, "m1", "Running").await;
+    let running_notes = await_event(&h.client, &h.ns, "m1", "Running", "local:///m1", WAIT).await;
     assert!(
         running_notes
             .iter()

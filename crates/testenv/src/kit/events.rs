@@ -39,3 +39,23 @@ pub async fn node_events_for(client: &kube::Client, name: &str, reason: &str) ->
     )
     .await
 }
+
+/// Waits up to `timeout` for an Event in namespace `ns` about the object `name` with reason
+/// `reason` whose note contains `text`, and returns the notes of that reason. Events are
+/// published after the status write they describe, so a test that saw the status waits for
+/// the Event instead of reading once.
+pub async fn await_event(
+    client: &kube::Client,
+    ns: &str,
+    name: &str,
+    reason: &str,
+    text: &str,
+    timeout: std::time::Duration,
+) -> Vec<String> {
+    let what = format!("an Event {reason} about {ns}/{name} mentioning {text:?}");
+    super::wait::eventually(timeout, &what, || async {
+        let notes = events_for(client, ns, name, reason).await;
+        notes.iter().any(|n| n.contains(text)).then_some(notes)
+    })
+    .await
+}

@@ -38,7 +38,7 @@ pub mod process;
 pub mod proxy;
 pub mod wait;
 
-pub use events::{events_for, node_events_for};
+pub use events::{await_event, events_for, node_events_for};
 pub use fixtures::{
     MachineBuilder, MachineClassBuilder, MachineDeploymentBuilder, MachineSetBuilder,
     TestNamespace, WEBHOOK_NAME, class_ref, controller_ref, create, create_class_with_secret,
