@@ -56,8 +56,8 @@ enum Cmd {
     /// binary of the workspace, the doc tests and the end-to-end scenarios, `--jobs` at a
     /// time. With arguments it is `cargo test --workspace <args>`.
     Test {
-        /// Test binaries run at once (each starts its own control plane; they mostly wait on
-        /// it). Default: the number of CPUs plus one.
+        /// Jobs run at once (each starts its own control plane; they mostly wait on it).
+        /// Default: twice the CPUs, at most 8.
         #[arg(long)]
         jobs: Option<usize>,
         /// Extra arguments passed to `cargo test` (after `--`, e.g. a test name filter).

@@ -89,11 +89,12 @@ pub fn run(args: &[String], jobs: usize) -> Result<()> {
     }
     let began = Instant::now();
     let mut queue = test_binaries()?;
+    let cargo: PathBuf = std::env::var_os("CARGO")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "cargo".into());
     queue.push(Job {
         label: "doc tests".into(),
-        program: std::env::var_os("CARGO")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| "cargo".into()),
+        program: cargo.clone(),
         args: ["test", "--workspace", "--locked", "--doc"]
             .map(String::from)
             .to_vec(),
@@ -102,11 +103,22 @@ pub fn run(args: &[String], jobs: usize) -> Result<()> {
         verbose: false,
     });
     // The end-to-end scenarios (`cargo xtask e2e`) are one more job: their own control plane,
-    // both controllers as processes; they mostly wait on the timeouts they exercise.
+    // both controllers as processes; they mostly wait on the timeouts they exercise. Through
+    // cargo: the build above replaced this very binary.
     queue.push(Job {
         label: "end-to-end scenarios".into(),
-        program: std::env::current_exe().context("the xtask binary's path")?,
-        args: vec!["e2e".into()],
+        program: cargo,
+        args: [
+            "run",
+            "--quiet",
+            "--locked",
+            "--package",
+            "xtask",
+            "--",
+            "e2e",
+        ]
+        .map(String::from)
+        .to_vec(),
         dir: crate::crds::workspace_root(),
         package: None,
         verbose: true,
