@@ -134,7 +134,7 @@ fn test(jobs: Option<usize>, args: &[String]) -> Result<()> {
     }
     // The chart test renders with helm; it fails (never skips) without it.
     chart::ensure_helm()?;
-    let jobs =
-        jobs.unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()) + 1);
+    let cpus = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let jobs = jobs.unwrap_or((2 * cpus).min(8));
     test::run(args, jobs)
 }
