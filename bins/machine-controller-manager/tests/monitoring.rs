@@ -32,6 +32,7 @@ const EXPORTED: &[(&str, Kind, &str)] = &[
     // The machine controller.
     ("mcm_machine_controller_frozen", Gauge, MACHINE),
     ("mcm_machine_items_total", Gauge, MACHINE),
+    ("mcm_machine_controller_tracked_entries", Gauge, MACHINE),
     ("mcm_machine_vm_creations", Counter, MACHINE),
     ("mcm_machine_vm_adoptions", Counter, MACHINE),
     ("mcm_machine_failed", Counter, MACHINE),

@@ -33,9 +33,14 @@ impl Announced {
     }
 
     /// How many objects have a note on record.
+    pub fn count(&self) -> usize {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// How many objects have a note on record.
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.count()
     }
 
     /// Whether no object has a note on record.

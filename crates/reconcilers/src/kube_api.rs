@@ -212,6 +212,48 @@ where
     }
 }
 
+/// How many times [`patch_from_copy`] plans and writes before it returns the conflict.
+pub const COPY_PATCH_ATTEMPTS: u32 = 3;
+
+/// Applies the merge patch `patch_of` plans from a copy of an object, guarded by that copy's
+/// resourceVersion (for patches that replace a list, such as a Node's taints); `None` from
+/// `patch_of`: nothing to change. On a conflict the object is read and the patch planned
+/// again from what was read, at most [`COPY_PATCH_ATTEMPTS`] writes in all; then the
+/// conflict is returned.
+///
+/// A store's copy can stay behind the object for good: the Node store passes on no
+/// heartbeat-only change, so while a kubelet writes its status the copy's resourceVersion is
+/// old, and a write guarded by it alone would conflict on every retry.
+pub async fn patch_from_copy<K>(
+    api: &Api<K>,
+    copy: &K,
+    patch_of: impl Fn(&K) -> Option<Value>,
+) -> ApiResult
+where
+    K: Resource + ApiObject,
+{
+    let name = copy.name_any();
+    let mut read: Option<K> = None;
+    let mut attempt = 1;
+    loop {
+        let current = read.as_ref().unwrap_or(copy);
+        let Some(mut patch) = patch_of(current) else {
+            return Ok(Outcome::Done);
+        };
+        patch["metadata"]["resourceVersion"] = json!(current.resource_version());
+        match merge_patch(api, Part::Object, &name, &patch).await {
+            Err(e) if e.is_conflict() && attempt < COPY_PATCH_ATTEMPTS => {
+                attempt += 1;
+                match api.get_opt(&name).await? {
+                    Some(object) => read = Some(object),
+                    None => return Ok(Outcome::Gone),
+                }
+            }
+            written => return written,
+        }
+    }
+}
+
 /// A failed API call on one named object: what was attempted, on what, and the cause.
 #[derive(Debug, thiserror::Error)]
 #[error("failed to {action} {kind} {name}")]
@@ -367,6 +409,114 @@ pub fn error_policy<E: ReconcileError + 'static>(
         tracing::debug!(kind, name, %error, "conflict; retrying");
     }
     Action::requeue(retry.after)
+}
+
+#[cfg(test)]
+mod copy_patch_tests {
+    //! [`patch_from_copy`] against a real API server.
+
+    use k8s_openapi::api::core::v1::{Node, Taint};
+    use kube::api::{Api, DeleteParams, PostParams};
+    use kube::core::ObjectMeta;
+    use serde_json::json;
+
+    use super::*;
+
+    fn taint(key: &str) -> Taint {
+        Taint {
+            key: key.into(),
+            effect: "NoSchedule".into(),
+            ..Taint::default()
+        }
+    }
+
+    /// The taints of `n` with `key` added, `None` when it has it.
+    fn with_taint(n: &Node, key: &str) -> Option<Value> {
+        let mut list = n
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.clone())
+            .unwrap_or_default();
+        if list.iter().any(|t| t.key == key) {
+            return None;
+        }
+        list.push(taint(key));
+        Some(json!({"spec": {"taints": list}}))
+    }
+
+    #[tokio::test]
+    async fn a_patch_planned_from_a_stale_copy_is_planned_again_from_a_read() {
+        let cp = mcm_testenv::shared(mcm_testenv::Components::API_SERVER)
+            .await
+            .expect("control plane");
+        let api: Api<Node> = Api::all(cp.client().await.expect("client"));
+        let name = format!("copy-patch-{}", rand::random::<u32>());
+        let node = Node {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(k8s_openapi::api::core::v1::NodeSpec {
+                taints: Some(vec![taint("a")]),
+                ..Default::default()
+            }),
+            ..Node::default()
+        };
+        let stale = api
+            .create(&PostParams::default(), &node)
+            .await
+            .expect("create");
+        // Someone else writes (a kubelet's heartbeat, another taint): the copy is behind.
+        let mut moved = stale.clone();
+        moved.metadata.labels = Some([("moved".to_string(), "yes".to_string())].into());
+        moved
+            .spec
+            .as_mut()
+            .unwrap()
+            .taints
+            .as_mut()
+            .unwrap()
+            .push(taint("other"));
+        api.replace(&name, &PostParams::default(), &moved)
+            .await
+            .expect("move the node on");
+
+        // A write guarded by the copy alone conflicts, and would on every retry.
+        let mut guarded = with_taint(&stale, "b").unwrap();
+        guarded["metadata"]["resourceVersion"] = json!(stale.resource_version());
+        let e = merge_patch(&api, Part::Object, &name, &guarded)
+            .await
+            .unwrap_err();
+        assert!(e.is_conflict(), "{e}");
+
+        // Planned again from what is there: the other writer's taint is kept.
+        let written = patch_from_copy(&api, &stale, |n| with_taint(n, "b"))
+            .await
+            .unwrap();
+        assert_eq!(written, Outcome::Done);
+        let now = api.get(&name).await.unwrap();
+        let keys: Vec<String> = now
+            .spec
+            .unwrap()
+            .taints
+            .unwrap()
+            .into_iter()
+            .map(|t| t.key)
+            // The API server's own (the Node is not Ready) is kept as well.
+            .filter(|k| !k.starts_with("node.kubernetes.io/"))
+            .collect();
+        assert_eq!(keys, ["a", "other", "b"]);
+        assert_eq!(now.metadata.labels.unwrap()["moved"], "yes");
+
+        // Nothing to change: no write. Gone: nothing written, no error.
+        let written = patch_from_copy(&api, &stale, |_| None).await.unwrap();
+        assert_eq!(written, Outcome::Done);
+        api.delete(&name, &DeleteParams::default()).await.unwrap();
+        let written = patch_from_copy(&api, &stale, |n| with_taint(n, "c"))
+            .await
+            .unwrap();
+        assert_eq!(written, Outcome::Gone);
+    }
 }
 
 #[cfg(test)]

@@ -158,12 +158,12 @@ pub fn prepare(
     };
 
     // The machine controller: Machines, their Nodes (not heartbeats; deletions too) and
-    // their classes.
+    // their classes; deleted Machines only to forget what it kept for them.
     let machine_controller = {
         let (for_nodes, for_deleted_nodes, for_classes) =
             (machines.clone(), machines.clone(), machines.clone());
         let (ns_nodes, ns_deleted_nodes) = (ns.clone(), ns.clone());
-        let (seen_ctx, gone_ctx) = (ctx.clone(), ctx.clone());
+        let (seen_ctx, gone_ctx, forget_ctx) = (ctx.clone(), ctx.clone(), ctx.clone());
         runner.run(
             Controller::for_shared_stream(informers.machines.subscribe(), machines.clone())
                 .watches_shared_stream(
@@ -190,6 +190,13 @@ pub fn prepare(
                     move |class: Arc<MachineClass>| {
                         machines_of_class(&class.name_any(), &for_classes)
                     },
+                )
+                .watches_shared_stream(
+                    informers
+                        .machines
+                        .deletions()
+                        .inspect(move |m| forget_ctx.forget_machine(m)),
+                    |_: Arc<Machine>| None::<ObjectRef<Machine>>,
                 ),
             (
                 machine::CONTROLLER,

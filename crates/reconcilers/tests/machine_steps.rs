@@ -41,6 +41,8 @@ struct World {
     handles: Handles,
     cancel: CancellationToken,
     controller: Option<tokio::task::JoinHandle<()>>,
+    /// The controller's metrics.
+    registry: Registry,
     /// Held for the World's life (see [`ONE_WORLD_AT_A_TIME`]).
     _alone: tokio::sync::MutexGuard<'static, ()>,
 }
@@ -89,6 +91,7 @@ impl World {
             handles,
             cancel,
             controller: Some(controller),
+            registry,
             _alone: alone,
         }
     }
@@ -99,6 +102,14 @@ impl World {
 
     fn fake(&self) -> &FakeDriver {
         self.cloud.inner()
+    }
+
+    /// The value of the unlabelled metric `name`.
+    fn metric(&self, name: &str) -> Option<i64> {
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &self.registry).expect("encode");
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
     }
 
     async fn create_machine(&self, machine: Machine) {
@@ -694,5 +705,53 @@ async fn a_machine_that_never_requested_a_vm_is_deleted_without_its_class() {
     assert_eq!(w.fake().call_count(Operation::CreateMachine), 0);
     assert_eq!(w.fake().call_count(Operation::DeleteMachine), 0);
     assert!(w.fake().vms().is_empty());
+    w.stop().await;
+}
+
+/// What the controller keeps per machine between reconciles (its backoff after failed
+/// attempts, its own last write, announcements) is forgotten once the Machine is deleted,
+/// also when it is taken away by hand (its finalizer removed): kept, it would grow with the
+/// machines that ever failed until a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_is_kept_for_a_machine_is_forgotten_when_it_is_deleted() {
+    const TRACKED: &str = "mcm_machine_controller_tracked_entries";
+    let w = World::start("steps-forget").await;
+    w.cloud.set(
+        Operation::CreateMachine,
+        FaultSpec::always(Code::Unavailable),
+    );
+    w.create_machine(MachineBuilder::new("failing").class(CLASS).build())
+        .await;
+    w.await_machine("failing", "the failed creation to be reported", |m| {
+        m.status
+            .as_ref()
+            .and_then(|s| s.last_operation.as_ref())
+            .is_some_and(|o| o.error_code.as_deref() == Some("Unavailable"))
+    })
+    .await;
+    eventually(WAIT, "a backoff on record", || async {
+        w.metric(TRACKED).is_some_and(|n| n > 0)
+    })
+    .await;
+
+    // Taken away by hand: deleted, and its finalizer removed at once.
+    w.machines()
+        .delete("failing", &DeleteParams::default())
+        .await
+        .expect("delete");
+    let strip = serde_json::json!({"metadata": {"finalizers": null}});
+    let _ = w
+        .machines()
+        .patch(
+            "failing",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&strip),
+        )
+        .await;
+    await_gone(w.machines(), "failing", WAIT).await;
+    eventually(WAIT, "nothing kept for the deleted machine", || async {
+        w.metric(TRACKED) == Some(0)
+    })
+    .await;
     w.stop().await;
 }

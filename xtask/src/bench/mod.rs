@@ -101,8 +101,12 @@ pub struct ScaleArgs {
     pub max_requests_per_machine: Vec<(String, f64)>,
     /// Build the binaries in the `fast-release` profile (no LTO): for short runs that check
     /// ratios and requests; peak RSS is a release build's only in the default profile.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "dev_build")]
     pub fast_build: bool,
+    /// Use the `dev`-profile binaries (unoptimised; what `cargo xtask test` builds): for CI's
+    /// short runs, which check bound ratios and requests per machine, not CPU or RSS.
+    #[arg(long)]
+    pub dev_build: bool,
 }
 
 /// Parses `phase=N` (a phase name and a number of requests per machine).

@@ -58,7 +58,9 @@ const TICKS_PER_SECOND: f64 = 100.0;
 /// Runs one scale benchmark and prints its results.
 pub fn run(kind: Kind, args: ScaleArgs) -> Result<()> {
     env::plain_logs_for_children();
-    let bins = env::prepare_binaries_in(if args.fast_build {
+    let bins = env::prepare_binaries_in(if args.dev_build {
+        Profile::Debug
+    } else if args.fast_build {
         Profile::FastRelease
     } else {
         Profile::Release

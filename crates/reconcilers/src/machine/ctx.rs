@@ -169,6 +169,8 @@ impl Ctx {
         // Entries of machines whose store copy never caught up (deleted meanwhile).
         writes.retain(|_, (_, at)| now.duration_since(*at) < OWN_WRITE_WAIT);
         writes.insert(uid, (rv, now));
+        drop(writes);
+        self.publish_tracked();
     }
 
     /// Notes that this controller finished `m` (removed its finalizer): the Machine is about
@@ -180,10 +182,17 @@ impl Ctx {
         let Some(uid) = m.uid() else { return };
         // Nothing more is announced for it.
         self.policy_warned.forget(&uid);
+        if !self.in_store(m) {
+            // Gone already (its deletion was seen): no copy is left to hold back.
+            self.publish_tracked();
+            return;
+        }
         let now = Instant::now();
         let mut writes = self.own_writes.lock().unwrap_or_else(|e| e.into_inner());
         writes.retain(|_, (_, at)| now.duration_since(*at) < OWN_WRITE_WAIT);
         writes.insert(uid, (u64::MAX, now));
+        drop(writes);
+        self.publish_tracked();
     }
 
     /// Whether the store's copy `m` predates this controller's own last write to it. Acting
@@ -201,6 +210,8 @@ impl Ctx {
         let behind = copy_is_behind(resource_version(m), written, at.elapsed());
         if !behind {
             writes.remove(&uid);
+            drop(writes);
+            self.publish_tracked();
         }
         behind
     }
@@ -209,13 +220,15 @@ impl Ctx {
     /// it is announced once per machine and problem, not on every reconcile.
     pub(crate) fn policy_problem_is_new(&self, m: &Machine, problem: Option<&str>) -> bool {
         let uid = m.uid().unwrap_or_default();
-        match problem {
+        let new = match problem {
             None => {
                 self.policy_warned.forget(&uid);
                 false
             }
             Some(p) => self.policy_warned.is_new(&uid, p),
-        }
+        };
+        self.publish_tracked();
+        new
     }
 
     pub(crate) fn node(&self, name: &str) -> Option<Arc<Node>> {
@@ -231,6 +244,10 @@ impl Ctx {
         if err.is_some_and(|e| e.code == Code::ResourceExhausted) {
             return self.settings.resource_exhausted_retry;
         }
+        if !self.in_store(m) {
+            // Deleted meanwhile: nothing will read a record of it.
+            return backoff_delay(self.settings.backoff_initial, self.settings.backoff_max, 1);
+        }
         let n = {
             let mut f = self.failures.lock().unwrap_or_else(|e| e.into_inner());
             let n = f.entry(m.uid().unwrap_or_default()).or_insert(0);
@@ -242,6 +259,7 @@ impl Ctx {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(m.uid().unwrap_or_default(), Instant::now() + delay);
+        self.publish_tracked();
         delay
     }
 
@@ -264,6 +282,80 @@ impl Ctx {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&uid);
+        self.publish_tracked();
+    }
+
+    /// Whether the Machines store holds `m` (this very object: same uid).
+    fn in_store(&self, m: &Machine) -> bool {
+        self.machines
+            .get(&ObjectRef::from_obj(m))
+            .is_some_and(|stored| stored.uid() == m.uid())
+    }
+
+    /// Forgets what this process keeps for `m` between reconciles (backoff, its own last
+    /// write, announcements) once the watch reports the Machine deleted. The deletion's last
+    /// step forgets most of it; a Machine removed without that step (its finalizer stripped
+    /// by hand) would otherwise stay in these maps until a restart.
+    pub fn forget_machine(&self, m: &Machine) {
+        let Some(uid) = m.uid() else { return };
+        self.failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&uid);
+        self.retry_at
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&uid);
+        self.own_writes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&uid);
+        self.policy_warned.forget(&uid);
+        // And any record of another machine the store no longer has (written while its
+        // deletion was being delivered).
+        let live: HashSet<String> = self
+            .machines
+            .state()
+            .iter()
+            .filter_map(|m| m.uid())
+            .collect();
+        self.failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|uid, _| live.contains(uid));
+        self.retry_at
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|uid, _| live.contains(uid));
+        self.own_writes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|uid, _| live.contains(uid));
+        self.publish_tracked();
+    }
+
+    /// Sets `mcm_machine_controller_tracked_entries`: the entries of the per-machine records
+    /// (a machine can have one in several).
+    fn publish_tracked(&self) {
+        let entries = self
+            .failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
+            + self
+                .retry_at
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .len()
+            + self
+                .own_writes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .len()
+            + self.policy_warned.count();
+        self.metrics
+            .tracked
+            .set(i64::try_from(entries).unwrap_or(i64::MAX));
     }
 
     /// The MachineSet and MachineDeployment that own a Machine, from the stores.

@@ -25,6 +25,9 @@ pub struct MachineMetrics {
     pub frozen: Gauge,
     /// `mcm_machine_items_total`: Machines in the namespace.
     pub items: Gauge,
+    /// `mcm_machine_controller_tracked_entries`: entries of the records this process keeps
+    /// per Machine between reconciles (backoff, its own last write, announcements).
+    pub tracked: Gauge,
     /// Reconcile metrics of every controller of the process (`controller="machine"` here).
     pub reconciles: ReconcileMetrics,
     durations: Durations,
@@ -102,6 +105,13 @@ impl MachineMetrics {
                 &m.frozen,
             ),
             ("mcm_machine_items_total", "Number of Machines", &m.items),
+            (
+                "mcm_machine_controller_tracked_entries",
+                "Entries of the records the machine controller keeps per Machine between \
+                 reconciles (backoff, its own last write, announcements); a deleted Machine's \
+                 are forgotten",
+                &m.tracked,
+            ),
         ];
         for (name, help, gauge) in gauges {
             registry.register(name, help, gauge.clone());

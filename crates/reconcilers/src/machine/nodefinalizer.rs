@@ -86,11 +86,13 @@ pub fn unclaimed<'a>(
         .collect()
 }
 
-/// Adds the finalizer to `node`. A conflict (the Node changed since it was read) is left to
-/// the next reconcile, which the Node's update triggers; a vanished Node needs none.
+/// Adds the finalizer to `node`. A conflict that lasts through the re-reads is left to the
+/// next reconcile; a vanished Node needs none.
 pub async fn hold(ctx: &Ctx, node: &Node) -> Result<(), Error> {
     let nodes: Api<Node> = Api::all(ctx.target.clone());
-    match kube_api::set_finalizer(&nodes, node, NODE_FINALIZER, true).await {
+    // Guarded by the resourceVersion (the list is written whole), planned again from a fresh
+    // read after a conflict (the store's copy may be behind).
+    match kube_api::patch_from_copy(&nodes, node, |n| add_to_patch(None, n)).await {
         Ok(_) => Ok(()),
         Err(e) if e.is_conflict() => Ok(()),
         Err(e) => Err(Error::kube("add the node finalizer", e)),

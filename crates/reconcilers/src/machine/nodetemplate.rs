@@ -16,7 +16,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::{Ctx, Error};
-use crate::kube_api::{self, ApiErrorExt, Part};
+use crate::kube_api::{self, ApiErrorExt};
 
 /// What the template asks for (and what the annotation records as applied).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -177,16 +177,23 @@ pub fn plan(node: &Node, want: &Applied, machine: &str) -> Option<serde_json::Va
 /// Applies the machine's node template to its Node when it differs, and the Node finalizer
 /// with it when the Node misses it ([`super::nodefinalizer`]): one write for both.
 pub async fn sync(ctx: &Ctx, machine: &Machine, node: &Node) -> Result<(), Error> {
-    let mut patch = plan(node, &desired(machine), &machine.name_any());
-    if super::nodefinalizer::to_add(machine, node) {
-        patch = super::nodefinalizer::add_to_patch(patch, node);
-    }
-    let Some(patch) = patch else {
-        return Ok(());
+    let desired = desired(machine);
+    let name = machine.name_any();
+    let patch_of = |node: &Node| {
+        let patch = plan(node, &desired, &name);
+        if super::nodefinalizer::to_add(machine, node) {
+            super::nodefinalizer::add_to_patch(patch, node)
+        } else {
+            patch
+        }
     };
+    if patch_of(node).is_none() {
+        return Ok(());
+    }
     let nodes: Api<Node> = Api::all(ctx.target.clone());
-    // A vanished node (Gone) and a conflict are retried by the next reconcile.
-    match kube_api::merge_patch(&nodes, Part::Object, &node.name_any(), &patch).await {
+    // Planned again from a fresh read after a conflict (the store's copy may be behind); a
+    // vanished node (Gone) and a lasting conflict are retried by the next reconcile.
+    match kube_api::patch_from_copy(&nodes, node, patch_of).await {
         Ok(_) => Ok(()),
         Err(e) if e.is_conflict() => Ok(()),
         Err(e) => Err(Error::kube("apply the node template", e)),

@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
-use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, PostParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
 use mcm_api::constants::{annotations, finalizers, labels};
@@ -498,9 +498,9 @@ pub(crate) async fn remove_old_set_taint(
     let api: Api<Node> = Api::all(target.clone());
     let names = machines.iter().filter_map(|m| m.node_name());
     for node in names.filter_map(|n| nodes.get(&ObjectRef::new(n))) {
-        if let Some(p) = untaint_patch(&node) {
-            api.patch(&node.name_any(), &PatchParams::default(), &Patch::Merge(&p))
-                .await?;
+        if untaint_patch(&node).is_some() {
+            // A node gone meanwhile needs no untainting.
+            let _ = kube_api::patch_from_copy(&api, &*node, untaint_patch).await?;
         }
     }
     Ok(())
@@ -533,17 +533,13 @@ pub(crate) async fn apply_markers(
         let name = node.name_any();
         let taint = rollout && old_nodes.contains(name.as_str());
         let preserved = preserved_nodes.contains(name.as_str());
-        if let Some(p) = markers_patch(&node, taint, annotate, preserved) {
-            patch_node(&api, &node.name_any(), &p).await;
+        let patch_of = |n: &Node| markers_patch(n, taint, annotate, preserved);
+        if patch_of(&node).is_none() {
+            continue;
         }
-    }
-}
-
-async fn patch_node(api: &Api<Node>, name: &str, p: &Value) {
-    if let Err(error) = api
-        .patch(name, &PatchParams::default(), &Patch::Merge(p))
-        .await
-    {
-        tracing::debug!(node = name, %error, "could not update rollout markers of node");
+        // Planned again from a fresh read after a conflict: the store's copy may be behind.
+        if let Err(error) = kube_api::patch_from_copy(&api, &*node, patch_of).await {
+            tracing::debug!(node = name, %error, "could not update rollout markers of node");
+        }
     }
 }

@@ -1,7 +1,7 @@
 //! Carries out a preservation step ([`PreserveStep`]): the expiry, the Node's taint, condition
 //! and autoscaler annotation, the drain of a preserved Node, and the end of a preservation.
 
-use crate::kube_api::{self, ApiErrorExt, Part};
+use crate::kube_api::{self, Part};
 use crate::machine::decide::MachineConfig;
 use crate::machine::preserve::*;
 use crate::machine::{Ctx, Error};
@@ -228,36 +228,11 @@ async fn update_taints(
     node: &Node,
     change: impl Fn(&[Taint]) -> Option<Vec<Taint>>,
 ) -> Result<(), Error> {
-    let api = nodes(ctx);
-    let name = node.name_any();
-    let mut fresh: Option<Node> = None;
-    for _ in 0..3 {
-        let current = fresh.as_ref().unwrap_or(node);
-        let Some(list) = change(taints_of(current)) else {
-            return Ok(());
-        };
-        let patch = json!({
-            "metadata": {"resourceVersion": current.resource_version()},
-            "spec": {"taints": list},
-        });
-        match kube_api::merge_patch(&api, Part::Object, &name, &patch).await {
-            Ok(_) => return Ok(()),
-            Err(e) if e.is_conflict() => {
-                match api
-                    .get_opt(&name)
-                    .await
-                    .map_err(|e| Error::kube("read the preserved node", e))?
-                {
-                    Some(n) => fresh = Some(n),
-                    None => return Ok(()),
-                }
-            }
-            Err(e) => return Err(Error::kube("update the preserved node", e)),
-        }
-    }
-    Err(Error::Invariant(format!(
-        "the taints of node {name} could not be written: the node kept changing"
-    )))
+    let patch_of = |n: &Node| change(taints_of(n)).map(|list| json!({"spec": {"taints": list}}));
+    kube_api::patch_from_copy(&nodes(ctx), node, patch_of)
+        .await
+        .map(drop)
+        .map_err(|e| Error::kube("update the preserved node", e))
 }
 
 async fn stop_preservation(

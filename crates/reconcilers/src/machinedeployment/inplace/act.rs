@@ -11,10 +11,7 @@ use super::super::act::Actor;
 use super::super::context::{Context, DeploymentProblem, Error};
 use super::model::InPlaceSnapshot;
 use super::patch::{cleanup_patch, label_patch};
-use crate::kube_api::{ApiCallError, ApiErrorExt, ApiResultExt};
-
-/// Attempts of a Node update planned from a fresh read that meets conflicts.
-const CONFLICT_RETRIES: usize = 5;
+use crate::kube_api::{self, ApiCallError, ApiErrorExt, ApiResultExt};
 
 /// Scales the set `name` through the actor and records it in `s`.
 pub(crate) async fn scale(
@@ -79,28 +76,16 @@ pub(crate) async fn uncordon(ctx: &Context, name: &str) -> Result<(), Error> {
 /// harmless: the Node keeps `update-result` until both are done.
 pub(crate) async fn clean_node(ctx: &Context, api: &Api<Node>, name: &str) -> Result<(), Error> {
     uncordon(ctx, name).await?;
-    for attempt in 1..=CONFLICT_RETRIES {
-        let Some(node) = api.get_opt(name).await.context("get", "Node", name)? else {
-            return Ok(());
-        };
-        let Some(patch) = cleanup_patch(&node) else {
-            return Ok(());
-        };
-        match api
-            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => {
-                tracing::info!(node = name, "cleaned up a node after its in-place update");
-                return Ok(());
-            }
-            Err(e) if e.is_not_found() => return Ok(()),
-            Err(e) if e.is_conflict() && attempt < CONFLICT_RETRIES => {}
-            Err(e) => {
-                let action = "clean up after the in-place update";
-                return Err(ApiCallError::new(action, "Node", name, e).into());
-            }
-        }
+    let Some(node) = api.get_opt(name).await.context("get", "Node", name)? else {
+        return Ok(());
+    };
+    if cleanup_patch(&node).is_none() {
+        return Ok(());
     }
+    // A node gone meanwhile needs no clean-up.
+    let _ = kube_api::patch_from_copy(api, &node, cleanup_patch)
+        .await
+        .context("clean up after the in-place update", "Node", name)?;
+    tracing::info!(node = name, "cleaned up a node after its in-place update");
     Ok(())
 }
