@@ -27,9 +27,14 @@ impl Announced {
         notes.insert(uid.to_owned(), note.to_owned()).as_deref() != Some(note)
     }
 
-    /// Forgets what was announced for `uid` (the object is gone, or all is well again).
-    pub fn forget(&self, uid: &str) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).remove(uid);
+    /// Forgets what was announced for `uid` (the object is gone, or all is well again);
+    /// whether there was a record.
+    pub fn forget(&self, uid: &str) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(uid)
+            .is_some()
     }
 
     /// How many objects have a note on record.

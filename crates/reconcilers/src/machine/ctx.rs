@@ -220,14 +220,17 @@ impl Ctx {
     /// it is announced once per machine and problem, not on every reconcile.
     pub(crate) fn policy_problem_is_new(&self, m: &Machine, problem: Option<&str>) -> bool {
         let uid = m.uid().unwrap_or_default();
-        let new = match problem {
-            None => {
-                self.policy_warned.forget(&uid);
-                false
+        // Called by every reconcile: the gauge is set only when the record changed.
+        let (new, changed) = match problem {
+            None => (false, self.policy_warned.forget(&uid)),
+            Some(p) => {
+                let new = self.policy_warned.is_new(&uid, p);
+                (new, new)
             }
-            Some(p) => self.policy_warned.is_new(&uid, p),
         };
-        self.publish_tracked();
+        if changed {
+            self.publish_tracked();
+        }
         new
     }
 

@@ -187,9 +187,6 @@ pub async fn sync(ctx: &Ctx, machine: &Machine, node: &Node) -> Result<(), Error
             patch
         }
     };
-    if patch_of(node).is_none() {
-        return Ok(());
-    }
     let nodes: Api<Node> = Api::all(ctx.target.clone());
     // Planned again from a fresh read after a conflict (the store's copy may be behind); a
     // vanished node (Gone) and a lasting conflict are retried by the next reconcile.

@@ -498,10 +498,8 @@ pub(crate) async fn remove_old_set_taint(
     let api: Api<Node> = Api::all(target.clone());
     let names = machines.iter().filter_map(|m| m.node_name());
     for node in names.filter_map(|n| nodes.get(&ObjectRef::new(n))) {
-        if untaint_patch(&node).is_some() {
-            // A node gone meanwhile needs no untainting.
-            let _ = kube_api::patch_from_copy(&api, &*node, untaint_patch).await?;
-        }
+        // A node gone meanwhile needs no untainting.
+        let _ = kube_api::patch_from_copy(&api, &*node, untaint_patch).await?;
     }
     Ok(())
 }
@@ -534,9 +532,6 @@ pub(crate) async fn apply_markers(
         let taint = rollout && old_nodes.contains(name.as_str());
         let preserved = preserved_nodes.contains(name.as_str());
         let patch_of = |n: &Node| markers_patch(n, taint, annotate, preserved);
-        if patch_of(&node).is_none() {
-            continue;
-        }
         // Planned again from a fresh read after a conflict: the store's copy may be behind.
         if let Err(error) = kube_api::patch_from_copy(&api, &*node, patch_of).await {
             tracing::debug!(node = name, %error, "could not update rollout markers of node");
