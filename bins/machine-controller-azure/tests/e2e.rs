@@ -24,7 +24,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use mcm_api::{Machine, MachineDeployment, MachinePhase};
 use mcm_testenv::kit::{
     MachineClassBuilder, MachineDeploymentBuilder, ProviderController, TestNamespace, await_event,
-    binary_beside, create_class_with_secret, eventually, node_events_for, secret,
+    binary_beside, create_class_with_secret, eventually, secret,
 };
 use mcm_testenv::process::ManagedProcess;
 use mcm_testenv::{Components, ControlPlane};
@@ -412,16 +412,21 @@ async fn a_machine_deployment_runs_on_the_fake_arm_through_failures_scale_down_a
         .delete(&failed, &DeleteParams::default())
         .await
         .unwrap();
-    eventually(WAIT, "the failed VM's machine drained and gone", || async {
-        let gone = env.machines().get_opt(&failed).await.unwrap().is_none()
-            && !our_vms(&env.fake).contains_key(&failed);
-        // The node says it was cordoned and drained (no Event when the VM is gone: there is
-        // nothing to drain then).
-        let drained = !node_events_for(&env.client, &failed, "DrainStarted")
-            .await
-            .is_empty();
-        (gone && drained).then_some(())
+    eventually(WAIT, "the failed VM's machine gone with its VM", || async {
+        (env.machines().get_opt(&failed).await.unwrap().is_none()
+            && !our_vms(&env.fake).contains_key(&failed))
+        .then_some(())
     })
+    .await;
+    // Its node had nothing to move: the deletion's one Event on the Machine tells what went.
+    await_event(
+        &env.client,
+        &env.ns,
+        &failed,
+        "Deleted",
+        "VM and node deleted",
+        WAIT,
+    )
     .await;
     eventually(WAIT, "3 machines Running again", || async {
         let ms = env.machine_list().await;

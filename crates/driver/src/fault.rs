@@ -146,6 +146,7 @@ pub struct FaultInjecting<D> {
     inner: D,
     faults: Mutex<BTreeMap<Operation, FaultSpec>>,
     rng: Mutex<StdRng>,
+    injected: Mutex<BTreeMap<Operation, u64>>,
 }
 
 impl<D: Driver> FaultInjecting<D> {
@@ -155,6 +156,7 @@ impl<D: Driver> FaultInjecting<D> {
             inner,
             faults: Mutex::new(BTreeMap::new()),
             rng: Mutex::new(StdRng::seed_from_u64(seed)),
+            injected: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -170,6 +172,14 @@ impl<D: Driver> FaultInjecting<D> {
         if let Ok(mut f) = self.faults.lock() {
             f.remove(&op);
         }
+    }
+
+    /// How many calls of `op` failed with an injected fault so far.
+    pub fn injected(&self, op: Operation) -> u64 {
+        self.injected
+            .lock()
+            .map(|i| i.get(&op).copied().unwrap_or(0))
+            .unwrap_or(0)
     }
 
     /// The wrapped driver.
@@ -216,7 +226,12 @@ impl<D: Driver> FaultInjecting<D> {
             tokio::time::sleep(latency).await;
         }
         match fail {
-            Some(code) => Err(DriverError::new(code, format!("fault injected into {op}"))),
+            Some(code) => {
+                if let Ok(mut i) = self.injected.lock() {
+                    *i.entry(op).or_insert(0) += 1;
+                }
+                Err(DriverError::new(code, format!("fault injected into {op}")))
+            }
             None => call.await,
         }
     }

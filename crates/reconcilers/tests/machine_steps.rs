@@ -8,6 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams};
 use kube::{Client, ResourceExt};
+use mcm_api::constants::annotations::progress;
 use mcm_api::constants::{finalizers, labels};
 use mcm_api::{Machine, MachineClass, MachinePhase};
 use mcm_driver::{
@@ -19,7 +20,8 @@ use mcm_reconcilers::{MachineMetrics, ReconcileMetrics};
 use mcm_testenv::Components;
 use mcm_testenv::kit::{
     MachineBuilder, MachineClassBuilder, TestNamespace, await_gone, await_object, create,
-    create_class_with_secret, create_ready_node, events_for, eventually, secret, within,
+    create_class_with_secret, create_ready_node, events_for, eventually, node_events_for, secret,
+    within,
 };
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
@@ -463,6 +465,75 @@ async fn deletion_removes_the_vm_and_the_finalizer() {
                 && state.as_deref() == Some("created fake:///d1")),
         "{seen:?}"
     );
+    w.stop().await;
+}
+
+/// The deletion of a machine whose node has nothing to move: the cordon and the Node
+/// finalizer's release are one write, the drain is not recorded (the VM's deletion follows in
+/// the same reconcile), and the node gets no `DrainStarted` Event. Seen with the VM's deletion
+/// failing once, which leaves the machine between the drain and the VM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_node_is_cordoned_and_released_at_once_and_its_drain_not_recorded() {
+    let w = World::start("steps-emptydrain").await;
+    w.create_machine(MachineBuilder::new("e1").class(CLASS).build())
+        .await;
+    w.await_machine("e1", "the VM to be recorded", |m| {
+        m.spec.provider_id.is_some()
+    })
+    .await;
+    create_ready_node(&w.client, "e1", "fake:///e1", &[]).await;
+    w.await_machine("e1", "the machine to run", |m| {
+        m.phase() == Some(&MachinePhase::Running)
+    })
+    .await;
+    let nodes: Api<Node> = Api::all(w.client.clone());
+    await_object(
+        nodes.clone(),
+        "e1",
+        WAIT,
+        "the node finalizer",
+        |n: Option<&Node>| n.is_some_and(holds_node_finalizer),
+    )
+    .await;
+    // The VM's deletion fails until the test has looked at the machine between the drain
+    // and the VM.
+    w.cloud.set(
+        Operation::DeleteMachine,
+        FaultSpec::always(Code::Unavailable),
+    );
+    w.machines()
+        .delete("e1", &DeleteParams::default())
+        .await
+        .expect("delete");
+    eventually(WAIT, "the VM's deletion to be tried", || async {
+        (w.cloud.injected(Operation::DeleteMachine) >= 1).then_some(())
+    })
+    .await;
+    let m = w
+        .machines()
+        .get("e1")
+        .await
+        .expect("the machine is still there");
+    let node = nodes.get("e1").await.expect("the node is still there");
+    assert_eq!(
+        node.spec.as_ref().and_then(|s| s.unschedulable),
+        Some(true),
+        "cordoned"
+    );
+    assert!(!holds_node_finalizer(&node), "released with the cordon");
+    for key in [progress::DRAIN_STARTED, progress::DRAINED] {
+        assert!(!m.annotations().contains_key(key), "{key} recorded");
+    }
+    assert!(
+        node_events_for(&w.client, "e1", "DrainStarted")
+            .await
+            .is_empty(),
+        "nothing was drained, yet the node got DrainStarted"
+    );
+    w.cloud.clear(Operation::DeleteMachine);
+    await_gone(w.machines(), "e1", WAIT).await;
+    await_gone(nodes, "e1", WAIT).await;
+    assert!(w.fake().vms().is_empty(), "VM left: {:?}", w.fake().vms());
     w.stop().await;
 }
 

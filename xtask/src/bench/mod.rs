@@ -1,9 +1,9 @@
 //! `cargo xtask bench`: the project's benchmarks.
 //!
 //! - `drain` (also what `cargo xtask bench` alone runs): the drain benchmark of `mcm-drain`.
-//! - `scale`, `scale-down`, `rollout`: both controllers (release builds, separate processes)
-//!   against a real control plane, with kwok keeping the Nodes of N machines Ready; requests
-//!   counted at the API server from its audit log. See docs/benchmarks.md.
+//! - `scale`, `scale-down`, `rollout`, `soak`: both controllers (release builds, separate
+//!   processes) against a real control plane, with kwok keeping the Nodes of N machines Ready;
+//!   requests counted at the API server from its audit log. See docs/benchmarks.md.
 
 mod audit;
 mod drain;
@@ -33,6 +33,9 @@ enum Which {
     ScaleDown(ScaleArgs),
     /// Scale 0 -> N, then a rolling update of all N with --max-surge and maxUnavailable 0.
     Rollout(ScaleArgs),
+    /// Churn: 0 -> N -> 0, --cycles times; the controllers' resident memory after each cycle
+    /// (fails when the last is more than 10 % above the first).
+    Soak(ScaleArgs),
 }
 
 /// What runs a machine's Node.
@@ -63,9 +66,13 @@ pub struct ScaleArgs {
     /// `--controller-arg=--machine-safety-overshooting-period=5s`.
     #[arg(long = "controller-arg", allow_hyphen_values = true)]
     pub controller_args: Vec<String>,
-    /// Rollout: the deployment's maxSurge (maxUnavailable is 0).
+    /// Rollout: the deployment's maxSurge, a number or a percentage of the machines (`10%`,
+    /// rounded up as Kubernetes does); maxUnavailable is 0.
+    #[arg(long, default_value = "10", value_parser = parse_surge)]
+    pub max_surge: Surge,
+    /// Soak: how many times 0 -> N -> 0.
     #[arg(long, default_value_t = 10)]
-    pub max_surge: u32,
+    pub cycles: usize,
     /// What runs the Nodes.
     #[arg(long, value_enum, default_value = "kwok")]
     pub vms: VmKind,
@@ -109,6 +116,50 @@ pub struct ScaleArgs {
     pub dev_build: bool,
 }
 
+/// A rollout's maxSurge: a count or a percentage.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Surge {
+    /// Machines.
+    Count(u32),
+    /// Percent of the machines.
+    Percent(u32),
+}
+
+impl Surge {
+    /// The machines it allows above `n` (a percentage rounded up, at least 1).
+    pub fn of(self, n: usize) -> usize {
+        match self {
+            Surge::Count(c) => c as usize,
+            Surge::Percent(p) => (n * p as usize).div_ceil(100),
+        }
+        .max(1)
+    }
+
+    /// As the MachineDeployment's `maxSurge` (an int or a string with `%`).
+    pub fn to_json(self) -> serde_json::Value {
+        match self {
+            Surge::Count(c) => serde_json::json!(c),
+            Surge::Percent(p) => serde_json::json!(format!("{p}%")),
+        }
+    }
+}
+
+/// Parses `10` or `10%`.
+fn parse_surge(value: &str) -> Result<Surge, String> {
+    let (digits, percent) = match value.trim().strip_suffix('%') {
+        Some(d) => (d, true),
+        None => (value.trim(), false),
+    };
+    let n: u32 = digits
+        .parse()
+        .map_err(|e| format!("{value:?} is not a number or a percentage: {e}"))?;
+    Ok(if percent {
+        Surge::Percent(n)
+    } else {
+        Surge::Count(n)
+    })
+}
+
 /// Parses `phase=N` (a phase name and a number of requests per machine).
 fn parse_phase_limit(value: &str) -> Result<(String, f64), String> {
     let (phase, n) = value
@@ -128,5 +179,23 @@ pub fn run(bench: Bench) -> Result<()> {
         Which::Scale(args) => scale::run(scale::Kind::Scale, args),
         Which::ScaleDown(args) => scale::run(scale::Kind::ScaleDown, args),
         Which::Rollout(args) => scale::run(scale::Kind::Rollout, args),
+        Which::Soak(args) => scale::run(scale::Kind::Soak, args),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_surge_is_a_count_or_a_percentage_rounded_up() {
+        assert_eq!(parse_surge("10"), Ok(Surge::Count(10)));
+        assert_eq!(parse_surge("10%"), Ok(Surge::Percent(10)));
+        assert!(parse_surge("ten").is_err());
+        assert_eq!(Surge::Percent(10).of(1000), 100);
+        assert_eq!(Surge::Percent(10).of(15), 2);
+        assert_eq!(Surge::Count(0).of(100), 1);
+        assert_eq!(Surge::Percent(10).to_json(), serde_json::json!("10%"));
+        assert_eq!(Surge::Count(5).to_json(), serde_json::json!(5));
     }
 }

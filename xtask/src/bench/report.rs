@@ -153,6 +153,36 @@ pub struct Results {
     pub vms: String,
     /// The phases in order.
     pub phases: Vec<Phase>,
+    /// Soak: what each cycle left behind.
+    pub cycles: Vec<Cycle>,
+}
+
+/// What one soak cycle (0 -> N -> 0) left behind.
+#[derive(Debug, Clone, Serialize)]
+pub struct Cycle {
+    /// 1, 2, ...
+    pub cycle: usize,
+    /// The manager's resident memory (VmRSS) with the fleet gone.
+    pub manager_rss_mib: f64,
+    /// The machine controller's.
+    pub machine_controller_rss_mib: f64,
+    /// `mcm_machine_controller_tracked_entries` then (`None`: not read).
+    pub tracked_entries: Option<f64>,
+}
+
+impl Cycle {
+    /// Both controllers' resident memory.
+    pub fn total_mib(&self) -> f64 {
+        self.manager_rss_mib + self.machine_controller_rss_mib
+    }
+}
+
+/// Soak: how much more both controllers held after the last cycle than after the first (0.1
+/// is 10 %); `None` with fewer than two cycles.
+pub fn rss_growth(r: &Results) -> Option<f64> {
+    let (first, last) = (r.cycles.first()?, r.cycles.last()?);
+    (r.cycles.len() >= 2 && first.total_mib() > 0.0)
+        .then(|| last.total_mib() / first.total_mib() - 1.0)
 }
 
 fn opt(v: Option<f64>, precision: usize) -> String {
@@ -178,6 +208,8 @@ pub fn request_target(phase: &str) -> Option<f64> {
     match phase {
         "scale-up" | "scale-up-again" => Some(6.0),
         "scale-down" => Some(8.0),
+        p if p.starts_with("up-") => Some(6.0),
+        p if p.starts_with("down-") => Some(8.0),
         "rollout" | "rescale" => Some(14.0),
         _ => None,
     }
@@ -258,6 +290,31 @@ pub fn table(r: &Results) -> String {
             p.machine_controller_peak_rss_mib,
         );
     }
+    if !r.cycles.is_empty() {
+        let _ = writeln!(
+            out,
+            "\n{:<6} {:>10} {:>10} {:>10} {:>8}",
+            "cycle", "mcm RSS", "mc RSS", "both MiB", "tracked"
+        );
+        for c in &r.cycles {
+            let _ = writeln!(
+                out,
+                "{:<6} {:>10.1} {:>10.1} {:>10.1} {:>8}",
+                c.cycle,
+                c.manager_rss_mib,
+                c.machine_controller_rss_mib,
+                c.total_mib(),
+                c.tracked_entries.map_or("-".into(), |t| format!("{t:.0}")),
+            );
+        }
+        if let Some(g) = rss_growth(r) {
+            let _ = writeln!(
+                out,
+                "after the last cycle vs the first: {:+.1} %",
+                g * 100.0
+            );
+        }
+    }
     for p in r.phases.iter().filter(|p| p.ideal_seconds.is_some()) {
         let _ = writeln!(
             out,
@@ -290,6 +347,76 @@ pub fn table(r: &Results) -> String {
         }
     }
     out
+}
+
+/// A line of the soak plot: its label, colour and value per cycle.
+type Series = (&'static str, plotters::style::RGBColor, fn(&Cycle) -> f64);
+
+/// Draws the soak's resident memory after each cycle: the manager, the machine controller and
+/// both together, with the 10 % band above the first cycle.
+pub fn plot_rss(r: &Results, path: &Path) -> Result<()> {
+    use plotters::prelude::*;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let n = r.cycles.len().max(1);
+    let y_max = r.cycles.iter().map(Cycle::total_mib).fold(1.0f64, f64::max) * 1.25;
+    let draw = || -> Result<(), Box<dyn std::error::Error + '_>> {
+        let root = SVGBackend::new(path, (960, 540)).into_drawing_area();
+        root.fill(&WHITE)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(
+                format!(
+                    "resident memory after each 0 -> {} -> 0 cycle, --kube-api-qps {}",
+                    r.machines, r.qps
+                ),
+                ("sans-serif", 22),
+            )
+            .margin(12)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0.5f64..(n as f64 + 0.5), 0f64..y_max)?;
+        chart
+            .configure_mesh()
+            .x_desc("cycle")
+            .y_desc("MiB (VmRSS)")
+            .draw()?;
+        let series: [Series; 3] = [
+            ("both", BLUE, Cycle::total_mib),
+            ("manager", GREEN, |c| c.manager_rss_mib),
+            ("machine controller", RED, |c| c.machine_controller_rss_mib),
+        ];
+        for (label, colour, value) in series {
+            let points: Vec<(f64, f64)> = r
+                .cycles
+                .iter()
+                .map(|c| (c.cycle as f64, value(c)))
+                .collect();
+            chart
+                .draw_series(LineSeries::new(points.clone(), colour.stroke_width(2)))?
+                .label(label)
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 20, y)], colour));
+            chart.draw_series(points.iter().map(|p| Circle::new(*p, 3, colour.filled())))?;
+        }
+        if let Some(first) = r.cycles.first() {
+            let limit = first.total_mib() * 1.1;
+            chart
+                .draw_series(LineSeries::new(
+                    [(0.5, limit), (n as f64 + 0.5, limit)],
+                    BLACK.stroke_width(1),
+                ))?
+                .label("first cycle + 10 %")
+                .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLACK));
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
+        root.present()?;
+        Ok(())
+    };
+    draw().map_err(|e| anyhow::anyhow!("drawing {}: {e}", path.display()))
 }
 
 /// Draws machines over time, one line per phase (Running machines while scaling up, machines
@@ -412,7 +539,31 @@ mod tests {
             burst: 30,
             vms: "kwok".into(),
             phases,
+            cycles: vec![],
         }
+    }
+
+    #[test]
+    fn the_soak_compares_the_last_cycle_with_the_first_and_is_plotted() {
+        let cycle = |cycle, mc| Cycle {
+            cycle,
+            manager_rss_mib: 20.0,
+            machine_controller_rss_mib: mc,
+            tracked_entries: Some(0.0),
+        };
+        let mut r = results("soak", 10, vec![]);
+        assert_eq!(rss_growth(&r), None);
+        r.cycles = vec![cycle(1, 30.0)];
+        assert_eq!(rss_growth(&r), None, "one cycle compares with nothing");
+        r.cycles.push(cycle(2, 35.0));
+        let growth = rss_growth(&r).expect("two cycles");
+        assert!((growth - 0.10).abs() < 1e-9, "{growth}");
+        assert!(table(&r).contains("+10.0 %"));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("soak.svg");
+        plot_rss(&r, &path).expect("plot");
+        let svg = std::fs::read_to_string(&path).expect("svg");
+        assert!(svg.contains("machine controller"));
     }
 
     #[test]

@@ -34,6 +34,8 @@ pub enum Kind {
     ScaleDown,
     /// 0 -> N, rolling update.
     Rollout,
+    /// (0 -> N -> 0) x cycles, resident memory after each.
+    Soak,
 }
 
 impl Kind {
@@ -42,6 +44,7 @@ impl Kind {
             Kind::Scale => "scale",
             Kind::ScaleDown => "scale-down",
             Kind::Rollout => "rollout",
+            Kind::Soak => "soak",
         }
     }
 }
@@ -50,6 +53,8 @@ impl Kind {
 const DEPLOYMENT: &str = "bench";
 /// Its class.
 const CLASS: &str = "bench";
+/// The soak's limit: resident memory after the last cycle at most this much above the first's.
+const MAX_RSS_GROWTH: f64 = 0.10;
 /// How often the sampler looks at its stores.
 const SAMPLE_EVERY: Duration = Duration::from_millis(250);
 /// Linux's USER_HZ: the unit of utime/stime in /proc/<pid>/stat.
@@ -94,7 +99,11 @@ pub fn run(kind: Kind, args: ScaleArgs) -> Result<()> {
         .plot
         .clone()
         .unwrap_or_else(|| default_plot(kind, machines));
-    report::plot(&results, &plot)?;
+    if kind == Kind::Soak {
+        report::plot_rss(&results, &plot)?;
+    } else {
+        report::plot(&results, &plot)?;
+    }
     if args.json {
         println!("{}", serde_json::to_string_pretty(&results)?);
     } else {
@@ -120,6 +129,15 @@ pub fn run(kind: Kind, args: ScaleArgs) -> Result<()> {
         bail!(
             "phases above their requests-per-machine limit: {}",
             over.join(", ")
+        );
+    }
+    if let Some(growth) = report::rss_growth(&results)
+        && growth > MAX_RSS_GROWTH
+    {
+        bail!(
+            "the controllers' resident memory after the last cycle is {:.1} % above the first's (at most {:.0} %)",
+            growth * 100.0,
+            MAX_RSS_GROWTH * 100.0
         );
     }
     if args.check_request_targets {
@@ -287,6 +305,7 @@ async fn run_phases(
     let timeout = Duration::from_secs(args.phase_timeout);
 
     let mut phases = Vec::new();
+    let mut cycles = Vec::new();
     let scale = |replicas: usize| {
         let deployments = deployments.clone();
         async move {
@@ -395,13 +414,63 @@ async fn run_phases(
                 .await?,
             );
         }
+        Kind::Soak => {
+            let down_to_zero = |c: &Counts, _: Duration| c.machines == 0 && c.nodes == 0;
+            for cycle in 1..=args.cycles.max(1) {
+                if cycle > 1 {
+                    let up = Step {
+                        name: leak(format!("up-{cycle}")),
+                        from: 0,
+                        to: n,
+                    };
+                    phases.push(
+                        measure(
+                            &up,
+                            &controllers,
+                            &sampler,
+                            timeout,
+                            || scale(n),
+                            |c, _| c.fleet_of(n),
+                        )
+                        .await?,
+                    );
+                }
+                let down = Step {
+                    name: if cycle == 1 {
+                        "scale-down"
+                    } else {
+                        leak(format!("down-{cycle}"))
+                    },
+                    from: n,
+                    to: 0,
+                };
+                phases.push(
+                    measure(
+                        &down,
+                        &controllers,
+                        &sampler,
+                        timeout,
+                        || scale(0),
+                        down_to_zero,
+                    )
+                    .await?,
+                );
+                cycles.push(after_cycle(cycle, &controllers).await);
+                eprintln!(
+                    "cycle {cycle}: resident {:.1} + {:.1} MiB, machine controller tracking {} entries",
+                    cycles[cycle - 1].manager_rss_mib,
+                    cycles[cycle - 1].machine_controller_rss_mib,
+                    opt_count(cycles[cycle - 1].tracked_entries),
+                );
+            }
+        }
         Kind::Rollout => {
             deployments
                 .patch(
                     DEPLOYMENT,
                     &PatchParams::default(),
                     &Patch::Merge(json!({ "spec": { "strategy": { "rollingUpdate": {
-                        "maxSurge": args.max_surge, "maxUnavailable": 0 } } } })),
+                        "maxSurge": args.max_surge.to_json(), "maxUnavailable": 0 } } } })),
                 )
                 .await
                 .context("setting maxSurge")?;
@@ -431,7 +500,7 @@ async fn run_phases(
                 |c, _| c.machines == n && c.new_running == n && c.ready == n,
             )
             .await?;
-            let surge = args.max_surge.max(1) as usize;
+            let surge = args.max_surge.of(n);
             phase.first_batch_seconds = phase
                 .samples
                 .iter()
@@ -461,7 +530,45 @@ async fn run_phases(
         burst: args.burst,
         vms: format!("{:?}", args.vms).to_lowercase(),
         phases,
+        cycles,
     })
+}
+
+/// A phase name made at run time (a soak's `up-3`): the few a run makes live as long as it.
+fn leak(name: String) -> &'static str {
+    Box::leak(name.into_boxed_str())
+}
+
+fn opt_count(v: Option<f64>) -> String {
+    v.map_or("?".into(), |v| format!("{v:.0}"))
+}
+
+/// What a soak cycle left behind: both controllers' resident memory (VmRSS) once the fleet is
+/// gone, and the machine controller's per-machine records still kept.
+async fn after_cycle(cycle: usize, controllers: &Controllers) -> report::Cycle {
+    let rss = controllers.pids().map(resident_kib);
+    let tracked = controllers
+        .machine
+        .metric("mcm_machine_controller_tracked_entries")
+        .await;
+    report::Cycle {
+        cycle,
+        manager_rss_mib: rss[0] as f64 / 1024.0,
+        machine_controller_rss_mib: rss[1] as f64 / 1024.0,
+        tracked_entries: tracked,
+    }
+}
+
+/// The resident set (VmRSS, KiB) of a process now.
+fn resident_kib(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 /// A phase to measure: its name and the machine counts it goes between.

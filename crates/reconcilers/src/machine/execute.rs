@@ -8,7 +8,8 @@ use mcm_api::Machine;
 use super::decide::Step;
 use super::gather::Snapshot;
 use super::plan::{Decision, Plan};
-use super::{Ctx, Error, act, nodefinalizer, observe};
+
+use super::{Ctx, Error, act, nodefinalizer, observe, plan};
 
 /// Carries out `decision` for the machine of `s`.
 pub async fn execute(ctx: &Ctx, s: &Snapshot, decision: Decision) -> Result<Action, Error> {
@@ -106,6 +107,7 @@ async fn lifecycle_step(ctx: &Ctx, s: &Snapshot, step: Step) -> Result<Action, E
             let Some(node_name) = observe::node_name(m) else {
                 return Err(Error::Invariant("DrainPass without a node name".into()));
             };
+            let mut cordon = true;
             if first {
                 let Some(node) = node else {
                     return Err(Error::Invariant(
@@ -113,16 +115,29 @@ async fn lifecycle_step(ctx: &Ctx, s: &Snapshot, step: Step) -> Result<Action, E
                     ));
                 };
                 act::set_node_terminating(ctx, node, m).await?;
+                act::cordon_for_deletion(ctx, node).await?;
+                cordon = false;
             }
-            let plan = act::PassPlan {
+            let pass = act::PassPlan {
                 first,
                 force,
                 force_reason: force_reason.as_deref(),
                 unreachable,
                 elapsed,
                 pods_gone_for,
+                cordon,
             };
-            act::drain_pass(ctx, m, cfg, node_name, plan).await
+            match act::drain_pass(ctx, m, cfg, node_name, pass).await? {
+                act::DeletionDrain::Wait(action) => Ok(action),
+                // The deletion goes on at once when its next step needs no wait.
+                act::DeletionDrain::Drained(drained) => match plan::after_drain(s, &ctx.settings) {
+                    Step::DeleteVm => {
+                        act::drained_and_going_on(ctx, m, &drained).await;
+                        act::delete_vm(ctx, m).await
+                    }
+                    _ => act::record_drained(ctx, m, drained).await,
+                },
+            }
         }
         Step::DeleteVolumeAttachments => act::delete_volume_attachments(ctx, m).await,
         Step::DeleteVm => act::delete_vm(ctx, m).await,

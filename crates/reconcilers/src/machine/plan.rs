@@ -78,6 +78,16 @@ pub fn probe(s: &Snapshot, settings: &Settings) -> Probe {
     }
 }
 
+/// The lifecycle step that follows a drain of the machine of `s` that has just finished
+/// (`s` was gathered before it): the deletion's next step as if the drain were recorded.
+/// Pure.
+pub fn after_drain(s: &Snapshot, settings: &Settings) -> Step {
+    let mut observed = observed(s, settings);
+    observed.deletion.drained = true;
+    observed.deletion.drained_at = Some(s.now);
+    decide::next_step(&observed, &s.cfg, s.now)
+}
+
 /// Whether a failure of `m` can be decided now (the replacement budget is counted only
 /// then): not being deleted, and in a phase a health or creation timeout fails. Pure.
 pub fn may_fail(m: &Machine) -> bool {

@@ -37,15 +37,24 @@ pub fn token_id(namespace: &str, machine_name: &str) -> String {
     id
 }
 
-/// Whether the bootstrap token of `m` may still exist. It is deleted before the machine's
-/// first Running is recorded, together with the `machine-join-duration` annotation written
-/// right after (by either MCM): a machine that has that annotation has no token left, and
-/// deleting it again would only be a 404. Pure.
+/// Whether the bootstrap token of `m` may still exist, read from the Machine before its
+/// deletion marks it Terminating. The token is deleted before a machine's first Running is
+/// recorded (by either MCM), so a machine in a phase that only follows Running (Running,
+/// Unknown, an in-place phase) has none left, and deleting it again would only be a 404. A
+/// `machine-join-duration` annotation (written by earlier releases right after the token's
+/// deletion) says the same. Any other phase (none yet, Pending, CrashLoopBackOff, Failed
+/// either before or after joining) may have one. Pure.
 pub fn may_exist(m: &mcm_api::Machine) -> bool {
-    !m.metadata
-        .annotations
-        .as_ref()
-        .is_some_and(|a| a.contains_key(mcm_api::constants::annotations::MACHINE_JOIN_DURATION))
+    use mcm_api::MachinePhase::*;
+    let joined = matches!(
+        m.phase(),
+        Some(Running | Unknown | InPlaceUpdating | InPlaceUpdateSuccessful | InPlaceUpdateFailed)
+    );
+    let annotated =
+        m.metadata.annotations.as_ref().is_some_and(|a| {
+            a.contains_key(mcm_api::constants::annotations::MACHINE_JOIN_DURATION)
+        });
+    !joined && !annotated
 }
 
 /// The name of the token secret for a token id.
@@ -149,13 +158,37 @@ mod tests {
 
     #[test]
     fn a_machine_that_joined_has_no_token_left() {
-        let mut m: mcm_api::Machine = serde_json::from_value(serde_json::json!({
-            "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "Machine",
-            "metadata": {"name": "m"}, "spec": {}
-        }))
-        .unwrap();
-        assert!(may_exist(&m), "never joined");
-        m.metadata.annotations = Some(
+        let machine = |phase: Option<&str>| -> mcm_api::Machine {
+            let mut m = serde_json::json!({
+                "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "Machine",
+                "metadata": {"name": "m"}, "spec": {}
+            });
+            if let Some(p) = phase {
+                m["status"] = serde_json::json!({"currentStatus": {"phase": p}});
+            }
+            serde_json::from_value(m).unwrap()
+        };
+        for phase in [
+            None,
+            Some("Pending"),
+            Some("CrashLoopBackOff"),
+            Some("Failed"),
+        ] {
+            assert!(
+                may_exist(&machine(phase)),
+                "{phase:?}: may never have joined"
+            );
+        }
+        for phase in [
+            "Running",
+            "Unknown",
+            "InPlaceUpdating",
+            "InPlaceUpdateFailed",
+        ] {
+            assert!(!may_exist(&machine(Some(phase))), "{phase}: joined");
+        }
+        let mut annotated = machine(Some("Pending"));
+        annotated.metadata.annotations = Some(
             [(
                 mcm_api::constants::annotations::MACHINE_JOIN_DURATION.to_string(),
                 "2m3s".to_string(),
@@ -163,8 +196,8 @@ mod tests {
             .into(),
         );
         assert!(
-            !may_exist(&m),
-            "joined: deleted before Running was recorded"
+            !may_exist(&annotated),
+            "annotated by an earlier release: deleted before Running was recorded"
         );
     }
 

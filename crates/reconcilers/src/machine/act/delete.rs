@@ -3,12 +3,9 @@
 
 use super::*;
 
-/// Deletes the machine's bootstrap token (the Node joined, or the machine goes away), unless
-/// it is known to be gone already ([`token::may_exist`]).
+/// Deletes the machine's bootstrap token (its Node joined, or the machine goes away and
+/// may have one left). Gone already is as good as deleted.
 pub(super) async fn delete_bootstrap_token(ctx: &Ctx, m: &Machine) -> Result<(), Error> {
-    if !token::may_exist(m) {
-        return Ok(());
-    }
     let api: Api<Secret> = Api::namespaced(ctx.target.clone(), token::TOKEN_NAMESPACE);
     let id = token::token_id(&ctx.settings.namespace, &name(m));
     // Gone already is as good as deleted.
@@ -18,23 +15,30 @@ pub(super) async fn delete_bootstrap_token(ctx: &Ctx, m: &Machine) -> Result<(),
     Ok(())
 }
 
-/// Deletion requested: Terminating. The description says what comes next, from what was
-/// observed (a node to drain, a VM to delete, or nothing at all).
+/// Deletion requested: Terminating (no Event). The description says what comes next, from what was
+/// observed (a node to drain, a VM to delete, or nothing at all). A bootstrap token the
+/// machine may still have ([`token::may_exist`], read from the phase it leaves) is deleted
+/// first, so a crash before the Terminating write repeats it.
 pub async fn mark_terminating(
     ctx: &Ctx,
     m: &Machine,
     node: Option<&Node>,
     vm_requested: bool,
 ) -> Result<Action, Error> {
+    if ctx.settings.target_cluster && token::may_exist(m) {
+        delete_bootstrap_token(ctx, m).await?;
+    }
     let next = match (node, vm_requested) {
         (Some(n), _) => format!("draining node {} next", n.name_any()),
         (None, true) => "no node; deleting the VM next".to_string(),
         (None, false) => "no VM was ever requested; nothing to delete".to_string(),
     };
     let description = format!("Deleting machine {}: {next}", name(m));
+    // No Event: the phase and lastOperation say it, and the deletion's one Event (`Deleted`,
+    // naming what went) comes when it is done; a deletion that waits says why in Events of
+    // its own (a blocked drain, a class to fix, hooks).
     let op = Operation::processing(MachineOperationType::Delete, description);
-    let notice = Notice::normal("Terminating", "Delete");
-    announce(ctx, m, Some(&MachinePhase::Terminating), op, notice).await?;
+    record(ctx, m, Some(&MachinePhase::Terminating), &op).await?;
     Ok(Action::await_change())
 }
 
@@ -189,11 +193,9 @@ pub(super) async fn remove_node(ctx: &Ctx, m: &Machine) -> Result<(), Error> {
     Ok(())
 }
 
-/// Everything is gone: delete the bootstrap token and remove the finalizer.
+/// Everything is gone (the bootstrap token went when the machine became Terminating):
+/// remove the finalizer.
 pub async fn finish_deletion(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
-    if ctx.settings.target_cluster {
-        delete_bootstrap_token(ctx, m).await?;
-    }
     let note = if crate::machine::observe::vm_requested(m) {
         format!("Machine {}: VM and node deleted", name(m))
     } else {

@@ -18,6 +18,9 @@ pub struct PassPlan<'a> {
     pub elapsed: Duration,
     /// Time since no pod was left, if so.
     pub pods_gone_for: Option<Duration>,
+    /// The pass cordons the node (the first pass of a deletion finds it cordoned by
+    /// [`cordon_for_deletion`]).
+    pub cordon: bool,
 }
 
 /// Where a pass of a drain that does not wait for volumes (preservation and in-place
@@ -92,17 +95,43 @@ pub(crate) fn drain_options(
     options
 }
 
-/// One pass of the drain: this round's evictions (or deletions), then record where it
-/// stands and come back. Never waits for pods or volumes inside the reconcile.
+/// Where a pass of a deletion's drain leaves the machine.
+#[derive(Debug)]
+pub enum DeletionDrain {
+    /// Pods or volumes are left: the pass recorded where it stands; come back.
+    Wait(Action),
+    /// The node is drained, nothing recorded yet: the deletion goes on in this reconcile
+    /// when its next step needs no wait ([`drained_and_going_on`]), else the drain is
+    /// recorded ([`record_drained`]).
+    Drained(Drained),
+}
+
+/// A finished drain, as the pass that finished it saw it.
+#[derive(Debug)]
+pub struct Drained {
+    node: String,
+    first: bool,
+    /// Pods were evicted, deleted or released on the way (else there is nothing to tell).
+    acted: bool,
+    /// The node was drained (not gone).
+    node_drained: bool,
+    description: String,
+    summary: String,
+}
+
+/// One pass of the drain: this round's evictions (or deletions); a pass that leaves pods or
+/// volumes records where it stands. Never waits for pods or volumes inside the reconcile. The
+/// first pass of a deletion's drain finds the node cordoned already ([`cordon_for_deletion`]).
 pub async fn drain_pass(
     ctx: &Ctx,
     m: &Machine,
     cfg: &MachineConfig,
     node_name: &str,
     plan: PassPlan<'_>,
-) -> Result<Action, Error> {
+) -> Result<DeletionDrain, Error> {
     let pass_started = std::time::Instant::now();
-    let options = drain_options(ctx, m, cfg, plan.force);
+    let mut options = drain_options(ctx, m, cfg, plan.force);
+    options.cordon = plan.cordon;
     if let Some(why) = plan.force_reason {
         tracing::info!(node = node_name, why, "force-draining");
     }
@@ -133,68 +162,42 @@ pub async fn drain_pass(
             .await;
         }
     }
+    if let mcm_drain::PassState::Done | mcm_drain::PassState::NodeGone = state {
+        if let Some(labels) = deployment_labels(m) {
+            ctx.metrics
+                .drained(&labels, plan.elapsed + pass_started.elapsed());
+        }
+        let acted =
+            !report.evicted.is_empty() || !report.deleted.is_empty() || !report.released.is_empty();
+        return Ok(DeletionDrain::Drained(Drained {
+            node: node_name.to_string(),
+            first: plan.first,
+            acted,
+            node_drained: state == mcm_drain::PassState::Done,
+            description,
+            summary,
+        }));
+    }
     // The progress this pass makes, written in one patch: the start of the drain (first
-    // pass), all pods gone (the volume wait counts from there), drained.
+    // pass), all pods gone (the volume wait counts from there).
     let mut progress_keys = Vec::new();
     if plan.first {
         progress_keys.push(progress::DRAIN_STARTED);
     }
-    match state {
-        mcm_drain::PassState::Done | mcm_drain::PassState::NodeGone => {
-            progress_keys.push(progress::DRAINED);
-        }
-        mcm_drain::PassState::Volumes if plan.pods_gone_for.is_none() => {
-            progress_keys.push(progress::PODS_DRAINED);
-        }
-        _ => {}
+    if state == mcm_drain::PassState::Volumes && plan.pods_gone_for.is_none() {
+        progress_keys.push(progress::PODS_DRAINED);
     }
     set_progress_keys(ctx, m, &progress_keys).await?;
-    if progress_keys.contains(&progress::DRAINED)
-        && let Some(labels) = deployment_labels(m)
-    {
-        ctx.metrics
-            .drained(&labels, plan.elapsed + pass_started.elapsed());
-    }
     if plan.first {
-        // One Event on the node says why it is cordoned; the Machine's lastOperation has
-        // every step.
-        let note = match state {
-            mcm_drain::PassState::Done => format!(
-                "cordoned and drained for the deletion of machine {}: {summary}",
-                name(m)
-            ),
-            _ => format!("cordoned; draining for the deletion of machine {}", name(m)),
-        };
+        // One Event on the node says why it is cordoned and pods leave it; the Machine's
+        // lastOperation has every step.
+        let note = format!("cordoned; draining for the deletion of machine {}", name(m));
         node_event(ctx, node_name, EventType::Normal, "DrainStarted", note).await;
     }
-    match state {
-        mcm_drain::PassState::Done | mcm_drain::PassState::NodeGone => {
-            // A drain done in its first pass with no pod to act on had nothing to tell
-            // beyond the node's DrainStarted above; otherwise it ends with Drained on both.
-            let acted = !report.evicted.is_empty()
-                || !report.deleted.is_empty()
-                || !report.released.is_empty();
-            if plan.first && !acted {
-                record_deletion_step(ctx, m, description).await?;
-            } else {
-                announce_deletion_step(
-                    ctx,
-                    m,
-                    description.clone(),
-                    Notice::normal("Drained", "Drain"),
-                )
-                .await?;
-                if state == mcm_drain::PassState::Done {
-                    node_event(ctx, node_name, EventType::Normal, "Drained", summary).await;
-                }
-            }
-            Ok(Action::requeue(RECHECK))
-        }
+    Ok(DeletionDrain::Wait(match state {
         mcm_drain::PassState::Volumes => {
             record_deletion_step(ctx, m, description).await?;
-            Ok(Action::requeue(
-                ctx.settings.eviction_retry_interval.min(DRAIN_WAIT_RECHECK),
-            ))
+            Action::requeue(ctx.settings.eviction_retry_interval.min(DRAIN_WAIT_RECHECK))
         }
         mcm_drain::PassState::Pods => {
             if blocked {
@@ -215,14 +218,156 @@ pub async fn drain_pass(
             } else {
                 record_deletion_step(ctx, m, description).await?;
             }
-            let recheck = if blocked {
-                ctx.settings.eviction_retry_interval
+            if blocked {
+                Action::requeue(ctx.settings.eviction_retry_interval)
             } else {
-                ctx.settings.eviction_retry_interval.min(DRAIN_WAIT_RECHECK)
-            };
-            Ok(Action::requeue(recheck))
+                Action::requeue(ctx.settings.eviction_retry_interval.min(DRAIN_WAIT_RECHECK))
+            }
         }
+        mcm_drain::PassState::Done | mcm_drain::PassState::NodeGone => {
+            return Err(Error::Invariant("a finished drain left to wait".into()));
+        }
+    }))
+}
+
+impl Drained {
+    /// Whether the drain has something to tell: pods were moved (in this pass, or in earlier
+    /// ones: a drain that took more than one pass). An empty node's drain tells nothing the
+    /// deletion's own Event does not.
+    fn tells(&self) -> bool {
+        self.acted || !self.first
     }
+}
+
+/// The Events of a drain that finished: `Drained` on the Machine and the node, and when it
+/// finished in its first pass after moving pods, the node's `DrainStarted` (which a drain
+/// that waits publishes with its first pass).
+async fn announce_drained(ctx: &Ctx, m: &Machine, d: &Drained) {
+    if d.first && d.acted {
+        let note = format!(
+            "cordoned and drained for the deletion of machine {}: {}",
+            name(m),
+            d.summary
+        );
+        node_event(ctx, &d.node, EventType::Normal, "DrainStarted", note).await;
+    }
+    if d.node_drained {
+        node_event(
+            ctx,
+            &d.node,
+            EventType::Normal,
+            "Drained",
+            d.summary.clone(),
+        )
+        .await;
+    }
+}
+
+/// A drain finished and the deletion goes on in this reconcile: nothing is recorded (a crash
+/// before the VM is deleted repeats a pass that finds the node drained). A drain that moved
+/// pods says so on the Machine and the node (`Drained`).
+pub async fn drained_and_going_on(ctx: &Ctx, m: &Machine, d: &Drained) {
+    if !d.tells() {
+        return;
+    }
+    ctx.events
+        .normal(
+            &m.object_ref(&()),
+            "Drained",
+            "Drain",
+            d.description.clone(),
+        )
+        .await;
+    announce_drained(ctx, m, d).await;
+}
+
+/// A drain finished but the deletion's next step waits (VolumeAttachments, pre-terminate
+/// hooks, a class to fix): record the drain (its start too, when it finished in its first
+/// pass), announce it when pods were moved, and come back.
+pub async fn record_drained(ctx: &Ctx, m: &Machine, d: Drained) -> Result<Action, Error> {
+    let mut progress_keys = Vec::new();
+    if d.first {
+        progress_keys.push(progress::DRAIN_STARTED);
+    }
+    progress_keys.push(progress::DRAINED);
+    set_progress_keys(ctx, m, &progress_keys).await?;
+    if d.tells() {
+        announce_deletion_step(
+            ctx,
+            m,
+            d.description.clone(),
+            Notice::normal("Drained", "Drain"),
+        )
+        .await?;
+        announce_drained(ctx, m, &d).await;
+    } else {
+        record_deletion_step(ctx, m, d.description).await?;
+    }
+    Ok(Action::requeue(RECHECK))
+}
+
+/// The first step of a deletion's drain on the node: cordon it (`spec.unschedulable`) and
+/// release the Node finalizer in one strategic merge patch that names only what it changes,
+/// so it needs no resourceVersion guard (a Node's version changes with every status write of
+/// its kubelet: a guarded write planned from the store's copy met a conflict, a read and a
+/// second write on most deletions). The `node.kubernetes.io/unschedulable` taint comes from
+/// the node lifecycle controller, as with the Go MCM's cordon (a Node's taints have no merge
+/// key: adding one means writing the whole list). The finalizer turns a `kubectl delete
+/// node` into the machine's deletion; once the machine is being deleted it has done its
+/// part, and releasing it with the cordon saves the separate write before the Node's deletion
+/// (the Go MCM's order). A Node that is itself being deleted keeps it until the VM is gone,
+/// so that it stays while it is drained. Nothing is written when there is nothing to change;
+/// a node gone is fine.
+pub async fn cordon_for_deletion(ctx: &Ctx, node: &Node) -> Result<(), Error> {
+    let Some(patch) = cordon_and_release(node) else {
+        return Ok(());
+    };
+    let nodes: Api<Node> = Api::all(ctx.target.clone());
+    match nodes
+        .patch(
+            &node.name_any(),
+            &PatchParams::default(),
+            &Patch::Strategic(&patch),
+        )
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(e) if e.is_not_found() => Ok(()),
+        Err(e) => Err(Error::kube("cordon the node", e)),
+    }
+}
+
+/// The strategic merge patch that cordons `node` (recorded as the drain's cordon records it)
+/// and releases the Node finalizer unless the Node is being deleted; `None` when neither is
+/// needed. Pure.
+pub(crate) fn cordon_and_release(node: &Node) -> Option<serde_json::Value> {
+    let cordon = !node
+        .spec
+        .as_ref()
+        .and_then(|s| s.unschedulable)
+        .unwrap_or(false);
+    let release =
+        node.metadata.deletion_timestamp.is_none() && crate::machine::nodefinalizer::held(node);
+    if !cordon && !release {
+        return None;
+    }
+    let mut patch = if release {
+        crate::machine::nodefinalizer::release_patch()
+    } else {
+        json!({ "metadata": {} })
+    };
+    if cordon {
+        let mut record = node
+            .annotations()
+            .get(mcm_drain::CORDON_RECORD_ANNOTATION)
+            .map(|v| mcm_drain::parse_record(v))
+            .unwrap_or_default();
+        record.unschedulable = true;
+        patch["metadata"]["annotations"] =
+            json!({ mcm_drain::CORDON_RECORD_ANNOTATION: mcm_drain::format_record(record) });
+        patch["spec"] = json!({ "unschedulable": true });
+    }
+    Some(patch)
 }
 
 /// Sets the node's `Terminating` condition (unless it is set), before its drain starts.
@@ -280,6 +425,50 @@ pub(crate) async fn patch_node_condition(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_deletion_cordons_and_releases_the_node_in_one_unguarded_patch() {
+        let node = |unschedulable: bool, held: bool, deleting: bool| -> Node {
+            let mut n: Node = serde_json::from_value(json!({
+                "metadata": { "name": "n", "resourceVersion": "7",
+                    "finalizers": if held { vec![crate::machine::nodefinalizer::NODE_FINALIZER, "other"] } else { vec!["other"] } },
+                "spec": { "unschedulable": unschedulable },
+            }))
+            .unwrap();
+            if deleting {
+                n.metadata.deletion_timestamp = Some(
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::UNIX_EPOCH),
+                );
+            }
+            n
+        };
+        let both = cordon_and_release(&node(false, true, false)).expect("a patch");
+        assert_eq!(
+            both,
+            json!({
+                "metadata": {
+                    "$deleteFromPrimitiveList/finalizers": [crate::machine::nodefinalizer::NODE_FINALIZER],
+                    "annotations": { mcm_drain::CORDON_RECORD_ANNOTATION: "unschedulable" },
+                },
+                "spec": { "unschedulable": true },
+            })
+        );
+        assert!(
+            both["metadata"].get("resourceVersion").is_none(),
+            "unguarded"
+        );
+        let release = cordon_and_release(&node(true, true, false)).expect("a patch");
+        assert!(release.get("spec").is_none(), "cordoned already");
+        // A Node being deleted keeps the finalizer while it is drained.
+        let cordon = cordon_and_release(&node(false, true, true)).expect("a patch");
+        assert!(
+            cordon["metadata"]
+                .get("$deleteFromPrimitiveList/finalizers")
+                .is_none()
+        );
+        assert_eq!(cordon_and_release(&node(true, false, false)), None);
+        assert_eq!(cordon_and_release(&node(true, true, true)), None);
+    }
 
     #[test]
     fn a_pass_without_the_volume_wait_is_drained_draining_or_failed() {

@@ -45,10 +45,11 @@ pub async fn mark_running(ctx: &Ctx, m: &Machine, node: Option<&Node>) -> Result
             ),
         )
     };
-    // The token goes before Running is recorded, so a crash in between cannot skip it.
-    delete_bootstrap_token(ctx, m).await?;
+    // The token goes before the first Running is recorded, so a crash in between cannot
+    // skip it (and the deletion reads "Running once" as "no token left").
     if !from_unknown {
-        record_join_duration(ctx, m, joined_after).await?;
+        delete_bootstrap_token(ctx, m).await?;
+        record_duration(ctx, m, Timed::Join, joined_after);
     }
     let op = Operation::successful(kind, description);
     // Running, the operation and the node's conditions and addresses in one status write.
@@ -83,25 +84,6 @@ pub async fn mark_running(ctx: &Ctx, m: &Machine, node: Option<&Node>) -> Result
         .normal(&m.object_ref(&()), "Running", "HealthCheck", note)
         .await;
     Ok(Action::requeue(ctx.settings.resync))
-}
-
-/// Records on the Machine how long it took to join (the annotation
-/// `node.machine.sapcloud.io/machine-join-duration`, once) and in the join metric.
-pub(super) async fn record_join_duration(
-    ctx: &Ctx,
-    m: &Machine,
-    took: Duration,
-) -> Result<(), Error> {
-    if m.annotations()
-        .contains_key(annotations::MACHINE_JOIN_DURATION)
-    {
-        return Ok(());
-    }
-    let value = mcm_api::duration::format_go_duration(Duration::from_secs(took.as_secs()));
-    let patch = json!({"metadata": {"annotations": {annotations::MACHINE_JOIN_DURATION: value}}});
-    patch_machine(ctx, m, &patch, "record the join duration").await?;
-    record_duration(ctx, m, Timed::Join, took);
-    Ok(())
 }
 
 /// Healthy and Running: copy Node conditions when they changed and apply the node template.
