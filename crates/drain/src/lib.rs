@@ -79,7 +79,8 @@ pub use volumes::{
     TrackedVolume, attached_name_matches, not_reattached, still_attached, unshared_claims,
 };
 pub use watch::{
-    STORE_POLL_INTERVAL, Stores, VolumeAttachmentReflector, start_volume_attachment_reflector,
+    STORE_POLL_INTERVAL, Stores, VolumeAttachmentReflector, slim_pod,
+    start_volume_attachment_reflector,
 };
 
 use crate::outcome::fold_reports;

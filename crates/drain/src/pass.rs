@@ -370,11 +370,16 @@ pub async fn drain_pass(
         report.state = Some(PassState::NodeGone);
         return Ok(report);
     }
-    let pods: Vec<Pod> = Api::<Pod>::all(client.clone())
-        .list(&ListParams::default().fields(&format!("spec.nodeName={node_name}")))
-        .await
-        .map_err(|e| DrainError::kube(format!("list the pods of node {node_name}"), e))?
-        .items;
+    let pods: Vec<Pod> = match stores.pods_of(node_name) {
+        Some(pods) => pods,
+        None => {
+            Api::<Pod>::all(client.clone())
+                .list(&ListParams::default().fields(&format!("spec.nodeName={node_name}")))
+                .await
+                .map_err(|e| DrainError::kube(format!("list the pods of node {node_name}"), e))?
+                .items
+        }
+    };
     let staying: Vec<Pod> = pods
         .iter()
         .filter(|p| matches!(classify_pod(p), PodAction::Skip(_)))

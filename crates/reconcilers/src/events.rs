@@ -109,7 +109,20 @@ macro_rules! typed_events {
 #[derive(Clone)]
 pub struct EventPublisher {
     recorder: Recorder,
+    client: kube::Client,
+    reporter: Reporter,
     spam: Arc<Mutex<SpamFilter>>,
+}
+
+/// Whether an Event is published through the shared recorder, which keeps every Event it
+/// published for 6 minutes to count a repeat into a series (one patch instead of a new
+/// Event). A Machine's Normal Events are its transitions (`Running`, `Deleted`, ...): one
+/// each per machine, never a series; kept, they only grew the machine controller by the
+/// Events of the last 6 minutes of churn (a few MiB while 1000 machines come and go). They
+/// go through a recorder of their own that keeps nothing. Warnings (a failure that repeats)
+/// and other kinds' Events (a MachineSet's per-batch Events) keep their series. Pure.
+fn keeps_series(reference: &ObjectReference, type_: EventType) -> bool {
+    !(type_ == EventType::Normal && reference.kind.as_deref() == Some("Machine"))
 }
 
 impl std::fmt::Debug for EventPublisher {
@@ -121,14 +134,14 @@ impl std::fmt::Debug for EventPublisher {
 impl EventPublisher {
     /// Events reported as `controller` (e.g. `machine-controller`).
     pub fn new(client: kube::Client, controller: &str) -> Self {
+        let reporter = Reporter {
+            controller: controller.into(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
         EventPublisher {
-            recorder: Recorder::new(
-                client,
-                Reporter {
-                    controller: controller.into(),
-                    instance: std::env::var("POD_NAME").ok(),
-                },
-            ),
+            recorder: Recorder::new(client.clone(), reporter.clone()),
+            client,
+            reporter,
             spam: Arc::default(),
         }
     }
@@ -171,7 +184,14 @@ impl EventPublisher {
             action: action.into(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&ev, reference).await {
+        let published = if keeps_series(reference, type_) {
+            self.recorder.publish(&ev, reference).await
+        } else {
+            Recorder::new(self.client.clone(), self.reporter.clone())
+                .publish(&ev, reference)
+                .await
+        };
+        if let Err(e) = published {
             tracing::warn!(error = %e, reason, "failed to publish an event");
         }
     }
@@ -251,6 +271,15 @@ mod tests {
         let later = t0 + SPAM_REFILL * (SPAM_BURST + 1);
         assert!(f.allow(&reference("fresh", "f"), EventType::Normal, later));
         assert_eq!(f.buckets.len(), 1);
+    }
+
+    #[test]
+    fn only_a_machines_transitions_go_without_a_series() {
+        let mut machine = reference("m", "1");
+        machine.kind = Some("Machine".into());
+        assert!(!keeps_series(&machine, EventType::Normal));
+        assert!(keeps_series(&machine, EventType::Warning));
+        assert!(keeps_series(&reference("d", "1"), EventType::Normal));
     }
 
     #[test]

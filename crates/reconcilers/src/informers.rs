@@ -25,7 +25,7 @@ use std::sync::Arc;
 use futures::channel::mpsc;
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::core::v1::{Node, Secret};
+use k8s_openapi::api::core::v1::{Node, Pod, Secret};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -249,7 +249,7 @@ where
 macro_rules! per_kind {
     ($($(#[$doc:meta])* $field:ident: $kind:ty,)*) => {
         /// The informers of one process: control-cluster kinds of one namespace and
-        /// target-cluster Nodes and VolumeAttachments.
+        /// target-cluster Nodes, VolumeAttachments and bound Pods.
         pub struct Informers {
             $($(#[$doc])* pub $field: Informer<$kind>,)*
         }
@@ -294,6 +294,10 @@ per_kind! {
     nodes: Node,
     /// VolumeAttachments of the target cluster.
     volume_attachments: VolumeAttachment,
+    /// Pods of the target cluster bound to a node, slimmed to what a drain reads
+    /// ([`mcm_drain::slim_pod`]); watched only by the machine controller, whose drain passes
+    /// take a node's pods from it instead of listing them.
+    pods: Pod,
 }
 
 impl std::fmt::Debug for Informers {
@@ -325,6 +329,12 @@ impl Informers {
             ),
             nodes: Informer::cluster("Node", target).slimmed_by(slim_node),
             volume_attachments: Informer::cluster("VolumeAttachment", target),
+            pods: Informer::with_api(
+                "Pod",
+                Api::all(target.clone()),
+                everything().fields("spec.nodeName!="),
+            )
+            .slimmed_by(mcm_drain::slim_pod),
         }
     }
 
@@ -335,6 +345,8 @@ impl Informers {
         let mut informers = Informers::new(control, control, namespace);
         informers.nodes = Informer::cluster("Node", control).disabled();
         informers.volume_attachments = Informer::cluster("VolumeAttachment", control).disabled();
+        informers.pods =
+            Informer::with_api("Pod", Api::all(control.clone()), Default::default()).disabled();
         informers
     }
 
@@ -484,22 +496,31 @@ fn send<K>(subscribers: &mut Vec<mpsc::UnboundedSender<Arc<K>>>, obj: &Arc<K>) {
 
 /// Passes on only the objects whose `fingerprint` changed since the stream last passed that
 /// object (e.g. Nodes whose heartbeat alone changed are dropped). Objects with no
-/// fingerprint always pass.
+/// fingerprint always pass. The fingerprints of objects `store` no longer holds (deleted)
+/// are forgotten whenever the record has doubled since it was last pruned, so it stays
+/// within twice the live objects however many come and go.
 pub fn changed_only<K, S>(
     stream: S,
     fingerprint: fn(&K) -> Option<u64>,
+    store: Store<K>,
 ) -> impl futures::Stream<Item = Arc<K>> + Send + 'static
 where
     S: futures::Stream<Item = Arc<K>> + Send + 'static,
-    K: Resource + Send + Sync + 'static,
+    K: Resource + Clone + Send + Sync + 'static,
     K::DynamicType: Default + Eq + std::hash::Hash + Clone + Send + Sync,
 {
+    const PRUNE_FROM: usize = 64;
     let mut seen = std::collections::HashMap::<ObjectRef<K>, u64>::new();
+    let mut prune_at = PRUNE_FROM;
     stream.filter(move |obj| {
         let pass = match fingerprint(obj) {
             Some(fp) => seen.insert(ObjectRef::from_obj(obj.as_ref()), fp) != Some(fp),
             None => true,
         };
+        if seen.len() >= prune_at {
+            seen.retain(|key, _| store.get(key).is_some());
+            prune_at = (2 * seen.len()).max(PRUNE_FROM);
+        }
         futures::future::ready(pass)
     })
 }
@@ -681,11 +702,33 @@ mod tests {
             with("c", None),
             with("c", None),
         ]);
-        let out: Vec<String> = changed_only(input, fp)
+        let (store, _writer) = reflector::store::<Machine>();
+        let out: Vec<String> = changed_only(input, fp, store)
             .map(|m| m.metadata.name.clone().unwrap_or_default())
             .collect()
             .await;
         assert_eq!(out, ["a", "b", "a", "c", "c"]);
+    }
+
+    #[tokio::test]
+    async fn the_fingerprints_of_deleted_objects_are_forgotten() {
+        let (store, mut writer) = reflector::store::<Machine>();
+        let numbered = |i: usize| {
+            let mut m = machine(&format!("m{i}"));
+            m.metadata.labels = Some([("v".to_string(), "1".to_string())].into());
+            m
+        };
+        // One live object (m0); a thousand others come and go (gone from the store). Then m1
+        // (gone) and m0 (live) again, unchanged: m1 was forgotten and passes, m0 is dropped.
+        writer.apply_watcher_event(&watcher::Event::Apply(numbered(0)));
+        let input = (0..1000).chain([1, 0]).map(move |i| Arc::new(numbered(i)));
+        let fp = |m: &Machine| m.metadata.labels.as_ref().map(|l| l.len() as u64);
+        let passed: Vec<String> = changed_only(futures::stream::iter(input), fp, store)
+            .map(|m| m.metadata.name.clone().unwrap_or_default())
+            .collect()
+            .await;
+        assert_eq!(passed.len(), 1001);
+        assert_eq!(passed.last().map(String::as_str), Some("m1"));
     }
 
     #[test]

@@ -144,7 +144,9 @@ pub fn prepare(
         driver,
         config.machine.clone(),
         stores.clone(),
-        mcm_drain::Stores::new(stores.volume_attachments.clone()).with_nodes(stores.nodes.clone()),
+        mcm_drain::Stores::new(stores.volume_attachments.clone())
+            .with_nodes(stores.nodes.clone())
+            .with_pods(stores.pods.clone()),
         handles.freeze.clone(),
         metrics,
     );
@@ -173,6 +175,7 @@ pub fn prepare(
                             .subscribe()
                             .inspect(move |node| seen_ctx.note_node(node)),
                         node_fingerprint,
+                        stores.nodes.clone(),
                     ),
                     move |node: Arc<Node>| machine_of_node(&node, &for_nodes, &ns_nodes),
                 )

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::ResourceExt;
-use kube::api::Api;
+use kube::api::{Api, Patch, PatchParams};
 use mcm_api::Machine;
 use mcm_api::constants::annotations::LAST_APPLIED_ANNO_LABELS_TAINTS;
 use mcm_api::constants::labels::NODE_MACHINE_NAME;
@@ -175,7 +175,11 @@ pub fn plan(node: &Node, want: &Applied, machine: &str) -> Option<serde_json::Va
 }
 
 /// Applies the machine's node template to its Node when it differs, and the Node finalizer
-/// with it when the Node misses it ([`super::nodefinalizer`]): one write for both.
+/// with it when the Node misses it ([`super::nodefinalizer`]): one write for both. Planned
+/// from the store's copy; when the taints stay as they are, the write is a strategic merge
+/// patch of labels, annotations and the finalizer alone ([`unguarded`]), which cannot
+/// conflict; otherwise it replaces the taint list, guarded by the copy's version and planned
+/// again from a read after a conflict.
 pub async fn sync(ctx: &Ctx, machine: &Machine, node: &Node) -> Result<(), Error> {
     let desired = desired(machine);
     let name = machine.name_any();
@@ -188,6 +192,23 @@ pub async fn sync(ctx: &Ctx, machine: &Machine, node: &Node) -> Result<(), Error
         }
     };
     let nodes: Api<Node> = Api::all(ctx.target.clone());
+    let Some(planned) = patch_of(node) else {
+        return Ok(());
+    };
+    if let Some(patch) = unguarded(&planned, node) {
+        return match nodes
+            .patch(
+                &node.name_any(),
+                &PatchParams::default(),
+                &Patch::Strategic(&patch),
+            )
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(Error::kube("apply the node template", e)),
+        };
+    }
     // Planned again from a fresh read after a conflict (the store's copy may be behind); a
     // vanished node (Gone) and a lasting conflict are retried by the next reconcile.
     match kube_api::patch_from_copy(&nodes, node, patch_of).await {
@@ -197,9 +218,71 @@ pub async fn sync(ctx: &Ctx, machine: &Machine, node: &Node) -> Result<(), Error
     }
 }
 
+/// `planned` (a guarded merge patch of [`plan`] and the Node finalizer) as a strategic merge
+/// patch without the guard, when it leaves the taints as `node` has them: labels and
+/// annotations merge key by key (a null removes one) and the finalizer is merged into the
+/// list, so nobody's change can be lost. `None` when the taints change (a Node's taints
+/// have no merge key: the whole list must be written, guarded). Pure.
+pub fn unguarded(planned: &serde_json::Value, node: &Node) -> Option<serde_json::Value> {
+    let current = node
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.clone())
+        .unwrap_or_default();
+    if let Some(taints) = planned.get("spec").and_then(|s| s.get("taints")) {
+        let taints: Vec<Taint> = serde_json::from_value(taints.clone()).ok()?;
+        if taints != current {
+            return None;
+        }
+    }
+    let mut metadata = planned.get("metadata")?.as_object()?.clone();
+    metadata.remove("resourceVersion");
+    if metadata.remove("finalizers").is_some() {
+        metadata.insert(
+            "finalizers".into(),
+            json!([super::nodefinalizer::NODE_FINALIZER]),
+        );
+    }
+    Some(json!({ "metadata": metadata }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_write_that_keeps_the_taints_is_an_unguarded_strategic_patch() {
+        let node = node_with(&[("a", "1")], vec![taint("other")], None);
+        let m = |template: serde_json::Value| -> Machine {
+            serde_json::from_value(json!({
+                "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "Machine",
+                "metadata": { "name": "m1" },
+                "spec": { "nodeTemplate": template },
+            }))
+            .unwrap()
+        };
+        // The machine-name label and the finalizer: labels merged, the finalizer merged
+        // into the list, no version, no taints.
+        let planned = super::super::nodefinalizer::add_to_patch(
+            plan(&node, &desired(&m(json!({}))), "m1"),
+            &node,
+        )
+        .expect("a change");
+        assert!(planned["metadata"].get("resourceVersion").is_some());
+        let p = unguarded(&planned, &node).expect("taints unchanged");
+        assert_eq!(p["metadata"]["labels"][NODE_MACHINE_NAME], "m1");
+        assert_eq!(
+            p["metadata"]["finalizers"],
+            json!([super::super::nodefinalizer::NODE_FINALIZER])
+        );
+        assert!(p["metadata"].get("resourceVersion").is_none());
+        assert!(p.get("spec").is_none());
+        // A template with a taint changes the list: guarded as planned.
+        let tainted = m(json!({ "spec": { "taints": [
+            { "key": "dedicated", "effect": "NoSchedule" } ] } }));
+        let planned = plan(&node, &desired(&tainted), "m1").expect("a change");
+        assert_eq!(unguarded(&planned, &node), None);
+    }
 
     fn taint(key: &str) -> Taint {
         Taint {

@@ -216,6 +216,7 @@ pub fn prepare(
             crate::informers::changed_only(
                 informers.nodes.subscribe(),
                 crate::machine_controller::node_fingerprint,
+                informers.nodes.store(),
             ),
             move |n: Arc<Node>| md::deployments_for_node(&n, &machines_for_md, &sets_for_md),
         );
