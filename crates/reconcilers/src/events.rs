@@ -59,7 +59,8 @@ impl Bucket {
 /// The per-object Event budget of one publisher.
 #[derive(Debug, Default)]
 struct SpamFilter {
-    buckets: HashMap<String, Bucket>,
+    /// Keyed by the object ([`object_key`]) and whether the Events are Warnings.
+    buckets: HashMap<(String, bool), Bucket>,
 }
 
 /// Buckets kept before full ones are forgotten.
@@ -72,29 +73,35 @@ impl SpamFilter {
             self.buckets.retain(|_, b| !b.refilled_by(now));
         }
         self.buckets
-            .entry(spam_key(reference, type_))
+            .entry((object_key(reference), type_ == EventType::Warning))
             .or_insert_with(|| Bucket::full(now))
             .take(now)
     }
+
+    /// Drops the budgets of the object with this UID (it is gone).
+    fn forget(&mut self, uid: &str) {
+        for warning in [false, true] {
+            self.buckets.remove(&(uid.to_owned(), warning));
+        }
+    }
 }
 
-/// The object an Event is about (its identity, with the UID: a new object of the same name
-/// has a budget of its own) and the Event's type (a burst of Normal Events does not
-/// silence a Warning).
-fn spam_key(r: &ObjectReference, type_: EventType) -> String {
-    format!(
-        "{}/{}/{}/{}/{}/{:?}",
-        r.api_version.as_deref().unwrap_or_default(),
-        r.kind.as_deref().unwrap_or_default(),
-        r.namespace.as_deref().unwrap_or_default(),
-        r.name.as_deref().unwrap_or_default(),
-        r.uid.as_deref().unwrap_or_default(),
-        type_
-    )
+/// The object an Event budget belongs to: its UID (a new object of the same name has a
+/// budget of its own), or without one its kind, namespace and name. A burst of Normal
+/// Events does not silence a Warning: each type has its own budget.
+fn object_key(r: &ObjectReference) -> String {
+    match r.uid.as_deref().filter(|u| !u.is_empty()) {
+        Some(uid) => uid.to_owned(),
+        None => format!(
+            "{}/{}/{}/{}",
+            r.api_version.as_deref().unwrap_or_default(),
+            r.kind.as_deref().unwrap_or_default(),
+            r.namespace.as_deref().unwrap_or_default(),
+            r.name.as_deref().unwrap_or_default(),
+        ),
+    }
 }
 
-/// `normal(reference, reason, action, note)` and `warning(...)`: [`EventPublisher::publish`]
-/// with the type fixed.
 macro_rules! typed_events {
     ($($(#[$doc:meta])* $name:ident => $type_:ident,)*) => {$(
         $(#[$doc])*
@@ -151,6 +158,19 @@ impl EventPublisher {
         normal => Normal,
         /// A `Warning` event.
         warning => Warning,
+    }
+
+    /// Forgets the Event budgets of the object with this UID (call it when the object is
+    /// deleted: a budget is otherwise kept until it has refilled, up to an hour).
+    pub fn forget(&self, uid: &str) {
+        if let Ok(mut f) = self.spam.lock() {
+            f.forget(uid);
+        }
+    }
+
+    /// How many Event budgets are kept.
+    pub fn budgets(&self) -> usize {
+        self.spam.lock().map_or(0, |f| f.buckets.len())
     }
 
     /// An event of the given type.
@@ -260,7 +280,11 @@ mod tests {
         let mut f = SpamFilter::default();
         let t0 = Instant::now();
         for i in 0..=SPAM_FORGET_ABOVE {
-            f.allow(&reference(&format!("m{i}"), "u"), EventType::Normal, t0);
+            f.allow(
+                &reference(&format!("m{i}"), &format!("u{i}")),
+                EventType::Normal,
+                t0,
+            );
         }
         let spent = reference("spent", "s");
         for _ in 0..SPAM_BURST {
@@ -270,6 +294,19 @@ mod tests {
         // them all and keeps only the new one.
         let later = t0 + SPAM_REFILL * (SPAM_BURST + 1);
         assert!(f.allow(&reference("fresh", "f"), EventType::Normal, later));
+        assert_eq!(f.buckets.len(), 1);
+    }
+
+    #[test]
+    fn a_deleted_objects_budgets_are_forgotten() {
+        let mut f = SpamFilter::default();
+        let t0 = Instant::now();
+        let d = reference("d", "1");
+        assert!(f.allow(&d, EventType::Normal, t0));
+        assert!(f.allow(&d, EventType::Warning, t0));
+        assert!(f.allow(&reference("e", "2"), EventType::Normal, t0));
+        assert_eq!(f.buckets.len(), 3);
+        f.forget("1");
         assert_eq!(f.buckets.len(), 1);
     }
 

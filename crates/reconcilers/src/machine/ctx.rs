@@ -57,12 +57,21 @@ pub struct Ctx {
     retry_at: Mutex<HashMap<String, Instant>>,
     /// Names of deleted Nodes that were not managed by MCM (their Machines stay).
     unmanaged_gone: Mutex<HashSet<String>>,
+    /// Our last write of a Node (by name): its resourceVersion and when, until the Node
+    /// store holds it (see [`Ctx::node_store_is_behind`]).
+    node_writes: Mutex<HashMap<String, (u64, Instant)>>,
     /// The resourceVersion of this controller's last write to each Machine (by uid) and when
     /// it was written: see [`Ctx::store_is_behind`].
     own_writes: Mutex<HashMap<String, (u64, Instant)>>,
     /// The health-annotation problem last announced per machine (by uid).
     policy_warned: crate::announce::Announced,
+    /// Machines forgotten so far (every [`SWEEP_EVERY`]th sweeps the records).
+    forgotten: std::sync::atomic::AtomicU64,
 }
+
+/// How many deleted machines are forgotten one by one between two sweeps of every record
+/// of machines the store no longer has.
+const SWEEP_EVERY: u64 = 64;
 
 /// How long a write of our own is awaited in the store before a reconcile goes on without
 /// it (a watch that does not deliver it for this long has bigger problems; the reconcile
@@ -100,8 +109,10 @@ impl Ctx {
             failures: Mutex::new(HashMap::new()),
             retry_at: Mutex::new(HashMap::new()),
             unmanaged_gone: Mutex::new(HashSet::new()),
+            node_writes: Mutex::new(HashMap::new()),
             own_writes: Mutex::new(HashMap::new()),
             policy_warned: crate::announce::Announced::new(),
+            forgotten: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -171,6 +182,44 @@ impl Ctx {
         writes.insert(uid, (rv, now));
         drop(writes);
         self.publish_tracked();
+    }
+
+    /// Notes a write of ours to a Node (`written`, as the API server answered): until the
+    /// Node store holds it, a write planned from the store's copy would repeat it.
+    pub(crate) fn note_node_write(&self, written: &Node) {
+        let Some(rv) = written
+            .metadata
+            .resource_version
+            .as_deref()
+            .and_then(|v| v.parse().ok())
+        else {
+            return;
+        };
+        let now = Instant::now();
+        let mut writes = self.node_writes.lock().unwrap_or_else(|e| e.into_inner());
+        // Entries of Nodes whose store copy never caught up (deleted meanwhile).
+        writes.retain(|_, (_, at)| now.duration_since(*at) < OWN_WRITE_WAIT);
+        writes.insert(written.name_any(), (rv, now));
+    }
+
+    /// Whether the Node store's `copy` predates our own last write of that Node (for at most
+    /// [`OWN_WRITE_WAIT`]): planning a write from it would write again what was just written.
+    pub(crate) fn node_store_is_behind(&self, copy: &Node) -> bool {
+        let name = copy.name_any();
+        let mut writes = self.node_writes.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(&(written, at)) = writes.get(&name) else {
+            return false;
+        };
+        let rv = copy
+            .metadata
+            .resource_version
+            .as_deref()
+            .and_then(|v| v.parse().ok());
+        let behind = copy_is_behind(rv, written, at.elapsed());
+        if !behind {
+            writes.remove(&name);
+        }
+        behind
     }
 
     /// Notes that this controller finished `m` (removed its finalizer): the Machine is about
@@ -314,8 +363,21 @@ impl Ctx {
             .unwrap_or_else(|e| e.into_inner())
             .remove(&uid);
         self.policy_warned.forget(&uid);
-        // And any record of another machine the store no longer has (written while its
-        // deletion was being delivered).
+        self.events.forget(&uid);
+        // And, every so many deletions, any record of another machine the store no longer
+        // has (written while its deletion was being delivered). Not at every deletion: the
+        // sweep reads the whole store.
+        let forgotten = self
+            .forgotten
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if forgotten % SWEEP_EVERY == SWEEP_EVERY - 1 {
+            self.sweep_gone();
+        }
+        self.publish_tracked();
+    }
+
+    /// Forgets the records of every machine the store no longer has.
+    fn sweep_gone(&self) {
         let live: HashSet<String> = self
             .machines
             .state()
@@ -334,11 +396,10 @@ impl Ctx {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .retain(|uid, _| live.contains(uid));
-        self.publish_tracked();
     }
 
     /// Sets `mcm_machine_controller_tracked_entries`: the entries of the per-machine records
-    /// (a machine can have one in several).
+    /// (a machine can have one in several), the Machines' Event budgets among them.
     fn publish_tracked(&self) {
         let entries = self
             .failures
@@ -355,7 +416,8 @@ impl Ctx {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .len()
-            + self.policy_warned.count();
+            + self.policy_warned.count()
+            + self.events.budgets();
         self.metrics
             .tracked
             .set(i64::try_from(entries).unwrap_or(i64::MAX));

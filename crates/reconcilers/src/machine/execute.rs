@@ -9,7 +9,7 @@ use super::decide::Step;
 use super::gather::Snapshot;
 use super::plan::{Decision, Plan};
 
-use super::{Ctx, Error, act, nodefinalizer, observe, plan};
+use super::{Ctx, Error, act, observe, plan};
 
 /// Carries out `decision` for the machine of `s`.
 pub async fn execute(ctx: &Ctx, s: &Snapshot, decision: Decision) -> Result<Action, Error> {
@@ -42,11 +42,12 @@ pub async fn execute(ctx: &Ctx, s: &Snapshot, decision: Decision) -> Result<Acti
             step,
             hold_node_finalizer,
         } => {
-            // The Node finalizer: with the node template's write where this step makes one.
+            // The Node finalizer, in one write with the node template and the machine-name
+            // label (which a Running machine would write next).
             if let Some(node) = node
                 && hold_node_finalizer
             {
-                nodefinalizer::hold(ctx, node).await?;
+                crate::machine::nodetemplate::sync(ctx, m, node).await?;
             }
             lifecycle_step(ctx, s, step).await
         }

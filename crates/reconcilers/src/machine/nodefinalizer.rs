@@ -86,19 +86,6 @@ pub fn unclaimed<'a>(
         .collect()
 }
 
-/// Adds the finalizer to `node`. A conflict that lasts through the re-reads is left to the
-/// next reconcile; a vanished Node needs none.
-pub async fn hold(ctx: &Ctx, node: &Node) -> Result<(), Error> {
-    let nodes: Api<Node> = Api::all(ctx.target.clone());
-    // Guarded by the resourceVersion (the list is written whole), planned again from a fresh
-    // read after a conflict (the store's copy may be behind).
-    match kube_api::patch_from_copy(&nodes, node, |n| add_to_patch(None, n)).await {
-        Ok(_) => Ok(()),
-        Err(e) if e.is_conflict() => Ok(()),
-        Err(e) => Err(Error::kube("add the node finalizer", e)),
-    }
-}
-
 /// Removes the finalizer from the Node `name`: one strategic merge patch that deletes our
 /// name from the list (`metadata.finalizers` merges by value), so other finalizers stay and no
 /// resourceVersion is needed (a guarded write of the whole list conflicted with the drain's

@@ -192,6 +192,11 @@ pub async fn sync(ctx: &Ctx, machine: &Machine, node: &Node) -> Result<(), Error
         }
     };
     let nodes: Api<Node> = Api::all(ctx.target.clone());
+    // Our last write is not in the store yet: what is planned from it was written already
+    // (the write's own watch event brings the next reconcile).
+    if ctx.node_store_is_behind(node) {
+        return Ok(());
+    }
     let Some(planned) = patch_of(node) else {
         return Ok(());
     };
@@ -204,7 +209,10 @@ pub async fn sync(ctx: &Ctx, machine: &Machine, node: &Node) -> Result<(), Error
             )
             .await
         {
-            Ok(_) => Ok(()),
+            Ok(written) => {
+                ctx.note_node_write(&written);
+                Ok(())
+            }
             Err(e) if e.is_not_found() => Ok(()),
             Err(e) => Err(Error::kube("apply the node template", e)),
         };

@@ -183,7 +183,11 @@ pub(super) async fn remove_node(ctx: &Ctx, m: &Machine) -> Result<(), Error> {
     else {
         return Ok(());
     };
-    if crate::machine::nodefinalizer::held(&known) {
+    // A copy older than our own last write of the Node (the cordon that released the
+    // finalizer, moments ago in this reconcile) may still show the finalizer: the write
+    // after the cordon is then only the deletion (a Node still held would be released by the
+    // next reconcile, which finds it being deleted).
+    if crate::machine::nodefinalizer::held(&known) && !ctx.node_store_is_behind(&known) {
         crate::machine::nodefinalizer::release(ctx, node_name).await?;
     }
     let nodes: Api<Node> = Api::all(ctx.target.clone());

@@ -331,7 +331,10 @@ pub async fn cordon_for_deletion(ctx: &Ctx, node: &Node) -> Result<(), Error> {
         )
         .await
     {
-        Ok(_) => Ok(()),
+        Ok(written) => {
+            ctx.note_node_write(&written);
+            Ok(())
+        }
         Err(e) if e.is_not_found() => Ok(()),
         Err(e) => Err(Error::kube("cordon the node", e)),
     }
