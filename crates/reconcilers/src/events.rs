@@ -78,6 +78,13 @@ impl SpamFilter {
             .take(now)
     }
 
+    /// Keeps only the budgets of objects `live` (UIDs) names, and those of objects without a
+    /// UID.
+    fn retain(&mut self, live: &std::collections::HashSet<String>) {
+        self.buckets
+            .retain(|(key, _), _| key.contains('/') || live.contains(key));
+    }
+
     /// Drops the budgets of the object with this UID (it is gone).
     fn forget(&mut self, uid: &str) {
         for warning in [false, true] {
@@ -165,6 +172,14 @@ impl EventPublisher {
     pub fn forget(&self, uid: &str) {
         if let Ok(mut f) = self.spam.lock() {
             f.forget(uid);
+        }
+    }
+
+    /// Keeps only the Event budgets of the objects `live` names by UID (a sweep after Events
+    /// of objects published once they were gone).
+    pub fn retain(&self, live: &std::collections::HashSet<String>) {
+        if let Ok(mut f) = self.spam.lock() {
+            f.retain(live);
         }
     }
 
@@ -308,6 +323,9 @@ mod tests {
         assert_eq!(f.buckets.len(), 3);
         f.forget("1");
         assert_eq!(f.buckets.len(), 1);
+        assert!(f.allow(&reference("g", "3"), EventType::Normal, t0));
+        f.retain(&["3".to_string()].into());
+        assert_eq!(f.buckets.len(), 1, "only the live object's budget is kept");
     }
 
     #[test]

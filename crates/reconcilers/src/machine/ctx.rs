@@ -396,6 +396,7 @@ impl Ctx {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .retain(|uid, _| live.contains(uid));
+        self.events.retain(&live);
     }
 
     /// Sets `mcm_machine_controller_tracked_entries`: the entries of the per-machine records
