@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use mcm_api::{Machine, MachineClass, MachineDeployment, MachineSet};
 use mcm_driver::{Code, Driver, DriverError};
@@ -16,6 +17,7 @@ use super::remediation;
 use super::{Freeze, MachineMetrics, Settings, observe};
 use crate::events::EventPublisher;
 pub use crate::informers::Stores;
+use crate::kube_api::ApiErrorExt;
 
 /// Everything a machine reconcile needs.
 pub struct Ctx {
@@ -200,6 +202,30 @@ impl Ctx {
         // Entries of Nodes whose store copy never caught up (deleted meanwhile).
         writes.retain(|_, (_, at)| now.duration_since(*at) < OWN_WRITE_WAIT);
         writes.insert(written.name_any(), (rv, now));
+    }
+
+    /// Writes `patch` to the Node `name` as a strategic merge patch without a resourceVersion
+    /// guard (the patch names only what it changes, so it cannot lose anybody's change), and
+    /// notes the write ([`Ctx::note_node_write`]). A Node that is gone is fine: there is nothing
+    /// left to change. `what` names the write in the error.
+    pub(crate) async fn patch_node_unguarded(
+        &self,
+        name: &str,
+        patch: &serde_json::Value,
+        what: &'static str,
+    ) -> Result<(), super::Error> {
+        let nodes: Api<Node> = Api::all(self.target.clone());
+        match nodes
+            .patch(name, &PatchParams::default(), &Patch::Strategic(patch))
+            .await
+        {
+            Ok(written) => {
+                self.note_node_write(&written);
+                Ok(())
+            }
+            Err(e) if e.is_not_found() => Ok(()),
+            Err(e) => Err(super::Error::kube(what, e)),
+        }
     }
 
     /// Whether the Node store's `copy` predates our own last write of that Node (for at most

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use mcm_api::Machine;
 use mcm_api::constants::annotations::LAST_APPLIED_ANNO_LABELS_TAINTS;
 use mcm_api::constants::labels::NODE_MACHINE_NAME;
@@ -201,21 +201,9 @@ pub async fn sync(ctx: &Ctx, machine: &Machine, node: &Node) -> Result<(), Error
         return Ok(());
     };
     if let Some(patch) = unguarded(&planned, node) {
-        return match nodes
-            .patch(
-                &node.name_any(),
-                &PatchParams::default(),
-                &Patch::Strategic(&patch),
-            )
-            .await
-        {
-            Ok(written) => {
-                ctx.note_node_write(&written);
-                Ok(())
-            }
-            Err(e) if e.is_not_found() => Ok(()),
-            Err(e) => Err(Error::kube("apply the node template", e)),
-        };
+        return ctx
+            .patch_node_unguarded(&node.name_any(), &patch, "apply the node template")
+            .await;
     }
     // Planned again from a fresh read after a conflict (the store's copy may be behind); a
     // vanished node (Gone) and a lasting conflict are retried by the next reconcile.

@@ -322,22 +322,8 @@ pub async fn cordon_for_deletion(ctx: &Ctx, node: &Node) -> Result<(), Error> {
     let Some(patch) = cordon_and_release(node) else {
         return Ok(());
     };
-    let nodes: Api<Node> = Api::all(ctx.target.clone());
-    match nodes
-        .patch(
-            &node.name_any(),
-            &PatchParams::default(),
-            &Patch::Strategic(&patch),
-        )
+    ctx.patch_node_unguarded(&node.name_any(), &patch, "cordon the node")
         .await
-    {
-        Ok(written) => {
-            ctx.note_node_write(&written);
-            Ok(())
-        }
-        Err(e) if e.is_not_found() => Ok(()),
-        Err(e) => Err(Error::kube("cordon the node", e)),
-    }
 }
 
 /// The strategic merge patch that cordons `node` (recorded as the drain's cordon records it)
