@@ -5,6 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
@@ -61,10 +62,10 @@ pub struct Ctx {
     unmanaged_gone: Mutex<HashSet<String>>,
     /// Our last write of a Node (by name): its resourceVersion and when, until the Node
     /// store holds it (see [`Ctx::node_store_is_behind`]).
-    node_writes: Mutex<HashMap<String, (u64, Instant)>>,
+    node_writes: RecentWrites,
     /// The resourceVersion of this controller's last write to each Machine (by uid) and when
     /// it was written: see [`Ctx::store_is_behind`].
-    own_writes: Mutex<HashMap<String, (u64, Instant)>>,
+    own_writes: RecentWrites,
     /// The health-annotation problem last announced per machine (by uid).
     policy_warned: crate::announce::Announced,
     /// Machines forgotten so far (every [`SWEEP_EVERY`]th sweeps the records).
@@ -111,8 +112,8 @@ impl Ctx {
             failures: Mutex::new(HashMap::new()),
             retry_at: Mutex::new(HashMap::new()),
             unmanaged_gone: Mutex::new(HashSet::new()),
-            node_writes: Mutex::new(HashMap::new()),
-            own_writes: Mutex::new(HashMap::new()),
+            node_writes: RecentWrites::default(),
+            own_writes: RecentWrites::default(),
             policy_warned: crate::announce::Announced::new(),
             forgotten: std::sync::atomic::AtomicU64::new(0),
         }
@@ -174,34 +175,19 @@ impl Ctx {
     /// Notes a write of this controller to a Machine: `written` is the object the API server
     /// answered with.
     pub(crate) fn note_own_write(&self, written: &Machine) {
-        let (Some(uid), Some(rv)) = (written.uid(), resource_version(written)) else {
+        let (Some(uid), Some(rv)) = (written.uid(), resource_version(&written.metadata)) else {
             return;
         };
-        let now = Instant::now();
-        let mut writes = self.own_writes.lock().unwrap_or_else(|e| e.into_inner());
-        // Entries of machines whose store copy never caught up (deleted meanwhile).
-        writes.retain(|_, (_, at)| now.duration_since(*at) < OWN_WRITE_WAIT);
-        writes.insert(uid, (rv, now));
-        drop(writes);
+        self.own_writes.note(uid, rv);
         self.publish_tracked();
     }
 
     /// Notes a write of ours to a Node (`written`, as the API server answered): until the
     /// Node store holds it, a write planned from the store's copy would repeat it.
     pub(crate) fn note_node_write(&self, written: &Node) {
-        let Some(rv) = written
-            .metadata
-            .resource_version
-            .as_deref()
-            .and_then(|v| v.parse().ok())
-        else {
-            return;
-        };
-        let now = Instant::now();
-        let mut writes = self.node_writes.lock().unwrap_or_else(|e| e.into_inner());
-        // Entries of Nodes whose store copy never caught up (deleted meanwhile).
-        writes.retain(|_, (_, at)| now.duration_since(*at) < OWN_WRITE_WAIT);
-        writes.insert(written.name_any(), (rv, now));
+        if let Some(rv) = resource_version(&written.metadata) {
+            self.node_writes.note(written.name_any(), rv);
+        }
     }
 
     /// Writes `patch` to the Node `name` as a strategic merge patch without a resourceVersion
@@ -231,21 +217,9 @@ impl Ctx {
     /// Whether the Node store's `copy` predates our own last write of that Node (for at most
     /// [`OWN_WRITE_WAIT`]): planning a write from it would write again what was just written.
     pub(crate) fn node_store_is_behind(&self, copy: &Node) -> bool {
-        let name = copy.name_any();
-        let mut writes = self.node_writes.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(&(written, at)) = writes.get(&name) else {
-            return false;
-        };
-        let rv = copy
-            .metadata
-            .resource_version
-            .as_deref()
-            .and_then(|v| v.parse().ok());
-        let behind = copy_is_behind(rv, written, at.elapsed());
-        if !behind {
-            writes.remove(&name);
-        }
-        behind
+        self.node_writes
+            .is_behind(&copy.name_any(), resource_version(&copy.metadata))
+            == Some(true)
     }
 
     /// Notes that this controller finished `m` (removed its finalizer): the Machine is about
@@ -262,11 +236,7 @@ impl Ctx {
             self.publish_tracked();
             return;
         }
-        let now = Instant::now();
-        let mut writes = self.own_writes.lock().unwrap_or_else(|e| e.into_inner());
-        writes.retain(|_, (_, at)| now.duration_since(*at) < OWN_WRITE_WAIT);
-        writes.insert(uid, (u64::MAX, now));
-        drop(writes);
+        self.own_writes.note(uid, u64::MAX);
         self.publish_tracked();
     }
 
@@ -278,17 +248,18 @@ impl Ctx {
     /// since Kubernetes 1.35); a copy whose version is not an integer is never held back.
     pub(crate) fn store_is_behind(&self, m: &Machine) -> bool {
         let Some(uid) = m.uid() else { return false };
-        let mut writes = self.own_writes.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(&(written, at)) = writes.get(&uid) else {
-            return false;
-        };
-        let behind = copy_is_behind(resource_version(m), written, at.elapsed());
-        if !behind {
-            writes.remove(&uid);
-            drop(writes);
-            self.publish_tracked();
+        match self
+            .own_writes
+            .is_behind(&uid, resource_version(&m.metadata))
+        {
+            Some(behind) => {
+                if !behind {
+                    self.publish_tracked();
+                }
+                behind
+            }
+            None => false,
         }
-        behind
     }
 
     /// Whether `problem` (a health annotation of `m` that does not parse) is new for `m`:
@@ -384,10 +355,7 @@ impl Ctx {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&uid);
-        self.own_writes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&uid);
+        self.own_writes.remove(&uid);
         self.policy_warned.forget(&uid);
         self.events.forget(&uid);
         // And, every so many deletions, any record of another machine the store no longer
@@ -418,10 +386,7 @@ impl Ctx {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .retain(|uid, _| live.contains(uid));
-        self.own_writes
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|uid, _| live.contains(uid));
+        self.own_writes.retain(|uid| live.contains(uid));
         self.events.retain(&live);
     }
 
@@ -438,11 +403,7 @@ impl Ctx {
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .len()
-            + self
-                .own_writes
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .len()
+            + self.own_writes.len()
             + self.policy_warned.count()
             + self.events.budgets();
         self.metrics
@@ -551,8 +512,54 @@ impl Ctx {
 }
 
 /// The resourceVersion of `m` as the integer the API server issues.
-fn resource_version(m: &Machine) -> Option<u64> {
-    m.metadata.resource_version.as_deref()?.parse().ok()
+fn resource_version(meta: &ObjectMeta) -> Option<u64> {
+    meta.resource_version.as_deref()?.parse().ok()
+}
+
+/// This controller's recent writes, by object key: the resourceVersion the API server
+/// answered with and when, for [`OWN_WRITE_WAIT`] at most (a store copy older than the write
+/// is behind; see [`copy_is_behind`]).
+#[derive(Debug, Default)]
+struct RecentWrites(Mutex<HashMap<String, (u64, Instant)>>);
+
+impl RecentWrites {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u64, Instant)>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Notes a write of version `rv` to `key`, and forgets writes whose copy never caught up
+    /// in time (their objects were deleted meanwhile).
+    fn note(&self, key: String, rv: u64) {
+        let now = Instant::now();
+        let mut writes = self.lock();
+        writes.retain(|_, (_, at)| now.duration_since(*at) < OWN_WRITE_WAIT);
+        writes.insert(key, (rv, now));
+    }
+
+    /// Whether a store copy of version `copy` predates our last write to `key`: `None` when
+    /// there is no such write, `Some(false)` when the copy has caught up (the write is then
+    /// forgotten).
+    fn is_behind(&self, key: &str, copy: Option<u64>) -> Option<bool> {
+        let mut writes = self.lock();
+        let &(written, at) = writes.get(key)?;
+        let behind = copy_is_behind(copy, written, at.elapsed());
+        if !behind {
+            writes.remove(key);
+        }
+        Some(behind)
+    }
+
+    fn remove(&self, key: &str) {
+        self.lock().remove(key);
+    }
+
+    fn retain(&self, keep: impl Fn(&str) -> bool) {
+        self.lock().retain(|key, _| keep(key));
+    }
+
+    fn len(&self) -> usize {
+        self.lock().len()
+    }
 }
 
 /// Whether a store copy of version `copy` predates our write of version `written`, made
@@ -584,5 +591,21 @@ mod tests {
         assert!(!copy_is_behind(None, 42, recent));
         // Awaited long enough: the reconcile goes on with what the store holds.
         assert!(!copy_is_behind(Some(41), 42, OWN_WRITE_WAIT));
+    }
+
+    #[test]
+    fn a_write_is_forgotten_once_the_store_has_caught_up() {
+        let writes = RecentWrites::default();
+        assert_eq!(writes.is_behind("n", Some(1)), None, "nothing written");
+        writes.note("n".into(), 42);
+        assert_eq!(writes.is_behind("n", Some(41)), Some(true));
+        assert_eq!(writes.len(), 1, "kept while the copy is behind");
+        assert_eq!(writes.is_behind("n", Some(42)), Some(false));
+        assert_eq!(writes.len(), 0, "forgotten once caught up");
+        writes.note("a".into(), 1);
+        writes.note("b".into(), 1);
+        writes.retain(|k| k == "a");
+        writes.remove("a");
+        assert_eq!(writes.len(), 0);
     }
 }
