@@ -21,6 +21,7 @@
 
 use std::collections::HashSet;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::channel::mpsc;
 use futures::future::BoxFuture;
@@ -525,13 +526,19 @@ where
     })
 }
 
-/// A stream of `()`, one per notification of `notify`, for `Controller::reconcile_all_on`.
+/// A stream of `()`, one per notification of `notify`, for `Controller::reconcile_all_on`,
+/// at most one per `min_gap`: a notification within `min_gap` of the last one yielded is
+/// yielded when the gap has passed (notifications meanwhile count as one; none is lost).
 pub fn notifications(
     notify: Arc<tokio::sync::Notify>,
+    min_gap: Duration,
 ) -> impl futures::Stream<Item = ()> + Send + 'static {
-    futures::stream::unfold(notify, |n| async move {
+    futures::stream::unfold((notify, None), move |(n, last)| async move {
+        if let Some(last) = last {
+            tokio::time::sleep_until(last + min_gap).await;
+        }
         n.notified().await;
-        Some(((), n))
+        Some(((), (n, Some(tokio::time::Instant::now()))))
     })
 }
 
@@ -549,6 +556,33 @@ mod tests {
             },
             ..Machine::default()
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn notifications_within_the_gap_come_as_one_after_it() {
+        use futures::StreamExt;
+        let gap = Duration::from_secs(5);
+        let notify = Arc::new(tokio::sync::Notify::new());
+        let stream = notifications(notify.clone(), gap);
+        futures::pin_mut!(stream);
+        // The first comes at once.
+        notify.notify_one();
+        let start = tokio::time::Instant::now();
+        stream.next().await.expect("a notification");
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        // Three more at once: one, when the gap has passed.
+        for _ in 0..3 {
+            notify.notify_one();
+        }
+        stream.next().await.expect("a notification");
+        assert_eq!(start.elapsed(), gap);
+        let none = tokio::time::timeout(Duration::from_secs(60), stream.next()).await;
+        assert!(none.is_err(), "the three counted as one");
+        // One after a quiet time longer than the gap comes at once.
+        notify.notify_one();
+        let later = tokio::time::Instant::now();
+        stream.next().await.expect("a notification");
+        assert_eq!(later.elapsed(), Duration::ZERO);
     }
 
     /// Applies `event` to the store as the reflector does, then lets the tap see it.

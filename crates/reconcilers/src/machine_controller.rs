@@ -275,7 +275,10 @@ pub fn prepare(
         });
         runner.run(
             Controller::for_shared_stream(informers.classes.subscribe(), classes.clone())
-                .reconcile_all_on(notifications(handles.orphan_trigger.clone())),
+                .reconcile_all_on(notifications(
+                    handles.orphan_trigger.clone(),
+                    orphans::ON_DEMAND_MIN_GAP,
+                )),
             (
                 orphans::CONTROLLER,
                 orphans::reconcile,

@@ -374,8 +374,8 @@ pub struct Snapshot {
     pub node: Option<Arc<Node>>,
     /// Why the machine must not be marked Failed now (a rollout protects it).
     pub protection: Option<String>,
-    /// Why the deployment's replacement budget allows no failure now (counted only where a
-    /// failure can be decided).
+    /// Why the deployment's replacement budget allows no failure now (counted only when
+    /// the plan without it fails the machine, see [`fails`](super::plan::fails)).
     pub throttled: Option<String>,
     /// VolumeAttachments still pointing at the node of a machine being deleted.
     pub attachments_left: usize,

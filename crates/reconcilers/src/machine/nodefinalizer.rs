@@ -4,6 +4,7 @@
 //! the Node object goes last; released just before the machine's deletion deletes the Node,
 //! and from Nodes that no machine claims any longer.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use jiff::Timestamp;
@@ -57,20 +58,31 @@ pub fn unclaimed<'a>(
     creation_timeout: Duration,
     now: Timestamp,
 ) -> Vec<&'a Node> {
+    // One pass over the machines, not one per Node: every Node of a fleet holds the
+    // finalizer, and the orphan collector asks after each deletion.
+    let claimed_nodes: HashSet<&str> = machines
+        .iter()
+        .filter_map(|m| observe::node_name(m))
+        .collect();
+    let machine_names: HashSet<&str> = machines
+        .iter()
+        .filter_map(|m| m.metadata.name.as_deref())
+        .collect();
     nodes
         .iter()
         .map(|n| n.as_ref())
         .filter(|n| held(n))
         .filter(|n| {
-            let name = n.name_any();
+            let by_name = n
+                .metadata
+                .name
+                .as_deref()
+                .is_some_and(|name| claimed_nodes.contains(name));
             let by_label = n
                 .labels()
                 .get(mcm_api::constants::labels::NODE_MACHINE_NAME)
-                .map(String::as_str);
-            !machines.iter().any(|m| {
-                observe::node_name(m) == Some(name.as_str())
-                    || by_label == m.metadata.name.as_deref()
-            })
+                .is_some_and(|machine| machine_names.contains(machine.as_str()));
+            !(by_name || by_label)
         })
         .filter(|n| {
             if n.metadata.deletion_timestamp.is_some() || observe::node_not_managed(n) {

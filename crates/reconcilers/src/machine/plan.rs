@@ -88,19 +88,17 @@ pub fn after_drain(s: &Snapshot, settings: &Settings) -> Step {
     decide::next_step(&observed, &s.cfg, s.now)
 }
 
-/// Whether a failure of `m` can be decided now (the replacement budget is counted only
-/// then): not being deleted, and in a phase a health or creation timeout fails. Pure.
-pub fn may_fail(m: &Machine) -> bool {
-    m.metadata.deletion_timestamp.is_none()
-        && matches!(
-            m.phase(),
-            Some(
-                MachinePhase::Unknown
-                    | MachinePhase::Pending
-                    | MachinePhase::Available
-                    | MachinePhase::CrashLoopBackOff
-            )
-        )
+/// Whether the plan of `s`, taken without the replacement budget's answer, fails the
+/// machine: the budget (a count over every machine of its deployment) is asked only then,
+/// and the plan taken again with its answer. Pure.
+pub fn fails(s: &Snapshot, settings: &Settings) -> bool {
+    matches!(
+        plan(s, settings).plan,
+        Plan::Lifecycle {
+            step: Step::MarkFailed { .. },
+            ..
+        }
+    )
 }
 
 /// The deciders before the lifecycle, in their order: the plan if one of them acts, and the
@@ -494,6 +492,50 @@ mod tests {
             false,
         );
         assert_eq!(probe(&node_deleted, &settings()), Probe::None);
+    }
+
+    #[test]
+    fn the_replacement_budget_is_asked_only_when_the_plan_fails_the_machine() {
+        // Unknown with a NotReady node for an hour (health timeout 10 minutes): fails.
+        let mut unhealthy = snapshot(
+            machine("Unknown", false, false),
+            Some(node(false, false, false)),
+            NodeState::Present,
+            false,
+        );
+        assert!(fails(&unhealthy, &settings()));
+        // With the budget's answer the plan holds the failure instead.
+        unhealthy.throttled = Some("1 machine(s) already being replaced".into());
+        assert!(!fails(&unhealthy, &settings()));
+        assert!(matches!(
+            plan(&unhealthy, &settings()).plan,
+            Plan::Lifecycle {
+                step: Step::ReplacementThrottled { .. },
+                ..
+            }
+        ));
+        // Healthy, frozen, or preserved first: nothing to count.
+        let healthy = snapshot(
+            machine("Running", false, false),
+            Some(node(true, false, false)),
+            NodeState::Present,
+            false,
+        );
+        assert!(!fails(&healthy, &settings()));
+        let frozen = snapshot(
+            machine("Unknown", false, false),
+            Some(node(false, false, false)),
+            NodeState::Present,
+            true,
+        );
+        assert!(!fails(&frozen, &settings()));
+        let preserved = snapshot(
+            machine("Unknown", false, true),
+            Some(node(false, false, false)),
+            NodeState::Present,
+            false,
+        );
+        assert!(!fails(&preserved, &settings()));
     }
 
     fn bare(phase: Option<&str>, deleting: bool) -> Machine {

@@ -19,6 +19,13 @@ use crate::machine::{Ctx, Error, act, nodefinalizer, observe};
 /// The `controller` label of the collector's reconcile metrics.
 pub const CONTROLLER: &str = "orphans";
 
+/// The least time between two passes asked for by deletions (each finished deletion asks
+/// for one, to find the leftovers of its VM). A pass lists every VM of the class from the
+/// cloud: during the scale-down of a fleet, one per deletion would be a cloud API call per
+/// machine and kept the collector busy without a pause; asked for within this time of the
+/// last pass, the next one waits for it.
+pub const ON_DEMAND_MIN_GAP: Duration = Duration::from_secs(5);
+
 /// The orphans among the VMs a driver listed: `(provider id, machine name)` pairs whose
 /// machine name no Machine has.
 pub fn orphans<'a>(
