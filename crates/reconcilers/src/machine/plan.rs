@@ -496,13 +496,17 @@ mod tests {
 
     #[test]
     fn the_replacement_budget_is_asked_only_when_the_plan_fails_the_machine() {
-        // Unknown with a NotReady node for an hour (health timeout 10 minutes): fails.
-        let mut unhealthy = snapshot(
-            machine("Unknown", false, false),
-            Some(node(false, false, false)),
-            NodeState::Present,
-            false,
-        );
+        // In `phase` for an hour (health timeout 10 minutes), its Node Ready or not.
+        let machine_in = |phase, ready, preserve, frozen| {
+            snapshot(
+                machine(phase, false, preserve),
+                Some(node(ready, false, false)),
+                NodeState::Present,
+                frozen,
+            )
+        };
+        // Unknown with a NotReady node: fails.
+        let mut unhealthy = machine_in("Unknown", false, false, false);
         assert!(fails(&unhealthy, &settings()));
         // With the budget's answer the plan holds the failure instead.
         unhealthy.throttled = Some("1 machine(s) already being replaced".into());
@@ -515,27 +519,18 @@ mod tests {
             }
         ));
         // Healthy, frozen, or preserved first: nothing to count.
-        let healthy = snapshot(
-            machine("Running", false, false),
-            Some(node(true, false, false)),
-            NodeState::Present,
-            false,
-        );
-        assert!(!fails(&healthy, &settings()));
-        let frozen = snapshot(
-            machine("Unknown", false, false),
-            Some(node(false, false, false)),
-            NodeState::Present,
-            true,
-        );
-        assert!(!fails(&frozen, &settings()));
-        let preserved = snapshot(
-            machine("Unknown", false, true),
-            Some(node(false, false, false)),
-            NodeState::Present,
-            false,
-        );
-        assert!(!fails(&preserved, &settings()));
+        assert!(!fails(
+            &machine_in("Running", true, false, false),
+            &settings()
+        ));
+        assert!(!fails(
+            &machine_in("Unknown", false, false, true),
+            &settings()
+        ));
+        assert!(!fails(
+            &machine_in("Unknown", false, true, false),
+            &settings()
+        ));
     }
 
     fn bare(phase: Option<&str>, deleting: bool) -> Machine {
