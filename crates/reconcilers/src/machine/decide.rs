@@ -395,11 +395,6 @@ fn expired_rule(node: &NodeHealth, now: Timestamp) -> Option<&RuleMatch> {
 fn fail_unless_frozen(o: &Observed, reason: String) -> Step {
     if o.frozen {
         Step::Frozen
-    } else if let Some(throttled) = &o.replacement_throttled {
-        Step::ReplacementThrottled {
-            throttled: throttled.clone(),
-            reason,
-        }
     } else {
         Step::MarkFailed { reason }
     }
@@ -473,7 +468,6 @@ mod tests {
             frozen: false,
             force_deletion: false,
             failure_protected: None,
-            replacement_throttled: None,
             vm_requested: false,
             target_cluster: true,
             preserved: false,
@@ -735,19 +729,6 @@ mod tests {
                 Observed { node: not_ready(0), frozen: true, ..with_vm(MachinePhase::Unknown) },
                 60,
                 Step::Frozen,
-            ),
-            (
-                "the replacement budget is used up: throttled, not failed",
-                Observed {
-                    node: not_ready(0),
-                    replacement_throttled: Some("1 machine(s) already being replaced".into()),
-                    ..with_vm(MachinePhase::Unknown)
-                },
-                10,
-                Step::ReplacementThrottled {
-                    throttled: "1 machine(s) already being replaced".into(),
-                    reason: "machine stayed unhealthy beyond the health timeout (10m0s): node is not Ready".into(),
-                },
             ),
             (
                 "never failed while protected by a rollout",
@@ -1122,18 +1103,7 @@ mod tests {
                 },
             ),
             (
-                "the budget still holds a gone VM's machine",
-                Observed {
-                    replacement_throttled: Some("short-circuited".into()),
-                    ..unknown(VmReport::Gone)
-                },
-                Step::ReplacementThrottled {
-                    throttled: "short-circuited".into(),
-                    reason: gone.into(),
-                },
-            ),
-            (
-                "and so does the freeze",
+                "the freeze holds a gone VM's machine",
                 Observed {
                     frozen: true,
                     ..unknown(VmReport::Gone)

@@ -72,9 +72,6 @@ async fn lifecycle_step(ctx: &Ctx, s: &Snapshot, step: Step) -> Result<Action, E
                 .min(ctx.settings.resync),
         )),
         Step::MarkFailed { reason } => act::mark_failed(ctx, m, &reason).await,
-        Step::ReplacementThrottled { throttled, reason } => {
-            act::throttle_replacement(ctx, m, &throttled, &reason).await
-        }
         Step::Frozen => {
             act::hold(
                 ctx,

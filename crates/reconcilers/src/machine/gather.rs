@@ -55,7 +55,6 @@ pub async fn gather(ctx: &Ctx, m: &Arc<Machine>) -> Option<Snapshot> {
         class,
         node,
         protection: ctx.failure_protection(m),
-        throttled: None,
         attachments_left,
         vm_gone: false,
         vm: VmReport::NotAsked,
@@ -64,9 +63,6 @@ pub async fn gather(ctx: &Ctx, m: &Arc<Machine>) -> Option<Snapshot> {
         Probe::None => {}
         Probe::VmGone => snapshot.vm_gone = act::vm_is_gone(ctx, m).await,
         Probe::VmStatus => snapshot.vm = act::vm_report(ctx, m).await,
-    }
-    if plan::fails(&snapshot, &ctx.settings) {
-        snapshot.throttled = ctx.replacement_throttle(m);
     }
     Some(snapshot)
 }

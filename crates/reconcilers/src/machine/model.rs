@@ -182,9 +182,6 @@ pub struct Observed {
     /// Why this machine must not be marked Failed right now even if its health timeout
     /// expired (e.g. it belongs to an old MachineSet while a rollout is in progress).
     pub failure_protected: Option<String>,
-    /// Why the replacement budget of the machine's deployment allows no further failure
-    /// right now (at most maxSurge of its machines may be Failed or terminating at once).
-    pub replacement_throttled: Option<String>,
     /// A VM may exist: a providerID is recorded, or creation was requested (the
     /// `vm-requested` progress annotation). Without either, the Machine never asked for a
     /// VM and is deleted without touching the driver (or needing its class).
@@ -266,16 +263,12 @@ pub enum Step {
         /// Time left before the machine fails.
         remaining: Option<Duration>,
     },
-    /// The machine is beyond repair: Failed (the MachineSet replaces it).
+    /// The machine is beyond repair: Failed (the MachineSet replaces it), unless its
+    /// deployment's replacement budget is used up. The budget is counted by the action,
+    /// under the deployment's permit: counted here, the answer could be stale by the time
+    /// the failure is written.
     MarkFailed {
         /// Why.
-        reason: String,
-    },
-    /// The machine would fail, but its deployment's replacement budget is used up.
-    ReplacementThrottled {
-        /// Why the budget is used up.
-        throttled: String,
-        /// Why the machine would fail.
         reason: String,
     },
     /// The machine would fail or start deleting, but the controller is frozen.
@@ -374,9 +367,6 @@ pub struct Snapshot {
     pub node: Option<Arc<Node>>,
     /// Why the machine must not be marked Failed now (a rollout protects it).
     pub protection: Option<String>,
-    /// Why the deployment's replacement budget allows no failure now (counted only when
-    /// the plan without it fails the machine, see [`fails`](super::plan::fails)).
-    pub throttled: Option<String>,
     /// VolumeAttachments still pointing at the node of a machine being deleted.
     pub attachments_left: usize,
     /// The driver reported the VM gone ([`Probe::VmGone`](super::decide::Probe::VmGone)).

@@ -235,8 +235,6 @@ pub struct Context<'a> {
     pub frozen: bool,
     /// Why the machine must not be failed now, if it must not.
     pub failure_protected: Option<&'a str>,
-    /// Why the deployment's replacement budget allows no failure now, if it does not.
-    pub replacement_throttled: Option<&'a str>,
     /// The driver reported the VM gone (only asked while deleting).
     pub vm_gone: bool,
     /// What the driver said of the VM of an Unknown machine (the fast path).
@@ -293,7 +291,6 @@ pub fn observe(machine: &Machine, cfg: &MachineConfig, ctx: Context<'_>) -> Obse
             .and_then(|l| l.get(labels::FORCE_DELETION))
             .is_some_and(|v| v.eq_ignore_ascii_case("true")),
         failure_protected: ctx.failure_protected.map(String::from),
-        replacement_throttled: ctx.replacement_throttled.map(String::from),
         vm_requested: vm_requested(machine),
         target_cluster: ctx.target_cluster,
         preserved: mcm_api::preservation::expiry(machine).is_some(),

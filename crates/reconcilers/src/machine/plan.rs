@@ -88,19 +88,6 @@ pub fn after_drain(s: &Snapshot, settings: &Settings) -> Step {
     decide::next_step(&observed, &s.cfg, s.now)
 }
 
-/// Whether the plan of `s`, taken without the replacement budget's answer, fails the
-/// machine: the budget (a count over every machine of its deployment) is asked only then,
-/// and the plan taken again with its answer. Pure.
-pub fn fails(s: &Snapshot, settings: &Settings) -> bool {
-    matches!(
-        plan(s, settings).plan,
-        Plan::Lifecycle {
-            step: Step::MarkFailed { .. },
-            ..
-        }
-    )
-}
-
 /// The deciders before the lifecycle, in their order: the plan if one of them acts, and the
 /// invalid preserve value to warn about.
 fn early_decider(s: &Snapshot, settings: &Settings) -> (Option<Plan>, Option<String>) {
@@ -157,7 +144,6 @@ fn observed(s: &Snapshot, settings: &Settings) -> decide::Observed {
             node: s.node.as_deref(),
             frozen: s.frozen,
             failure_protected: s.protection.as_deref(),
-            replacement_throttled: s.throttled.as_deref(),
             vm_gone: s.vm_gone,
             vm: &s.vm,
             attachments_left: s.attachments_left,
@@ -301,7 +287,6 @@ mod tests {
             class: Ok(()),
             node: node.map(Arc::new),
             protection: None,
-            throttled: None,
             attachments_left: 0,
             vm_gone: false,
             vm: VmReport::NotAsked,
@@ -492,45 +477,6 @@ mod tests {
             false,
         );
         assert_eq!(probe(&node_deleted, &settings()), Probe::None);
-    }
-
-    #[test]
-    fn the_replacement_budget_is_asked_only_when_the_plan_fails_the_machine() {
-        // In `phase` for an hour (health timeout 10 minutes), its Node Ready or not.
-        let machine_in = |phase, ready, preserve, frozen| {
-            snapshot(
-                machine(phase, false, preserve),
-                Some(node(ready, false, false)),
-                NodeState::Present,
-                frozen,
-            )
-        };
-        // Unknown with a NotReady node: fails.
-        let mut unhealthy = machine_in("Unknown", false, false, false);
-        assert!(fails(&unhealthy, &settings()));
-        // With the budget's answer the plan holds the failure instead.
-        unhealthy.throttled = Some("1 machine(s) already being replaced".into());
-        assert!(!fails(&unhealthy, &settings()));
-        assert!(matches!(
-            plan(&unhealthy, &settings()).plan,
-            Plan::Lifecycle {
-                step: Step::ReplacementThrottled { .. },
-                ..
-            }
-        ));
-        // Healthy, frozen, or preserved first: nothing to count.
-        assert!(!fails(
-            &machine_in("Running", true, false, false),
-            &settings()
-        ));
-        assert!(!fails(
-            &machine_in("Unknown", false, false, true),
-            &settings()
-        ));
-        assert!(!fails(
-            &machine_in("Unknown", false, true, false),
-            &settings()
-        ));
     }
 
     fn bare(phase: Option<&str>, deleting: bool) -> Machine {

@@ -137,7 +137,7 @@ pub async fn mark_unknown(
 
 /// The machine would fail, but the replacement budget of its deployment is used up:
 /// record why (once, with an Event) and check again later.
-pub async fn throttle_replacement(
+async fn throttle_replacement(
     ctx: &Ctx,
     m: &Machine,
     throttled: &str,
@@ -156,9 +156,10 @@ pub async fn throttle_replacement(
 /// How soon a machine whose failure lost the race for its deployment's permit looks again.
 pub(super) const PERMIT_BUSY_RECHECK: Duration = Duration::from_secs(1);
 
-/// The machine is beyond repair: Failed. The decision saw room in the replacement budget;
-/// the deployment's permit (taken without waiting) serialises concurrent failures of its
-/// machines, and the budget is counted again under it.
+/// The machine is beyond repair: Failed, unless its deployment's replacement budget is used
+/// up (then the failure is held and recorded). The budget is counted here, under the
+/// deployment's permit (taken without waiting): it serialises concurrent failures of its
+/// machines, so each counts the failures written before it.
 pub async fn mark_failed(ctx: &Ctx, m: &Machine, reason: &str) -> Result<Action, Error> {
     let _permit = match ctx.replacement_permit(m) {
         Ok(permit) => permit,
