@@ -66,6 +66,12 @@ pub struct ScaleArgs {
     /// `--controller-arg=--machine-safety-overshooting-period=5s`.
     #[arg(long = "controller-arg", allow_hyphen_values = true)]
     pub controller_args: Vec<String>,
+    /// An environment variable for both controllers (repeatable), `KEY=VALUE`; `{name}` in
+    /// the value becomes `manager` or `machine-controller`. For profilers, e.g. heaptrack:
+    /// `--controller-env LD_PRELOAD=/usr/lib/heaptrack/libheaptrack_preload.so
+    /// --controller-env 'DUMP_HEAPTRACK_OUTPUT=/tmp/{name}.raw'`.
+    #[arg(long = "controller-env", value_parser = parse_env)]
+    pub controller_env: Vec<(String, String)>,
     /// Rollout: the deployment's maxSurge, a number or a percentage of the machines (`10%`,
     /// rounded up as Kubernetes does); maxUnavailable is 0.
     #[arg(long, default_value = "10", value_parser = parse_surge)]
@@ -172,6 +178,19 @@ fn parse_phase_limit(value: &str) -> Result<(String, f64), String> {
     Ok((phase.trim().to_owned(), n))
 }
 
+/// Parses `KEY=VALUE` (an environment variable for the controllers).
+fn parse_env(value: &str) -> Result<(String, String), String> {
+    match value.split_once('=') {
+        Some((key, v)) if !key.is_empty() => Ok((key.to_owned(), v.to_owned())),
+        _ => Err(format!("{value:?} is not KEY=VALUE")),
+    }
+}
+
+/// The controller `name`'s value of a `--controller-env` variable: `{name}` replaced.
+pub(crate) fn env_value_for(value: &str, name: &str) -> String {
+    value.replace("{name}", name)
+}
+
 /// Runs the chosen benchmark.
 pub fn run(bench: Bench) -> Result<()> {
     match bench.which.unwrap_or(Which::Drain) {
@@ -186,6 +205,22 @@ pub fn run(bench: Bench) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_controller_env_is_key_equals_value_with_the_controllers_name_filled_in() {
+        let (key, value) = parse_env("DUMP_HEAPTRACK_OUTPUT=/tmp/{name}.raw").unwrap();
+        assert_eq!(key, "DUMP_HEAPTRACK_OUTPUT");
+        assert_eq!(env_value_for(&value, "manager"), "/tmp/manager.raw");
+        assert_eq!(
+            env_value_for(&value, "machine-controller"),
+            "/tmp/machine-controller.raw"
+        );
+        // A value may hold '=' and may be empty; a key may not.
+        assert_eq!(parse_env("A=b=c").unwrap(), ("A".into(), "b=c".into()));
+        assert_eq!(parse_env("A=").unwrap(), ("A".into(), String::new()));
+        assert!(parse_env("=x").is_err());
+        assert!(parse_env("no-equals").is_err());
+    }
 
     #[test]
     fn a_surge_is_a_count_or_a_percentage_rounded_up() {

@@ -601,10 +601,17 @@ async fn start_controllers(
         )
         .chain(args.controller_args.iter().cloned())
         .collect(),
-        env: vec![(
+        env: [(
             mcm_provider_local::NODE_BINARY_ENV.to_string(),
             bins.local_node.display().to_string(),
-        )],
+        )]
+        .into_iter()
+        .chain(
+            args.controller_env
+                .iter()
+                .map(|(key, value)| (key.clone(), super::env_value_for(value, name))),
+        )
+        .collect(),
     };
     let manager = Controller::spawn(
         bins,

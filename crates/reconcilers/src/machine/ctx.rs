@@ -119,11 +119,11 @@ impl Ctx {
         }
     }
 
-    /// A class of the namespace from the store.
-    pub fn class(&self, name: &str) -> Option<MachineClass> {
+    /// A class of the namespace from the store (shared with it: a reconcile that only asks
+    /// whether the class exists copies nothing).
+    pub fn class(&self, name: &str) -> Option<Arc<MachineClass>> {
         self.classes
             .get(&ObjectRef::new(name).within(&self.settings.namespace))
-            .map(|c| (*c).clone())
     }
 
     /// A Secret from the store of class-referenced Secrets.

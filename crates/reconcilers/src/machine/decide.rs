@@ -392,6 +392,13 @@ fn expired_rule(node: &NodeHealth, now: Timestamp) -> Option<&RuleMatch> {
         .find(|m| elapsed(m.since, now) >= m.rule.timeout)
 }
 
+/// Whether a rollout's protection of a machine in `phase` can change its next step: only an
+/// Unknown machine past its health timeout consults it. The protection (a comparison of the
+/// machine's set's template with its deployment's) is read only then. Pure.
+pub fn protection_matters(phase: Option<&MachinePhase>) -> bool {
+    phase == Some(&MachinePhase::Unknown)
+}
+
 fn fail_unless_frozen(o: &Observed, reason: String) -> Step {
     if o.frozen {
         Step::Frozen
@@ -474,6 +481,52 @@ mod tests {
             vm: VmReport::NotAsked,
             deletion: DeletionFacts::default(),
         }
+    }
+
+    #[test]
+    fn a_rollouts_protection_changes_the_step_of_unknown_machines_only() {
+        use MachinePhase::*;
+        let phases = [
+            Pending,
+            Available,
+            Running,
+            Terminating,
+            Unknown,
+            Failed,
+            CrashLoopBackOff,
+            InPlaceUpdating,
+            InPlaceUpdateSuccessful,
+            InPlaceUpdateFailed,
+        ];
+        let mut protected_steps = 0;
+        for phase in phases {
+            for node in [healthy(), not_ready(0), None] {
+                for minute in [0, 5, 10, 30, 120] {
+                    let open = Observed {
+                        node: node.clone(),
+                        ..with_vm(phase.clone())
+                    };
+                    let protected = Observed {
+                        failure_protected: Some("old set".into()),
+                        ..open.clone()
+                    };
+                    let (a, b) = (
+                        next_step(&open, &cfg(), at(minute)),
+                        next_step(&protected, &cfg(), at(minute)),
+                    );
+                    if a != b {
+                        assert!(
+                            protection_matters(Some(&phase)),
+                            "{phase:?}, {node:?}, minute {minute}: {a:?} / {b:?}"
+                        );
+                        protected_steps += 1;
+                    }
+                }
+            }
+        }
+        // The comparison sees protection where it applies.
+        assert!(protected_steps > 0);
+        assert!(!protection_matters(None));
     }
 
     fn with_vm(phase: MachinePhase) -> Observed {

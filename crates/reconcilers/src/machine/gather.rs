@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use mcm_api::Machine;
 
-use super::decide::{ClassProblem, Probe, VmReport};
+use super::decide::{self, ClassProblem, Probe, VmReport};
 pub use super::model::{NodeState, Snapshot};
 use super::{Ctx, act, observe, plan};
 
@@ -54,7 +54,9 @@ pub async fn gather(ctx: &Ctx, m: &Arc<Machine>) -> Option<Snapshot> {
         new_policy_problem,
         class,
         node,
-        protection: ctx.failure_protection(m),
+        protection: decide::protection_matters(m.phase())
+            .then(|| ctx.failure_protection(m))
+            .flatten(),
         attachments_left,
         vm_gone: false,
         vm: VmReport::NotAsked,

@@ -21,7 +21,7 @@ pub(super) fn placement_labels(ctx: &Ctx, m: &Machine) -> Option<PlacementLabels
     let instance_type = m
         .class_name()
         .and_then(|c| ctx.class(c))
-        .and_then(|c| c.node_template)
+        .and_then(|c| c.node_template.clone())
         .map(|t| t.instance_type)
         .unwrap_or_default();
     let zone = m
@@ -215,11 +215,14 @@ pub(super) fn last_description(m: &Machine) -> Option<&str> {
 /// Reads the class and its secrets for a driver call.
 pub async fn class_and_secret(ctx: &Ctx, m: &Machine) -> Result<(MachineClass, SecretData), Error> {
     let class_name = crate::machine::observe::class_name(m).map_err(Error::Class)?;
-    let class = ctx.class(class_name).ok_or_else(|| {
-        Error::Class(ClassProblem::ClassMissing {
-            name: class_name.into(),
+    let class = ctx
+        .class(class_name)
+        .ok_or_else(|| {
+            Error::Class(ClassProblem::ClassMissing {
+                name: class_name.into(),
+            })
         })
-    })?;
+        .map(|c| (*c).clone())?;
     let [secret_ref, credentials] = crate::machine::observe::class_secret_refs(&class);
     let mut fetched = Vec::new();
     for r in [secret_ref, credentials].into_iter().flatten() {
