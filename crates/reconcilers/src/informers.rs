@@ -542,6 +542,93 @@ pub fn notifications(
     })
 }
 
+/// Passes each item of `stream` at once, unless an equal item passed less than `gap` ago:
+/// such an item is held and passed when the gap has passed, and equal items meanwhile count
+/// as one (none is lost; a held item is passed even after `stream` ended). Different items
+/// do not wait for each other.
+///
+/// For the triggers of a controller whose reconcile reads every object of a kind (a
+/// MachineSet's reads all machines of its namespace): a burst of machine changes reconciles
+/// each set once per `gap` instead of once per change.
+pub fn throttled_per_key<T, S>(stream: S, gap: Duration) -> impl futures::Stream<Item = T> + Send
+where
+    S: futures::Stream<Item = T> + Send + 'static,
+    T: Eq + std::hash::Hash + Clone + Send + 'static,
+{
+    use std::collections::HashMap;
+    use tokio::time::Instant;
+
+    enum Wake<T> {
+        Due,
+        Item(Option<T>),
+    }
+    struct State<T, S> {
+        input: std::pin::Pin<Box<S>>,
+        ended: bool,
+        /// When each item last passed (pruned, see [`forget_passed_before`]).
+        last: HashMap<T, Instant>,
+        /// Items held, with when each may pass.
+        held: HashMap<T, Instant>,
+    }
+    let state: State<T, S> = State {
+        input: Box::pin(stream),
+        ended: false,
+        last: HashMap::new(),
+        held: HashMap::new(),
+    };
+    futures::stream::unfold(state, move |mut s| async move {
+        loop {
+            let due = s.held.values().min().copied();
+            if s.ended && due.is_none() {
+                return None;
+            }
+            let wake = tokio::select! {
+                biased;
+                () = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => Wake::Due,
+                item = s.input.next(), if !s.ended => Wake::Item(item),
+            };
+            let now = Instant::now();
+            match wake {
+                Wake::Due => {
+                    let ready = s
+                        .held
+                        .iter()
+                        .find(|(_, at)| **at <= now)
+                        .map(|(k, _)| k.clone());
+                    if let Some(key) = ready {
+                        s.held.remove(&key);
+                        s.last.insert(key.clone(), now);
+                        return Some((key, s));
+                    }
+                }
+                Wake::Item(None) => s.ended = true,
+                Wake::Item(Some(key)) if s.held.contains_key(&key) => {}
+                Wake::Item(Some(key)) => match s.last.get(&key) {
+                    Some(&passed) if now < passed + gap => {
+                        s.held.insert(key, passed + gap);
+                    }
+                    _ => {
+                        forget_passed_before(&mut s.last, now.checked_sub(gap));
+                        s.last.insert(key.clone(), now);
+                        return Some((key, s));
+                    }
+                },
+            }
+        }
+    })
+}
+
+/// Forgets the items that passed before `cutoff` (they would pass at once again, as if
+/// never seen), so the record holds only the items of the last gap.
+fn forget_passed_before<T>(
+    last: &mut std::collections::HashMap<T, tokio::time::Instant>,
+    cutoff: Option<tokio::time::Instant>,
+) {
+    if let Some(cutoff) = cutoff {
+        last.retain(|_, passed| *passed >= cutoff);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -556,6 +643,59 @@ mod tests {
             },
             ..Machine::default()
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn equal_items_within_the_gap_pass_as_one_after_it_and_others_do_not_wait() {
+        use futures::StreamExt;
+        use tokio::time::Instant;
+        let gap = Duration::from_millis(500);
+        let (tx, rx) = mpsc::unbounded::<&str>();
+        let stream = throttled_per_key(rx, gap);
+        futures::pin_mut!(stream);
+        let start = Instant::now();
+        // The first passes at once.
+        tx.unbounded_send("a").unwrap();
+        assert_eq!(stream.next().await, Some("a"));
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        // Three more of it at once are held; another item passes at once meanwhile.
+        for _ in 0..3 {
+            tx.unbounded_send("a").unwrap();
+        }
+        tx.unbounded_send("b").unwrap();
+        assert_eq!(stream.next().await, Some("b"));
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        // The three as one, when the gap has passed.
+        assert_eq!(stream.next().await, Some("a"));
+        assert_eq!(start.elapsed(), gap);
+        let none = tokio::time::timeout(Duration::from_secs(60), stream.next()).await;
+        assert!(none.is_err(), "the three passed as one");
+        // After a quiet time it passes at once again.
+        tx.unbounded_send("a").unwrap();
+        let later = Instant::now();
+        assert_eq!(stream.next().await, Some("a"));
+        assert_eq!(later.elapsed(), Duration::ZERO);
+        // A held item still passes when the input ends; then the stream ends.
+        tx.unbounded_send("a").unwrap();
+        drop(tx);
+        assert_eq!(stream.next().await, Some("a"));
+        assert_eq!(later.elapsed(), gap);
+        assert_eq!(stream.next().await, None);
+    }
+
+    #[test]
+    fn the_throttle_forgets_items_that_passed_before_the_last_gap() {
+        let now = tokio::time::Instant::now();
+        let gap = Duration::from_secs(1);
+        let mut last = std::collections::HashMap::from([
+            ("old", now),
+            ("recent", now + Duration::from_millis(1500)),
+        ]);
+        let later = now + Duration::from_secs(2);
+        forget_passed_before(&mut last, later.checked_sub(gap));
+        assert_eq!(last.keys().copied().collect::<Vec<_>>(), vec!["recent"]);
+        forget_passed_before(&mut last, None);
+        assert_eq!(last.len(), 1);
     }
 
     #[tokio::test(start_paused = true)]

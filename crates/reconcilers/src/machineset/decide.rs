@@ -191,13 +191,14 @@ pub fn claim(
     selector: Option<&LabelSelector>,
     machine: &Machine,
 ) -> Claim {
-    let matches = selector_matches(selector, machine.metadata.labels.as_ref());
+    // The selector is matched only where the answer counts (not for other sets' machines).
+    let matches = || selector_matches(selector, machine.metadata.labels.as_ref());
     match mcm_api::owner::controller_of(&machine.metadata) {
         Some(owner) if owner.uid != set_uid => Claim::Ignore,
-        Some(_) if matches => Claim::Owned,
+        Some(_) if matches() => Claim::Owned,
         Some(_) if set_deleting => Claim::Ignore,
         Some(_) => Claim::Release,
-        None if set_deleting || !matches || machine.metadata.deletion_timestamp.is_some() => {
+        None if set_deleting || machine.metadata.deletion_timestamp.is_some() || !matches() => {
             Claim::Ignore
         }
         None => Claim::Adopt,

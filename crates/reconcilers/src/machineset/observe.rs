@@ -11,7 +11,7 @@ use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
 use mcm_api::constants::{annotations, labels};
 use mcm_api::owner::controller_of;
-use mcm_api::{Machine, MachineDeployment, MachineDisruptionBudget, MachineSet};
+use mcm_api::{Machine, MachineDeployment, MachineDisruptionBudget, MachinePhase, MachineSet};
 
 use super::decide::is_frozen;
 use super::model::{MachineView, SetInput};
@@ -23,12 +23,14 @@ pub(crate) fn machines_in(machines: &Store<Machine>, ns: &str) -> Vec<Arc<Machin
     machines
         .state()
         .into_iter()
-        .filter(|m| m.namespace().as_deref() == Some(ns))
+        .filter(|m| m.metadata.namespace.as_deref() == Some(ns))
         .collect()
 }
 
-/// The views of the `claimed` machines of `set` at `now`, each with its Node's preserve
-/// annotation ([`node_preserve_annotation`]).
+/// The views of the `claimed` machines of `set` at `now`; a Failed machine's with its
+/// Node's preserve annotation ([`node_preserve_annotation`]), which decides only whether a
+/// Failed machine is kept ([`MachineView::keep_if_failed`]): the Node store is not read
+/// for the others.
 pub(crate) fn views(
     nodes: &Store<Node>,
     set: &MachineSet,
@@ -39,7 +41,9 @@ pub(crate) fn views(
     claimed
         .iter()
         .map(|m| {
-            let node = node_preserve_annotation(nodes, m);
+            let node = (m.phase() == Some(&MachinePhase::Failed))
+                .then(|| node_preserve_annotation(nodes, m))
+                .flatten();
             MachineView::from_machine(m, template_labels, node.as_deref(), now)
         })
         .collect()
@@ -140,4 +144,55 @@ pub fn sets_for_budget(
     out.sort_by(|a, b| a.name.cmp(&b.name));
     out.dedup();
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::runtime::{reflector, watcher};
+    use serde_json::json;
+
+    fn machine(name: &str, phase: &str) -> Arc<Machine> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "Machine",
+                "metadata": { "name": name, "namespace": "ns", "labels": { "node": name } },
+                "spec": {},
+                "status": {
+                    "currentStatus": { "phase": phase },
+                    "lastOperation": { "state": "Failed" },
+                },
+            }))
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn a_failed_machines_view_reads_its_nodes_preserve_annotation() {
+        let (nodes, mut writer) = reflector::store::<Node>();
+        for name in ["failed", "running"] {
+            let node: Node = serde_json::from_value(json!({
+                "metadata": { "name": name, "annotations": { annotations::PRESERVE: "when-failed" } },
+            }))
+            .unwrap();
+            writer.apply_watcher_event(&watcher::Event::Apply(node));
+        }
+        let set: MachineSet = serde_json::from_value(json!({
+            "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "MachineSet",
+            "metadata": { "name": "set", "namespace": "ns" },
+            "spec": {},
+        }))
+        .unwrap();
+        let claimed = [machine("failed", "Failed"), machine("running", "Running")];
+        let views = views(&nodes, &set, &claimed, Timestamp::now());
+        // The Node's `when-failed` keeps the Failed machine instead of replacing it.
+        assert!(views[0].keep_if_failed);
+        assert!(!views[0].is_failed_to_replace());
+        // Without its Node's value the same machine would be replaced.
+        let (empty, _writer) = reflector::store::<Node>();
+        let alone = super::views(&empty, &set, &claimed[..1], Timestamp::now());
+        assert!(alone[0].is_failed_to_replace());
+        // A machine that has not failed is neither kept nor replaced for it.
+        assert!(!views[1].is_failed_to_replace());
+    }
 }

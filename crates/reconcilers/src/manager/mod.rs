@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
@@ -26,13 +27,21 @@ use tokio_util::sync::CancellationToken;
 
 use crate::disruptionbudget::{self as mdb, BudgetGate};
 use crate::events::EventPublisher;
-use crate::informers::{Informer, Informers};
+use crate::informers::{Informer, Informers, throttled_per_key};
 use crate::kube_api::ApiErrorExt;
 use crate::machinedeployment as md;
 use crate::machineset as ms;
 use crate::metrics::ReconcileMetrics;
 use crate::runtime::Runner;
 use crate::safety::overshoot::{self, SafetyContext, SafetyLimits};
+
+/// How often a MachineSet or MachineDeployment is reconciled at most for changes of its
+/// machines (its own changes trigger it at once). Both reconciles read every machine of the
+/// namespace; during a rollout of 1000 machines, a reconcile per machine change made the
+/// MachineSet controller the largest consumer of CPU. A change within the gap is not lost:
+/// it triggers one reconcile when the gap has passed ([`throttled_per_key`]). The sets'
+/// and deployments' status writes are paced to one a second anyway.
+pub const MACHINE_TRIGGER_GAP: Duration = Duration::from_millis(500);
 
 /// Settings of the manager (MCM's flags of the same meaning).
 #[derive(Debug, Clone)]
@@ -173,9 +182,15 @@ pub fn prepare(
     let (machines_for_budgets, sets_for_budgets) = (machines.clone(), sets.clone());
     let ms_controller = runner.run(
         Controller::for_shared_stream(informers.sets.subscribe(), sets.clone())
-            .watches_shared_stream(informers.machines.changes(), move |m: Arc<Machine>| {
-                ms::sets_for_machine(&m, &sets_for_machines)
-            })
+            .reconcile_on(throttled_per_key(
+                informers
+                    .machines
+                    .changes()
+                    .flat_map(move |m: Arc<Machine>| {
+                        futures::stream::iter(ms::sets_for_machine(&m, &sets_for_machines))
+                    }),
+                MACHINE_TRIGGER_GAP,
+            ))
             // A budget's status changes when a disruption it held back may go.
             .watches_shared_stream(
                 budget_informer.subscribe(),
@@ -205,9 +220,15 @@ pub fn prepare(
             .watches_shared_stream(informers.sets.changes(), |s: Arc<MachineSet>| {
                 md::deployment_for_set(&s)
             })
-            .watches_shared_stream(informers.machines.changes(), move |m: Arc<Machine>| {
-                md::deployment_for_machine(&m, &sets_for_md)
-            });
+            .reconcile_on(throttled_per_key(
+                informers
+                    .machines
+                    .changes()
+                    .filter_map(move |m: Arc<Machine>| {
+                        futures::future::ready(md::deployment_for_machine(&m, &sets_for_md))
+                    }),
+                MACHINE_TRIGGER_GAP,
+            ));
     if config.target_cluster {
         // In-place updates: the node agent's result and the Node's condition.
         let (machines_for_md, sets_for_md) = (machines.clone(), sets.clone());
