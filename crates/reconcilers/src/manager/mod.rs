@@ -21,6 +21,7 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
 use kube::Client;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
+use kube::runtime::reflector::ObjectRef;
 use mcm_api::{Machine, MachineDeployment, MachineDisruptionBudget, MachineSet};
 use prometheus_client::registry::Registry;
 use tokio_util::sync::CancellationToken;
@@ -182,15 +183,9 @@ pub fn prepare(
     let (machines_for_budgets, sets_for_budgets) = (machines.clone(), sets.clone());
     let ms_controller = runner.run(
         Controller::for_shared_stream(informers.sets.subscribe(), sets.clone())
-            .reconcile_on(throttled_per_key(
-                informers
-                    .machines
-                    .changes()
-                    .flat_map(move |m: Arc<Machine>| {
-                        futures::stream::iter(ms::sets_for_machine(&m, &sets_for_machines))
-                    }),
-                MACHINE_TRIGGER_GAP,
-            ))
+            .reconcile_on(machine_triggers(&mut informers.machines, move |m| {
+                ms::sets_for_machine(m, &sets_for_machines)
+            }))
             // A budget's status changes when a disruption it held back may go.
             .watches_shared_stream(
                 budget_informer.subscribe(),
@@ -220,15 +215,9 @@ pub fn prepare(
             .watches_shared_stream(informers.sets.changes(), |s: Arc<MachineSet>| {
                 md::deployment_for_set(&s)
             })
-            .reconcile_on(throttled_per_key(
-                informers
-                    .machines
-                    .changes()
-                    .filter_map(move |m: Arc<Machine>| {
-                        futures::future::ready(md::deployment_for_machine(&m, &sets_for_md))
-                    }),
-                MACHINE_TRIGGER_GAP,
-            ));
+            .reconcile_on(machine_triggers(&mut informers.machines, move |m| {
+                md::deployment_for_machine(m, &sets_for_md)
+            }));
     if config.target_cluster {
         // In-place updates: the node agent's result and the Node's condition.
         let (machines_for_md, sets_for_md) = (machines.clone(), sets.clone());
@@ -325,6 +314,26 @@ pub fn prepare(
         tokio::join!(readiness, controllers);
         ready.store(false, Ordering::SeqCst);
     }
+}
+
+/// The objects `to` maps each change of a machine to (applied or deleted), each passed at
+/// most once per [`MACHINE_TRIGGER_GAP`]: the triggers of a controller whose reconcile reads
+/// every machine of the namespace.
+fn machine_triggers<K, I, F>(
+    machines: &mut Informer<Machine>,
+    to: F,
+) -> impl futures::Stream<Item = ObjectRef<K>> + Send + use<K, I, F>
+where
+    F: Fn(&Machine) -> I + Send + 'static,
+    K: kube::Resource + 'static,
+    ObjectRef<K>: Eq + std::hash::Hash + Clone + Send,
+    I: IntoIterator<Item = ObjectRef<K>>,
+    I::IntoIter: Send + 'static,
+{
+    let refs = machines
+        .changes()
+        .flat_map(move |m: Arc<Machine>| futures::stream::iter(to(&m)));
+    throttled_per_key(refs, MACHINE_TRIGGER_GAP)
 }
 
 /// How long the manager waits before asking again whether the cluster serves
