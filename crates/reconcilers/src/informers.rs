@@ -533,13 +533,11 @@ pub fn notifications(
     notify: Arc<tokio::sync::Notify>,
     min_gap: Duration,
 ) -> impl futures::Stream<Item = ()> + Send + 'static {
-    futures::stream::unfold((notify, None), move |(n, last)| async move {
-        if let Some(last) = last {
-            tokio::time::sleep_until(last + min_gap).await;
-        }
+    let each = futures::stream::unfold(notify, |n| async move {
         n.notified().await;
-        Some(((), (n, Some(tokio::time::Instant::now()))))
-    })
+        Some(((), n))
+    });
+    throttled_per_key(each, min_gap)
 }
 
 /// Passes each item of `stream` at once, unless an equal item passed less than `gap` ago:
@@ -550,7 +548,10 @@ pub fn notifications(
 /// For the triggers of a controller whose reconcile reads every object of a kind (a
 /// MachineSet's reads all machines of its namespace): a burst of machine changes reconciles
 /// each set once per `gap` instead of once per change.
-pub fn throttled_per_key<T, S>(stream: S, gap: Duration) -> impl futures::Stream<Item = T> + Send
+pub fn throttled_per_key<T, S>(
+    stream: S,
+    gap: Duration,
+) -> impl futures::Stream<Item = T> + Send + 'static
 where
     S: futures::Stream<Item = T> + Send + 'static,
     T: Eq + std::hash::Hash + Clone + Send + 'static,

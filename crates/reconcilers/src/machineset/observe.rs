@@ -184,15 +184,15 @@ mod tests {
         }))
         .unwrap();
         let claimed = [machine("failed", "Failed"), machine("running", "Running")];
-        let views = views(&nodes, &set, &claimed, Timestamp::now());
+        let seen = views(&nodes, &set, &claimed, Timestamp::now());
         // The Node's `when-failed` keeps the Failed machine instead of replacing it.
-        assert!(views[0].keep_if_failed);
-        assert!(!views[0].is_failed_to_replace());
+        assert!(seen[0].keep_if_failed);
+        assert!(!seen[0].is_failed_to_replace());
         // Without its Node's value the same machine would be replaced.
         let (empty, _writer) = reflector::store::<Node>();
-        let alone = super::views(&empty, &set, &claimed[..1], Timestamp::now());
+        let alone = views(&empty, &set, &claimed[..1], Timestamp::now());
         assert!(alone[0].is_failed_to_replace());
         // A machine that has not failed is neither kept nor replaced for it.
-        assert!(!views[1].is_failed_to_replace());
+        assert!(!seen[1].is_failed_to_replace());
     }
 }
