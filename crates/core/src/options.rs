@@ -259,8 +259,9 @@ pub struct MachineControllerOptions {
     /// (mcm-rs) Pause between evictions refused by a PodDisruptionBudget.
     #[arg(long, default_value = "20s", value_parser = go_duration)]
     pub machine_eviction_retry_interval: Duration,
-    /// (mcm-rs) Period in which healthy machines are re-checked without a change event.
-    #[arg(long, default_value = "5m", value_parser = go_duration)]
+    /// (mcm-rs) Period in which healthy machines are re-checked without a change event
+    /// (the Go MCM's machine controller re-queues a healthy machine after 10 minutes).
+    #[arg(long, default_value = "10m", value_parser = go_duration)]
     pub machine_resync_period: Duration,
 }
 
@@ -403,6 +404,8 @@ mod tests {
             Duration::from_secs(20 * 60)
         );
         assert_eq!(o.resource_exhausted_retry, Duration::from_secs(10 * 60));
+        // A healthy machine is re-checked as often as upstream re-queues it (LongRetry).
+        assert_eq!(o.machine_resync_period, Duration::from_secs(10 * 60));
         assert!(!o.profiling, "upstream's default since 2025");
         assert_eq!(o.machine_pv_detach_timeout, Duration::from_secs(120));
         assert_eq!(o.machine_pv_reattach_timeout, Duration::from_secs(90));

@@ -26,7 +26,7 @@ use std::time::Duration;
 use futures::channel::mpsc;
 use futures::future::BoxFuture;
 use futures::{FutureExt, StreamExt};
-use k8s_openapi::api::core::v1::{Node, Pod, Secret};
+use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, Pod, Secret};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -64,12 +64,31 @@ pub fn forget_managed_fields<K: Resource>(obj: &mut K) {
     obj.meta_mut().managed_fields = None;
 }
 
-/// [`forget_managed_fields`], and a Node's list of container images (no controller reads
-/// it, and a real node lists dozens).
+/// [`forget_managed_fields`], and every part of a Node's spec and status that no controller
+/// reads: its container images (a real node lists dozens), node info, capacity, allocatable,
+/// daemon endpoints, pod CIDRs, and whatever later API versions add. Kept is what the
+/// controllers read: the metadata; the spec's provider ID, taints and `unschedulable`; the
+/// status's conditions, addresses (copied to the Machine) and attached volumes (the drain
+/// waits for their detachment). Both processes store every Node of the cluster, so what goes
+/// here is memory per node in each of them. No controller writes a Node from its stored copy
+/// whole (only patches of the fields above), so nothing dropped here is ever written back.
 pub fn slim_node(node: &mut Node) {
     forget_managed_fields(node);
-    if let Some(status) = node.status.as_mut() {
-        status.images = None;
+    if let Some(spec) = node.spec.take() {
+        node.spec = Some(NodeSpec {
+            provider_id: spec.provider_id,
+            taints: spec.taints,
+            unschedulable: spec.unschedulable,
+            ..NodeSpec::default()
+        });
+    }
+    if let Some(status) = node.status.take() {
+        node.status = Some(NodeStatus {
+            conditions: status.conditions,
+            addresses: status.addresses,
+            volumes_attached: status.volumes_attached,
+            ..NodeStatus::default()
+        });
     }
 }
 
@@ -907,23 +926,63 @@ mod tests {
     }
 
     #[test]
-    fn a_stored_node_keeps_what_controllers_read_without_managed_fields_or_images() {
+    fn a_stored_node_keeps_what_controllers_read_and_nothing_else() {
         let mut node: Node = serde_json::from_value(serde_json::json!({
             "metadata": {
-                "name": "n", "labels": { "a": "b" },
+                "name": "n", "labels": { "a": "b" }, "annotations": { "c": "d" },
                 "managedFields": [{ "manager": "kubelet", "operation": "Update" }]
+            },
+            "spec": {
+                "providerID": "local:///n", "unschedulable": true, "podCIDR": "10.1.0.0/24",
+                "taints": [{ "key": "k", "effect": "NoSchedule" }]
             },
             "status": {
                 "conditions": [{ "type": "Ready", "status": "True" }],
-                "images": [{ "names": ["registry/x:1"], "sizeBytes": 1 }]
+                "addresses": [{ "type": "InternalIP", "address": "10.0.0.1" }],
+                "volumesAttached": [{ "name": "kubernetes.io/csi/x^v", "devicePath": "" }],
+                "images": [{ "names": ["registry/x:1"], "sizeBytes": 1 }],
+                "nodeInfo": {
+                    "architecture": "amd64", "bootID": "b", "containerRuntimeVersion": "c",
+                    "kernelVersion": "k", "kubeProxyVersion": "", "kubeletVersion": "v",
+                    "machineID": "m", "operatingSystem": "linux", "osImage": "o",
+                    "systemUUID": "s"
+                },
+                "capacity": { "cpu": "2", "memory": "4Gi", "pods": "110" },
+                "allocatable": { "cpu": "2", "memory": "4Gi", "pods": "110" },
+                "daemonEndpoints": { "kubeletEndpoint": { "Port": 10250 } },
+                "config": {},
+                "features": { "supplementalGroupsPolicy": true },
+                "runtimeHandlers": [{ "name": "runc" }],
+                "volumesInUse": ["kubernetes.io/csi/x^v"]
             }
         }))
         .unwrap();
         slim_node(&mut node);
         assert_eq!(node.metadata.managed_fields, None);
-        let status = node.status.as_ref().unwrap();
-        assert_eq!(status.images, None);
-        assert_eq!(status.conditions.as_ref().unwrap().len(), 1);
         assert_eq!(node.metadata.labels.as_ref().unwrap()["a"], "b");
+        assert_eq!(node.metadata.annotations.as_ref().unwrap()["c"], "d");
+        let spec = node.spec.as_ref().unwrap();
+        assert_eq!(spec.provider_id.as_deref(), Some("local:///n"));
+        assert_eq!(spec.unschedulable, Some(true));
+        assert_eq!(spec.taints.as_ref().unwrap().len(), 1);
+        let status = node.status.as_ref().unwrap();
+        assert_eq!(status.conditions.as_ref().unwrap().len(), 1);
+        assert_eq!(status.addresses.as_ref().unwrap().len(), 1);
+        assert_eq!(status.volumes_attached.as_ref().unwrap().len(), 1);
+        // Everything else is gone: the slimmed spec and status are the kept fields alone.
+        let kept_spec = NodeSpec {
+            provider_id: spec.provider_id.clone(),
+            taints: spec.taints.clone(),
+            unschedulable: spec.unschedulable,
+            ..Default::default()
+        };
+        assert_eq!(spec, &kept_spec);
+        let kept = NodeStatus {
+            conditions: status.conditions.clone(),
+            addresses: status.addresses.clone(),
+            volumes_attached: status.volumes_attached.clone(),
+            ..Default::default()
+        };
+        assert_eq!(status, &kept);
     }
 }
