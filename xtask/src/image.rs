@@ -93,10 +93,35 @@ pub struct Args {
     /// Directory for the image layouts and archives [default: target/images in the workspace].
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Build the binaries in the `fast-release` profile (no LTO, larger binaries): for CI's
-    /// check that the images build, verify and run; released images use the default profile.
-    #[arg(long)]
+    /// Build the binaries in the `fast-release` profile (optimised, no LTO, larger binaries);
+    /// released images use the default profile (`release`).
+    #[arg(long, conflicts_with = "dev_build")]
     pub fast_build: bool,
+    /// Build the binaries in the `dev` profile (unoptimised, the quickest build): for CI's
+    /// check that the images build, verify and run. The size limit is not applied to it.
+    #[arg(long)]
+    pub dev_build: bool,
+}
+
+impl Args {
+    /// The cargo profile the binaries are built in.
+    fn profile(&self) -> &'static str {
+        if self.dev_build {
+            "dev"
+        } else if self.fast_build {
+            "fast-release"
+        } else {
+            "release"
+        }
+    }
+}
+
+/// The directory under `target/<triple>/` that cargo writes a profile's binaries to.
+fn profile_dir(profile: &str) -> &str {
+    match profile {
+        "dev" => "debug",
+        other => other,
+    }
 }
 
 /// A binary in an image.
@@ -223,19 +248,22 @@ pub fn run(args: &Args) -> Result<()> {
     let mut reports = Vec::new();
     for spec in selected(args.provider, args.all) {
         let began = Instant::now();
-        let profile = if args.fast_build {
-            "fast-release"
-        } else {
-            "release"
-        };
+        let profile = args.profile();
         build(spec, profile)?;
         let build_time = began.elapsed();
-        let bin_dir = target_dir().join(TARGET).join(profile);
+        let bin_dir = target_dir().join(TARGET).join(profile_dir(profile));
         let report = pack_and_check(spec, &bin_dir, &out, &ca_bundle, epoch, build_time)
             .with_context(|| format!("image {}", spec.name))?;
         reports.push(report);
     }
     print_table(&reports, &out);
+    if args.dev_build {
+        eprintln!(
+            "unoptimised binaries (--dev-build): the {} MiB size limit is not checked",
+            MAX_IMAGE_BYTES >> 20
+        );
+        return Ok(());
+    }
     let too_big: Vec<_> = reports
         .iter()
         .filter(|r| r.image_bytes >= MAX_IMAGE_BYTES)
@@ -1173,6 +1201,34 @@ mod tests {
 
     fn manifest(layout: &Layout) -> Value {
         blob_json(layout, &layout.manifest_digest)
+    }
+
+    #[test]
+    fn each_build_flag_names_its_profile_and_where_cargo_puts_its_binaries() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            args: Args,
+        }
+        let profile = |flags: &[&str]| {
+            let cli = <Cli as clap::Parser>::try_parse_from(
+                std::iter::once("image").chain(flags.iter().copied()),
+            )
+            .expect("flags parse");
+            let p = cli.args.profile();
+            (p, profile_dir(p).to_string())
+        };
+        assert_eq!(profile(&[]), ("release", "release".into()));
+        assert_eq!(
+            profile(&["--fast-build"]),
+            ("fast-release", "fast-release".into())
+        );
+        assert_eq!(profile(&["--dev-build"]), ("dev", "debug".into()));
+        assert!(
+            <Cli as clap::Parser>::try_parse_from(["image", "--dev-build", "--fast-build"])
+                .is_err(),
+            "one profile at a time"
+        );
     }
 
     #[test]

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use futures::channel::mpsc;
 use futures::future::BoxFuture;
-use futures::{FutureExt, StreamExt};
+use futures::{FutureExt, StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{Node, NodeSpec, NodeStatus, Pod, Secret};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
@@ -34,6 +34,8 @@ use kube::{Api, Client, Resource};
 use mcm_api::{Machine, MachineClass, MachineDeployment, MachineDisruptionBudget, MachineSet};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+
+use crate::decode::{WithoutManagedFields, unwrap_event};
 
 /// The label the machineclass controller puts on every Secret a MachineClass references;
 /// the process watches only the Secrets that carry it.
@@ -46,7 +48,8 @@ where
     K::DynamicType: Eq + std::hash::Hash + Clone,
 {
     kind: &'static str,
-    api: Api<K>,
+    /// The kind's API, decoding without managed fields (the stores never hold them).
+    api: Api<WithoutManagedFields<K>>,
     config: watcher::Config,
     store: Store<K>,
     writer: Option<Writer<K>>,
@@ -59,7 +62,9 @@ where
 
 /// Drops from a watched object what no controller reads: its `managedFields`, the
 /// server-side-apply bookkeeping of every writer, often the largest part of an object.
-/// Stores hold every Machine and Node of a cluster, so this is most of their memory.
+/// Stores hold every Machine and Node of a cluster, so this is most of their memory. (The
+/// watches decode without them already, [`WithoutManagedFields`]; this keeps an object
+/// that reached the store another way, e.g. in a test, from holding them.)
 pub fn forget_managed_fields<K: Resource>(obj: &mut K) {
     obj.meta_mut().managed_fields = None;
 }
@@ -105,7 +110,11 @@ where
     where
         K: Resource<Scope = kube::core::NamespaceResourceScope>,
     {
-        Self::with_api(kind, Api::namespaced(client.clone(), namespace), config)
+        Self::with_api(
+            kind,
+            Api::<WithoutManagedFields<K>>::namespaced(client.clone(), namespace),
+            config,
+        )
     }
 
     /// The informer of a cluster-scoped kind.
@@ -113,7 +122,11 @@ where
     where
         K: Resource<Scope = kube::core::ClusterResourceScope>,
     {
-        Self::with_api(kind, Api::all(client.clone()), watcher::Config::default())
+        Self::with_api(
+            kind,
+            Api::<WithoutManagedFields<K>>::all(client.clone()),
+            watcher::Config::default(),
+        )
     }
 
     /// Never watched: the store stays empty and counts as synced, subscriptions never
@@ -131,7 +144,11 @@ where
         self
     }
 
-    fn with_api(kind: &'static str, api: Api<K>, config: watcher::Config) -> Self {
+    fn with_api(
+        kind: &'static str,
+        api: Api<WithoutManagedFields<K>>,
+        config: watcher::Config,
+    ) -> Self {
         let (store, writer) = reflector::store();
         Informer {
             kind,
@@ -216,6 +233,7 @@ where
         let kind = self.kind;
         Some(
             watcher(self.api.clone(), self.config.clone())
+                .map_ok(unwrap_event)
                 .default_backoff()
                 .modify(self.slim)
                 .reflect(writer)

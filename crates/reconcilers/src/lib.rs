@@ -20,6 +20,7 @@
 
 pub(crate) mod announce;
 pub(crate) mod clock;
+pub(crate) mod decode;
 pub(crate) mod disruptionbudget;
 pub(crate) mod events;
 pub mod informers;
