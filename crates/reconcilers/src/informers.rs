@@ -63,8 +63,8 @@ where
 /// Drops from a watched object what no controller reads: its `managedFields`, the
 /// server-side-apply bookkeeping of every writer, often the largest part of an object.
 /// Stores hold every Machine and Node of a cluster, so this is most of their memory. (The
-/// watches decode without them already, [`WithoutManagedFields`]; this keeps an object
-/// that reached the store another way, e.g. in a test, from holding them.)
+/// watches decode without them already, through `decode::WithoutManagedFields`; this keeps
+/// an object that reached the store another way, e.g. in a test, from holding them.)
 pub fn forget_managed_fields<K: Resource>(obj: &mut K) {
     obj.meta_mut().managed_fields = None;
 }
