@@ -38,8 +38,9 @@ use crate::safety::overshoot::{self, SafetyContext, SafetyLimits};
 
 /// How often a MachineSet, MachineDeployment or MachineDisruptionBudget is reconciled at most
 /// for changes of its machines (its own changes trigger it at once). The first two reconciles
-/// read every machine of the namespace, a budget's every machine it selects; during a rollout of 1000 machines, a reconcile per machine change made the
-/// MachineSet controller the largest consumer of CPU. A change within the gap is not lost:
+/// read every machine of the namespace, a budget's every machine it selects; during a rollout
+/// of 1000 machines, a reconcile per machine change made the MachineSet controller the
+/// largest consumer of CPU. A change within the gap is not lost:
 /// it triggers one reconcile when the gap has passed ([`throttled_per_key`]). The sets'
 /// and deployments' status writes are paced to one a second anyway.
 pub const MACHINE_TRIGGER_GAP: Duration = Duration::from_millis(500);
