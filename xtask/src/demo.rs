@@ -105,10 +105,12 @@ pub fn run(exit_when_ready: bool, timeout: Duration, provider: Provider) -> Resu
 /// Builds the provider skeleton's binary.
 fn skeleton_binary() -> Result<PathBuf> {
     const PACKAGE: &str = "machine-controller-skeleton";
-    eprintln!("building the provider skeleton: cargo build --bins -p {PACKAGE}");
+    eprintln!("building the provider skeleton: cargo build --bins -p {PACKAGE} -p xtask");
+    // xtask in the selection: the dependencies' features as `cargo xtask` has them, so its
+    // debug build of the dependency tree serves the skeleton too (see `env::prepare_binaries`).
     let status = env::cargo_command()
         .current_dir(crate::crds::workspace_root())
-        .args(["build", "--bins", "-p", PACKAGE])
+        .args(["build", "--bins", "-p", PACKAGE, "-p", "xtask"])
         .status()
         .context("cannot run cargo")?;
     if !status.success() {

@@ -7,6 +7,7 @@ mod crds;
 mod demo;
 mod e2e;
 mod image;
+mod publish;
 mod test;
 mod testenv;
 
@@ -85,6 +86,10 @@ enum Cmd {
         /// Run only this scenario.
         #[arg(long, value_enum)]
         scenario: Option<e2e::Scenario>,
+        /// Run one of N parts of the suite (K/N, e.g. 1/2), on its own control plane:
+        /// `cargo xtask test` runs the parts side by side.
+        #[arg(long, value_name = "K/N")]
+        shard: Option<e2e::Shard>,
         /// Keep the logs directory even when every scenario passes.
         #[arg(long)]
         keep_logs: bool,
@@ -101,6 +106,10 @@ enum Cmd {
     /// written to target/images/<name>/ (layout) and <name>.tar (oci-archive), then verified
     /// and smoke-tested.
     Image(image::Args),
+    /// Package the library crates as `cargo publish` would (`--dry-run`) and check each one
+    /// from its package alone, its dependencies' features resolved for it alone: what
+    /// `cargo publish`'s own verification catches, without a debug build per crate.
+    PublishCheck,
 }
 
 fn main() -> Result<()> {
@@ -120,11 +129,13 @@ fn main() -> Result<()> {
         ),
         Cmd::E2e {
             scenario,
+            shard,
             keep_logs,
-        } => e2e::run(scenario, keep_logs),
+        } => e2e::run(scenario, shard, keep_logs),
         Cmd::Bench(b) => bench::run(b),
         Cmd::Chaos(plan) => chaos::run(&plan),
         Cmd::Image(args) => image::run(&args),
+        Cmd::PublishCheck => publish::run(),
     }
 }
 

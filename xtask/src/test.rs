@@ -8,8 +8,8 @@
 //! first, each from its package's directory as `cargo test` runs it. A binary's output is
 //! printed whole when it fails; each one's result line and duration always.
 //!
-//! The end-to-end scenarios (`cargo xtask e2e`) run as one more job, their output printed
-//! whole. With arguments (`cargo xtask test -p mcm-api some_test`) it is plain `cargo test`
+//! The end-to-end scenarios (`cargo xtask e2e`) run as more jobs, in shards on control planes
+//! of their own (`--shard K/N`), their output printed whole. With arguments (`cargo xtask test -p mcm-api some_test`) it is plain `cargo test`
 //! with those arguments, without the scenarios.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -23,7 +23,11 @@ use serde::Deserialize;
 
 use crate::e2e::env::{cargo_command, command_without_cargo_run_env, target_dir};
 
-/// One thing to run: a test binary, or the workspace's doc tests.
+/// How many parts the end-to-end scenarios run in (`cargo xtask e2e --shard K/N`).
+const E2E_SHARDS: usize = 2;
+
+/// One thing to run: a test binary, the workspace's doc tests, or a shard of the end-to-end
+/// scenarios.
 #[derive(Debug, Clone)]
 struct Job {
     /// `package tests/file.rs`, `package (lib)`, or `doc tests`: the key of its duration.
@@ -102,34 +106,39 @@ pub fn run(args: &[String], jobs: usize) -> Result<()> {
         package: None,
         verbose: false,
     });
-    // The end-to-end scenarios (`cargo xtask e2e`) are one more job: their own control plane,
-    // both controllers as processes; they mostly wait on the timeouts they exercise. Through
+    // The end-to-end scenarios (`cargo xtask e2e`) are more jobs, in shards: each its own
+    // control plane, both controllers as processes; they mostly wait on the timeouts they
+    // exercise, and one after another they were the suite's longest job by far. Through
     // cargo: the build above replaced this very binary.
-    queue.push(Job {
-        label: "end-to-end scenarios".into(),
-        program: cargo,
-        args: [
-            "run",
-            "--quiet",
-            "--locked",
-            "--package",
-            "xtask",
-            "--",
-            "e2e",
-        ]
-        .map(String::from)
-        .to_vec(),
-        dir: crate::crds::workspace_root(),
-        package: None,
-        verbose: true,
-    });
+    for shard in crate::e2e::Shard::all(E2E_SHARDS) {
+        queue.push(Job {
+            label: format!("end-to-end scenarios {shard}"),
+            program: cargo.clone(),
+            args: [
+                "run",
+                "--quiet",
+                "--locked",
+                "--package",
+                "xtask",
+                "--",
+                "e2e",
+                "--shard",
+                &shard.to_string(),
+            ]
+            .map(String::from)
+            .to_vec(),
+            dir: crate::crds::workspace_root(),
+            package: None,
+            verbose: true,
+        });
+    }
     let history = durations_file();
     let before = read_durations(&history);
     order_slowest_first(&mut queue, &before);
     let jobs = jobs.max(1);
     println!(
-        "running {} test binaries, the doc tests and the end-to-end scenarios, {jobs} at a time",
-        queue.len() - 2
+        "running {} test binaries, the doc tests and the end-to-end scenarios ({E2E_SHARDS} parts), {jobs} at a time",
+        queue.len() - 1 - E2E_SHARDS
     );
     let queue = Mutex::new(VecDeque::from(queue));
     let outcomes = Mutex::new(Vec::new());

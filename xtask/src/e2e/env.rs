@@ -115,7 +115,10 @@ pub fn prepare_binaries_in(profile: Profile) -> Result<Binaries> {
         "mcm-provider-local",
     ];
     match profile {
-        Profile::Debug => {}
+        // With xtask in the selection the build resolves the dependencies' features as
+        // `cargo xtask` itself does (xtask depends on mcm-core for that): the debug build of
+        // the dependency tree that runs this serves the binaries too.
+        Profile::Debug => args.extend(["-p", "xtask"]),
         Profile::Release => args.push("--release"),
         Profile::FastRelease => args.extend(["--profile", "fast-release"]),
     }

@@ -24,16 +24,71 @@ use env::Binaries;
 /// Upper bound of one scenario, its clean-up excluded.
 const SCENARIO_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// Runs the suite (or one scenario).
-pub fn run(only: Option<Scenario>, keep_logs: bool) -> Result<()> {
+/// One of `count` parts of the suite (`--shard 1/2`): the scenarios whose place in
+/// [`Scenario::ALL`] is `index - 1` modulo `count`. Parts run on control planes of their own,
+/// so `cargo xtask test` runs them side by side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shard {
+    /// 1-based.
+    index: usize,
+    count: usize,
+}
+
+impl std::str::FromStr for Shard {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || format!("{s:?} is not a shard: expected K/N with 1 <= K <= N, e.g. 1/2");
+        let (k, n) = s.split_once('/').ok_or_else(bad)?;
+        let index: usize = k.trim().parse().map_err(|_| bad())?;
+        let count: usize = n.trim().parse().map_err(|_| bad())?;
+        if index == 0 || index > count {
+            return Err(bad());
+        }
+        Ok(Shard { index, count })
+    }
+}
+
+impl std::fmt::Display for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.index, self.count)
+    }
+}
+
+impl Shard {
+    /// The first of `count` shards, and so on: `Shard::all(2)` is 1/2 and 2/2.
+    pub fn all(count: usize) -> Vec<Shard> {
+        (1..=count).map(|index| Shard { index, count }).collect()
+    }
+}
+
+/// The scenarios a run takes: one by name, a shard's, or all of them.
+fn selection(only: Option<Scenario>, shard: Option<Shard>) -> Vec<Scenario> {
+    Scenario::ALL
+        .iter()
+        .enumerate()
+        .filter(|&(i, s)| {
+            only.is_none_or(|o| o == *s) && shard.is_none_or(|sh| i % sh.count == sh.index - 1)
+        })
+        .map(|(_, s)| *s)
+        .collect()
+}
+
+/// Runs the suite, one scenario, or a shard of the suite.
+pub fn run(only: Option<Scenario>, shard: Option<Shard>, keep_logs: bool) -> Result<()> {
     env::plain_logs_for_children();
+    let selected = selection(only, shard);
+    if selected.is_empty() {
+        bail!("no scenario is selected ({only:?} is not in shard {shard:?})");
+    }
     let bins = env::prepare_binaries()?;
-    let selected: Vec<Scenario> = match only {
-        Some(s) => vec![s],
-        None => Scenario::ALL.to_vec(),
-    };
     let stamp = jiff::Timestamp::now().as_second();
-    let logs = env::target_dir().join("e2e").join(format!("run-{stamp}"));
+    // Shards run at once: each its own directory, which the process check looks in.
+    let name = match shard {
+        Some(sh) => format!("run-{stamp}-shard-{}-of-{}", sh.index, sh.count),
+        None => format!("run-{stamp}"),
+    };
+    let logs = env::target_dir().join("e2e").join(name);
     std::fs::create_dir_all(&logs)?;
     let runtime = tokio::runtime::Runtime::new()?;
     let outcome = runtime.block_on(suite(&bins, &selected, &logs));
@@ -137,5 +192,49 @@ async fn run_one(cp: &ControlPlane, bins: &Binaries, s: Scenario, logs: &Path) -
     match result {
         Ok(r) => r,
         Err(_) => bail!("timed out after {SCENARIO_TIMEOUT:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_take_every_scenario_once() {
+        for count in 1..=4 {
+            let mut taken: Vec<Scenario> = Shard::all(count)
+                .into_iter()
+                .flat_map(|sh| selection(None, Some(sh)))
+                .collect();
+            taken.sort_by_key(|s| s.name());
+            let mut all = Scenario::ALL.to_vec();
+            all.sort_by_key(|s| s.name());
+            assert_eq!(taken, all, "{count} shards");
+        }
+        assert_eq!(selection(None, None), Scenario::ALL.to_vec());
+        let first = selection(None, Some("1/2".parse().unwrap()));
+        assert_eq!(first[0], Scenario::ALL[0]);
+        assert_eq!(first[1], Scenario::ALL[2]);
+    }
+
+    #[test]
+    fn a_scenario_outside_its_shard_is_not_selected() {
+        let second = Scenario::ALL[1];
+        assert_eq!(selection(Some(second), None), vec![second]);
+        assert_eq!(
+            selection(Some(second), Some("2/2".parse().unwrap())),
+            vec![second]
+        );
+        assert!(selection(Some(second), Some("1/2".parse().unwrap())).is_empty());
+    }
+
+    #[test]
+    fn shards_are_parsed_and_bad_ones_refused() {
+        assert_eq!("2/3".parse::<Shard>(), Ok(Shard { index: 2, count: 3 }));
+        assert_eq!("2/3".parse::<Shard>().unwrap().to_string(), "2/3");
+        for bad in ["0/2", "3/2", "1", "a/2", "1/0", ""] {
+            let e = bad.parse::<Shard>().unwrap_err();
+            assert!(e.contains("K/N"), "{bad}: {e}");
+        }
     }
 }
