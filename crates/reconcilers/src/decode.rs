@@ -1,16 +1,24 @@
-//! Watched objects decoded without their `metadata.managedFields`.
+//! Watched objects decoded without what no store keeps.
 //!
 //! The API server sends every object with its managed fields: the server-side-apply record of
 //! each writer, a tree of every field it set (`fieldsV1`), often the largest part of an
 //! object. `k8s-openapi` decodes that tree into `serde_json::Value` maps, an allocation per
 //! field, and the stores drop it right after. A profile of both controllers idle at 2000
 //! machines put most of their allocations there, in the decoding of Node and Machine watch
-//! events. [`WithoutManagedFields`] decodes a kind with the managed fields skipped in the
-//! input (read past, never built); the informers watch through it.
+//! events. [`Slim`] decodes a kind with the managed fields skipped in the input (read past,
+//! never built); the informers watch through it.
+//!
+//! Nodes and Pods lose more in their stores ([`crate::informers::slim_node`],
+//! [`mcm_drain::slim_pod`]): a Node's images, node info, capacity and allocatable, a Pod's
+//! containers and most of its status. [`Slim`] skips those in the input too, with the same
+//! lists of what is kept ([`NODE`], [`POD`]; a test holds the two in agreement), so a kubelet's
+//! status update of a node with fifty images, or a pod's, builds none of what is dropped.
 
+use std::any::TypeId;
 use std::borrow::Cow;
 use std::fmt;
 
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 use kube::runtime::watcher;
@@ -18,12 +26,13 @@ use serde::de::{
     self, DeserializeSeed, Deserializer, IgnoredAny, IntoDeserializer, MapAccess, Visitor,
 };
 
-/// `K`, decoded without `metadata.managedFields` (they are `None`); otherwise the same kind,
-/// URL and object.
+/// `K`, decoded without `metadata.managedFields` (they are `None`), and for a Node or a Pod
+/// without the parts of its spec and status its store drops ([`NODE`], [`POD`]); otherwise
+/// the same kind, URL and object.
 #[derive(Debug, Clone)]
-pub struct WithoutManagedFields<K>(pub K);
+pub struct Slim<K>(pub K);
 
-impl<K: Resource> Resource for WithoutManagedFields<K> {
+impl<K: Resource> Resource for Slim<K> {
     type DynamicType = K::DynamicType;
     type Scope = K::Scope;
 
@@ -50,18 +59,18 @@ impl<K: Resource> Resource for WithoutManagedFields<K> {
     }
 }
 
-impl<'de, K: de::Deserialize<'de>> de::Deserialize<'de> for WithoutManagedFields<K> {
+impl<'de, K: de::Deserialize<'de> + 'static> de::Deserialize<'de> for Slim<K> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
         K::deserialize(Filtered {
             inner: deserializer,
-            level: Level::Object,
+            level: Level::root::<K>(),
         })
-        .map(WithoutManagedFields)
+        .map(Slim)
     }
 }
 
 /// The watch event of the wrapped kind as one of the kind itself.
-pub fn unwrap_event<K>(event: watcher::Event<WithoutManagedFields<K>>) -> watcher::Event<K> {
+pub fn unwrap_event<K>(event: watcher::Event<Slim<K>>) -> watcher::Event<K> {
     match event {
         watcher::Event::Apply(o) => watcher::Event::Apply(o.0),
         watcher::Event::Delete(o) => watcher::Event::Delete(o.0),
@@ -71,22 +80,73 @@ pub fn unwrap_event<K>(event: watcher::Event<WithoutManagedFields<K>>) -> watche
     }
 }
 
-/// Where in the object a value is: the object itself, or its `metadata`.
+/// What a kind's store keeps of its spec and status: every other entry of either is skipped.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Kept {
+    pub spec: &'static [&'static str],
+    pub status: &'static [&'static str],
+}
+
+/// What [`crate::informers::slim_node`] keeps of a Node.
+pub(crate) const NODE: Kept = Kept {
+    spec: &["providerID", "taints", "unschedulable"],
+    status: &["conditions", "addresses", "volumesAttached"],
+};
+
+/// What [`mcm_drain::slim_pod`] keeps of a Pod.
+pub(crate) const POD: Kept = Kept {
+    spec: &[
+        "nodeName",
+        "volumes",
+        "priority",
+        "terminationGracePeriodSeconds",
+    ],
+    status: &["phase"],
+};
+
+/// Where in the object a value is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Level {
+    /// The object of a kind whose spec and status are kept whole.
     Object,
+    /// The object of a kind whose spec and status keep only some entries.
+    Trimmed(&'static Kept),
+    /// An object's `metadata`.
     Metadata,
+    /// A trimmed kind's spec or status, with the entries it keeps.
+    Keeping(&'static [&'static str]),
 }
 
 impl Level {
+    /// The level of an object of kind `K`.
+    fn root<K: 'static>() -> Level {
+        let kind = TypeId::of::<K>();
+        if kind == TypeId::of::<Node>() {
+            Level::Trimmed(&NODE)
+        } else if kind == TypeId::of::<Pod>() {
+            Level::Trimmed(&POD)
+        } else {
+            Level::Object
+        }
+    }
+
     /// The level of the value under `key` at this level, if it is filtered at all.
     fn below(self, key: &str) -> Option<Level> {
-        (self == Level::Object && key == "metadata").then_some(Level::Metadata)
+        match (self, key) {
+            (Level::Object | Level::Trimmed(_), "metadata") => Some(Level::Metadata),
+            (Level::Trimmed(kept), "spec") => Some(Level::Keeping(kept.spec)),
+            (Level::Trimmed(kept), "status") => Some(Level::Keeping(kept.status)),
+            _ => None,
+        }
     }
 
     /// Whether the entry `key` at this level is skipped.
     fn skips(self, key: &str) -> bool {
-        self == Level::Metadata && key == "managedFields"
+        match self {
+            Level::Metadata => key == "managedFields",
+            Level::Keeping(kept) => !kept.contains(&key),
+            Level::Object | Level::Trimmed(_) => false,
+        }
     }
 }
 
@@ -366,7 +426,8 @@ impl<'de, S: DeserializeSeed<'de>> DeserializeSeed<'de> for FilteredSeed<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use k8s_openapi::api::core::v1::Node;
+    use crate::informers::slim_node;
+    use k8s_openapi::api::core::v1::{Node, Pod};
     use mcm_api::Machine;
     use serde_json::json;
 
@@ -388,35 +449,98 @@ mod tests {
                 "managedFields": managed_fields(),
                 "finalizers": ["f"]
             },
-            "spec": { "providerID": "local:///n1", "taints": [{ "key": "k", "effect": "NoSchedule" }] },
+            // Every field of a Node's spec and status (v1.36), kept or not.
+            "spec": {
+                "providerID": "local:///n1", "taints": [{ "key": "k", "effect": "NoSchedule" }],
+                "unschedulable": true, "podCIDR": "10.0.0.0/24", "podCIDRs": ["10.0.0.0/24"],
+                "externalID": "x", "configSource": { "configMap": {
+                    "name": "c", "namespace": "kube-system", "kubeletConfigKey": "k" } }
+            },
             "status": {
                 "conditions": [{ "type": "Ready", "status": "True" }],
+                "addresses": [{ "type": "InternalIP", "address": "10.0.0.1" }],
+                "volumesAttached": [{ "name": "v", "devicePath": "/dev/v" }],
+                "volumesInUse": ["v"],
+                "allocatable": { "cpu": "2" }, "capacity": { "cpu": "2", "memory": "4Gi" },
+                "daemonEndpoints": { "kubeletEndpoint": { "Port": 10250 } },
+                "images": [{ "names": ["registry.example/app@sha256:0", "app:1"], "sizeBytes": 7 }],
                 "nodeInfo": {
                     "architecture": "amd64", "bootID": "b", "containerRuntimeVersion": "c",
                     "kernelVersion": "k", "kubeProxyVersion": "", "kubeletVersion": "v",
                     "machineID": "m", "operatingSystem": "linux", "osImage": "o",
                     "systemUUID": "s"
-                }
+                },
+                "phase": "Running", "config": { "error": "e" },
+                "runtimeHandlers": [{ "name": "runc" }],
+                "features": { "supplementalGroupsPolicy": true }
             }
         })
     }
 
     #[test]
-    fn a_node_decodes_as_it_does_directly_but_without_its_managed_fields() {
+    fn a_node_decodes_as_its_store_keeps_it() {
         let text = node_json().to_string();
         let direct: Node = serde_json::from_str(&text).unwrap();
         assert_eq!(
             direct.metadata.managed_fields.as_ref().map(Vec::len),
             Some(1)
         );
-        let filtered: WithoutManagedFields<Node> = serde_json::from_str(&text).unwrap();
+        let status = direct.status.clone().unwrap();
+        assert!(status.images.is_some() && status.node_info.is_some());
+        assert!(direct.spec.as_ref().unwrap().pod_cidr.is_some());
+        let filtered: Slim<Node> = serde_json::from_str(&text).unwrap();
         let mut expected = direct;
-        expected.metadata.managed_fields = None;
+        slim_node(&mut expected);
+        // What the input skipped is exactly what the store drops: NODE and slim_node agree.
         assert_eq!(filtered.0, expected);
+        let kept = filtered.0.status.as_ref().unwrap();
+        assert!(kept.conditions.is_some() && kept.addresses.is_some());
+        assert!(kept.volumes_attached.is_some());
         // Only the metadata's entry is skipped: a label of that name stays.
         assert_eq!(
             filtered.0.metadata.labels.as_ref().unwrap()["managedFields"],
             "a label of that name is kept"
+        );
+    }
+
+    #[test]
+    fn a_pod_decodes_as_its_store_keeps_it() {
+        let value = json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {
+                "name": "p", "namespace": "ns", "managedFields": managed_fields(),
+                "ownerReferences": [{ "apiVersion": "apps/v1", "kind": "ReplicaSet",
+                    "name": "r", "uid": "u", "controller": true }]
+            },
+            "spec": {
+                "nodeName": "n1", "priority": 5, "terminationGracePeriodSeconds": 30,
+                "volumes": [{ "name": "v", "emptyDir": {} }],
+                "containers": [{ "name": "c", "image": "app:1",
+                    "env": [{ "name": "A", "value": "1" }] }],
+                "serviceAccountName": "sa",
+                "tolerations": [{ "key": "k", "operator": "Exists" }]
+            },
+            "status": {
+                "phase": "Running", "podIP": "10.1.0.1", "hostIP": "10.0.0.1",
+                "qosClass": "BestEffort",
+                "conditions": [{ "type": "Ready", "status": "True" }],
+                "containerStatuses": [{ "name": "c", "ready": true, "restartCount": 0,
+                    "image": "app:1", "imageID": "sha256:0" }]
+            }
+        });
+        let direct: Pod = serde_json::from_value(value.clone()).unwrap();
+        assert!(!direct.spec.as_ref().unwrap().containers.is_empty());
+        let filtered: Slim<Pod> = serde_json::from_slice(value.to_string().as_bytes()).unwrap();
+        let mut expected = direct;
+        mcm_drain::slim_pod(&mut expected);
+        // What the input skipped is exactly what the store drops: POD and slim_pod agree.
+        assert_eq!(filtered.0, expected);
+        let spec = filtered.0.spec.as_ref().unwrap();
+        assert_eq!(spec.node_name.as_deref(), Some("n1"));
+        assert_eq!(spec.volumes.as_ref().map(Vec::len), Some(1));
+        assert_eq!(
+            filtered.0.metadata.owner_references.as_ref().map(Vec::len),
+            Some(1)
         );
     }
 
@@ -430,12 +554,14 @@ mod tests {
         });
         let direct: Machine = serde_json::from_value(value.clone()).unwrap();
         assert!(direct.metadata.managed_fields.is_some());
+        // A Machine's spec and status are kept whole.
+        assert!(direct.status.is_some());
         let mut expected = direct;
         expected.metadata.managed_fields = None;
         // From bytes (borrowed keys, as a watch decodes) and from a Value (owned keys).
-        let from_bytes: WithoutManagedFields<Machine> =
+        let from_bytes: Slim<Machine> =
             serde_json::from_slice(value.to_string().as_bytes()).unwrap();
-        let from_value: WithoutManagedFields<Machine> = serde_json::from_value(value).unwrap();
+        let from_value: Slim<Machine> = serde_json::from_value(value).unwrap();
         assert_eq!(from_bytes.0, expected);
         assert_eq!(from_value.0, expected);
     }
@@ -446,15 +572,16 @@ mod tests {
             format!(r#"{{"type":"MODIFIED","object":{}}}"#, node_json()),
             format!(r#"{{"object":{},"type":"MODIFIED"}}"#, node_json()),
         ] {
-            let e: kube::core::WatchEvent<WithoutManagedFields<Node>> =
-                serde_json::from_str(&event).unwrap();
+            let e: kube::core::WatchEvent<Slim<Node>> = serde_json::from_str(&event).unwrap();
             let kube::core::WatchEvent::Modified(node) = e else {
                 panic!("not a modification: {event}");
             };
             assert_eq!(node.0.metadata.managed_fields, None);
             assert_eq!(node.0.metadata.name.as_deref(), Some("n1"));
             assert_eq!(node.0.metadata.finalizers, Some(vec!["f".to_string()]));
-            assert!(node.0.status.unwrap().node_info.is_some());
+            let status = node.0.status.unwrap();
+            assert!(status.conditions.is_some());
+            assert!(status.node_info.is_none() && status.images.is_none());
         }
     }
 
@@ -463,20 +590,17 @@ mod tests {
         let mut value = node_json();
         value["metadata"]["labels"] = json!("not a map");
         let direct = serde_json::from_value::<Node>(value.clone()).unwrap_err();
-        let filtered = serde_json::from_value::<WithoutManagedFields<Node>>(value).unwrap_err();
+        let filtered = serde_json::from_value::<Slim<Node>>(value).unwrap_err();
         assert_eq!(filtered.to_string(), direct.to_string());
     }
 
     #[test]
     fn the_wrapper_is_the_same_kind_at_the_same_url() {
+        assert_eq!(Slim::<Node>::url_path(&(), None), Node::url_path(&(), None));
         assert_eq!(
-            WithoutManagedFields::<Node>::url_path(&(), None),
-            Node::url_path(&(), None)
-        );
-        assert_eq!(
-            WithoutManagedFields::<Machine>::url_path(&(), Some("ns")),
+            Slim::<Machine>::url_path(&(), Some("ns")),
             Machine::url_path(&(), Some("ns"))
         );
-        assert_eq!(WithoutManagedFields::<Node>::kind(&()), "Node");
+        assert_eq!(Slim::<Node>::kind(&()), "Node");
     }
 }

@@ -35,7 +35,7 @@ use mcm_api::{Machine, MachineClass, MachineDeployment, MachineDisruptionBudget,
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::decode::{WithoutManagedFields, unwrap_event};
+use crate::decode::{Slim, unwrap_event};
 
 /// The label the machineclass controller puts on every Secret a MachineClass references;
 /// the process watches only the Secrets that carry it.
@@ -49,7 +49,7 @@ where
 {
     kind: &'static str,
     /// The kind's API, decoding without managed fields (the stores never hold them).
-    api: Api<WithoutManagedFields<K>>,
+    api: Api<Slim<K>>,
     config: watcher::Config,
     store: Store<K>,
     writer: Option<Writer<K>>,
@@ -63,7 +63,7 @@ where
 /// Drops from a watched object what no controller reads: its `managedFields`, the
 /// server-side-apply bookkeeping of every writer, often the largest part of an object.
 /// Stores hold every Machine and Node of a cluster, so this is most of their memory. (The
-/// watches decode without them already, through `decode::WithoutManagedFields`; this keeps
+/// watches decode without them already, through the informers' decoding; this keeps
 /// an object that reached the store another way, e.g. in a test, from holding them.)
 pub fn forget_managed_fields<K: Resource>(obj: &mut K) {
     obj.meta_mut().managed_fields = None;
@@ -112,7 +112,7 @@ where
     {
         Self::with_api(
             kind,
-            Api::<WithoutManagedFields<K>>::namespaced(client.clone(), namespace),
+            Api::<Slim<K>>::namespaced(client.clone(), namespace),
             config,
         )
     }
@@ -124,7 +124,7 @@ where
     {
         Self::with_api(
             kind,
-            Api::<WithoutManagedFields<K>>::all(client.clone()),
+            Api::<Slim<K>>::all(client.clone()),
             watcher::Config::default(),
         )
     }
@@ -144,11 +144,7 @@ where
         self
     }
 
-    fn with_api(
-        kind: &'static str,
-        api: Api<WithoutManagedFields<K>>,
-        config: watcher::Config,
-    ) -> Self {
+    fn with_api(kind: &'static str, api: Api<Slim<K>>, config: watcher::Config) -> Self {
         let (store, writer) = reflector::store();
         Informer {
             kind,
