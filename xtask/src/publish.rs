@@ -1,18 +1,18 @@
 //! `cargo xtask publish-check`: the library crates as crates.io would receive them, packaged
 //! and compiled from their packages.
 //!
-//! `cargo publish --workspace --dry-run` packages every publishable crate and then verifies
-//! each one with a debug build of it and its dependencies, in a workspace of its own: six
-//! crates, six resolutions, each dependency built again for each (kube's client five times),
-//! all of it code generation a library's check does not need. This packages the same way
-//! (`--no-verify`; then `cargo package` for the `.crate` files, which a dry run does not leave
-//! behind), unpacks them into one workspace whose `[patch.crates-io]`
-//! points each crate's dependencies on its siblings at their packages, and runs `cargo check`
-//! once per crate with only that crate selected: its dependencies' features are resolved for
-//! it alone, as for a user who depends on it alone, so a crate that compiles only with
-//! features a sibling turns on fails here as it fails for that user. The packages'
-//! workspace takes the repository's profiles, so the dependencies' checked metadata is shared
-//! with the documentation build before it.
+//! `cargo publish --dry-run` verifies each crate it packages with a debug build of the crate
+//! and its dependencies in a workspace of its own: six crates, six resolutions, each
+//! dependency built again for each (kube's client five times), and code generation a
+//! library's check does not need. This packages the same way (`cargo publish --dry-run
+//! --no-verify`, then `cargo package --no-verify` for the `.crate` files, which a dry run does
+//! not leave behind), unpacks them into one workspace whose `[patch.crates-io]` points each
+//! crate's dependencies on its siblings at their packages, and runs `cargo check` once per
+//! crate with only that crate selected, siblings first. Its dependencies' features are then
+//! resolved for it alone, as for a user who depends on it alone: a crate that compiles only
+//! with features a sibling turns on fails here as it fails for that user. The packages'
+//! workspace takes the repository's resolver and profiles, so the dependencies' checked
+//! metadata is shared with the documentation build before it.
 
 use std::path::Path;
 
