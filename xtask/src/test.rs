@@ -9,8 +9,8 @@
 //! printed whole when it fails; each one's result line and duration always.
 //!
 //! The end-to-end scenarios (`cargo xtask e2e`) run as more jobs, in shards on control planes
-//! of their own (`--shard K/N`), their output printed whole. With arguments (`cargo xtask test -p mcm-api some_test`) it is plain `cargo test`
-//! with those arguments, without the scenarios.
+//! of their own (`--shard K/N`), their output printed whole. With arguments (`cargo xtask test
+//! -p mcm-api some_test`) it is plain `cargo test` with those arguments, without the scenarios.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::{Path, PathBuf};
@@ -156,10 +156,12 @@ pub fn run(args: &[String], jobs: usize) -> Result<()> {
         }
     });
     let outcomes = outcomes.into_inner().unwrap_or_else(|e| e.into_inner());
-    let mut after = before;
-    for o in &outcomes {
-        after.insert(o.label.clone(), o.took.as_secs_f64());
-    }
+    // This run's jobs only: a job that no longer exists (a test file removed, the scenarios
+    // split into shards) leaves no entry behind.
+    let after: BTreeMap<String, f64> = outcomes
+        .iter()
+        .map(|o| (o.label.clone(), o.took.as_secs_f64()))
+        .collect();
     let _ = std::fs::write(
         &history,
         serde_json::to_string_pretty(&after).unwrap_or_default(),

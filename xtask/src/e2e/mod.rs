@@ -79,7 +79,10 @@ pub fn run(only: Option<Scenario>, shard: Option<Shard>, keep_logs: bool) -> Res
     env::plain_logs_for_children();
     let selected = selection(only, shard);
     if selected.is_empty() {
-        bail!("no scenario is selected ({only:?} is not in shard {shard:?})");
+        // Only a named scenario outside the named shard selects nothing.
+        let name = only.map_or("the scenario", Scenario::name);
+        let shard = shard.map(|s| s.to_string()).unwrap_or_default();
+        bail!("no scenario is selected: {name} is not in shard {shard}");
     }
     let bins = env::prepare_binaries()?;
     let stamp = jiff::Timestamp::now().as_second();
