@@ -608,6 +608,31 @@ async fn bootstrap_tokens_gate_the_boot() {
     delete_nodes(&client, &[clouds[0].1.clone()]).await;
 }
 
+/// The API server authenticates bootstrap tokens from its informer cache of Secrets, which
+/// can lag behind a token created just before the VM booted: a VM whose token is rejected at
+/// first and accepted a moment later boots.
+#[tokio::test]
+async fn a_token_the_api_server_knows_only_after_the_first_check_still_boots() {
+    let TestNamespace { env, client, ns } = TestNamespace::new(Components::ALL, "late").await;
+    let (id, secret) = new_token();
+    let user_data = format!("#cloud-config\nbootstrapToken: {id}.{secret}\n");
+    let cloud = Cloud::new(&kubeconfig_text(&env), json!({}), Some(&user_data));
+    let name = format!("{ns}-late");
+    cloud.create(&name).await.expect("create");
+    // The VM has been turned away once (and tries again) before its token exists.
+    mcm_testenv::kit::eventually(WAIT, "the first check to be rejected", || async {
+        let log = cloud.log(&name);
+        assert!(!log.contains("local-node failed"), "the boot failed: {log}");
+        log.contains("401") && log.contains("retrying")
+    })
+    .await;
+    create_token_secret(&client, &id, &secret, 3600).await;
+    await_node_ready(&client, &name, &cloud).await;
+    assert!(cloud.log(&name).contains("bootstrap token accepted"));
+    cloud.delete(&name).await.expect("delete");
+    delete_nodes(&client, std::slice::from_ref(&name)).await;
+}
+
 #[tokio::test]
 async fn fail_to_boot_and_crash_after_behave_as_documented() {
     let TestNamespace { env, client, ns } = TestNamespace::new(Components::ALL, "fault").await;

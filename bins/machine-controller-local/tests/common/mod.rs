@@ -45,17 +45,28 @@ pub struct Harness {
 
 impl Drop for Harness {
     fn drop(&mut self) {
-        let killed = state::kill_all_recorded(&StateDirectory::new(self.state_dir.path()));
+        let vms = StateDirectory::new(self.state_dir.path());
+        let killed = state::kill_all_recorded(&vms);
         if !killed.is_empty() {
             eprintln!("harness killed leftover VM processes {killed:?}");
         }
-        if std::thread::panicking()
-            && let Ok(entries) = std::fs::read_dir(self.logs.path())
-        {
-            for e in entries.flatten() {
-                let text = std::fs::read_to_string(e.path()).unwrap_or_default();
-                let tail: Vec<&str> = text.lines().rev().take(60).collect();
-                eprintln!("--- last lines of {} ---", e.path().display());
+        if std::thread::panicking() {
+            // The controllers' logs, then each VM's agent log (why a VM never registered).
+            let logs = std::fs::read_dir(self.logs.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| (e.path(), 60));
+            let agents = std::fs::read_dir(vms.vms_dir())
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|e| (e.path().join(state::LOG_FILE), 20))
+                .filter(|(path, _)| path.is_file());
+            for (path, lines) in logs.chain(agents) {
+                let text = std::fs::read_to_string(&path).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(lines).collect();
+                eprintln!("--- last lines of {} ---", path.display());
                 for l in tail.into_iter().rev() {
                     eprintln!("{l}");
                 }

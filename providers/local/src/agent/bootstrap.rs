@@ -18,6 +18,10 @@
 //! When a token is present, the agent first authenticates with it as a bearer token (it
 //! creates an `authentication.k8s.io/v1` `SelfSubjectReview`); a `401` means the token is
 //! unknown, wrong or expired and the boot fails, as a real kubelet's TLS bootstrap would.
+//! A `401` is tried again for [`REJECTION_GRACE`] first: the API server's bootstrap-token
+//! authenticator reads the token Secrets from its informer cache, which may not hold a token
+//! the controller created a moment before the VM booted (a real VM boots for a minute, and
+//! a kubelet whose bootstrap failed is restarted by its init system and tries again).
 
 use std::fmt;
 use std::time::Duration;
@@ -128,6 +132,20 @@ pub enum TokenCheckError {
     },
 }
 
+/// How long after the first check a rejected token is still tried again (see the module
+/// documentation); a token still rejected then fails the boot.
+pub const REJECTION_GRACE: Duration = Duration::from_secs(15);
+
+/// Whether a failed check is tried again, `elapsed` after the first attempt: an unreachable
+/// API server always (the caller bounds the whole wait), a rejection within
+/// [`REJECTION_GRACE`].
+pub fn worth_retrying(err: &TokenCheckError, elapsed: Duration) -> bool {
+    match err {
+        TokenCheckError::Unreachable { .. } => true,
+        TokenCheckError::Rejected { .. } => elapsed < REJECTION_GRACE,
+    }
+}
+
 /// Authenticates to the API server with the token as a bearer token (instead of the
 /// kubeconfig's credentials) and returns the user name the server saw
 /// (`system:bootstrap:<id>`).
@@ -176,6 +194,25 @@ mod tests {
         assert!(!format!("{t:?}").contains("0123456789abcdef"));
         assert_eq!(token_from_user_data("nothing here\n"), Ok(None));
         assert_eq!(token_from_user_data(""), Ok(None));
+    }
+
+    #[test]
+    fn a_rejection_is_tried_again_only_within_the_grace() {
+        let rejected = TokenCheckError::Rejected {
+            id: "abcdef".into(),
+            message: "Unauthorized".into(),
+        };
+        assert!(worth_retrying(&rejected, Duration::ZERO));
+        assert!(worth_retrying(
+            &rejected,
+            REJECTION_GRACE - Duration::from_millis(1)
+        ));
+        assert!(!worth_retrying(&rejected, REJECTION_GRACE));
+        let unreachable = TokenCheckError::Unreachable {
+            id: "abcdef".into(),
+            source: kube::Error::LinesCodecMaxLineLengthExceeded,
+        };
+        assert!(worth_retrying(&unreachable, REJECTION_GRACE * 4));
     }
 
     #[test]

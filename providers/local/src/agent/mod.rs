@@ -21,7 +21,8 @@
 //!
 //! 1. `failToBoot`: log and exit 1. `crashAfter`: arm a timer that exits 137 abruptly.
 //! 2. `bootDelay`: wait.
-//! 3. Bootstrap token in the user data: authenticate with it (exit 1 when rejected).
+//! 3. Bootstrap token in the user data: authenticate with it (exit 1 when still rejected
+//!    after [`bootstrap::REJECTION_GRACE`]).
 //! 4. Register the Node, then heartbeat (Lease + Ready) and serve Pods until SIGTERM or
 //!    SIGINT, on which it exits 0 without touching the Node (deleting it is the
 //!    controller's job).
@@ -238,10 +239,11 @@ async fn boot_and_serve(
             .map_err(AgentError::Kubeconfig)?;
 
     if let Some(token) = token {
+        let first_check = std::time::Instant::now();
         let user = retry(
             "check the bootstrap token",
             || bootstrap::check_token(&kube_config, &token),
-            |e| matches!(e, bootstrap::TokenCheckError::Unreachable { .. }),
+            |e| bootstrap::worth_retrying(e, first_check.elapsed()),
         )
         .await
         .map_err(|e| {
