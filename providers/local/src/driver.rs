@@ -98,8 +98,9 @@ pub enum LocalError {
         #[source]
         source: io::Error,
     },
-    /// The agent process started but vanished before it could be recorded.
-    #[error("the {NODE_BINARY_NAME} process {pid} exited before it could be recorded (see {})", log.display())]
+    /// The agent process started but its `/proc` entry could not be read to record it (a
+    /// child not yet waited for stays there even when it exited at once).
+    #[error("the {NODE_BINARY_NAME} process {pid} started but /proc/{pid}/stat could not be read to record it (see {})", log.display())]
     VanishedAtStart {
         /// Its pid.
         pid: u32,
@@ -535,6 +536,12 @@ impl Launch {
             source,
         })?;
         let pid = child.id();
+        let raw_pid = i32::try_from(pid).unwrap_or(i32::MAX);
+        // Read before the child can be reaped: until it is waited for, even a child that
+        // exited at once (a boot that fails at once) stays in /proc as a zombie, and is then
+        // recorded and reported stopped. Read after the reaper started, such a child could be
+        // gone already, and the create failed.
+        let stat = state::read_proc_stat(raw_pid);
         // Reap the child whenever it exits, so it never lingers as a zombie of ours.
         std::thread::Builder::new()
             .name(format!("reap-{pid}"))
@@ -543,8 +550,7 @@ impl Launch {
                 let _ = child.wait();
             })
             .map_err(|e| LocalError::io("start a reaper thread for", &self.binary, e))?;
-        let raw_pid = i32::try_from(pid).unwrap_or(i32::MAX);
-        let Some(stat) = state::read_proc_stat(raw_pid) else {
+        let Some(stat) = stat else {
             return Err(LocalError::VanishedAtStart { pid, log: log_path });
         };
         record.pid = raw_pid;
