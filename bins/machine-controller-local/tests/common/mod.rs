@@ -64,12 +64,8 @@ impl Drop for Harness {
                 .map(|e| (e.path().join(state::LOG_FILE), 20))
                 .filter(|(path, _)| path.is_file());
             for (path, lines) in logs.chain(agents) {
-                let text = std::fs::read_to_string(&path).unwrap_or_default();
-                let tail: Vec<&str> = text.lines().rev().take(lines).collect();
                 eprintln!("--- last lines of {} ---", path.display());
-                for l in tail.into_iter().rev() {
-                    eprintln!("{l}");
-                }
+                eprintln!("{}", mcm_testenv::process::log_tail(&path, lines));
             }
         }
     }
