@@ -282,6 +282,7 @@ fn build_helm(dest: &Path) -> Result<()> {
         .args([
             "install".to_string(),
             "-trimpath".to_string(),
+            crate::testenv::GO_NO_DWARF.to_string(),
             format!("-ldflags={}", ldflags.join(" ")),
             format!("{HELM_PACKAGE}@{HELM_VERSION}"),
         ])

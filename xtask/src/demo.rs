@@ -102,9 +102,12 @@ pub fn run(exit_when_ready: bool, timeout: Duration, provider: Provider) -> Resu
     runtime.block_on(demo(&bins, &dir, mode, provider))
 }
 
+/// The provider skeleton's package (examples/provider-skeleton), whose binary has its name.
+pub const SKELETON_PACKAGE: &str = "machine-controller-skeleton";
+
 /// Builds the provider skeleton's binary.
 fn skeleton_binary() -> Result<PathBuf> {
-    const PACKAGE: &str = "machine-controller-skeleton";
+    const PACKAGE: &str = SKELETON_PACKAGE;
     eprintln!("building the provider skeleton: cargo build --bins -p {PACKAGE} -p xtask");
     // xtask in the selection: the dependencies' features as `cargo xtask` has them, so its
     // debug build of the dependency tree serves the skeleton too (see `env::prepare_binaries`).

@@ -6,6 +6,7 @@ mod chart;
 mod crds;
 mod demo;
 mod e2e;
+mod features;
 mod image;
 mod publish;
 mod test;
@@ -106,6 +107,15 @@ enum Cmd {
     /// written to target/images/<name>/ (layout) and <name>.tar (oci-archive), then verified
     /// and smoke-tested.
     Image(image::Args),
+    /// Check that every debug build with xtask in it (`cargo xtask`, the binaries of the
+    /// demo, the scenarios, chaos and the benchmarks) resolves its dependencies' features as
+    /// the workspace's test build does, so one build of the dependency tree serves them all;
+    /// with --write, regenerate xtask/features/Cargo.toml, which makes them so.
+    Features {
+        /// Regenerate the crate's manifest (and Cargo.lock) instead of checking.
+        #[arg(long)]
+        write: bool,
+    },
     /// Package the library crates as `cargo publish` would (`--dry-run`) and check each one
     /// from its package alone, its dependencies' features resolved for it alone: what
     /// `cargo publish`'s own verification catches, without a debug build per crate.
@@ -135,6 +145,7 @@ fn main() -> Result<()> {
         Cmd::Bench(b) => bench::run(b),
         Cmd::Chaos(plan) => chaos::run(&plan),
         Cmd::Image(args) => image::run(&args),
+        Cmd::Features { write } => features::run(write),
         Cmd::PublishCheck => publish::run(),
     }
 }

@@ -271,10 +271,16 @@ fn download_go_mod(dir: &Path, module: &str, version: &str) -> Result<String> {
     Ok(std::fs::read_to_string(PathBuf::from(path))?)
 }
 
+/// Compiles Go packages without DWARF: the binaries are linked with `-s -w`, which drops it
+/// anyway (etcd came out the same size), and a cold build of etcd took 16 % less CPU (94 s
+/// against 112 s of user time).
+pub(crate) const GO_NO_DWARF: &str = "-gcflags=all=-dwarf=false";
+
 fn go_build(dir: &Path, out: &Path, ldflags: &str, packages: &[&str]) -> Result<()> {
     let mut args = vec![
         "build".to_string(),
         "-trimpath".to_string(),
+        GO_NO_DWARF.to_string(),
         format!("-ldflags={ldflags}"),
         "-o".to_string(),
         format!("{}/", out.display()),

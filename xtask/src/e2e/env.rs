@@ -97,6 +97,14 @@ pub enum Profile {
     FastRelease,
 }
 
+/// The packages whose binaries [`prepare_binaries_in`] builds: the controllers and the local
+/// VM. In the debug profile xtask is built with them (see `cargo xtask features`).
+pub const BINARY_PACKAGES: [&str; 3] = [
+    "machine-controller-manager",
+    "machine-controller-local",
+    "mcm-provider-local",
+];
+
 /// [`prepare_binaries`] in the given profile.
 pub fn prepare_binaries_in(profile: Profile) -> Result<Binaries> {
     if std::env::var_os(mcm_testenv::binaries::ASSETS_ENV).is_none() {
@@ -104,16 +112,10 @@ pub fn prepare_binaries_in(profile: Profile) -> Result<Binaries> {
         crate::testenv::ensure_control_plane(false)
             .context("preparing the control-plane binaries")?;
     }
-    let mut args = vec![
-        "build",
-        "--bins",
-        "-p",
-        "machine-controller-manager",
-        "-p",
-        "machine-controller-local",
-        "-p",
-        "mcm-provider-local",
-    ];
+    let mut args = vec!["build", "--bins"];
+    for package in BINARY_PACKAGES {
+        args.extend(["-p", package]);
+    }
     match profile {
         // With xtask in the selection the build resolves the dependencies' features as
         // `cargo xtask` itself does (xtask depends on mcm-core for that): the debug build of
