@@ -230,37 +230,26 @@ pub fn ensure_helm() -> Result<PathBuf> {
     Ok(helm_binary()?)
 }
 
-/// Builds `helm` with `go install <package>@<version>` (no replace directives in helm's
-/// go.mod, so no wrapper module is needed), with the version and Kubernetes-version ldflags
-/// of helm's Makefile, into a scratch `GOBIN` first and then renamed to `dest`, so that an
-/// interrupted build never leaves a binary that looks complete.
+/// Builds `helm` in a wrapper module requiring helm's (which has no replace directives of its
+/// own), its shared modules pinned to the control plane's versions when that was built here
+/// (see [`crate::testenv::align_with_control_plane`]), with the version and Kubernetes-version
+/// ldflags of helm's Makefile, into a scratch directory first and then renamed to `dest`, so
+/// that an interrupted build never leaves a binary that looks complete.
 fn build_helm(dest: &Path) -> Result<()> {
     let dir = dest.parent().context("the helm cache path has no parent")?;
     let work = dir.join("src");
-    let gobin = dir.join("gobin");
-    std::fs::create_dir_all(&work)?;
-    let _ = std::fs::remove_dir_all(&gobin);
-    std::fs::create_dir_all(&gobin)?;
-    // A throwaway module so `go mod download` has somewhere to run.
-    std::fs::write(
-        work.join("go.mod"),
-        "module mcm-rs.local/helm-download\n\ngo 1.22\n",
-    )?;
-    let info = crate::testenv::go_output(
+    let out = dir.join("out");
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out)?;
+    let go_mod = crate::testenv::wrapper_module(
         &work,
-        &[
-            "mod",
-            "download",
-            "-json",
-            &format!("{HELM_MODULE}@{HELM_VERSION}"),
-        ],
+        "mcm-rs.local/helm",
+        HELM_MODULE,
+        HELM_VERSION,
+        &[HELM_PACKAGE],
+        |_| HELM_VERSION.to_string(),
     )?;
-    let info: serde_json::Value = serde_json::from_str(&info)
-        .with_context(|| format!("unexpected output of go mod download: {info}"))?;
-    let go_mod = info["GoMod"]
-        .as_str()
-        .context("go mod download reported no GoMod for helm")?;
-    let go_mod = std::fs::read_to_string(go_mod)?;
+    crate::testenv::align_with_control_plane(&work, "helm")?;
     let (major, minor) = kubernetes_version(&go_mod)?;
     let mut ldflags = vec![
         "-s".to_string(),
@@ -276,24 +265,10 @@ fn build_helm(dest: &Path) -> Result<()> {
         ldflags.push(format!("-X={pkg}.k8sVersionMajor={major}"));
         ldflags.push(format!("-X={pkg}.k8sVersionMinor={minor}"));
     }
-    eprintln!("go install {HELM_PACKAGE}@{HELM_VERSION} (a few minutes on a cold cache)");
-    let status = go_command(&work)
-        .env("GOBIN", &gobin)
-        .args([
-            "install".to_string(),
-            "-trimpath".to_string(),
-            crate::testenv::GO_NO_DWARF.to_string(),
-            format!("-ldflags={}", ldflags.join(" ")),
-            format!("{HELM_PACKAGE}@{HELM_VERSION}"),
-        ])
-        .status()
-        .context("cannot run `go`: is the Go toolchain installed and on PATH?")?;
-    if !status.success() {
-        bail!("`go install {HELM_PACKAGE}@{HELM_VERSION}` failed with {status}");
-    }
-    std::fs::rename(gobin.join("helm"), dest)
+    crate::testenv::go_build(&work, &out, &ldflags.join(" "), &[HELM_PACKAGE])?;
+    std::fs::rename(out.join("helm"), dest)
         .with_context(|| format!("moving the built helm to {}", dest.display()))?;
-    let _ = std::fs::remove_dir_all(&gobin);
+    let _ = std::fs::remove_dir_all(&out);
     Ok(())
 }
 
@@ -312,14 +287,6 @@ fn kubernetes_version(go_mod: &str) -> Result<(u32, u32)> {
         .context("no minor version of k8s.io/client-go")?
         .parse()?;
     Ok((major + 1, minor))
-}
-
-fn go_command(dir: &Path) -> Command {
-    let mut c = Command::new("go");
-    c.current_dir(dir)
-        .env("GOTOOLCHAIN", "local")
-        .env("CGO_ENABLED", "0");
-    c
 }
 
 /// The files the chart carries copies of: (source, copy in the chart). The CRDs are every

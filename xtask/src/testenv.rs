@@ -8,6 +8,7 @@
 //! module of the matching version (`v0.<minor>.<patch>`). etcd's server module does the same with
 //! relative paths (`../api`), which we re-point at the published modules of the same release.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -90,6 +91,7 @@ fn build_kwok(dir: &Path) -> Result<()> {
         &["sigs.k8s.io/kwok/cmd/kwok"],
         |_| KWOK_VERSION.to_string(),
     )?;
+    align_with_control_plane(&work, "kwok")?;
     go_build(&work, dir, "-s -w", &["sigs.k8s.io/kwok/cmd/kwok"])?;
     let module = go_output(&work, &["list", "-m", "-json", "sigs.k8s.io/kwok"])?;
     let module: serde_json::Value = serde_json::from_str(&module)
@@ -111,6 +113,102 @@ fn build_kwok(dir: &Path) -> Result<()> {
         }
     }
     std::fs::write(dir.join(KWOK_STAGES_FILE), stages)?;
+    Ok(())
+}
+
+/// A module as a build uses it: the module it comes from (itself, or what a `replace`
+/// directive points at) and that module's version.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Source {
+    path: String,
+    version: String,
+}
+
+/// Every module of the build list of the module in `dir` (`go list -m all`) but the main one.
+fn build_list(dir: &Path) -> Result<BTreeMap<String, Source>> {
+    let out = go_output(
+        dir,
+        &[
+            "list",
+            "-m",
+            "-f",
+            "{{.Path}} {{with .Replace}}{{.Path}} {{.Version}}{{else}}{{.Path}} {{.Version}}{{end}}",
+            "all",
+        ],
+    )?;
+    Ok(parse_build_list(&out))
+}
+
+fn parse_build_list(text: &str) -> BTreeMap<String, Source> {
+    text.lines()
+        .filter_map(|l| {
+            let mut w = l.split_whitespace();
+            let (module, path, version) = (w.next()?, w.next()?, w.next()?);
+            Some((
+                module.to_string(),
+                Source {
+                    path: path.to_string(),
+                    version: version.to_string(),
+                },
+            ))
+        })
+        .collect()
+}
+
+/// The modules both builds use at different versions, each with the control plane's.
+fn pins(
+    control_plane: &BTreeMap<String, Source>,
+    kwok: &BTreeMap<String, Source>,
+) -> Vec<(String, Source)> {
+    kwok.iter()
+        .filter_map(|(module, own)| {
+            let theirs = control_plane.get(module)?;
+            (theirs != own).then(|| (module.clone(), theirs.clone()))
+        })
+        .collect()
+}
+
+/// Pins, in the wrapper module in `dir` (kwok's, helm's), every module the control plane's
+/// build also uses to the version that build has (for kwok: client-go v0.36.3 for its v0.36.1,
+/// golang.org/x/sys v0.40.0 for its v0.46.0, ...). Go's build cache then holds the packages
+/// the two share (client-go, apimachinery, grpc, ...) from the control plane's build, instead
+/// of compiling other versions of them. The versions are those of fixed releases, so the
+/// result is the same on every machine that built the control plane first (as `cargo xtask
+/// testenv` and CI do); without that build, `what` is built with its own versions.
+pub(crate) fn align_with_control_plane(dir: &Path, what: &str) -> Result<()> {
+    let kube = binaries::cache_bin_dir()?
+        .parent()
+        .context("the cache bin dir has no parent")?
+        .join("src")
+        .join("kubernetes");
+    if !kube.join("go.mod").is_file() {
+        eprintln!(
+            "no control-plane build in {}: {what} is built with its own module versions",
+            kube.display()
+        );
+        return Ok(());
+    }
+    let pinned = pins(&build_list(&kube)?, &build_list(dir)?);
+    if pinned.is_empty() {
+        return Ok(());
+    }
+    let mut go_mod = std::fs::read_to_string(dir.join("go.mod"))?;
+    go_mod.push_str("\n// The control plane's versions (cargo xtask testenv): its build's packages serve kwok.\nreplace (\n");
+    for (module, source) in &pinned {
+        go_mod.push_str(&format!(
+            "\t{module} => {} {}\n",
+            source.path, source.version
+        ));
+    }
+    go_mod.push_str(")\n");
+    std::fs::write(dir.join("go.mod"), go_mod)?;
+    // No `go mod tidy`: it resolves the imports of every package's tests too, and some of
+    // those (helm's registry tests) need newer versions than the pins; the build resolves
+    // only what it compiles (GOFLAGS=-mod=mod).
+    eprintln!(
+        "{what}: {} modules pinned to the control plane's versions, to share its compiled packages",
+        pinned.len()
+    );
     Ok(())
 }
 
@@ -192,15 +290,15 @@ fn build_all(bin_dir: &Path) -> Result<()> {
 
 /// Writes `dir/go.mod` requiring `module@version`, with the local-path replace directives of
 /// that module's own go.mod re-pointed at published versions, plus a `tools.go` importing
-/// `packages`, then resolves the module graph.
-fn wrapper_module(
+/// `packages`, then resolves the module graph. Returns the upstream go.mod.
+pub(crate) fn wrapper_module(
     dir: &Path,
     name: &str,
     module: &str,
     version: &str,
     packages: &[&str],
     published_version: impl Fn(&str) -> String,
-) -> Result<()> {
+) -> Result<String> {
     std::fs::create_dir_all(dir)?;
     let upstream_mod = download_go_mod(dir, module, version)?;
     let replaces = local_replaces(&upstream_mod);
@@ -227,7 +325,7 @@ fn wrapper_module(
     tools.push_str(")\n");
     std::fs::write(dir.join("tools.go"), tools)?;
     go(dir, &["mod", "tidy"])?;
-    Ok(())
+    Ok(upstream_mod)
 }
 
 /// The `go` directive of an upstream go.mod (the wrapper needs at least that language version).
@@ -276,7 +374,7 @@ fn download_go_mod(dir: &Path, module: &str, version: &str) -> Result<String> {
 /// against 112 s of user time).
 pub(crate) const GO_NO_DWARF: &str = "-gcflags=all=-dwarf=false";
 
-fn go_build(dir: &Path, out: &Path, ldflags: &str, packages: &[&str]) -> Result<()> {
+pub(crate) fn go_build(dir: &Path, out: &Path, ldflags: &str, packages: &[&str]) -> Result<()> {
     let mut args = vec![
         "build".to_string(),
         "-trimpath".to_string(),
@@ -337,6 +435,37 @@ pub(crate) fn go_output(dir: &Path, args: &[&str]) -> Result<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kwok_takes_the_control_planes_version_of_every_module_both_use() {
+        let kube = parse_build_list(
+            "mcm-rs.local/testenv-kubernetes mcm-rs.local/testenv-kubernetes \n\
+             k8s.io/api k8s.io/api v0.36.3\n\
+             golang.org/x/sys golang.org/x/sys v0.40.0\n\
+             github.com/spf13/cobra github.com/spf13/cobra v1.10.0\n\
+             k8s.io/kubernetes k8s.io/kubernetes v1.36.3\n",
+        );
+        let kwok = parse_build_list(
+            "mcm-rs.local/testenv-kwok mcm-rs.local/testenv-kwok \n\
+             k8s.io/api k8s.io/api v0.36.1\n\
+             golang.org/x/sys golang.org/x/sys v0.46.0\n\
+             github.com/spf13/cobra github.com/spf13/cobra v1.10.0\n\
+             sigs.k8s.io/kwok sigs.k8s.io/kwok v0.8.0\n",
+        );
+        // The main modules (no version) are not in the lists.
+        assert!(!kube.contains_key("mcm-rs.local/testenv-kubernetes"));
+        let pinned = pins(&kube, &kwok);
+        let names: Vec<(&str, &str)> = pinned
+            .iter()
+            .map(|(m, s)| (m.as_str(), s.version.as_str()))
+            .collect();
+        // Same version: nothing to pin; kwok's own modules and the control plane's others:
+        // untouched.
+        assert_eq!(
+            names,
+            [("golang.org/x/sys", "v0.40.0"), ("k8s.io/api", "v0.36.3")]
+        );
+    }
 
     #[test]
     fn local_replaces_are_found_and_forbidden_ones_skipped() {

@@ -185,6 +185,11 @@ fn build_demo_binaries() {
             "machine-controller-local",
             "-p",
             "mcm-provider-local",
+            // xtask in the selection, as the demo's own build has it: the dependencies'
+            // features are then the test build's (`cargo xtask features`) and nothing is
+            // compiled again (without it, a cold run rebuilt the binaries' whole tree here).
+            "-p",
+            "xtask",
         ])
         .status()
         .unwrap_or_else(|e| panic!("cannot run {cargo}: {e}"));

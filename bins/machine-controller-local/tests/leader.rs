@@ -11,6 +11,7 @@ use common::*;
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
+use kube::runtime::WatchStreamExt as _;
 use mcm_api::MachinePhase;
 use mcm_testenv::kit::{await_object, eventually};
 use serde_json::json;
@@ -47,10 +48,20 @@ async fn one_replica_leads_the_standby_is_ready_and_takes_over() {
         let stream = kube::runtime::watcher(
             leases.clone(),
             kube::runtime::watcher::Config::default().fields("metadata.name=machine-controller"),
-        );
+        )
+        .default_backoff();
         tokio::spawn(async move {
             futures::pin_mut!(stream);
-            while let Some(Ok(ev)) = stream.next().await {
+            // An error (a dropped watch on a loaded machine) is followed by the watcher's own
+            // resume: the recording goes on instead of ending silently incomplete.
+            while let Some(item) = stream.next().await {
+                let ev = match item {
+                    Ok(ev) => ev,
+                    Err(e) => {
+                        eprintln!("recording watch: {e}; resuming");
+                        continue;
+                    }
+                };
                 if let kube::runtime::watcher::Event::Apply(l)
                 | kube::runtime::watcher::Event::InitApply(l) = ev
                     && let Some(id) = holder(&l).filter(|id| !id.is_empty())

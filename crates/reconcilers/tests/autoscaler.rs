@@ -137,7 +137,16 @@ where
         let mut stream = watcher(api, watcher::Config::default())
             .default_backoff()
             .boxed();
-        while let Some(Ok(event)) = stream.next().await {
+        // An error (a dropped watch on a loaded machine) is followed by the watcher's own
+        // resume: the recording goes on. Ending here left the record silently incomplete.
+        while let Some(item) = stream.next().await {
+            let event = match item {
+                Ok(event) => event,
+                Err(e) => {
+                    eprintln!("recording watch: {e}; resuming");
+                    continue;
+                }
+            };
             match event {
                 watcher::Event::Apply(obj) | watcher::Event::InitApply(obj) => {
                     if let Some(v) = f(&obj) {

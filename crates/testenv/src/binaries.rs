@@ -29,8 +29,11 @@ pub const KWOK_ENV: &str = "MCM_KWOK_DIR";
 /// complete and delete), taken from kwok's own module by `cargo xtask testenv`.
 pub const KWOK_STAGES_FILE: &str = "stages.yaml";
 
-/// The Helm release (`helm.sh/helm/v3`) that renders and lints the chart in `deploy/chart`.
-pub const HELM_VERSION: &str = "v3.22.0";
+/// The Helm release (`helm.sh/helm/v3`) that renders and lints the chart in `deploy/chart`:
+/// the newest built on the Kubernetes minor of [`KUBERNETES_VERSION`] (its client-go is
+/// v0.36), so `helm template` renders for the tested minor and its build shares the control
+/// plane's compiled packages.
+pub const HELM_VERSION: &str = "v3.21.4";
 
 /// The environment variable that names a `helm` binary to use instead of the one
 /// `cargo xtask chart` builds into [`helm_cache_path`].
