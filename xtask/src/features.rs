@@ -82,8 +82,9 @@ struct Selection {
 impl Selection {
     fn args(&self) -> Vec<String> {
         let mut args = vec![
+            // Not `--offline`: cargo tree reads every package's manifest, and on a fresh
+            // machine a build of xtask alone has downloaded only xtask's dependencies.
             "tree".to_string(),
-            "--offline".to_string(),
             "--target".to_string(),
             PLATFORM.to_string(),
             "--charset".to_string(),
