@@ -123,6 +123,11 @@ fn form_decode(s: &str) -> String {
 async fn run_instances_parameters(pool: &str) -> String {
     let c = class(pool);
     let spec = spec::parse_provider_spec(&c).expect("decodes");
+    parameters_of(&spec, None).await
+}
+
+/// The `RunInstances` parameters of `spec` for a Machine with `placement_annotation`.
+async fn parameters_of(spec: &spec::ProviderSpec, placement_annotation: Option<&str>) -> String {
     let capture = CaptureBody::default();
     let conf = aws_sdk_ec2::Config::builder()
         .behavior_version(BehaviorVersion::latest())
@@ -139,9 +144,9 @@ async fn run_instances_parameters(pool: &str) -> String {
     let client = aws_sdk_ec2::Client::from_conf(conf);
     let request = launch::run_instances_request(
         client.run_instances(),
-        &spec,
+        spec,
         MACHINE,
-        None,
+        placement_annotation,
         USER_DATA,
         Some(ROOT_DEVICE),
         REQUEST_ID,
@@ -153,7 +158,7 @@ async fn run_instances_parameters(pool: &str) -> String {
         .expect_err("the capture stops the request");
     assert!(
         format!("{:?}", err).contains("Captured"),
-        "{pool}: stopped by something else: {err:?}"
+        "stopped by something else: {err:?}"
     );
     let body = capture.0.lock().unwrap().take().expect("body captured");
     let mut params: Vec<(String, String)> = body
@@ -247,5 +252,32 @@ fn the_static_key_and_the_workload_identity_secrets_are_served() {
             );
         }
         other => panic!("workload identity, not {other:?}"),
+    }
+}
+
+/// A Machine's placement annotation with every field EC2's `Placement` has.
+const PLACEMENT_ANNOTATION: &str = r#"{"AvailabilityZone": "eu-west-1b", "Affinity": "default", "GroupName": "g", "PartitionNumber": 2, "HostId": "h-2", "Tenancy": "host", "SpreadDomain": "s", "HostResourceGroupArn": "arn:aws:resource-groups:eu-west-1:123456789012:group/h", "GroupId": "pg-2"}"#;
+
+/// Specs that set every field the driver sends (`tests/wire/*.json`), and their
+/// `RunInstances` parameters as the AWS SDK for Rust serialized them
+/// (`tests/wire/*.run-instances.txt`): the wire format the driver's own encoding must keep.
+const WIRE_SPECS: &[(&str, Option<&str>)] = &[
+    ("every-field", None),
+    ("preference", Some(PLACEMENT_ANNOTATION)),
+    ("reservation-id", None),
+];
+
+#[tokio::test]
+async fn every_field_the_driver_sends_has_its_wire_name() {
+    for (name, annotation) in WIRE_SPECS {
+        let dir = format!("{}/tests/wire", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(format!("{dir}/{name}.json")).expect("wire spec");
+        let spec: spec::ProviderSpec = serde_json::from_str(&text).expect("wire spec JSON");
+        let got = parameters_of(&spec, *annotation).await;
+        assert_golden(
+            std::path::Path::new(&format!("{dir}/{name}.run-instances.txt")),
+            &got,
+            &format!("{name}: RunInstances parameters"),
+        );
     }
 }
