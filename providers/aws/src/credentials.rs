@@ -13,10 +13,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+use aws_config::Region;
 use aws_config::SdkConfig;
+use aws_credential_types::Credentials;
 use aws_credential_types::provider::error::CredentialsError;
 use aws_credential_types::provider::future;
-use aws_sdk_ec2::config::{Credentials, ProvideCredentials, Region, SharedCredentialsProvider};
+use aws_credential_types::provider::{ProvideCredentials, SharedCredentialsProvider};
 
 use crate::spec::Auth;
 

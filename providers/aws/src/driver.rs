@@ -10,8 +10,6 @@
 //! | `get_volume_ids` | none (EBS volume ids from the PersistentVolume specs) |
 
 use aws_config::SdkConfig;
-use aws_sdk_ec2::Client;
-use aws_sdk_ec2::types::{AttributeBooleanValue, Filter, Instance, InstanceStateName};
 use mcm_api::{Machine, MachineClass};
 use mcm_driver::{
     Code, CreateMachineRequest, CreateMachineResponse, DeleteMachineRequest, DeleteMachineResponse,
@@ -21,26 +19,29 @@ use mcm_driver::{
 };
 use tracing::{debug, info, warn};
 
-use crate::client::{self, AwsDriverConfig};
-use crate::errors::from_sdk;
+use crate::client::{self, AwsDriverConfig, Ec2Client, Ec2Transport};
+use crate::errors::from_ec2;
 use crate::launch;
+use crate::model::{self, Instance};
 use crate::provider_id::{decode_provider_id, encode_provider_id, volume_id};
+use crate::query::{Filter, Query};
 use crate::spec::{self, ProviderSpec};
 use crate::tags::{self, ClusterTags};
 use mcm_driver::{SpecError, SpecProblem};
 
-/// The AWS driver. Cheap to share: one SDK configuration and HTTP connection pool; each call
-/// builds a client with the class's region and the secret's credentials.
+/// The AWS driver. Cheap to share: one HTTP connection pool (and one SDK configuration for
+/// STS); each call builds a client with the class's region and the secret's credentials.
 #[derive(Debug, Clone)]
 pub struct AwsDriver {
     sdk: SdkConfig,
+    ec2: Ec2Transport,
     config: AwsDriverConfig,
     credentials: crate::credentials::Providers,
 }
 
 /// What one driver call works with.
 struct Call<'a> {
-    ec2: Client,
+    ec2: Ec2Client,
     spec: ProviderSpec,
     tags: ClusterTags,
     request_id: &'a RequestId,
@@ -52,6 +53,7 @@ impl AwsDriver {
         let sdk = client::load_sdk_config(&config).await;
         AwsDriver {
             sdk,
+            ec2: Ec2Transport::new(&config),
             config,
             credentials: Default::default(),
         }
@@ -139,7 +141,7 @@ impl AwsDriver {
             .with_source(e));
         }
         let credentials = self.credentials.of(&self.sdk, &auth, &spec.region);
-        let ec2 = client::ec2_client(&self.sdk, &spec.region, credentials, request_id);
+        let ec2 = self.ec2.client(&spec.region, credentials, request_id);
         Ok(Call {
             ec2,
             spec,
@@ -159,25 +161,24 @@ impl AwsDriver {
         let mut token: Option<String> = None;
         let page_size = self.config.page_size.clamp(5, 1000);
         loop {
+            let mut query = Query::new("DescribeInstances");
+            query
+                .filters(&filters)
+                .set("MaxResults", page_size)
+                .opt("NextToken", token.take());
             let page = call
                 .ec2
-                .describe_instances()
-                .set_filters(Some(filters.clone()))
-                .max_results(page_size)
-                .set_next_token(token.take())
-                .send()
+                .call(&query)
                 .await
-                .map_err(|e| from_sdk("DescribeInstances", call.request_id, e))?;
+                .map_err(|e| from_ec2("DescribeInstances", call.request_id, e))?;
             out.extend(
-                page.reservations()
-                    .iter()
-                    .flat_map(|r| r.instances())
-                    .filter(|i| call.tags.matches(i.tags()))
-                    .cloned(),
+                model::instances(&page)
+                    .into_iter()
+                    .filter(|i| call.tags.matches(&i.tags)),
             );
-            match page.next_token() {
-                Some(t) if !t.is_empty() => token = Some(t.to_string()),
-                _ => return Ok(out),
+            match model::next_token(&page) {
+                Some(t) => token = Some(t),
+                None => return Ok(out),
             }
         }
     }
@@ -252,21 +253,14 @@ impl AwsDriver {
         call: &Call<'_>,
         instance_id: &str,
     ) -> Result<Option<Instance>, DriverError> {
-        match call
-            .ec2
-            .describe_instances()
-            .instance_ids(instance_id)
-            .send()
-            .await
-        {
-            Ok(out) => Ok(out
-                .reservations()
-                .iter()
-                .flat_map(|r| r.instances())
-                .find(|i| i.instance_id() == Some(instance_id))
-                .cloned()),
+        let mut query = Query::new("DescribeInstances");
+        query.set("InstanceId.1", instance_id);
+        match call.ec2.call(&query).await {
+            Ok(out) => Ok(model::instances(&out)
+                .into_iter()
+                .find(|i| i.id == instance_id)),
             Err(e) => {
-                let e = from_sdk("DescribeInstances", call.request_id, e);
+                let e = from_ec2("DescribeInstances", call.request_id, e);
                 if e.is_not_found() { Ok(None) } else { Err(e) }
             }
         }
@@ -311,18 +305,19 @@ impl AwsDriver {
     async fn launch(
         &self,
         call: &Call<'_>,
-        request: &aws_sdk_ec2::operation::run_instances::builders::RunInstancesFluentBuilder,
+        request: &Query,
         key: &str,
     ) -> Result<Instance, DriverError> {
         let mut gone = Vec::new();
         for generation in 0..MAX_GENERATIONS {
             let token = launch::client_token(key, generation);
-            let out = request
-                .clone()
-                .client_token(&token)
-                .send()
+            let mut request = request.clone();
+            request.set("ClientToken", &token);
+            let out = call
+                .ec2
+                .call(&request)
                 .await
-                .map_err(|e| from_sdk("RunInstances", call.request_id, e))
+                .map_err(|e| from_ec2("RunInstances", call.request_id, e))
                 .map_err(|e| {
                     if e.code == Code::AlreadyExists {
                         // The token launched an instance with other parameters (the class or
@@ -340,24 +335,23 @@ impl AwsDriver {
                         e
                     }
                 })?;
-            let id = out
-                .instances()
-                .first()
-                .and_then(|i| i.instance_id())
+            let id = model::instances(&out)
+                .into_iter()
+                .map(|i| i.id)
+                .find(|id| !id.is_empty())
                 .ok_or_else(|| {
                     DriverError::internal(format!(
                         "RunInstances returned no instance (request id {})",
                         call.request_id
                     ))
-                })?
-                .to_string();
+                })?;
             let instance = self.await_listed(call, &id).await?;
             if !is_terminal(&instance) {
                 return Ok(instance);
             }
             let reason = instance
-                .state_reason()
-                .and_then(|r| r.message())
+                .state_reason
+                .as_deref()
                 .unwrap_or("no reason given");
             warn!(instance = %id, client_token = %token, reason, request_id = %call.request_id,
                 "the instance of this client token terminated; launching the next one");
@@ -375,20 +369,23 @@ impl AwsDriver {
 
     /// The root device name of the AMI; `InvalidArgument` when the AMI does not exist.
     async fn root_device_name(&self, call: &Call<'_>) -> Result<Option<String>, DriverError> {
+        let mut query = Query::new("DescribeImages");
+        query.set("ImageId.1", &call.spec.ami);
         let out = call
             .ec2
-            .describe_images()
-            .image_ids(&call.spec.ami)
-            .send()
+            .call(&query)
             .await
-            .map_err(|e| from_sdk("DescribeImages", call.request_id, e))?;
-        let image = out.images().first().ok_or_else(|| {
+            .map_err(|e| from_ec2("DescribeImages", call.request_id, e))?;
+        let image = out.items("imagesSet").next().ok_or_else(|| {
             DriverError::invalid_argument(format!(
                 "the AMI {} does not exist in {} (request id {})",
                 call.spec.ami, call.spec.region, call.request_id
             ))
         })?;
-        Ok(image.root_device_name().map(String::from))
+        Ok(image
+            .text_of("rootDeviceName")
+            .map(|n| n.trim().to_string())
+            .filter(|n| !n.is_empty()))
     }
 
     /// Whether the instance does not exist or is terminated already (terminating it again
@@ -408,19 +405,15 @@ impl AwsDriver {
         if instance_ids.is_empty() {
             return Ok(());
         }
-        match call
-            .ec2
-            .terminate_instances()
-            .set_instance_ids(Some(instance_ids.clone()))
-            .send()
-            .await
-        {
+        let mut query = Query::new("TerminateInstances");
+        query.list("InstanceId", instance_ids.iter().map(String::as_str));
+        match call.ec2.call(&query).await {
             Ok(_) => {
                 info!(instances = ?instance_ids, request_id = %call.request_id, "terminated");
                 Ok(())
             }
             Err(e) => {
-                let e = from_sdk("TerminateInstances", call.request_id, e);
+                let e = from_ec2("TerminateInstances", call.request_id, e);
                 if e.is_not_found() {
                     info!(instances = ?instance_ids, request_id = %call.request_id, "already gone");
                     Ok(())
@@ -432,10 +425,7 @@ impl AwsDriver {
     }
 
     fn provider_id(&self, call: &Call<'_>, instance: &Instance) -> String {
-        encode_provider_id(
-            &call.spec.region,
-            instance.instance_id().unwrap_or_default(),
-        )
+        encode_provider_id(&call.spec.region, &instance.id)
     }
 }
 
@@ -445,10 +435,7 @@ const MAX_GENERATIONS: u32 = 5;
 
 /// Terminated or being terminated.
 fn is_terminal(instance: &Instance) -> bool {
-    matches!(
-        instance.state().and_then(|s| s.name()),
-        Some(InstanceStateName::Terminated | InstanceStateName::ShuttingDown)
-    )
+    instance.state.is_terminal()
 }
 
 /// The machine's recorded providerID, when it has one.
@@ -467,8 +454,8 @@ fn invalid(e: SpecError) -> DriverError {
 fn ids(instances: &[Instance]) -> Vec<String> {
     instances
         .iter()
-        .filter_map(|i| i.instance_id())
-        .map(String::from)
+        .filter(|i| !i.id.is_empty())
+        .map(|i| i.id.clone())
         .collect()
 }
 
@@ -524,7 +511,6 @@ impl Driver for AwsDriver {
             .and_then(|a| a.get(launch::PLACEMENT_ANNOTATION))
             .map(String::as_str);
         let request = launch::run_instances_request(
-            call.ec2.run_instances(),
             &call.spec,
             name,
             placement_annotation,
@@ -553,15 +539,16 @@ impl Driver for AwsDriver {
         let name = machine_name(&req.machine)?;
         let call = self.call(&req.machine_class, &req.secret, &req.request_id, false)?;
         let instance = self.instance_of_machine(&call, &req.machine).await?;
-        let id = instance.instance_id().unwrap_or_default().to_string();
+        let id = instance.id.clone();
         for eni in launch::src_dst_checks_to_disable(&call.spec, &instance) {
+            let mut query = Query::new("ModifyNetworkInterfaceAttribute");
+            query
+                .set("NetworkInterfaceId", &eni)
+                .set("SourceDestCheck.Value", false);
             call.ec2
-                .modify_network_interface_attribute()
-                .network_interface_id(&eni)
-                .source_dest_check(AttributeBooleanValue::builder().value(false).build())
-                .send()
+                .call(&query)
                 .await
-                .map_err(|e| from_sdk("ModifyNetworkInterfaceAttribute", &req.request_id, e))?;
+                .map_err(|e| from_ec2("ModifyNetworkInterfaceAttribute", &req.request_id, e))?;
             info!(machine = name, instance = %id, interface = %eni, request_id = %req.request_id, "source/destination check disabled");
         }
         Ok(InitializeMachineResponse {
@@ -631,7 +618,7 @@ impl Driver for AwsDriver {
         let mut out = ListMachinesResponse::default();
         for i in &instances {
             let provider_id = self.provider_id(&call, i);
-            let name = tags::name_tag(i.tags()).unwrap_or_default().to_string();
+            let name = tags::name_tag(&i.tags).unwrap_or_default().to_string();
             out.resources
                 .insert(provider_id.clone(), launch::resources(i));
             out.machines.insert(provider_id, name);

@@ -1,16 +1,15 @@
 //! Mapping EC2 errors to MCM's codes.
 //!
 //! [`classify`] maps an EC2 error code (`InsufficientInstanceCapacity`, ...) to a [`Code`] and
-//! a retry hint; [`from_sdk`] turns an SDK error into a [`DriverError`] whose message names
+//! a retry hint; [`from_ec2`] turns an EC2 client error into a [`DriverError`] whose message names
 //! the EC2 operation, the AWS error code, the AWS request id and the driver's request id, and
-//! whose source is the SDK error itself.
+//! whose source is the client's error itself.
 
 use std::time::Duration;
 
-use aws_sdk_ec2::config::http::HttpResponse;
-use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
-use aws_sdk_ec2::operation::RequestId as _;
 use mcm_driver::{Code, DriverError, RequestId};
+
+use crate::client::Ec2Error;
 
 /// How long to wait after throttling before calling EC2 again.
 pub const THROTTLE_RETRY_AFTER: Duration = Duration::from_secs(10);
@@ -141,66 +140,36 @@ pub fn classify(aws_code: &str) -> Classification {
     }
 }
 
-/// Turns an SDK error of the EC2 operation `operation` into a [`DriverError`] keeping the
-/// SDK error as its source. The message carries the AWS error code and message, the AWS
-/// request id and the driver's request id.
-pub fn from_sdk<E>(
-    operation: &'static str,
-    request_id: &RequestId,
-    err: SdkError<E, HttpResponse>,
-) -> DriverError
-where
-    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
-{
-    // EC2 puts the request id in the XML error body (parsed into the error metadata); other
-    // protocols use a response header.
-    let aws_request_id = err
-        .meta()
-        .request_id()
-        .or_else(|| err.request_id())
-        .unwrap_or("-")
-        .to_string();
-    let (class, what) = match &err {
-        SdkError::ServiceError(_) => {
-            let code = err.code().unwrap_or("Unknown");
-            let message = err.message().unwrap_or("no message");
-            (classify(code), format!("{code}: {message}"))
-        }
-        SdkError::TimeoutError(_) => (
-            Classification {
-                code: Code::DeadlineExceeded,
-                retry_after: Some(UNREACHABLE_RETRY_AFTER),
-            },
-            "the request timed out".to_string(),
-        ),
-        SdkError::DispatchFailure(d) => (
-            Classification {
-                code: if d.is_user() {
-                    Code::InvalidArgument
-                } else {
-                    Code::Unavailable
-                },
-                retry_after: (!d.is_user()).then_some(UNREACHABLE_RETRY_AFTER),
-            },
-            "the request could not be sent".to_string(),
-        ),
-        SdkError::ResponseError(_) => (
-            Classification::code(Code::Internal),
-            "the response could not be read".to_string(),
-        ),
-        SdkError::ConstructionFailure(_) => (
-            Classification::code(Code::Internal),
-            "the request could not be built".to_string(),
-        ),
-        _ => (
-            Classification::code(Code::Unknown),
-            "unexpected SDK error".to_string(),
-        ),
+/// Turns an error of the EC2 operation `operation` into a [`DriverError`] keeping it as its
+/// source. The message carries the AWS error code and message, the AWS request id and the
+/// driver's request id.
+pub fn from_ec2(operation: &'static str, request_id: &RequestId, err: Ec2Error) -> DriverError {
+    let aws_request_id = err.aws_request_id().unwrap_or("-").to_string();
+    let unreachable = |code| Classification {
+        code,
+        retry_after: Some(UNREACHABLE_RETRY_AFTER),
+    };
+    let class = match &err {
+        Ec2Error::Service { code, .. } => classify(code),
+        Ec2Error::Timeout(_) => unreachable(Code::DeadlineExceeded),
+        Ec2Error::Transport(c) if c.is_user() => Classification::code(Code::InvalidArgument),
+        Ec2Error::Transport(_) => unreachable(Code::Unavailable),
+        Ec2Error::Response { status, .. } if *status >= 500 => unreachable(Code::Unavailable),
+        Ec2Error::Credentials(_) => Classification {
+            code: Code::Unauthenticated,
+            retry_after: Some(UNREACHABLE_RETRY_AFTER),
+        },
+        Ec2Error::Endpoint { .. } => Classification::code(Code::InvalidArgument),
+        Ec2Error::Response { .. }
+        | Ec2Error::SigningParams(_)
+        | Ec2Error::Signing(_)
+        | Ec2Error::Request(_) => Classification::code(Code::Internal),
     };
     let mut e = DriverError::new(
         class.code,
         format!(
-            "EC2 {operation} failed: {what} (AWS request id {aws_request_id}, request id {request_id})"
+            "EC2 {operation} failed: {} (AWS request id {aws_request_id}, request id {request_id})",
+            chain(&err)
         ),
     )
     .with_source(err);
@@ -208,6 +177,18 @@ where
         e = e.with_retry_after(after);
     }
     e
+}
+
+/// An error and its sources, `: `-separated.
+fn chain(err: &dyn std::error::Error) -> String {
+    let mut out = err.to_string();
+    let mut next = err.source();
+    while let Some(e) = next {
+        out.push_str(": ");
+        out.push_str(&e.to_string());
+        next = e.source();
+    }
+    out
 }
 
 #[cfg(test)]
@@ -257,20 +238,14 @@ mod tests {
 
     #[test]
     fn a_service_error_keeps_code_request_ids_and_source() {
-        use aws_sdk_ec2::operation::run_instances::RunInstancesError;
-        use aws_smithy_runtime_api::http::StatusCode;
-        use aws_smithy_types::body::SdkBody;
-
-        let meta = aws_sdk_ec2::error::ErrorMetadata::builder()
-            .code("InsufficientInstanceCapacity")
-            .message("no m5.large in eu-west-1a")
-            .custom("aws_request_id", "aws-req-1")
-            .build();
-        let service = RunInstancesError::generic(meta);
-        let raw = HttpResponse::new(StatusCode::try_from(500).unwrap(), SdkBody::empty());
-        let err = SdkError::service_error(service, raw);
+        let err = Ec2Error::Service {
+            code: "InsufficientInstanceCapacity".into(),
+            message: "no m5.large in eu-west-1a".into(),
+            aws_request_id: Some("aws-req-1".into()),
+            status: 500,
+        };
         let id = RequestId::from_string("mcm-req-1");
-        let e = from_sdk("RunInstances", &id, err);
+        let e = from_ec2("RunInstances", &id, err);
         assert_eq!(e.code, Code::ResourceExhausted);
         for want in [
             "RunInstances",
@@ -283,10 +258,15 @@ mod tests {
         }
         let source = std::error::Error::source(&e).expect("a source");
         assert!(
-            source
-                .downcast_ref::<SdkError<RunInstancesError, HttpResponse>>()
-                .is_some(),
-            "the SDK error is the source"
+            source.downcast_ref::<Ec2Error>().is_some(),
+            "the client's error is the source"
         );
+        let timeout = from_ec2(
+            "DescribeInstances",
+            &id,
+            Ec2Error::Timeout(Duration::from_secs(1)),
+        );
+        assert_eq!(timeout.code, Code::DeadlineExceeded);
+        assert_eq!(timeout.retry_after, Some(UNREACHABLE_RETRY_AFTER));
     }
 }

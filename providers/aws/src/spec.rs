@@ -304,12 +304,19 @@ pub fn class_warnings(class: &MachineClass) -> Vec<String> {
 
 const SPEC: &str = "providerSpec";
 
+/// EC2's market types (`MarketType` of the EC2 API, 2016-11-15).
+pub const MARKET_TYPES: &[&str] = &[
+    "capacity-block",
+    "interruptible-capacity-reservation",
+    "spot",
+];
+
 impl ProviderSpec {
     /// Every problem of the spec (empty: valid).
     pub fn validate(&self) -> Vec<SpecProblem> {
         let mut out = Vec::new();
         if let Some(m) = &self.instance_market_options {
-            let known = aws_sdk_ec2::types::MarketType::values();
+            let known = MARKET_TYPES;
             if !known.contains(&m.market_type.as_str()) {
                 out.push(SpecProblem::new(
                     format!("{SPEC}.instanceMarketOptions.marketType"),
