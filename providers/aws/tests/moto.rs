@@ -621,7 +621,7 @@ async fn scripted_endpoint(
                             })
                             .unwrap_or(0);
                         if body.len() >= len {
-                            s.lock().unwrap().push(head.to_string());
+                            s.lock().unwrap().push(text.clone());
                             break;
                         }
                     }
@@ -682,9 +682,12 @@ async fn throttling_capacity_and_auth_errors_map_and_every_request_carries_the_r
         if want == Code::Unavailable {
             assert!(err.retry_after.is_some(), "throttling carries a retry hint");
         }
-        let heads = seen.lock().unwrap().clone();
-        assert!(!heads.is_empty());
-        for head in heads {
+        let requests = seen.lock().unwrap().clone();
+        assert!(!requests.is_empty());
+        for head in requests
+            .iter()
+            .map(|r| r.split("\r\n\r\n").next().unwrap_or_default())
+        {
             assert!(
                 head.to_ascii_lowercase().contains(
                     &format!("{REQUEST_ID_HEADER}: {}", request_id.as_str()).to_ascii_lowercase()
@@ -864,4 +867,122 @@ async fn workload_identity_assumes_the_role_with_the_token_in_the_file() {
     .await
     .unwrap();
     assert!(w.live_instances().await.is_empty());
+}
+
+/// What `tests/sigv4_check.py` says of `requests` signed with these credentials: one line
+/// per request, `ok` or what differs; and whether all were ok.
+fn botocore_verdicts(
+    access_key: &str,
+    secret_key: &str,
+    session_token: Option<&str>,
+    requests: &[String],
+) -> (Vec<String>, bool) {
+    use std::io::Write as _;
+    let script = format!("{}/tests/sigv4_check.py", env!("CARGO_MANIFEST_DIR"));
+    let mut child = std::process::Command::new(common::python())
+        .arg(script)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .spawn()
+        .expect("python runs");
+    let input = json!({
+        "access_key": access_key, "secret_key": secret_key, "session_token": session_token,
+        "region": REGION, "service": "ec2", "requests": requests,
+    });
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.to_string().as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let lines = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(String::from)
+        .collect();
+    (lines, out.status.success())
+}
+
+#[tokio::test]
+async fn every_request_is_signed_as_ec2_verifies_it() {
+    // moto does not check signatures unless told to; botocore's SigV4 (what moto checks with
+    // when it does) recomputes each captured request's signature.
+    let (url, seen) = scripted_endpoint(400, "InvalidInstanceID.NotFound").await;
+    let d = AwsDriver::new(AwsDriverConfig {
+        endpoint_url: Some(url.clone()),
+        max_attempts: Some(1),
+        ..Default::default()
+    })
+    .await;
+    let spec = json!({
+        "ami": "ami-1", "region": REGION, "machineType": "m5.large", "iam": { "name": "p" },
+        "networkInterfaces": [{ "subnetID": "subnet-1", "securityGroupIDs": ["sg-1"] }],
+        "tags": { "kubernetes.io/cluster/x": "1", "kubernetes.io/role/node": "1", "a b": "c&d/é=" },
+    });
+    let _ = d
+        .get_machine_status(GetMachineStatusRequest {
+            machine: machine("m", None),
+            machine_class: class(spec.clone()),
+            secret: secret(),
+            request_id: RequestId::generate(),
+        })
+        .await
+        .unwrap_err();
+    let _ = d
+        .delete_machine(DeleteMachineRequest {
+            machine: machine("m", Some(&format!("aws:///{REGION}/i-0123456789abcdef0"))),
+            machine_class: class(spec.clone()),
+            secret: secret(),
+            request_id: RequestId::generate(),
+        })
+        .await;
+    let with_key = std::mem::take(&mut *seen.lock().unwrap());
+    assert!(!with_key.is_empty());
+    let (verdicts, ok) = botocore_verdicts("AKIDTEST", "secret", None, &with_key);
+    assert!(ok, "{verdicts:#?}");
+
+    // Temporary credentials (workload identity's) carry their session token, signed too; a
+    // RunInstances body with characters that need encoding.
+    let transport = mcm_provider_aws::client::Ec2Transport::with_environment(
+        &AwsDriverConfig {
+            endpoint_url: Some(url),
+            max_attempts: Some(1),
+            ..Default::default()
+        },
+        mcm_provider_aws::client::Environment::default(),
+    );
+    let client = transport.client(
+        REGION,
+        aws_credential_types::provider::SharedCredentialsProvider::new(
+            aws_credential_types::Credentials::new(
+                "ASIATEST",
+                "secret-2",
+                Some("token/+=".into()),
+                None,
+                "test",
+            ),
+        ),
+        &RequestId::generate(),
+    );
+    let spec: mcm_provider_aws::ProviderSpec = serde_json::from_value(spec).unwrap();
+    let run = mcm_provider_aws::launch::run_instances_request(
+        &spec,
+        "m-ü",
+        None,
+        b"#!/bin/sh\n",
+        Some("/dev/xvda"),
+        "token-1",
+    )
+    .unwrap();
+    let _ = client.call(&run).await.unwrap_err();
+    let mut with_token = std::mem::take(&mut *seen.lock().unwrap());
+    assert_eq!(with_token.len(), 1);
+    let (verdicts, ok) = botocore_verdicts("ASIATEST", "secret-2", Some("token/+="), &with_token);
+    assert!(ok, "{verdicts:#?}");
+
+    // The check can fail: one byte of the body changed after signing.
+    with_token[0] = with_token[0].replacen("MinCount=1", "MinCount=2", 1);
+    let (verdicts, ok) = botocore_verdicts("ASIATEST", "secret-2", Some("token/+="), &with_token);
+    assert!(!ok && verdicts[0].starts_with("signature"), "{verdicts:#?}");
 }

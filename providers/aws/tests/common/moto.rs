@@ -54,8 +54,8 @@ fn on_path(name: &str) -> Option<PathBuf> {
 /// The EC2 behaviours of the wrapper script that moto does not have (see `ec2_moto.py`).
 pub const EC2_MOTO_PY: &str = include_str!("ec2_moto.py");
 
-/// A Python that can import moto's server.
-fn python() -> PathBuf {
+/// A Python that can import moto's server (and botocore, which moto depends on).
+pub fn python() -> PathBuf {
     for python in ["python3", "python"] {
         if let Some(p) = on_path(python) {
             let ok = std::process::Command::new(&p)
