@@ -986,3 +986,74 @@ async fn every_request_is_signed_as_ec2_verifies_it() {
     let (verdicts, ok) = botocore_verdicts("ASIATEST", "secret-2", Some("token/+="), &with_token);
     assert!(!ok && verdicts[0].starts_with("signature"), "{verdicts:#?}");
 }
+
+#[tokio::test]
+async fn throttling_and_server_errors_are_retried_and_refusals_are_not() {
+    let spec = json!({
+        "ami": "ami-1", "region": REGION, "machineType": "m5.large", "iam": { "name": "p" },
+        "networkInterfaces": [{ "subnetID": "subnet-1", "securityGroupIDs": ["sg-1"] }],
+        "tags": { "kubernetes.io/cluster/x": "1", "kubernetes.io/role/node": "1" },
+    });
+    for (status, code, attempts) in [
+        (503, "RequestLimitExceeded", 3),
+        (500, "InternalError", 3),
+        (400, "InvalidParameterValue", 1),
+        (401, "AuthFailure", 1),
+    ] {
+        let (url, seen) = scripted_endpoint(status, code).await;
+        let d = AwsDriver::new(AwsDriverConfig {
+            endpoint_url: Some(url),
+            max_attempts: Some(3),
+            ..Default::default()
+        })
+        .await;
+        let err = d
+            .get_machine_status(GetMachineStatusRequest {
+                machine: machine("m", None),
+                machine_class: class(spec.clone()),
+                secret: secret(),
+                request_id: RequestId::generate(),
+            })
+            .await
+            .unwrap_err();
+        assert!(err.message.contains(code), "{}", err.message);
+        assert_eq!(seen.lock().unwrap().len(), attempts, "{code}");
+    }
+}
+
+#[tokio::test]
+async fn an_endpoint_that_never_answers_is_a_deadline_within_the_operation_timeout() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    // Accepts and holds every connection without answering.
+    let held = tokio::spawn(async move {
+        let mut conns = Vec::new();
+        while let Ok((c, _)) = listener.accept().await {
+            conns.push(c);
+        }
+    });
+    let d = AwsDriver::new(AwsDriverConfig {
+        endpoint_url: Some(url),
+        max_attempts: Some(3),
+        operation_timeout: Duration::from_millis(500),
+        ..Default::default()
+    })
+    .await;
+    let err = d
+        .get_machine_status(GetMachineStatusRequest {
+            machine: machine("m", None),
+            machine_class: class(json!({
+                "ami": "ami-1", "region": REGION, "machineType": "m5.large", "iam": { "name": "p" },
+                "networkInterfaces": [{ "subnetID": "subnet-1", "securityGroupIDs": ["sg-1"] }],
+                "tags": { "kubernetes.io/cluster/x": "1", "kubernetes.io/role/node": "1" },
+            })),
+            secret: secret(),
+            request_id: RequestId::generate(),
+        })
+        .await
+        .unwrap_err();
+    held.abort();
+    assert_eq!(err.code, Code::DeadlineExceeded, "{}", err.full_message());
+    assert!(err.message.contains("timed out"), "{}", err.message);
+    assert!(err.retry_after.is_some());
+}
