@@ -185,14 +185,19 @@ impl DriverError {
         self.code == Code::NotFound
     }
 
-    /// The message followed by the chain of causes, for status descriptions and Events.
+    /// The message followed by the chain of causes, for status descriptions and Events. A
+    /// cause whose text the message already holds (a driver often puts its error's text in
+    /// the message and keeps the error as the source) is not repeated.
     pub fn full_message(&self) -> String {
         let mut out = format!("{}: {}", self.code, self.message);
         let mut cause: Option<&(dyn std::error::Error + 'static)> =
             self.source.as_deref().map(|e| e as _);
         while let Some(e) = cause {
-            out.push_str(": ");
-            out.push_str(&e.to_string());
+            let text = e.to_string();
+            if !out.contains(&text) {
+                out.push_str(": ");
+                out.push_str(&text);
+            }
             cause = e.source();
         }
         out
@@ -229,6 +234,17 @@ mod tests {
             .expect("the original io::Error");
         assert_eq!(io.kind(), std::io::ErrorKind::PermissionDenied);
         assert_eq!(err.to_string(), "Internal: write the VM record");
+        assert_eq!(
+            err.full_message(),
+            "Internal: write the VM record: disk says no"
+        );
+    }
+
+    #[test]
+    fn a_cause_the_message_states_already_is_not_repeated() {
+        let io = std::io::Error::new(std::io::ErrorKind::PermissionDenied, "disk says no");
+        let err =
+            DriverError::new(Code::Internal, format!("write the VM record: {io}")).with_source(io);
         assert_eq!(
             err.full_message(),
             "Internal: write the VM record: disk says no"

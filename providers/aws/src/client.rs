@@ -274,8 +274,8 @@ pub enum ResponseError {
     #[error("reading the body")]
     Body(#[source] aws_smithy_types::byte_stream::error::Error),
     /// Its body is not XML.
-    #[error("{0}")]
-    Xml(#[source] XmlError),
+    #[error(transparent)]
+    Xml(XmlError),
     /// An error answer without `Errors/Error/Code`.
     #[error("an error answer without an error code: {0}")]
     NoCode(String),

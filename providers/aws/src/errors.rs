@@ -142,7 +142,8 @@ pub fn classify(aws_code: &str) -> Classification {
 
 /// Turns an error of the EC2 operation `operation` into a [`DriverError`] keeping it as its
 /// source. The message carries the AWS error code and message, the AWS request id and the
-/// driver's request id.
+/// driver's request id; the error's own causes (a connection's, an unreadable answer's)
+/// follow in [`DriverError::full_message`].
 pub fn from_ec2(operation: &'static str, request_id: &RequestId, err: Ec2Error) -> DriverError {
     let aws_request_id = err.aws_request_id().unwrap_or("-").to_string();
     let unreachable = |code| Classification {
@@ -168,8 +169,7 @@ pub fn from_ec2(operation: &'static str, request_id: &RequestId, err: Ec2Error) 
     let mut e = DriverError::new(
         class.code,
         format!(
-            "EC2 {operation} failed: {} (AWS request id {aws_request_id}, request id {request_id})",
-            chain(&err)
+            "EC2 {operation} failed: {err} (AWS request id {aws_request_id}, request id {request_id})"
         ),
     )
     .with_source(err);
@@ -177,18 +177,6 @@ pub fn from_ec2(operation: &'static str, request_id: &RequestId, err: Ec2Error) 
         e = e.with_retry_after(after);
     }
     e
-}
-
-/// An error and its sources, `: `-separated.
-fn chain(err: &dyn std::error::Error) -> String {
-    let mut out = err.to_string();
-    let mut next = err.source();
-    while let Some(e) = next {
-        out.push_str(": ");
-        out.push_str(&e.to_string());
-        next = e.source();
-    }
-    out
 }
 
 #[cfg(test)]
@@ -261,6 +249,20 @@ mod tests {
             source.downcast_ref::<Ec2Error>().is_some(),
             "the client's error is the source"
         );
+        // An answer that is not EC2's: the message says so once, its cause follows once.
+        let xml = crate::xml::parse("<a>").unwrap_err();
+        let e = from_ec2(
+            "DescribeInstances",
+            &id,
+            Ec2Error::Response {
+                status: 502,
+                source: crate::client::ResponseError::Xml(xml),
+            },
+        );
+        assert_eq!(e.code, Code::Unavailable);
+        let full = e.full_message();
+        assert_eq!(full.matches("not an EC2 answer").count(), 1, "{full}");
+        assert_eq!(full.matches("is not closed").count(), 1, "{full}");
         let timeout = from_ec2(
             "DescribeInstances",
             &id,

@@ -640,13 +640,18 @@ async fn scripted_endpoint(
     (url, seen)
 }
 
-#[tokio::test]
-async fn throttling_capacity_and_auth_errors_map_and_every_request_carries_the_request_id() {
-    let spec = json!({
+/// A valid providerSpec for the scripted endpoints (nothing of it exists anywhere).
+fn scripted_spec() -> Value {
+    json!({
         "ami": "ami-1", "region": REGION, "machineType": "m5.large", "iam": { "name": "p" },
         "networkInterfaces": [{ "subnetID": "subnet-1", "securityGroupIDs": ["sg-1"] }],
         "tags": { "kubernetes.io/cluster/x": "1", "kubernetes.io/role/node": "1" },
-    });
+    })
+}
+
+#[tokio::test]
+async fn throttling_capacity_and_auth_errors_map_and_every_request_carries_the_request_id() {
+    let spec = scripted_spec();
     for (status, code, want) in [
         (503, "RequestLimitExceeded", Code::Unavailable),
         (400, "InsufficientInstanceCapacity", Code::ResourceExhausted),
@@ -915,11 +920,8 @@ async fn every_request_is_signed_as_ec2_verifies_it() {
         ..Default::default()
     })
     .await;
-    let spec = json!({
-        "ami": "ami-1", "region": REGION, "machineType": "m5.large", "iam": { "name": "p" },
-        "networkInterfaces": [{ "subnetID": "subnet-1", "securityGroupIDs": ["sg-1"] }],
-        "tags": { "kubernetes.io/cluster/x": "1", "kubernetes.io/role/node": "1", "a b": "c&d/é=" },
-    });
+    let mut spec = scripted_spec();
+    spec["tags"]["a b"] = json!("c&d/é=");
     let _ = d
         .get_machine_status(GetMachineStatusRequest {
             machine: machine("m", None),
@@ -989,11 +991,7 @@ async fn every_request_is_signed_as_ec2_verifies_it() {
 
 #[tokio::test]
 async fn throttling_and_server_errors_are_retried_and_refusals_are_not() {
-    let spec = json!({
-        "ami": "ami-1", "region": REGION, "machineType": "m5.large", "iam": { "name": "p" },
-        "networkInterfaces": [{ "subnetID": "subnet-1", "securityGroupIDs": ["sg-1"] }],
-        "tags": { "kubernetes.io/cluster/x": "1", "kubernetes.io/role/node": "1" },
-    });
+    let spec = scripted_spec();
     for (status, code, attempts) in [
         (503, "RequestLimitExceeded", 3),
         (500, "InternalError", 3),
@@ -1042,11 +1040,7 @@ async fn an_endpoint_that_never_answers_is_a_deadline_within_the_operation_timeo
     let err = d
         .get_machine_status(GetMachineStatusRequest {
             machine: machine("m", None),
-            machine_class: class(json!({
-                "ami": "ami-1", "region": REGION, "machineType": "m5.large", "iam": { "name": "p" },
-                "networkInterfaces": [{ "subnetID": "subnet-1", "securityGroupIDs": ["sg-1"] }],
-                "tags": { "kubernetes.io/cluster/x": "1", "kubernetes.io/role/node": "1" },
-            })),
+            machine_class: class(scripted_spec()),
             secret: secret(),
             request_id: RequestId::generate(),
         })
