@@ -826,3 +826,45 @@ async fn what_is_kept_for_a_machine_is_forgotten_when_it_is_deleted() {
     .await;
     w.stop().await;
 }
+
+/// A failure that says when to try again (a cloud's throttling, an endpoint that cannot be
+/// reached) is not tried again before then, although its own status write wakes the machine
+/// at once: retried on that wake, a failing cloud made every machine write its status about
+/// once a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_with_a_retry_time_is_not_retried_before_it() {
+    const AFTER: Duration = Duration::from_secs(4);
+    let w = World::start("steps-retry-after").await;
+    w.fake().fail_next(
+        Operation::CreateMachine,
+        DriverError::new(Code::Unavailable, "the endpoint cannot be reached")
+            .with_retry_after(AFTER),
+    );
+    w.create_machine(MachineBuilder::new("waits").class(CLASS).build())
+        .await;
+    w.await_machine("waits", "the failed creation to be reported", |m| {
+        m.status
+            .as_ref()
+            .and_then(|s| s.last_operation.as_ref())
+            .is_some_and(|o| o.error_code.as_deref() == Some("Unavailable"))
+    })
+    .await;
+    let reported = std::time::Instant::now();
+    assert_eq!(w.fake().call_count(Operation::CreateMachine), 1);
+    eventually(WAIT, "the second creation attempt", || async {
+        (w.fake().call_count(Operation::CreateMachine) >= 2).then_some(())
+    })
+    .await;
+    let waited = reported.elapsed();
+    // The attempt came at the time the failure named (less the moments between the failure
+    // and its report), not on the status write's wake.
+    assert!(
+        waited >= AFTER - Duration::from_secs(1),
+        "retried after {waited:?}, the failure asked for {AFTER:?}"
+    );
+    w.await_machine("waits", "the machine's VM", |m| {
+        m.spec.provider_id.is_some()
+    })
+    .await;
+    w.stop().await;
+}

@@ -284,26 +284,33 @@ impl Ctx {
         self.nodes.get(&ObjectRef::new(name))
     }
 
-    /// The retry delay after a failure of `m`: exponential per consecutive failure, or the
-    /// resource-exhausted period, or what the cloud asked for.
+    /// The retry delay after a failure of `m`: what the cloud asked for, or the
+    /// resource-exhausted period, or exponential per consecutive failure. It is kept as the
+    /// machine's next attempt (see [`Self::backoff_left`]) whichever it is: the failure's own
+    /// status write wakes the machine at once, and must not make it try again before then.
     pub(crate) fn backoff(&self, m: &Machine, err: Option<&DriverError>) -> Duration {
-        if let Some(after) = err.and_then(|e| e.retry_after) {
-            return after;
-        }
-        if err.is_some_and(|e| e.code == Code::ResourceExhausted) {
-            return self.settings.resource_exhausted_retry;
-        }
+        let asked = err.and_then(|e| e.retry_after).or_else(|| {
+            err.is_some_and(|e| e.code == Code::ResourceExhausted)
+                .then_some(self.settings.resource_exhausted_retry)
+        });
         if !self.in_store(m) {
             // Deleted meanwhile: nothing will read a record of it.
-            return backoff_delay(self.settings.backoff_initial, self.settings.backoff_max, 1);
+            return asked.unwrap_or_else(|| {
+                backoff_delay(self.settings.backoff_initial, self.settings.backoff_max, 1)
+            });
         }
-        let n = {
-            let mut f = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-            let n = f.entry(m.uid().unwrap_or_default()).or_insert(0);
-            *n = n.saturating_add(1);
-            *n
+        let delay = match asked {
+            Some(after) => after,
+            None => {
+                let n = {
+                    let mut f = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+                    let n = f.entry(m.uid().unwrap_or_default()).or_insert(0);
+                    *n = n.saturating_add(1);
+                    *n
+                };
+                backoff_delay(self.settings.backoff_initial, self.settings.backoff_max, n)
+            }
         };
-        let delay = backoff_delay(self.settings.backoff_initial, self.settings.backoff_max, n);
         self.retry_at
             .lock()
             .unwrap_or_else(|e| e.into_inner())
