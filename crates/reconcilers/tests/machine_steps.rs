@@ -868,3 +868,55 @@ async fn a_failure_with_a_retry_time_is_not_retried_before_it() {
     .await;
     w.stop().await;
 }
+
+/// A VM the driver cannot delete (an unreachable cloud) keeps the machine with its finalizer
+/// and says why: `lastOperation` is `Delete`/`Failed` with the error and its code, and a
+/// `DeletionFailed` Event; the retry deletes it. It was only a log line before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_vm_that_cannot_be_deleted_is_reported_and_retried() {
+    let w = World::start("steps-delete-fails").await;
+    w.create_machine(MachineBuilder::new("stuck").class(CLASS).build())
+        .await;
+    w.await_machine("stuck", "its VM", |m| m.spec.provider_id.is_some())
+        .await;
+    w.fake().fail_next(
+        Operation::DeleteMachine,
+        DriverError::new(Code::Unavailable, "the endpoint cannot be reached")
+            .with_retry_after(Duration::from_secs(2)),
+    );
+    w.machines()
+        .delete("stuck", &DeleteParams::default())
+        .await
+        .expect("delete");
+    let m = w
+        .await_machine("stuck", "the failed deletion to be reported", |m| {
+            m.status
+                .as_ref()
+                .and_then(|s| s.last_operation.as_ref())
+                .is_some_and(|o| o.error_code.as_deref() == Some("Unavailable"))
+        })
+        .await;
+    let op = m.status.unwrap().last_operation.unwrap();
+    assert_eq!(
+        op.type_.as_ref().map(|t| format!("{t:?}")).as_deref(),
+        Some("Delete")
+    );
+    assert!(
+        op.description
+            .as_deref()
+            .is_some_and(|d| d.contains("the endpoint cannot be reached")
+                && d.contains("keeps its finalizer")),
+        "{op:?}"
+    );
+    eventually(WAIT, "a DeletionFailed event", || async {
+        (!events_for(&w.client, &w.ns, "stuck", "DeletionFailed")
+            .await
+            .is_empty())
+        .then_some(())
+    })
+    .await;
+    await_gone(w.machines(), "stuck", WAIT).await;
+    assert_eq!(w.fake().call_count(Operation::DeleteMachine), 2);
+    assert!(w.fake().vms().is_empty());
+    w.stop().await;
+}

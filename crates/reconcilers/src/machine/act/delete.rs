@@ -103,7 +103,7 @@ pub async fn delete_vm(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
             };
             return deletion_blocked(ctx, m, &problem).await;
         }
-        Err(source) => return Err(Error::driver("delete_machine", source)),
+        Err(source) => return deletion_failed(ctx, m, source).await,
     }
     tracing::info!(%request_id, "VM deleted");
     record_duration(
@@ -119,6 +119,34 @@ pub async fn delete_vm(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
     // patch, a status write and a Node Event per machine for a state that lasts milliseconds.
     remove_node(ctx, m).await?;
     finish_deletion(ctx, m).await
+}
+
+/// The driver could not delete the VM (the cloud is unreachable, throttles, fails): the
+/// machine keeps its finalizer and says so (lastOperation `Delete`/`Failed` with the error's
+/// code, a `DeletionFailed` Event), and the deletion is retried when the error says, else
+/// with the machine's backoff.
+async fn deletion_failed(ctx: &Ctx, m: &Machine, err: DriverError) -> Result<Action, Error> {
+    let description = format!(
+        "{} could not be deleted: delete_machine failed: {}; the machine keeps its finalizer \
+         and the deletion is retried",
+        vm_description(m),
+        err.full_message()
+    );
+    tracing::warn!(error = %description, "VM deletion failed");
+    let op = Operation::failed(
+        MachineOperationType::Delete,
+        description,
+        Some(err.code.as_str().to_string()),
+    );
+    announce(
+        ctx,
+        m,
+        None,
+        op,
+        Notice::warning("DeletionFailed", "Delete"),
+    )
+    .await?;
+    Ok(Action::requeue(ctx.backoff(m, Some(&err))))
 }
 
 /// The VM as a Machine knows it: its providerID, or when its creation was requested.
