@@ -922,15 +922,7 @@ async fn every_request_is_signed_as_ec2_verifies_it() {
     .await;
     let mut spec = scripted_spec();
     spec["tags"]["a b"] = json!("c&d/é=");
-    let _ = d
-        .get_machine_status(GetMachineStatusRequest {
-            machine: machine("m", None),
-            machine_class: class(spec.clone()),
-            secret: secret(),
-            request_id: RequestId::generate(),
-        })
-        .await
-        .unwrap_err();
+    let _ = status(&d, &class(spec.clone()), "m").await.unwrap_err();
     let _ = d
         .delete_machine(DeleteMachineRequest {
             machine: machine("m", Some(&format!("aws:///{REGION}/i-0123456789abcdef0"))),
@@ -992,28 +984,20 @@ async fn every_request_is_signed_as_ec2_verifies_it() {
 #[tokio::test]
 async fn throttling_and_server_errors_are_retried_and_refusals_are_not() {
     let spec = scripted_spec();
-    for (status, code, attempts) in [
+    for (http_status, code, attempts) in [
         (503, "RequestLimitExceeded", 3),
         (500, "InternalError", 3),
         (400, "InvalidParameterValue", 1),
         (401, "AuthFailure", 1),
     ] {
-        let (url, seen) = scripted_endpoint(status, code).await;
+        let (url, seen) = scripted_endpoint(http_status, code).await;
         let d = AwsDriver::new(AwsDriverConfig {
             endpoint_url: Some(url),
             max_attempts: Some(3),
             ..Default::default()
         })
         .await;
-        let err = d
-            .get_machine_status(GetMachineStatusRequest {
-                machine: machine("m", None),
-                machine_class: class(spec.clone()),
-                secret: secret(),
-                request_id: RequestId::generate(),
-            })
-            .await
-            .unwrap_err();
+        let err = status(&d, &class(spec.clone()), "m").await.unwrap_err();
         assert!(err.message.contains(code), "{}", err.message);
         assert_eq!(seen.lock().unwrap().len(), attempts, "{code}");
     }
@@ -1037,15 +1021,7 @@ async fn an_endpoint_that_never_answers_is_a_deadline_within_the_operation_timeo
         ..Default::default()
     })
     .await;
-    let err = d
-        .get_machine_status(GetMachineStatusRequest {
-            machine: machine("m", None),
-            machine_class: class(scripted_spec()),
-            secret: secret(),
-            request_id: RequestId::generate(),
-        })
-        .await
-        .unwrap_err();
+    let err = status(&d, &class(scripted_spec()), "m").await.unwrap_err();
     held.abort();
     assert_eq!(err.code, Code::DeadlineExceeded, "{}", err.full_message());
     assert!(err.message.contains("timed out"), "{}", err.message);
