@@ -1,21 +1,24 @@
-//! ARM clients: credentials shared per service principal, a transport per driver call that
-//! stamps its request id on every request, and the waiting for long-running operations.
+//! ARM clients: credentials shared per service principal, and the requests of one driver call
+//! (each with the call's request id), sent as ARM's REST API defines them.
 //!
 //! # HTTP and TLS
 //!
-//! The management crates send their requests through azure_core's reqwest client on rustls
-//! with ring (hyper 1, the stack kube uses). One reqwest client is shared by every call.
+//! Requests go through azure_core's reqwest client on rustls with ring (hyper 1, the stack kube
+//! uses), shared by every call. The driver writes its request bodies and reads ARM's JSON
+//! itself; the management crates (`azure_mgmt_compute`, `azure_mgmt_network`) are not used.
+//! Their API versions (the resource types' [`crate::resources::ResourceType::api_version`])
+//! and wire format are those of the golden requests, captured through those crates, and the
+//! fake ARM is checked against them on demand (`mcm-fake-arm`'s `sdk-conformance` feature).
 //!
 //! # Request ids
 //!
-//! Each driver call gets a [`CallTransport`] that adds `x-ms-client-request-id: <request id>` to
-//! every request (operations, operation polls, list pages) and remembers what ARM said in the
-//! last error response (`x-ms-request-id`, `Retry-After`), which azure_core's errors do not
-//! expose.
+//! Every request of a driver call (operations, operation polls, list pages) carries
+//! `x-ms-client-request-id: <request id>`, and a failure names ARM's `x-ms-request-id` and
+//! honours its `Retry-After`.
 //!
 //! # Long-running operations
 //!
-//! The SDK's own waiting is not used: [`Call::wait`] polls `Azure-AsyncOperation` (status
+//! [`Call::wait`] polls `Azure-AsyncOperation` (status
 //! `InProgress` → `Succeeded` / `Failed` / `Canceled`) or `Location` (202 until done), pausing as
 //! `Retry-After` says within the configured bounds, at most [`AzureDriverConfig::operation_timeout`].
 //!
@@ -38,7 +41,7 @@ use std::time::{Duration, Instant};
 
 use azure_core::auth::TokenCredential;
 use azure_core::headers::{CLIENT_REQUEST_ID, HeaderName, Headers};
-use azure_core::{HttpClient, Method, Request, Response, RetryOptions, TransportOptions, Url};
+use azure_core::{HttpClient, Method, Request, Url};
 use azure_identity::{ClientSecretCredential, WorkloadIdentityCredential};
 use mcm_driver::RequestId;
 
@@ -108,6 +111,7 @@ const AZURE_ASYNC_OPERATION: HeaderName = HeaderName::from_static("azure-asyncop
 const LOCATION: HeaderName = HeaderName::from_static("location");
 const RETRY_AFTER: HeaderName = HeaderName::from_static("retry-after");
 const MS_REQUEST_ID: HeaderName = HeaderName::from_static("x-ms-request-id");
+const ERROR_CODE: HeaderName = HeaderName::from_static("x-ms-error-code");
 
 /// Driver settings that do not come from a MachineClass.
 #[derive(Debug, Clone)]
@@ -185,60 +189,11 @@ fn parse_url(s: &str) -> Result<Url, AzureError> {
     })
 }
 
-/// What ARM said in a response.
-#[derive(Debug, Clone, Default)]
-pub struct ResponseMeta {
-    /// The status.
-    pub status: u16,
-    /// `x-ms-request-id`.
-    pub request_id: Option<String>,
-    /// `Retry-After`.
-    pub retry_after: Option<Duration>,
-}
-
 fn retry_after(headers: &Headers) -> Option<Duration> {
     headers
         .get_optional_str(&RETRY_AFTER)
         .and_then(|v| v.trim().parse::<u64>().ok())
         .map(Duration::from_secs)
-}
-
-/// The transport of one driver call: the shared client, plus the request id on every request
-/// and the last error response remembered.
-#[derive(Debug)]
-pub struct CallTransport {
-    inner: Arc<dyn HttpClient>,
-    request_id: String,
-    last_error: Mutex<Option<ResponseMeta>>,
-}
-
-impl CallTransport {
-    /// What the last error response said.
-    pub fn last_error(&self) -> Option<ResponseMeta> {
-        self.last_error
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-    }
-}
-
-#[async_trait::async_trait]
-impl HttpClient for CallTransport {
-    async fn execute_request(&self, request: &Request) -> azure_core::Result<Response> {
-        let mut request = request.clone();
-        request.insert_header(CLIENT_REQUEST_ID, self.request_id.clone());
-        let response = self.inner.execute_request(&request).await?;
-        let status = u16::from(response.status());
-        if status >= 400 {
-            let meta = ResponseMeta {
-                status,
-                request_id: response.headers().get_optional_string(&MS_REQUEST_ID),
-                retry_after: retry_after(response.headers()),
-            };
-            *self.last_error.lock().unwrap_or_else(|e| e.into_inner()) = Some(meta);
-        }
-        Ok(response)
-    }
 }
 
 /// Credentials by service principal, and the shared HTTP client.
@@ -316,32 +271,10 @@ impl Clients {
     ) -> Result<Call, AzureError> {
         let (arm, authority) = config.endpoints(cloud)?;
         let credential = self.credential(&authority, c)?;
-        let transport = Arc::new(CallTransport {
-            inner: self.http.clone(),
-            request_id: request_id.to_string(),
-            last_error: Mutex::default(),
-        });
-        let scope = arm_scope(&arm);
-        let compute = azure_mgmt_compute::Client::builder(credential.clone())
-            .endpoint(arm.clone())
-            .scopes(&[&scope])
-            .retry(RetryOptions::none())
-            .transport(TransportOptions::new(transport.clone()))
-            .build()
-            .map_err(|e| AzureError::Client(Box::new(e)))?;
-        let network = azure_mgmt_network::Client::builder(credential.clone())
-            .endpoint(arm.clone())
-            .scopes(&[&scope])
-            .retry(RetryOptions::none())
-            .transport(TransportOptions::new(transport.clone()))
-            .build()
-            .map_err(|e| AzureError::Client(Box::new(e)))?;
         Ok(Call {
-            compute,
-            network,
-            transport,
+            http: self.http.clone(),
             credential,
-            scope,
+            scope: arm_scope(&arm),
             arm,
             subscription: c.subscription_id.clone(),
             request_id: request_id.clone(),
@@ -349,15 +282,11 @@ impl Clients {
     }
 }
 
-/// What one driver call works with.
+/// What one driver call works with: the shared HTTP client, the credential and the request id
+/// every request carries.
 #[derive(Clone)]
 pub struct Call {
-    /// The compute client.
-    pub compute: azure_mgmt_compute::Client,
-    /// The network client.
-    pub network: azure_mgmt_network::Client,
-    /// The call's transport.
-    pub transport: Arc<CallTransport>,
+    http: Arc<dyn HttpClient>,
     credential: Arc<dyn TokenCredential>,
     scope: String,
     /// The ARM endpoint of the call's cloud.
@@ -366,6 +295,38 @@ pub struct Call {
     pub subscription: String,
     /// The driver's request id.
     pub request_id: RequestId,
+}
+
+/// An ARM answer: its status, headers and JSON body (`null` when the body is not JSON).
+#[derive(Debug)]
+pub struct ArmResponse {
+    /// The HTTP status.
+    pub status: u16,
+    /// The headers.
+    pub headers: Headers,
+    /// The body.
+    pub json: serde_json::Value,
+}
+
+impl ArmResponse {
+    /// Whether the status is 2xx.
+    pub fn is_success(&self) -> bool {
+        (200..300).contains(&self.status)
+    }
+
+    /// What an answer that is not a success says: ARM's code (the `x-ms-error-code` header,
+    /// else the body's `error.code`, as azure_core reads it), message, `x-ms-request-id` and
+    /// `Retry-After`. Pure.
+    pub fn failure(&self) -> ArmFailure {
+        let (body_code, message) = error_of(&self.json);
+        ArmFailure {
+            status: Some(self.status),
+            code: self.headers.get_optional_string(&ERROR_CODE).or(body_code),
+            message,
+            request_id: self.headers.get_optional_string(&MS_REQUEST_ID),
+            retry_after: retry_after(&self.headers),
+        }
+    }
 }
 
 /// Where an accepted long-running operation can be watched.
@@ -393,24 +354,16 @@ impl Poll {
 }
 
 impl Call {
-    /// The failure an SDK error describes, with the `x-ms-request-id` and `Retry-After` of the
-    /// response it came from.
-    pub fn api_error(&self, call: impl Into<String>, e: azure_core::Error) -> AzureError {
+    /// A failure without an ARM answer: the token could not be obtained (Entra ID refused the
+    /// service principal: [`CREDENTIAL_FAILED`]), or the request could not be sent or its
+    /// answer not read.
+    fn unanswered(&self, call: impl Into<String>, e: azure_core::Error) -> AzureError {
         let mut failure = ArmFailure::default();
         if let Some(h) = e.as_http_error() {
             failure.status = Some(u16::from(h.status()));
             failure.code = h.error_code().map(str::to_string);
             failure.message = h.error_message().unwrap_or_default().to_string();
-            if let Some(meta) = self
-                .transport
-                .last_error()
-                .filter(|m| Some(m.status) == failure.status)
-            {
-                failure.request_id = meta.request_id;
-                failure.retry_after = meta.retry_after;
-            }
         } else if matches!(e.kind(), azure_core::error::ErrorKind::Credential) {
-            // The token could not be obtained: Entra ID refused the service principal.
             failure.code = Some(CREDENTIAL_FAILED.to_string());
             failure.message = e.to_string();
         } else {
@@ -419,14 +372,86 @@ impl Call {
         AzureError::Api {
             call: call.into(),
             failure: Box::new(failure),
-            source: Box::new(e),
+            source: Some(Box::new(e)),
         }
     }
 
-    /// Sends `method` to the ARM path `path` (below the cloud's endpoint, with its query) with
-    /// `body`, through the call's transport and token; the JSON answer of a 2xx, else the
-    /// failure ARM describes. For the APIs the management crates do not cover (marketplace
-    /// terms).
+    /// The failure an ARM answer that is not a success describes.
+    fn refused(call: impl Into<String>, response: &ArmResponse) -> AzureError {
+        AzureError::Api {
+            call: call.into(),
+            failure: Box::new(response.failure()),
+            source: None,
+        }
+    }
+
+    /// The URL of the ARM path `path` (with its query) below the cloud's endpoint.
+    fn url(&self, path: &str) -> Result<Url, AzureError> {
+        self.arm.join(path).map_err(|e| {
+            AzureError::Client(Box::new(azure_core::Error::full(
+                azure_core::error::ErrorKind::DataConversion,
+                e,
+                format!("invalid ARM path {path:?}"),
+            )))
+        })
+    }
+
+    /// Sends `method` to `url` with `body` (JSON), with the call's bearer token and its
+    /// request id in `x-ms-client-request-id`; the answer, whatever its status.
+    async fn exchange(
+        &self,
+        call: &str,
+        method: Method,
+        url: Url,
+        body: Option<&serde_json::Value>,
+    ) -> Result<ArmResponse, AzureError> {
+        let token = self
+            .credential
+            .get_token(&[&self.scope])
+            .await
+            .map_err(|e| self.unanswered(format!("{call} (token)"), e))?;
+        let mut request = Request::new(url, method);
+        request.insert_header(
+            azure_core::headers::AUTHORIZATION,
+            format!("Bearer {}", token.token.secret()),
+        );
+        request.insert_header(CLIENT_REQUEST_ID, self.request_id.to_string());
+        if let Some(body) = body {
+            request.insert_header(azure_core::headers::CONTENT_TYPE, "application/json");
+            request.set_body(serde_json::to_vec(body).unwrap_or_default());
+        }
+        let response = self
+            .http
+            .execute_request(&request)
+            .await
+            .map_err(|e| self.unanswered(call, e))?;
+        let (status, headers, body) = response.deconstruct();
+        let bytes = body.collect().await.map_err(|e| self.unanswered(call, e))?;
+        Ok(ArmResponse {
+            status: u16::from(status),
+            headers,
+            json: serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
+        })
+    }
+
+    /// Sends `method` to the ARM path `path` (with its query) with `body`; the answer of a
+    /// 2xx, else the failure ARM describes.
+    pub async fn send(
+        &self,
+        call: &str,
+        method: Method,
+        path: &str,
+        body: Option<&serde_json::Value>,
+    ) -> Result<ArmResponse, AzureError> {
+        let response = self.exchange(call, method, self.url(path)?, body).await?;
+        if response.is_success() {
+            Ok(response)
+        } else {
+            Err(Self::refused(call, &response))
+        }
+    }
+
+    /// [`Call::send`], for the JSON of the answer.
     pub async fn arm_json(
         &self,
         call: &str,
@@ -434,92 +459,78 @@ impl Call {
         path: &str,
         body: Option<&serde_json::Value>,
     ) -> Result<serde_json::Value, AzureError> {
-        let url = self.arm.join(path).map_err(|e| {
-            AzureError::Client(Box::new(azure_core::Error::full(
-                azure_core::error::ErrorKind::DataConversion,
-                e,
-                format!("invalid ARM path {path:?}"),
-            )))
-        })?;
-        let token = self
-            .credential
-            .get_token(&[&self.scope])
-            .await
-            .map_err(|e| self.api_error(format!("{call} (token)"), e))?;
-        let mut request = Request::new(url, method);
-        request.insert_header(
-            azure_core::headers::AUTHORIZATION,
-            format!("Bearer {}", token.token.secret()),
-        );
-        if let Some(body) = body {
-            request.insert_header(azure_core::headers::CONTENT_TYPE, "application/json");
-            request.set_body(serde_json::to_vec(body).unwrap_or_default());
-        }
-        let response = self
-            .transport
-            .execute_request(&request)
-            .await
-            .map_err(|e| self.api_error(call.to_string(), e))?;
-        let (status, headers, body) = response.deconstruct();
-        let bytes = body
-            .collect()
-            .await
-            .map_err(|e| self.api_error(call.to_string(), e))?;
-        let json = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
-        let status = u16::from(status);
-        if (200..300).contains(&status) {
-            return Ok(json);
-        }
-        let (code, message) = error_of(&json);
-        let source = azure_core::Error::message(
-            azure_core::error::ErrorKind::HttpResponse {
-                status: azure_core::StatusCode::try_from(status)
-                    .unwrap_or(azure_core::StatusCode::InternalServerError),
-                error_code: code.clone(),
-            },
-            message.clone(),
-        );
-        Err(AzureError::Api {
-            call: call.to_string(),
-            failure: Box::new(ArmFailure {
-                status: Some(status),
-                code,
-                message,
-                request_id: headers.get_optional_string(&MS_REQUEST_ID),
-                retry_after: retry_after(&headers),
-            }),
-            source: Box::new(source),
-        })
+        Ok(self.send(call, method, path, body).await?.json)
     }
 
-    async fn get_json(
+    /// PUTs `body` to the ARM path `path` and waits for the operation it started.
+    pub async fn put(
+        &self,
+        config: &AzureDriverConfig,
+        call: &str,
+        path: &str,
+        body: &serde_json::Value,
+    ) -> Result<(), AzureError> {
+        let response = self.send(call, Method::Put, path, Some(body)).await?;
+        self.wait(config, call, Poll::of(response.status, &response.headers))
+            .await
+    }
+
+    /// The resource at `path`, or `None` when ARM says 404.
+    pub async fn get_optional(
         &self,
         call: &str,
-        url: &str,
-    ) -> Result<(u16, Headers, serde_json::Value), AzureError> {
-        let url = parse_url(url)?;
-        let token = self
-            .credential
-            .get_token(&[&self.scope])
-            .await
-            .map_err(|e| self.api_error(format!("{call} (token)"), e))?;
-        let mut request = Request::new(url, Method::Get);
-        request.insert_header(
-            azure_core::headers::AUTHORIZATION,
-            format!("Bearer {}", token.token.secret()),
-        );
-        let response = self
-            .transport
-            .execute_request(&request)
-            .await
-            .map_err(|e| self.api_error(format!("{call} (poll)"), e))?;
-        let (status, headers, body) = response.deconstruct();
-        let bytes = body
-            .collect()
-            .await
-            .map_err(|e| self.api_error(format!("{call} (poll)"), e))?;
-        let json = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
-        Ok((u16::from(status), headers, json))
+        path: &str,
+    ) -> Result<Option<serde_json::Value>, AzureError> {
+        match self.send(call, Method::Get, path, None).await {
+            Ok(r) => Ok(Some(r.json)),
+            Err(e) if e.is_not_found() => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Every item of the list at `path`: its `value`s, page after page as `nextLink` says
+    /// (an absolute URL; a link seen before ends the list with an error instead of a loop).
+    pub async fn list(&self, call: &str, path: &str) -> Result<Vec<serde_json::Value>, AzureError> {
+        let mut items = Vec::new();
+        let mut seen = std::collections::HashSet::new();
+        let mut url = self.url(path)?;
+        loop {
+            let page = self.exchange(call, Method::Get, url.clone(), None).await?;
+            if !page.is_success() {
+                return Err(Self::refused(call, &page));
+            }
+            let serde_json::Value::Object(mut page) = page.json else {
+                return Err(AzureError::Answer {
+                    call: call.to_string(),
+                    problem: "a list page that is not a JSON object".into(),
+                });
+            };
+            if let Some(serde_json::Value::Array(values)) = page.remove("value") {
+                items.extend(values);
+            }
+            let next = match page.remove("nextLink") {
+                Some(serde_json::Value::String(next)) if !next.is_empty() => next,
+                _ => return Ok(items),
+            };
+            if !seen.insert(next.clone()) {
+                return Err(AzureError::Answer {
+                    call: call.to_string(),
+                    problem: format!("the nextLink {next} came twice"),
+                });
+            }
+            url = parse_url(&next)?;
+        }
+    }
+
+    /// A GET of the absolute `url` (an operation's status), whatever its status.
+    async fn get_json(&self, call: &str, url: &str) -> Result<ArmResponse, AzureError> {
+        self.exchange(
+            &format!("{call} (poll)"),
+            Method::Get,
+            parse_url(url)?,
+            None,
+        )
+        .await
     }
 
     /// Waits for the operation `poll` names, at most `config.operation_timeout`.
@@ -532,7 +543,11 @@ impl Call {
         let began = Instant::now();
         let mut pause = config.poll_interval;
         loop {
-            let (status, headers, body) = match &poll {
+            let ArmResponse {
+                status,
+                headers,
+                json: body,
+            } = match &poll {
                 Poll::Done => return Ok(()),
                 Poll::AsyncOperation(url) | Poll::Location(url) => self.get_json(call, url).await?,
             };
@@ -641,6 +656,47 @@ mod tests {
         assert_eq!(
             (arm.as_str(), authority.as_str()),
             ("http://127.0.0.1:1/", "http://127.0.0.1:2/")
+        );
+    }
+
+    #[test]
+    fn a_refusal_is_read_from_the_headers_and_the_body() {
+        let mut headers = Headers::new();
+        headers.insert(MS_REQUEST_ID, "arm-1");
+        headers.insert(RETRY_AFTER, "3");
+        let mut answer = ArmResponse {
+            status: 409,
+            headers,
+            json: serde_json::json!({"error": {"code": "Conflict", "message": "busy"}}),
+        };
+        assert!(!answer.is_success());
+        assert_eq!(
+            answer.failure(),
+            ArmFailure {
+                status: Some(409),
+                code: Some("Conflict".into()),
+                message: "busy".into(),
+                request_id: Some("arm-1".into()),
+                retry_after: Some(Duration::from_secs(3)),
+            }
+        );
+        // `x-ms-error-code` wins over the body's code, as azure_core reads it.
+        answer
+            .headers
+            .insert(ERROR_CODE, "AnotherOperationInProgress");
+        assert_eq!(
+            answer.failure().code.as_deref(),
+            Some("AnotherOperationInProgress")
+        );
+        // A body that is not ARM's error: no code, no message.
+        answer.json = serde_json::Value::Null;
+        answer.headers = Headers::new();
+        assert_eq!(
+            answer.failure(),
+            ArmFailure {
+                status: Some(409),
+                ..ArmFailure::default()
+            }
         );
     }
 

@@ -13,7 +13,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use azure_core::Method;
-use futures::StreamExt as _;
 use mcm_api::Machine;
 use mcm_driver::{
     CreateMachineRequest, CreateMachineResponse, DeleteMachineRequest, DeleteMachineResponse,
@@ -122,24 +121,6 @@ pub fn failed_vm_status(name: &str, vm: &Value) -> ResourceStatus {
     }
 }
 
-/// The JSON of a `GET` the SDK sent: `None` when ARM says 404, else the failure it names.
-async fn optional_json(
-    call: &Call,
-    what: String,
-    sent: azure_core::Result<azure_core::Response>,
-) -> Result<Option<Value>, AzureError> {
-    match sent {
-        Ok(r) => json_of(r)
-            .await
-            .map(Some)
-            .map_err(|e| call.api_error(what, e)),
-        Err(e) => {
-            let e = call.api_error(what, e);
-            if e.is_not_found() { Ok(None) } else { Err(e) }
-        }
-    }
-}
-
 fn tag_keys(r: &Value) -> Vec<String> {
     r.get("tags")
         .and_then(|t| t.as_object())
@@ -149,42 +130,6 @@ fn tag_keys(r: &Value) -> Vec<String> {
 
 fn ours(r: &Value, tags: &ClusterTags) -> bool {
     tags.matches(tag_keys(r).iter())
-}
-
-async fn json_of(response: azure_core::Response) -> azure_core::Result<Value> {
-    let bytes = response.into_body().collect().await?;
-    Ok(serde_json::from_slice(&bytes).unwrap_or(Value::Null))
-}
-
-/// Sends `get` or `delete` of the resource of `kind` through its SDK client (the disks client
-/// takes the subscription first) and returns the raw response.
-macro_rules! by_kind {
-    ($verb:ident, $call:expr, $kind:expr, $group:expr, $name:expr) => {{
-        let (call, group, name) = ($call, $group, $name);
-        match $kind {
-            ResourceType::Vm => call
-                .compute
-                .virtual_machines_client()
-                .$verb(group, name, &call.subscription)
-                .send()
-                .await
-                .map(|r| r.into_raw_response()),
-            ResourceType::Nic => call
-                .network
-                .network_interfaces_client()
-                .$verb(group, name, &call.subscription)
-                .send()
-                .await
-                .map(|r| r.into_raw_response()),
-            ResourceType::Disk => call
-                .compute
-                .disks_client()
-                .$verb(&call.subscription, group, name)
-                .send()
-                .await
-                .map(|r| r.into_raw_response()),
-        }
-    }};
 }
 
 impl AzureDriver {
@@ -226,9 +171,9 @@ impl AzureDriver {
         kind: ResourceType,
         name: &str,
     ) -> Result<Option<Value>, AzureError> {
-        let what = format!("GET {} {name}", kind_name(kind));
-        let sent = by_kind!(get, call, kind, group, name);
-        optional_json(call, what, sent).await
+        let path = resources::resource_path(&call.subscription, group, kind, name);
+        call.get_optional(&format!("GET {} {name}", kind.name()), &path)
+            .await
     }
 
     /// The plan of the class's marketplace image, with its terms accepted, as Gardener's
@@ -279,34 +224,15 @@ impl AzureDriver {
             urn.publisher, urn.offer, urn.sku, urn.version
         );
         let what = format!("GET virtualMachineImages {name}");
-        let image = call
-            .compute
-            .virtual_machine_images_client()
-            .get(
-                location,
-                &urn.publisher,
-                &urn.offer,
-                &urn.sku,
-                &urn.version,
-                &call.subscription,
-            )
-            .send()
-            .await
-            .map(|r| r.into_raw_response());
-        match image {
-            Ok(r) => json_of(r).await.map_err(|e| call.api_error(what, e)),
-            Err(e) => {
-                let e = call.api_error(what, e);
-                Err(if e.is_not_found() {
-                    AzureError::ImageNotFound {
-                        urn: name,
-                        location: location.to_string(),
-                        source: Box::new(e),
-                    }
-                } else {
-                    e
-                })
-            }
+        let path = resources::vm_image_path(&call.subscription, location, urn);
+        match call.arm_json(&what, Method::Get, &path, None).await {
+            Ok(image) => Ok(image),
+            Err(e) if e.is_not_found() => Err(AzureError::ImageNotFound {
+                urn: name,
+                location: location.to_string(),
+                source: Box::new(e),
+            }),
+            Err(e) => Err(e),
         }
     }
 
@@ -341,19 +267,9 @@ impl AzureDriver {
                 resources::disk_creation_data(image, urn_image_id.as_deref()),
             );
             let what = format!("PUT disks {name}");
-            let model: azure_mgmt_compute::models::Disk =
-                serde_json::from_value(body).map_err(|e| AzureError::Client(Box::new(e.into())))?;
-            let response = call
-                .compute
-                .disks_client()
-                .create_or_update(&call.subscription, group, &name, model)
-                .send()
-                .await
-                .map_err(|e| call.api_error(what.clone(), e))?
-                .into_raw_response();
-            let status = u16::from(response.status());
-            call.wait(&self.config, &what, Poll::of(status, response.headers()))
-                .await?;
+            let path =
+                resources::resource_path(&call.subscription, group, ResourceType::Disk, &name);
+            call.put(&self.config, &what, &path, &body).await?;
         }
         Ok(())
     }
@@ -366,15 +282,9 @@ impl AzureDriver {
         name: &str,
     ) -> Result<Option<Value>, AzureError> {
         let what = format!("GET virtualMachines {name} (instance view)");
-        let sent = call
-            .compute
-            .virtual_machines_client()
-            .get(group, name, &call.subscription)
-            .expand("instanceView")
-            .send()
+        let path = resources::resource_path(&call.subscription, group, ResourceType::Vm, name);
+        call.get_optional(&what, &format!("{path}&$expand=instanceView"))
             .await
-            .map(|r| r.into_raw_response());
-        optional_json(call, what, sent).await
     }
 
     /// Deletes a resource and waits; one that is not there is a success.
@@ -385,41 +295,36 @@ impl AzureDriver {
         kind: ResourceType,
         name: &str,
     ) -> Result<bool, AzureError> {
-        let what = format!("DELETE {} {name}", kind_name(kind));
-        let sent = by_kind!(delete, call, kind, group, name);
-        let response = match sent {
+        let what = format!("DELETE {} {name}", kind.name());
+        let path = resources::resource_path(&call.subscription, group, kind, name);
+        let response = match call.send(&what, Method::Delete, &path, None).await {
             Ok(r) => r,
-            Err(e) => {
-                let e = call.api_error(what, e);
-                return if e.is_not_found() { Ok(false) } else { Err(e) };
-            }
+            Err(e) if e.is_not_found() => return Ok(false),
+            Err(e) => return Err(e),
         };
-        let status = u16::from(response.status());
-        if status == 204 {
+        if response.status == 204 {
             return Ok(false);
         }
-        call.wait(&self.config, &what, Poll::of(status, response.headers()))
-            .await?;
+        call.wait(
+            &self.config,
+            &what,
+            Poll::of(response.status, &response.headers),
+        )
+        .await?;
         Ok(true)
     }
 
     async fn put_nic(&self, call: &Call, spec: &ProviderSpec, vm: &str) -> Result<(), AzureError> {
         let name = resources::nic_name(vm);
         let what = format!("PUT networkInterfaces {name}");
-        let model: azure_mgmt_network::models::NetworkInterface =
-            serde_json::from_value(resources::nic_body(spec, &call.subscription, vm))
-                .map_err(|e| AzureError::Client(Box::new(e.into())))?;
-        let response = call
-            .network
-            .network_interfaces_client()
-            .create_or_update(&spec.resource_group, &name, model, &call.subscription)
-            .send()
-            .await
-            .map_err(|e| call.api_error(what.clone(), e))?
-            .into_raw_response();
-        let status = u16::from(response.status());
-        call.wait(&self.config, &what, Poll::of(status, response.headers()))
-            .await
+        let path = resources::resource_path(
+            &call.subscription,
+            &spec.resource_group,
+            ResourceType::Nic,
+            &name,
+        );
+        let body = resources::nic_body(spec, &call.subscription, vm);
+        call.put(&self.config, &what, &path, &body).await
     }
 
     async fn put_vm(
@@ -432,27 +337,21 @@ impl AzureDriver {
         let plan = self.marketplace_plan(call, spec).await?;
         self.put_image_disks(call, spec, vm).await?;
         let what = format!("PUT virtualMachines {vm}");
-        let model: azure_mgmt_compute::models::VirtualMachine =
-            serde_json::from_value(resources::vm_body(
-                spec,
-                &call.subscription,
-                vm,
-                user_data,
-                &resources::ssh_key_data(spec),
-                plan.as_ref(),
-            ))
-            .map_err(|e| AzureError::Client(Box::new(e.into())))?;
-        let response = call
-            .compute
-            .virtual_machines_client()
-            .create_or_update(&spec.resource_group, vm, model, &call.subscription)
-            .send()
-            .await
-            .map_err(|e| call.api_error(what.clone(), e))?
-            .into_raw_response();
-        let status = u16::from(response.status());
-        call.wait(&self.config, &what, Poll::of(status, response.headers()))
-            .await
+        let path = resources::resource_path(
+            &call.subscription,
+            &spec.resource_group,
+            ResourceType::Vm,
+            vm,
+        );
+        let body = resources::vm_body(
+            spec,
+            &call.subscription,
+            vm,
+            user_data,
+            &resources::ssh_key_data(spec),
+            plan.as_ref(),
+        );
+        call.put(&self.config, &what, &path, &body).await
     }
 
     /// Removes the VM, then its NIC and disks, each when present. Returns what was deleted.
@@ -485,57 +384,12 @@ impl AzureDriver {
         group: &str,
     ) -> Result<Vec<(ResourceType, Value)>, AzureError> {
         let mut out = Vec::new();
-        let mut vms = call
-            .compute
-            .virtual_machines_client()
-            .list(group, &call.subscription)
-            .into_stream();
-        while let Some(page) = vms.next().await {
-            let page = page.map_err(|e| call.api_error("list virtualMachines", e))?;
-            for vm in page.value {
-                out.push((
-                    ResourceType::Vm,
-                    serde_json::to_value(vm).unwrap_or(Value::Null),
-                ));
-            }
-        }
-        let mut nics = call
-            .network
-            .network_interfaces_client()
-            .list(group, &call.subscription)
-            .into_stream();
-        while let Some(page) = nics.next().await {
-            let page = page.map_err(|e| call.api_error("list networkInterfaces", e))?;
-            for nic in page.value {
-                out.push((
-                    ResourceType::Nic,
-                    serde_json::to_value(nic).unwrap_or(Value::Null),
-                ));
-            }
-        }
-        let mut disks = call
-            .compute
-            .disks_client()
-            .list_by_resource_group(&call.subscription, group)
-            .into_stream();
-        while let Some(page) = disks.next().await {
-            let page = page.map_err(|e| call.api_error("list disks", e))?;
-            for disk in page.value {
-                out.push((
-                    ResourceType::Disk,
-                    serde_json::to_value(disk).unwrap_or(Value::Null),
-                ));
-            }
+        for kind in [ResourceType::Vm, ResourceType::Nic, ResourceType::Disk] {
+            let path = resources::list_path(&call.subscription, group, kind);
+            let items = call.list(&format!("list {}", kind.name()), &path).await?;
+            out.extend(items.into_iter().map(|item| (kind, item)));
         }
         Ok(out)
-    }
-}
-
-fn kind_name(kind: ResourceType) -> &'static str {
-    match kind {
-        ResourceType::Vm => "virtualMachines",
-        ResourceType::Nic => "networkInterfaces",
-        ResourceType::Disk => "disks",
     }
 }
 

@@ -3,7 +3,7 @@
 //! ARM answers a failed call with `{"error": {"code", "message"}}`, an HTTP status, an
 //! `x-ms-request-id` and sometimes `Retry-After`; a long-running operation that fails reports
 //! the same `code`/`message` in its status. [`classify`] is the pure decision over the status,
-//! the code and the message; [`AzureError`] keeps the SDK's error or the operation's outcome as
+//! the code and the message; [`AzureError`] keeps what ARM answered, the transport's error or the operation's outcome as
 //! the source of the [`DriverError`] that [`AzureError::into_driver_error`] makes, whose message
 //! names the call, the ARM code, `x-ms-request-id` and the driver's request id.
 
@@ -138,9 +138,17 @@ pub enum AzureError {
         call: String,
         /// What ARM said.
         failure: Box<ArmFailure>,
-        /// The SDK's error.
+        /// Why no answer came (the token, the connection); `None` when ARM answered.
         #[source]
-        source: Box<azure_core::Error>,
+        source: Option<Box<azure_core::Error>>,
+    },
+    /// ARM's answer is not what its API defines.
+    #[error("{call}: {problem}")]
+    Answer {
+        /// What was called.
+        call: String,
+        /// What is wrong with the answer.
+        problem: String,
     },
     /// A long-running operation finished as failed or canceled.
     #[error("{call}: the operation {status}{}", describe(.failure))]
@@ -225,7 +233,9 @@ impl AzureError {
             AzureError::OperationTimeout { .. } => {
                 Classification::retry(Code::Unavailable, TRANSIENT_RETRY_AFTER)
             }
-            AzureError::Client(_) => Classification::code(Code::Internal),
+            AzureError::Client(_) | AzureError::Answer { .. } => {
+                Classification::code(Code::Internal)
+            }
             AzureError::TokenFile { .. } => Classification::code(Code::Unauthenticated),
             AzureError::UnknownCloud(_) | AzureError::ImageNotFound { .. } => {
                 Classification::code(Code::InvalidArgument)

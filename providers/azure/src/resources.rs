@@ -87,14 +87,77 @@ pub enum ResourceType {
     Disk,
 }
 
+/// The API version of `Microsoft.Compute`'s virtual machines and marketplace images (that of
+/// the legacy Azure SDK's `azure_mgmt_compute` 0.21 default tag, whose wire format the golden
+/// requests were captured with).
+pub const COMPUTE_API_VERSION: &str = "2024-07-01";
+/// The API version of `Microsoft.Compute/disks` (the same SDK's disks).
+pub const DISK_API_VERSION: &str = "2024-03-02";
+/// The API version of `Microsoft.Network` (`azure_mgmt_network` 0.21's default tag).
+pub const NETWORK_API_VERSION: &str = "2024-03-01";
+
+impl ResourceType {
+    /// The resource provider's type, e.g. `Microsoft.Compute/virtualMachines`.
+    pub fn provider_type(self) -> &'static str {
+        match self {
+            ResourceType::Vm => "Microsoft.Compute/virtualMachines",
+            ResourceType::Nic => "Microsoft.Network/networkInterfaces",
+            ResourceType::Disk => "Microsoft.Compute/disks",
+        }
+    }
+
+    /// The type's name in ARM paths and in the driver's messages, e.g. `virtualMachines`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ResourceType::Vm => "virtualMachines",
+            ResourceType::Nic => "networkInterfaces",
+            ResourceType::Disk => "disks",
+        }
+    }
+
+    /// The API version the driver speaks for the type.
+    pub fn api_version(self) -> &'static str {
+        match self {
+            ResourceType::Vm => COMPUTE_API_VERSION,
+            ResourceType::Nic => NETWORK_API_VERSION,
+            ResourceType::Disk => DISK_API_VERSION,
+        }
+    }
+}
+
 /// The ARM id of a resource.
 pub fn resource_id(subscription: &str, group: &str, kind: ResourceType, name: &str) -> String {
-    let t = match kind {
-        ResourceType::Vm => "Microsoft.Compute/virtualMachines",
-        ResourceType::Nic => "Microsoft.Network/networkInterfaces",
-        ResourceType::Disk => "Microsoft.Compute/disks",
-    };
-    format!("/subscriptions/{subscription}/resourceGroups/{group}/providers/{t}/{name}")
+    format!(
+        "/subscriptions/{subscription}/resourceGroups/{group}/providers/{}/{name}",
+        kind.provider_type()
+    )
+}
+
+/// The ARM path (with its query) of a resource.
+pub fn resource_path(subscription: &str, group: &str, kind: ResourceType, name: &str) -> String {
+    format!(
+        "{}?api-version={}",
+        resource_id(subscription, group, kind, name),
+        kind.api_version()
+    )
+}
+
+/// The ARM path (with its query) of the list of a resource group's resources of `kind`.
+pub fn list_path(subscription: &str, group: &str, kind: ResourceType) -> String {
+    format!(
+        "/subscriptions/{subscription}/resourceGroups/{group}/providers/{}?api-version={}",
+        kind.provider_type(),
+        kind.api_version()
+    )
+}
+
+/// The ARM path (with its query) of a marketplace image version in `location`.
+pub fn vm_image_path(subscription: &str, location: &str, urn: &crate::spec::Urn) -> String {
+    format!(
+        "/subscriptions/{subscription}/providers/Microsoft.Compute/locations/{location}/publishers/{}\
+         /artifacttypes/vmimage/offers/{}/skus/{}/versions/{}?api-version={COMPUTE_API_VERSION}",
+        urn.publisher, urn.offer, urn.sku, urn.version
+    )
 }
 
 /// The provider id of machine `vm`: `azure:///<location>/<vm>` (as Gardener's provider writes it).
@@ -346,8 +409,11 @@ pub fn vm_body(
     let mut storage = json!({
         "imageReference": image_reference(&sp.image_reference),
         "osDisk": os_disk,
-        "dataDisks": data_disks,
     });
+    // No data disks: no `dataDisks` key, as the SDK the wire format was anchored to sent it.
+    if !data_disks.is_empty() {
+        storage["dataDisks"] = Value::Array(data_disks);
+    }
     if !sp.disk_controller_type.is_empty() {
         storage["diskControllerType"] = json!(sp.disk_controller_type);
     }

@@ -1,5 +1,5 @@
-//! The Azure driver through the Azure SDK against the fake ARM (`mcm-fake-arm`, providers/azure/fake, one
-//! server per test).
+//! The Azure driver against the fake ARM (`mcm-fake-arm`, providers/azure/fake, one server per
+//! test), and against scripted answers the fake never gives.
 
 use mcm_fake_arm as fake_arm;
 
@@ -773,5 +773,92 @@ async fn volume_ids_of_azure_disks() {
             "d1",
             "/subscriptions/s/resourceGroups/g/providers/Microsoft.Compute/disks/d2"
         ]
+    );
+}
+
+/// A scripted ARM on 127.0.0.1 with a token endpoint of its own: a token for every token
+/// request, `answer(base URL, path and query)` for every other request.
+async fn scripted_arm(answer: fn(&str, &str) -> (u16, Value)) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let own = base.clone();
+    let app = axum::Router::new().fallback(move |request: axum::extract::Request| {
+        let base = own.clone();
+        async move {
+            let path = request
+                .uri()
+                .path_and_query()
+                .map(|p| p.as_str().to_string())
+                .unwrap_or_default();
+            let (status, body) = if path.ends_with("/oauth2/v2.0/token") {
+                let token = json!({"token_type": "Bearer", "expires_in": 3599,
+                                   "ext_expires_in": 3599, "access_token": "scripted"});
+                (200, token)
+            } else {
+                answer(&base, &path)
+            };
+            axum::response::Response::builder()
+                .status(status)
+                .header("content-type", "application/json")
+                .body(axum::body::Body::from(body.to_string()))
+                .unwrap()
+        }
+    });
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    base
+}
+
+async fn list_against(answer: fn(&str, &str) -> (u16, Value)) -> DriverError {
+    let base = scripted_arm(answer).await;
+    let d = AzureDriver::new(AzureDriverConfig {
+        arm_endpoint: Some(base.clone()),
+        authority_host: Some(base),
+        ..AzureDriverConfig::default()
+    });
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        d.list_machines(ListMachinesRequest {
+            machine_class: class(spec()),
+            secret: secret(),
+            request_id: RequestId::generate(),
+        }),
+    )
+    .await
+    .expect("the list ends")
+    .unwrap_err()
+}
+
+#[tokio::test]
+async fn a_list_whose_next_link_comes_again_ends_with_an_error() {
+    let e = list_against(|base, _| {
+        let next = format!("{base}/subscriptions/{SUB}/resourceGroups/{RG}/providers/Microsoft.Compute/virtualMachines?api-version=2024-07-01&%24skiptoken=same");
+        (200, json!({"value": [], "nextLink": next}))
+    })
+    .await;
+    assert_eq!(e.code, Code::Internal, "{e}");
+    assert!(e.message.contains("list virtualMachines"), "{e}");
+    assert!(e.message.contains("came twice"), "{e}");
+}
+
+#[tokio::test]
+async fn a_list_page_that_is_not_an_object_is_an_error() {
+    let e = list_against(|_, _| (200, json!(["not", "a", "page"]))).await;
+    assert_eq!(e.code, Code::Internal, "{e}");
+    assert!(e.message.contains("not a JSON object"), "{e}");
+}
+
+#[tokio::test]
+async fn a_refused_list_names_arms_code_and_message() {
+    let e = list_against(|_, _| {
+        let body = json!({"error": {"code": "AuthorizationFailed",
+                                    "message": "no read on the resource group"}});
+        (403, body)
+    })
+    .await;
+    assert_eq!(e.code, Code::PermissionDenied, "{e}");
+    assert!(
+        e.message
+            .contains("with HTTP 403 (AuthorizationFailed): no read on the resource group"),
+        "{e}"
     );
 }

@@ -3,10 +3,10 @@
 //!
 //! [`FakeArm::start`] serves on 127.0.0.1 and a free port the paths of
 //! `https://management.azure.com` and of the authority host `https://login.microsoftonline.com`.
-//! Point the legacy Azure SDK at it (0.21: `azure_mgmt_compute`, `azure_mgmt_network`,
-//! `azure_identity`) with `Client::builder(credential).endpoint(fake.url())` and a
-//! `ClientSecretCredential` whose authority host is [`FakeArm::url`]. The server stops when the
-//! handle is dropped.
+//! Point an ARM client at it (the Azure driver, or the legacy Azure SDK 0.21's
+//! `azure_mgmt_compute`, `azure_mgmt_network` and `azure_identity`, as
+//! `tests/sdk_conformance.rs` does with the `sdk-conformance` feature) with [`FakeArm::url`] as
+//! both the ARM endpoint and the authority host. The server stops when the handle is dropped.
 //!
 //! # Endpoints
 //!

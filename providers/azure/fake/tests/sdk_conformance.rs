@@ -3,6 +3,10 @@
 //! endpoint and bearer tokens, the wire format of NICs, VMs and disks, asynchronous operations
 //! polled by hand and by the SDK's own futures, paging, references between resources, faults and
 //! how the SDK surfaces each error.
+//!
+//! The Azure driver speaks this wire format without these crates; the test keeps the fake
+//! faithful to them. It builds only with the `sdk-conformance` feature (the crates take minutes
+//! to compile): `cargo test -p mcm-fake-arm --features sdk-conformance`.
 
 use mcm_fake_arm as fake_arm;
 
@@ -1278,7 +1282,7 @@ async fn throttling_with_retry_after() -> TestResult {
 }
 
 #[tokio::test]
-async fn the_builder_as_the_driver_uses_it() -> TestResult {
+async fn the_sdk_client_builder_without_retries() -> TestResult {
     let fake = FakeArm::start(SUB, TENANT, CLIENT_ID, SECRET).await;
     let credential = credential(&fake, SECRET);
     let compute = azure_mgmt_compute::Client::builder(credential)
