@@ -196,6 +196,30 @@ fn retry_after(headers: &Headers) -> Option<Duration> {
         .map(Duration::from_secs)
 }
 
+/// The URL of the page a list's `nextLink` names, as the SDK follows it: resolved against the
+/// page it came from (ARM's are absolute), with the list's `api-version` when the link has
+/// none. Pure.
+pub fn next_page(current: &Url, next_link: &str) -> Result<Url, AzureError> {
+    let mut next = current.join(next_link).map_err(|e| {
+        AzureError::Client(Box::new(azure_core::Error::full(
+            azure_core::error::ErrorKind::DataConversion,
+            e,
+            format!("invalid nextLink {next_link:?}"),
+        )))
+    })?;
+    let version = |u: &Url| {
+        u.query_pairs()
+            .find(|(k, _)| k == "api-version")
+            .map(|(_, v)| v.into_owned())
+    };
+    if version(&next).is_none()
+        && let Some(v) = version(current)
+    {
+        next.query_pairs_mut().append_pair("api-version", &v);
+    }
+    Ok(next)
+}
+
 /// Credentials by service principal, and the shared HTTP client.
 #[derive(Debug)]
 pub struct Clients {
@@ -489,7 +513,7 @@ impl Call {
     }
 
     /// Every item of the list at `path`: its `value`s, page after page as `nextLink` says
-    /// (an absolute URL; a link seen before ends the list with an error instead of a loop).
+    /// ([`next_page`]; a link seen before ends the list with an error instead of a loop).
     pub async fn list(&self, call: &str, path: &str) -> Result<Vec<serde_json::Value>, AzureError> {
         let mut items = Vec::new();
         let mut seen = std::collections::HashSet::new();
@@ -518,7 +542,7 @@ impl Call {
                     problem: format!("the nextLink {next} came twice"),
                 });
             }
-            url = parse_url(&next)?;
+            url = next_page(&url, &next)?;
         }
     }
 
@@ -697,6 +721,22 @@ mod tests {
                 status: Some(409),
                 ..ArmFailure::default()
             }
+        );
+    }
+
+    #[test]
+    fn a_next_link_is_followed_as_the_sdk_follows_it() {
+        let first = Url::parse(
+            "https://management.azure.com/subscriptions/s/resourceGroups/g/providers/Microsoft.Compute/disks?api-version=2024-03-02",
+        )
+        .unwrap();
+        let absolute = "https://management.azure.com/subscriptions/s/resourceGroups/g/providers/Microsoft.Compute/disks?api-version=2024-03-02&%24skiptoken=x";
+        assert_eq!(next_page(&first, absolute).unwrap().as_str(), absolute);
+        assert_eq!(
+            next_page(&first, "/subscriptions/s/next?%24skiptoken=y")
+                .unwrap()
+                .as_str(),
+            "https://management.azure.com/subscriptions/s/next?%24skiptoken=y&api-version=2024-03-02"
         );
     }
 
