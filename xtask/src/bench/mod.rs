@@ -120,6 +120,11 @@ pub struct ScaleArgs {
     /// short runs, which check bound ratios and requests per machine, not CPU or RSS.
     #[arg(long)]
     pub dev_build: bool,
+    /// Build the controllers as the images ship them: static binaries for
+    /// `x86_64-unknown-linux-musl`, with musl's allocator instead of glibc's (resident memory
+    /// differs; needs musl-gcc, as `cargo xtask image` does).
+    #[arg(long, conflicts_with = "dev_build")]
+    pub musl: bool,
 }
 
 /// A rollout's maxSurge: a count or a percentage.

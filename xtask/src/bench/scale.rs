@@ -63,13 +63,15 @@ const TICKS_PER_SECOND: f64 = 100.0;
 /// Runs one scale benchmark and prints its results.
 pub fn run(kind: Kind, args: ScaleArgs) -> Result<()> {
     env::plain_logs_for_children();
-    let bins = env::prepare_binaries_in(if args.dev_build {
+    let profile = if args.dev_build {
         Profile::Debug
     } else if args.fast_build {
         Profile::FastRelease
     } else {
         Profile::Release
-    })?;
+    };
+    let target = args.musl.then_some(crate::image::TARGET);
+    let bins = env::prepare_binaries_for(profile, target)?;
     if std::env::var_os(mcm_testenv::binaries::KWOK_ENV).is_none() {
         // `prepare_binaries_in` ran `cargo xtask testenv` unless KUBEBUILDER_ASSETS is set;
         // kwok must be there either way.

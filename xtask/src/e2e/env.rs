@@ -107,6 +107,11 @@ pub const BINARY_PACKAGES: [&str; 3] = [
 
 /// [`prepare_binaries`] in the given profile.
 pub fn prepare_binaries_in(profile: Profile) -> Result<Binaries> {
+    prepare_binaries_for(profile, None)
+}
+
+/// [`prepare_binaries`] in the given profile, for `target` (`None`: the host's).
+pub fn prepare_binaries_for(profile: Profile, target: Option<&str>) -> Result<Binaries> {
     if std::env::var_os(mcm_testenv::binaries::ASSETS_ENV).is_none() {
         // The demo and the scenarios run no kwok: building it would cost a first run minutes.
         crate::testenv::ensure_control_plane(false)
@@ -124,6 +129,9 @@ pub fn prepare_binaries_in(profile: Profile) -> Result<Binaries> {
         Profile::Release => args.push("--release"),
         Profile::FastRelease => args.extend(["--profile", "fast-release"]),
     }
+    if let Some(target) = target {
+        args.extend(["--target", target]);
+    }
     eprintln!("building the binaries: cargo {}", args.join(" "));
     let status = cargo_command()
         .current_dir(crate::crds::workspace_root())
@@ -133,11 +141,13 @@ pub fn prepare_binaries_in(profile: Profile) -> Result<Binaries> {
     if !status.success() {
         bail!("cargo {} failed ({status})", args.join(" "));
     }
-    let dir = target_dir().join(match profile {
-        Profile::Debug => "debug",
-        Profile::Release => "release",
-        Profile::FastRelease => "fast-release",
-    });
+    let dir = target
+        .map_or_else(target_dir, |t| target_dir().join(t))
+        .join(match profile {
+            Profile::Debug => "debug",
+            Profile::Release => "release",
+            Profile::FastRelease => "fast-release",
+        });
     let bins = Binaries {
         manager: dir.join("machine-controller-manager"),
         machine_controller: dir.join("machine-controller-local"),
