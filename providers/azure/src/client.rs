@@ -180,13 +180,16 @@ pub fn arm_scope(arm: &Url) -> String {
 }
 
 fn parse_url(s: &str) -> Result<Url, AzureError> {
-    Url::parse(s).map_err(|e| {
-        AzureError::Client(Box::new(azure_core::Error::full(
-            azure_core::error::ErrorKind::DataConversion,
-            e,
-            format!("invalid URL {s:?}"),
-        )))
-    })
+    Url::parse(s).map_err(|e| invalid_url(e, format!("invalid URL {s:?}")))
+}
+
+/// The error of a URL that cannot be made: `what` it was, and why.
+fn invalid_url(e: impl std::error::Error + Send + Sync + 'static, what: String) -> AzureError {
+    AzureError::Client(Box::new(azure_core::Error::full(
+        azure_core::error::ErrorKind::DataConversion,
+        e,
+        what,
+    )))
 }
 
 fn retry_after(headers: &Headers) -> Option<Duration> {
@@ -200,13 +203,9 @@ fn retry_after(headers: &Headers) -> Option<Duration> {
 /// page it came from (ARM's are absolute), with the list's `api-version` when the link has
 /// none. Pure.
 pub fn next_page(current: &Url, next_link: &str) -> Result<Url, AzureError> {
-    let mut next = current.join(next_link).map_err(|e| {
-        AzureError::Client(Box::new(azure_core::Error::full(
-            azure_core::error::ErrorKind::DataConversion,
-            e,
-            format!("invalid nextLink {next_link:?}"),
-        )))
-    })?;
+    let mut next = current
+        .join(next_link)
+        .map_err(|e| invalid_url(e, format!("invalid nextLink {next_link:?}")))?;
     let version = |u: &Url| {
         u.query_pairs()
             .find(|(k, _)| k == "api-version")
@@ -411,13 +410,9 @@ impl Call {
 
     /// The URL of the ARM path `path` (with its query) below the cloud's endpoint.
     fn url(&self, path: &str) -> Result<Url, AzureError> {
-        self.arm.join(path).map_err(|e| {
-            AzureError::Client(Box::new(azure_core::Error::full(
-                azure_core::error::ErrorKind::DataConversion,
-                e,
-                format!("invalid ARM path {path:?}"),
-            )))
-        })
+        self.arm
+            .join(path)
+            .map_err(|e| invalid_url(e, format!("invalid ARM path {path:?}")))
     }
 
     /// Sends `method` to `url` with `body` (JSON), with the call's bearer token and its
