@@ -1026,7 +1026,7 @@ pub fn check_static_elf(bytes: &[u8]) -> Result<()> {
 
 /// How jemalloc's statistics at exit show the options of `mcm_core::allocator::OPTIONS`.
 const JEMALLOC_OPTIONS: [&str; 3] = [
-    "opt.background_thread: false",
+    "opt.background_thread: true",
     "opt.dirty_decay_ms: 1000",
     "opt.muzzy_decay_ms: 0",
 ];

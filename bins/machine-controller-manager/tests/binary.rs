@@ -69,7 +69,7 @@ fn the_binary_runs_on_jemalloc_with_the_options_of_mcm_core() {
     assert!(out.status.success());
     let stats = String::from_utf8_lossy(&out.stderr);
     for option in [
-        "opt.background_thread: false",
+        "opt.background_thread: true",
         "opt.dirty_decay_ms: 1000",
         "opt.muzzy_decay_ms: 0",
     ] {

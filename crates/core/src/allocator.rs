@@ -6,7 +6,7 @@
 //! the static images) the resident memory after each such burst stayed above the one before,
 //! although the heap in use at rest did not grow: pages that still held a few live objects
 //! were kept. jemalloc groups small objects of one size together and, with the options below,
-//! gives pages that stay unused for about a second back to the system.
+//! gives pages that stay unused back to the system in the background.
 //!
 //! Enabling the feature makes jemalloc the global allocator of the binary that links this
 //! crate. A binary that sets its own `#[global_allocator]` must leave the feature off.
@@ -24,18 +24,15 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// jemalloc's options, in its `MALLOC_CONF` syntax, as this crate sets them.
 ///
-/// - No background thread (jemalloc's default): unused pages are returned as the process
-///   allocates and frees, which a controller does with every watch event, also when its fleet
-///   is idle. jemalloc's `background_thread:true` would return them from a thread of its
-///   own, but with it a process that starts child processes hung: the local provider's
-///   machine controller, which starts a `local-node` process per VM, stopped creating VMs in
-///   the tests, and a cloud driver may start processes too (a credential helper).
+/// - `background_thread:true`: a background thread (at most one per CPU) returns unused
+///   pages, so an idle controller, which allocates nothing, still gives back what its last
+///   burst left; without it, pages are returned only while the process allocates.
 /// - `dirty_decay_ms:1000`: freed pages are returned over about a second (jemalloc's default
 ///   is 10 s), so resident memory follows the fleet down soon after a scale-down.
 /// - `muzzy_decay_ms:0`: returned pages go back at once with `MADV_DONTNEED`, which lowers
 ///   the resident set as the kernel counts it, rather than through `MADV_FREE`, which lowers it
 ///   only when the machine is short of memory.
-pub const OPTIONS: &str = "dirty_decay_ms:1000,muzzy_decay_ms:0";
+pub const OPTIONS: &str = "background_thread:true,dirty_decay_ms:1000,muzzy_decay_ms:0";
 
 /// [`OPTIONS`] as jemalloc reads them at its start: the C string `malloc_conf`, named with
 /// the prefix tikv-jemalloc-sys gives jemalloc's symbols. jemalloc defines the symbol weakly;
@@ -127,7 +124,7 @@ mod tests {
             unsafe { tikv_jemalloc_ctl::raw::read(b"opt.dirty_decay_ms\0") }.expect("dirty");
         let muzzy: isize =
             unsafe { tikv_jemalloc_ctl::raw::read(b"opt.muzzy_decay_ms\0") }.expect("muzzy");
-        assert_eq!((background, dirty, muzzy), (false, 1000, 0));
+        assert_eq!((background, dirty, muzzy), (true, 1000, 0));
     }
 
     /// The metrics report jemalloc's figures: a live allocation of 64 MiB is in the allocated
