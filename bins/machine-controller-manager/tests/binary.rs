@@ -56,30 +56,6 @@ fn help_lists_every_gardener_flag() {
     }
 }
 
-/// The binary allocates with jemalloc and the options of `mcm_core::allocator`: jemalloc
-/// prints the options it runs with at exit when asked to (`stats_print`), and the allocator of
-/// the C library prints nothing.
-#[test]
-fn the_binary_runs_on_jemalloc_with_the_options_of_mcm_core() {
-    let out = std::process::Command::new(BIN)
-        .arg("--help")
-        .env("_RJEM_MALLOC_CONF", "stats_print:true")
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let stats = String::from_utf8_lossy(&out.stderr);
-    for option in [
-        "opt.background_thread: true",
-        "opt.dirty_decay_ms: 1000",
-        "opt.muzzy_decay_ms: 0",
-    ] {
-        assert!(
-            stats.contains(option),
-            "{option:?} missing from jemalloc's statistics at exit:\n{stats}"
-        );
-    }
-}
-
 #[test]
 fn a_bad_kubeconfig_is_a_readable_error() {
     let out = std::process::Command::new(BIN)

@@ -26,8 +26,6 @@
 //! ([`clients`]), the HTTP endpoints ([`http`]) and the process lifecycle ([`run`]).
 #![warn(missing_docs)]
 
-#[cfg(feature = "jemalloc")]
-pub mod allocator;
 pub mod clients;
 pub mod http;
 pub mod options;

@@ -311,8 +311,6 @@ pub async fn run_machine_controller_until(
     cancel: CancellationToken,
 ) -> Result<(), RunError> {
     let mut registry = Registry::default();
-    #[cfg(feature = "jemalloc")]
-    crate::allocator::AllocatorMetrics::register(&mut registry);
     let client_metrics = ClientMetrics::register(&mut registry);
     let (control, target) = clients_counted(&options.common, &client_metrics).await?;
     // `--target-kubeconfig=none`: machines are Available without Nodes, and nothing that
@@ -437,8 +435,6 @@ pub async fn run_manager_until(
     cancel: CancellationToken,
 ) -> Result<(), RunError> {
     let mut registry = Registry::default();
-    #[cfg(feature = "jemalloc")]
-    crate::allocator::AllocatorMetrics::register(&mut registry);
     let client_metrics = ClientMetrics::register(&mut registry);
     let (control, target) = clients_counted(&options.common, &client_metrics).await?;
     let mut config = options

@@ -137,7 +137,7 @@ pub fn run(kind: Kind, args: ScaleArgs) -> Result<()> {
         && growth > MAX_RSS_GROWTH
     {
         bail!(
-            "the controllers' resident memory at rest after the last cycle is {:.1} % above the first's (at most {:.0} %)",
+            "the controllers' resident memory after the last cycle is {:.1} % above the first's (at most {:.0} %)",
             growth * 100.0,
             MAX_RSS_GROWTH * 100.0
         );
@@ -417,9 +417,6 @@ async fn run_phases(
             );
         }
         Kind::Soak => {
-            let audit_log = cp
-                .audit_log_path()
-                .context("the control plane has no audit log")?;
             let down_to_zero = |c: &Counts, _: Duration| c.machines == 0 && c.nodes == 0;
             for cycle in 1..=args.cycles.max(1) {
                 if cycle > 1 {
@@ -460,21 +457,13 @@ async fn run_phases(
                     )
                     .await?,
                 );
-                let c = after_cycle(cycle, &controllers, &audit_log, timeout).await?;
+                cycles.push(after_cycle(cycle, &controllers).await);
                 eprintln!(
-                    "cycle {cycle}: resident {:.1} + {:.1} MiB when the fleet was gone, {:.1} + {:.1} MiB at rest {:.1}s later (heap in use {}), machine controller tracking {} entries",
-                    c.gone.manager_mib,
-                    c.gone.machine_controller_mib,
-                    c.manager_rss_mib,
-                    c.machine_controller_rss_mib,
-                    c.settled_seconds,
-                    c.heap.map_or("?".into(), |h| format!(
-                        "{:.1} + {:.1} MiB",
-                        h.manager_mib, h.machine_controller_mib
-                    )),
-                    opt_count(c.tracked_entries),
+                    "cycle {cycle}: resident {:.1} + {:.1} MiB, machine controller tracking {} entries",
+                    cycles[cycle - 1].manager_rss_mib,
+                    cycles[cycle - 1].machine_controller_rss_mib,
+                    opt_count(cycles[cycle - 1].tracked_entries),
                 );
-                cycles.push(c);
             }
         }
         Kind::Rollout => {
@@ -556,54 +545,20 @@ fn opt_count(v: Option<f64>) -> String {
     v.map_or("?".into(), |v| format!("{v:.0}"))
 }
 
-/// The heap a controller has in use, as its allocator reports it (mcm-core's `jemalloc`
-/// feature; absent from a binary built without it).
-const ALLOCATED_BYTES: &str = "mcm_allocator_allocated_bytes";
-
-/// What a soak cycle left behind: both controllers' resident memory (VmRSS) the moment the
-/// fleet is gone and again at rest (once they have been quiet for [`QUIET`], at most
-/// `limit` later: the last deletions' writes and the allocator's return of freed pages are
-/// then done), and the machine controller's per-machine records still kept.
-async fn after_cycle(
-    cycle: usize,
-    controllers: &Controllers,
-    audit_log: &Path,
-    limit: Duration,
-) -> Result<report::Cycle> {
-    let resident = || {
-        let rss = controllers.pids().map(resident_kib);
-        report::Resident {
-            manager_mib: rss[0] as f64 / 1024.0,
-            machine_controller_mib: rss[1] as f64 / 1024.0,
-        }
-    };
-    let gone = resident();
-    let settled = settle(audit_log, controllers.pids(), limit).await?;
-    let rest = resident();
+/// What a soak cycle left behind: both controllers' resident memory (VmRSS) once the fleet is
+/// gone, and the machine controller's per-machine records still kept.
+async fn after_cycle(cycle: usize, controllers: &Controllers) -> report::Cycle {
+    let rss = controllers.pids().map(resident_kib);
     let tracked = controllers
         .machine
         .metric("mcm_machine_controller_tracked_entries")
         .await;
-    let mib = |bytes: f64| bytes / (1024.0 * 1024.0);
-    let heap = match (
-        controllers.manager.metric(ALLOCATED_BYTES).await,
-        controllers.machine.metric(ALLOCATED_BYTES).await,
-    ) {
-        (Some(manager), Some(machine)) => Some(report::Resident {
-            manager_mib: mib(manager),
-            machine_controller_mib: mib(machine),
-        }),
-        _ => None,
-    };
-    Ok(report::Cycle {
+    report::Cycle {
         cycle,
-        manager_rss_mib: rest.manager_mib,
-        machine_controller_rss_mib: rest.machine_controller_mib,
-        gone,
-        settled_seconds: settled.as_secs_f64(),
-        heap,
+        manager_rss_mib: rss[0] as f64 / 1024.0,
+        machine_controller_rss_mib: rss[1] as f64 / 1024.0,
         tracked_entries: tracked,
-    })
+    }
 }
 
 /// The resident set (VmRSS, KiB) of a process now.
