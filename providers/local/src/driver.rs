@@ -267,10 +267,48 @@ fn find_node_binary(explicit: Option<PathBuf>, current_exe: &Path) -> Result<Pat
 #[derive(Debug)]
 pub struct LocalDriver {
     config: LocalDriverConfig,
-    /// One lock per record path, so create and delete of one machine never interleave.
-    locks: Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>,
+    /// One lock per record path, so create and delete of one machine never interleave; a
+    /// path's entry lives while a call holds or waits for its lock (see [`RecordLock`]).
+    locks: RecordLocks,
     /// Clients of target clusters, for the Nodes of kwok VMs.
     targets: TargetClients,
+}
+
+/// The locks of the record paths a call holds or waits for.
+#[derive(Debug, Default)]
+struct RecordLocks(Mutex<HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>>);
+
+impl RecordLocks {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<PathBuf, Arc<tokio::sync::Mutex<()>>>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// A held record lock. Dropping it releases the lock and forgets the path's entry when no
+/// other call holds or waits for it, so the map follows the calls in flight rather than
+/// every machine the process ever created (a churning fleet's names never repeat). A caller
+/// takes its reference to the entry under the map's mutex, and the entry is removed only under
+/// it with no reference left, so two calls for one path always share one lock.
+struct RecordLock<'a> {
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+    key: PathBuf,
+    locks: &'a RecordLocks,
+}
+
+impl Drop for RecordLock<'_> {
+    fn drop(&mut self) {
+        // The guard holds a reference to the entry: release it first.
+        self.guard.take();
+        let mut map = self.locks.map();
+        if map
+            .get(&self.key)
+            .is_some_and(|lock| Arc::strong_count(lock) == 1)
+        {
+            map.remove(&self.key);
+        }
+    }
 }
 
 impl LocalDriver {
@@ -278,7 +316,7 @@ impl LocalDriver {
     pub fn new(config: LocalDriverConfig) -> Self {
         LocalDriver {
             config,
-            locks: Mutex::new(HashMap::new()),
+            locks: RecordLocks::default(),
             targets: TargetClients::default(),
         }
     }
@@ -288,15 +326,13 @@ impl LocalDriver {
         &self.config
     }
 
-    async fn lock(&self, key: PathBuf) -> tokio::sync::OwnedMutexGuard<()> {
-        let lock = {
-            let mut locks = self
-                .locks
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            locks.entry(key).or_default().clone()
-        };
-        lock.lock_owned().await
+    async fn lock(&self, key: PathBuf) -> RecordLock<'_> {
+        let lock = self.locks.map().entry(key.clone()).or_default().clone();
+        RecordLock {
+            guard: Some(lock.lock_owned().await),
+            key,
+            locks: &self.locks,
+        }
     }
 
     async fn create(&self, req: CreateMachineRequest) -> Result<CreateMachineResponse, LocalError> {
@@ -924,6 +960,72 @@ mod tests {
             request_id: None,
             node: NodeKind::Process,
         }
+    }
+
+    /// A record's lock serialises the calls for its path and is forgotten once none holds
+    /// or waits for it: after a churn of machines the driver keeps no entry per machine.
+    #[tokio::test]
+    async fn a_records_lock_is_forgotten_once_no_call_holds_or_waits_for_it() {
+        let driver = Arc::new(LocalDriver::new(LocalDriverConfig {
+            node_binary: PathBuf::from("local-node"),
+        }));
+        let key = PathBuf::from("state/m-1.json");
+        let first = driver.lock(key.clone()).await;
+        let (acquired_tx, mut acquired_rx) = tokio::sync::mpsc::channel(1);
+        let waiter = tokio::spawn({
+            let driver = driver.clone();
+            let key = key.clone();
+            async move {
+                let _second = driver.lock(key).await;
+                acquired_tx.send(()).await.expect("the test waits");
+                // Hold the lock until the test has looked at the map.
+                acquired_tx.closed().await;
+            }
+        });
+        // The waiter's reference (beside the map's and the first guard's) is taken under the
+        // map's mutex before it waits.
+        let waiting = |driver: &LocalDriver| {
+            driver
+                .locks
+                .map()
+                .get(&key)
+                .is_some_and(|l| Arc::strong_count(l) == 3)
+        };
+        for _ in 0..100_000 {
+            if waiting(&driver) {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert!(waiting(&driver), "the second call never asked for the lock");
+        assert!(acquired_rx.try_recv().is_err(), "the second call waits");
+        drop(first);
+        acquired_rx
+            .recv()
+            .await
+            .expect("the second call gets the lock");
+        assert_eq!(
+            driver.locks.map().len(),
+            1,
+            "kept while the second call holds it"
+        );
+        drop(acquired_rx);
+        waiter.await.expect("the waiter");
+        assert!(
+            driver.locks.map().is_empty(),
+            "forgotten once nobody holds it"
+        );
+        for i in 0..100 {
+            drop(
+                driver
+                    .lock(PathBuf::from(format!("state/m-{i}.json")))
+                    .await,
+            );
+        }
+        assert!(
+            driver.locks.map().is_empty(),
+            "no entry per machine after a churn"
+        );
     }
 
     #[test]
