@@ -162,27 +162,56 @@ pub struct Results {
 pub struct Cycle {
     /// 1, 2, ...
     pub cycle: usize,
-    /// The manager's resident memory (VmRSS) with the fleet gone.
+    /// The manager's resident memory (VmRSS) at rest after the cycle: the fleet gone and the
+    /// controllers quiet.
     pub manager_rss_mib: f64,
     /// The machine controller's.
     pub machine_controller_rss_mib: f64,
-    /// `mcm_machine_controller_tracked_entries` then (`None`: not read).
+    /// Both controllers' resident memory the moment the last Machine and Node were gone.
+    pub gone: Resident,
+    /// How long after that the controllers were at rest.
+    pub settled_seconds: f64,
+    /// `mcm_machine_controller_tracked_entries` at rest (`None`: not read).
     pub tracked_entries: Option<f64>,
 }
 
+/// Both controllers' resident memory (VmRSS) at one moment.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Resident {
+    /// The manager's, MiB.
+    pub manager_mib: f64,
+    /// The machine controller's, MiB.
+    pub machine_controller_mib: f64,
+}
+
+impl Resident {
+    /// Both together, MiB.
+    pub fn total_mib(&self) -> f64 {
+        self.manager_mib + self.machine_controller_mib
+    }
+}
+
 impl Cycle {
-    /// Both controllers' resident memory.
+    /// Both controllers' resident memory at rest.
     pub fn total_mib(&self) -> f64 {
         self.manager_rss_mib + self.machine_controller_rss_mib
     }
 }
 
-/// Soak: how much more both controllers held after the last cycle than after the first (0.1
-/// is 10 %); `None` with fewer than two cycles.
+/// Soak: how much more both controllers held at rest after the last cycle than after the
+/// first (0.1 is 10 %); `None` with fewer than two cycles.
 pub fn rss_growth(r: &Results) -> Option<f64> {
+    growth(r, Cycle::total_mib)
+}
+
+/// Soak: the same for the resident memory the moment each cycle's fleet was gone.
+pub fn rss_growth_when_gone(r: &Results) -> Option<f64> {
+    growth(r, |c| c.gone.total_mib())
+}
+
+fn growth(r: &Results, value: fn(&Cycle) -> f64) -> Option<f64> {
     let (first, last) = (r.cycles.first()?, r.cycles.last()?);
-    (r.cycles.len() >= 2 && first.total_mib() > 0.0)
-        .then(|| last.total_mib() / first.total_mib() - 1.0)
+    (r.cycles.len() >= 2 && value(first) > 0.0).then(|| value(last) / value(first) - 1.0)
 }
 
 fn opt(v: Option<f64>, precision: usize) -> String {
@@ -293,24 +322,33 @@ pub fn table(r: &Results) -> String {
     if !r.cycles.is_empty() {
         let _ = writeln!(
             out,
-            "\n{:<6} {:>10} {:>10} {:>10} {:>8}",
-            "cycle", "mcm RSS", "mc RSS", "both MiB", "tracked"
+            "\n{:<6} {:>10} {:>10} {:>10} {:>9} {:>10} {:>8}",
+            "cycle", "mcm RSS", "mc RSS", "both MiB", "rest in s", "when gone", "tracked"
         );
         for c in &r.cycles {
             let _ = writeln!(
                 out,
-                "{:<6} {:>10.1} {:>10.1} {:>10.1} {:>8}",
+                "{:<6} {:>10.1} {:>10.1} {:>10.1} {:>9.1} {:>10.1} {:>8}",
                 c.cycle,
                 c.manager_rss_mib,
                 c.machine_controller_rss_mib,
                 c.total_mib(),
+                c.settled_seconds,
+                c.gone.total_mib(),
                 c.tracked_entries.map_or("-".into(), |t| format!("{t:.0}")),
             );
         }
         if let Some(g) = rss_growth(r) {
             let _ = writeln!(
                 out,
-                "after the last cycle vs the first: {:+.1} %",
+                "at rest after the last cycle vs the first: {:+.1} %",
+                g * 100.0
+            );
+        }
+        if let Some(g) = rss_growth_when_gone(r) {
+            let _ = writeln!(
+                out,
+                "the moment the last fleet was gone vs the first: {:+.1} %",
                 g * 100.0
             );
         }
@@ -360,7 +398,12 @@ pub fn plot_rss(r: &Results, path: &Path) -> Result<()> {
         std::fs::create_dir_all(dir)?;
     }
     let n = r.cycles.len().max(1);
-    let y_max = r.cycles.iter().map(Cycle::total_mib).fold(1.0f64, f64::max) * 1.25;
+    let y_max = r
+        .cycles
+        .iter()
+        .map(|c| c.total_mib().max(c.gone.total_mib()))
+        .fold(1.0f64, f64::max)
+        * 1.25;
     let draw = || -> Result<(), Box<dyn std::error::Error + '_>> {
         let root = SVGBackend::new(path, (960, 540)).into_drawing_area();
         root.fill(&WHITE)?;
@@ -381,10 +424,15 @@ pub fn plot_rss(r: &Results, path: &Path) -> Result<()> {
             .x_desc("cycle")
             .y_desc("MiB (VmRSS)")
             .draw()?;
-        let series: [Series; 3] = [
-            ("both", BLUE, Cycle::total_mib),
-            ("manager", GREEN, |c| c.manager_rss_mib),
-            ("machine controller", RED, |c| c.machine_controller_rss_mib),
+        let series: [Series; 4] = [
+            ("both, at rest", BLUE, Cycle::total_mib),
+            ("manager, at rest", GREEN, |c| c.manager_rss_mib),
+            ("machine controller, at rest", RED, |c| {
+                c.machine_controller_rss_mib
+            }),
+            ("both, the moment the fleet was gone", CYAN, |c| {
+                c.gone.total_mib()
+            }),
         ];
         for (label, colour, value) in series {
             let points: Vec<(f64, f64)> = r
@@ -405,7 +453,7 @@ pub fn plot_rss(r: &Results, path: &Path) -> Result<()> {
                     [(0.5, limit), (n as f64 + 0.5, limit)],
                     BLACK.stroke_width(1),
                 ))?
-                .label("first cycle + 10 %")
+                .label("first cycle at rest + 10 %")
                 .legend(|(x, y)| PathElement::new([(x, y), (x + 20, y)], BLACK));
         }
         chart
@@ -545,10 +593,15 @@ mod tests {
 
     #[test]
     fn the_soak_compares_the_last_cycle_with_the_first_and_is_plotted() {
-        let cycle = |cycle, mc| Cycle {
+        let cycle = |cycle, mc: f64| Cycle {
             cycle,
             manager_rss_mib: 20.0,
             machine_controller_rss_mib: mc,
+            gone: Resident {
+                manager_mib: 20.0,
+                machine_controller_mib: mc + 10.0,
+            },
+            settled_seconds: 5.0,
             tracked_entries: Some(0.0),
         };
         let mut r = results("soak", 10, vec![]);
@@ -559,6 +612,10 @@ mod tests {
         let growth = rss_growth(&r).expect("two cycles");
         assert!((growth - 0.10).abs() < 1e-9, "{growth}");
         assert!(table(&r).contains("+10.0 %"));
+        // 60 -> 65 the moment each fleet was gone.
+        let when_gone = rss_growth_when_gone(&r).expect("two cycles");
+        assert!((when_gone - 5.0 / 60.0).abs() < 1e-9, "{when_gone}");
+        assert!(table(&r).contains("+8.3 %"));
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("soak.svg");
         plot_rss(&r, &path).expect("plot");

@@ -137,7 +137,7 @@ pub fn run(kind: Kind, args: ScaleArgs) -> Result<()> {
         && growth > MAX_RSS_GROWTH
     {
         bail!(
-            "the controllers' resident memory after the last cycle is {:.1} % above the first's (at most {:.0} %)",
+            "the controllers' resident memory at rest after the last cycle is {:.1} % above the first's (at most {:.0} %)",
             growth * 100.0,
             MAX_RSS_GROWTH * 100.0
         );
@@ -417,6 +417,9 @@ async fn run_phases(
             );
         }
         Kind::Soak => {
+            let audit_log = cp
+                .audit_log_path()
+                .context("the control plane has no audit log")?;
             let down_to_zero = |c: &Counts, _: Duration| c.machines == 0 && c.nodes == 0;
             for cycle in 1..=args.cycles.max(1) {
                 if cycle > 1 {
@@ -457,13 +460,17 @@ async fn run_phases(
                     )
                     .await?,
                 );
-                cycles.push(after_cycle(cycle, &controllers).await);
+                let c = after_cycle(cycle, &controllers, &audit_log, timeout).await?;
                 eprintln!(
-                    "cycle {cycle}: resident {:.1} + {:.1} MiB, machine controller tracking {} entries",
-                    cycles[cycle - 1].manager_rss_mib,
-                    cycles[cycle - 1].machine_controller_rss_mib,
-                    opt_count(cycles[cycle - 1].tracked_entries),
+                    "cycle {cycle}: resident {:.1} + {:.1} MiB when the fleet was gone, {:.1} + {:.1} MiB at rest {:.1}s later, machine controller tracking {} entries",
+                    c.gone.manager_mib,
+                    c.gone.machine_controller_mib,
+                    c.manager_rss_mib,
+                    c.machine_controller_rss_mib,
+                    c.settled_seconds,
+                    opt_count(c.tracked_entries),
                 );
+                cycles.push(c);
             }
         }
         Kind::Rollout => {
@@ -545,20 +552,38 @@ fn opt_count(v: Option<f64>) -> String {
     v.map_or("?".into(), |v| format!("{v:.0}"))
 }
 
-/// What a soak cycle left behind: both controllers' resident memory (VmRSS) once the fleet is
-/// gone, and the machine controller's per-machine records still kept.
-async fn after_cycle(cycle: usize, controllers: &Controllers) -> report::Cycle {
-    let rss = controllers.pids().map(resident_kib);
+/// What a soak cycle left behind: both controllers' resident memory (VmRSS) the moment the
+/// fleet is gone and again at rest (once they have been quiet for [`QUIET`], at most
+/// `limit` later: the last deletions' writes and the allocator's return of freed pages are
+/// then done), and the machine controller's per-machine records still kept.
+async fn after_cycle(
+    cycle: usize,
+    controllers: &Controllers,
+    audit_log: &Path,
+    limit: Duration,
+) -> Result<report::Cycle> {
+    let resident = || {
+        let rss = controllers.pids().map(resident_kib);
+        report::Resident {
+            manager_mib: rss[0] as f64 / 1024.0,
+            machine_controller_mib: rss[1] as f64 / 1024.0,
+        }
+    };
+    let gone = resident();
+    let settled = settle(audit_log, controllers.pids(), limit).await?;
+    let rest = resident();
     let tracked = controllers
         .machine
         .metric("mcm_machine_controller_tracked_entries")
         .await;
-    report::Cycle {
+    Ok(report::Cycle {
         cycle,
-        manager_rss_mib: rss[0] as f64 / 1024.0,
-        machine_controller_rss_mib: rss[1] as f64 / 1024.0,
+        manager_rss_mib: rest.manager_mib,
+        machine_controller_rss_mib: rest.machine_controller_mib,
+        gone,
+        settled_seconds: settled.as_secs_f64(),
         tracked_entries: tracked,
-    }
+    })
 }
 
 /// The resident set (VmRSS, KiB) of a process now.
