@@ -212,14 +212,17 @@ pub async fn drain(
     outcome.node_found = true;
     outcome.cordon = change;
 
-    // Watch the node's pods and the node itself for the rest of the drain.
+    // Watch the node's pods and the node itself for the rest of the drain. The pods are kept
+    // as the controllers' pod store keeps them: only what the drain reads.
     let pod_watch = watch_objects(
         Api::<Pod>::all(target_client.clone()),
         watcher::Config::default().fields(&format!("spec.nodeName={node_name}")),
+        slim_pod,
     );
     let node_watch = watch_objects(
         nodes,
         watcher::Config::default().fields(&format!("metadata.name={node_name}")),
+        watch::without_managed_fields,
     );
     tokio::time::timeout_at(deadline, pod_watch.store.wait_until_ready())
         .await

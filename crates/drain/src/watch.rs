@@ -38,8 +38,9 @@ where
     }
 }
 
-/// Starts a reflector over `api` with `config` (watch errors are retried with backoff).
-pub(crate) fn watch_objects<K>(api: Api<K>, config: watcher::Config) -> Watched<K>
+/// Starts a reflector over `api` with `config` (watch errors are retried with backoff); the
+/// store keeps each object as `slim` leaves it.
+pub(crate) fn watch_objects<K>(api: Api<K>, config: watcher::Config, slim: fn(&mut K)) -> Watched<K>
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
     K::DynamicType: Eq + Hash + Clone + Default,
@@ -47,13 +48,8 @@ where
     let (store, writer) = reflector::store();
     let (tx, changes) = watch::channel(0u64);
     let task = tokio::spawn(async move {
-        // Nothing here reads managedFields; a store holds every object of the kind.
-        let stream = reflector::reflector(
-            writer,
-            watcher(api, config)
-                .default_backoff()
-                .modify(|o: &mut K| o.meta_mut().managed_fields = None),
-        );
+        let stream =
+            reflector::reflector(writer, watcher(api, config).default_backoff().modify(slim));
         futures::pin_mut!(stream);
         while let Some(event) = stream.next().await {
             match event {
@@ -88,6 +84,11 @@ pub struct Stores {
     /// be in the store yet, as with any informer (the Go MCM's drain reads pods from its
     /// informer too).
     pub pods: Option<Store<Pod>>,
+}
+
+/// Drops an object's `managedFields`, which nothing in the drain reads.
+pub(crate) fn without_managed_fields<K: Resource>(obj: &mut K) {
+    obj.meta_mut().managed_fields = None;
 }
 
 /// Drops from a watched pod what the drain never reads: `managedFields`, its containers
@@ -198,7 +199,11 @@ impl Debug for VolumeAttachmentReflector {
 /// (for tests and callers without their own). Must be called within a tokio runtime.
 pub fn start_volume_attachment_reflector(client: kube::Client) -> VolumeAttachmentReflector {
     VolumeAttachmentReflector {
-        watched: watch_objects(Api::all(client), watcher::Config::default()),
+        watched: watch_objects(
+            Api::all(client),
+            watcher::Config::default(),
+            without_managed_fields,
+        ),
     }
 }
 

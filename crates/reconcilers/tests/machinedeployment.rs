@@ -525,6 +525,127 @@ async fn a_slow_rollout_never_misses_a_machine_turning_running() {
     h.stop().await;
 }
 
+/// What a Node carried at some moment while watched: the old-set taint, and the autoscaler's
+/// scale-down-disabled annotation (with MCM's marker of having set it).
+#[derive(Debug, Default, Clone, Copy, PartialEq)]
+struct Markers {
+    tainted: bool,
+    annotated: bool,
+}
+
+fn markers_of(n: &Node) -> Markers {
+    let anns = n.annotations();
+    Markers {
+        tainted: n
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|t| t.iter().any(|t| t.key == taints::PREFER_NO_SCHEDULE)),
+        annotated: anns.contains_key(annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED)
+            && anns.contains_key(annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED_BY_MCM),
+    }
+}
+
+/// During a rollout, the Nodes of the old set get the old-set taint and the autoscaler's
+/// scale-down-disabled annotation, a new machine's Node the annotation only (as the Go MCM
+/// marks the Nodes of every set), and once the rollout is over the annotations go again. The
+/// new Node is written to just after it appears, so the manager's copy of it is likely behind
+/// when it annotates it (the annotation is merged without a resourceVersion).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rollout_marks_the_nodes_and_takes_the_annotations_off_after() {
+    let boot = Duration::from_secs(4);
+    let h = Harness::start_slow("md-markers", boot).await;
+    create_deployment(&h, &md(2).build()).await;
+    let old = wait_machines(&h, "2 running c1", |m| running_of_class(m, "c1") == 2).await;
+    let old_nodes = give_nodes(&h, &old).await;
+    // Every marker each Node was ever seen with.
+    let seen: Arc<std::sync::Mutex<BTreeMap<String, Markers>>> = Arc::default();
+    let recorder = tokio::spawn({
+        let seen = seen.clone();
+        let config = watcher::Config::default().labels(&format!("{TEST_NODE_LABEL}={}", h.ns));
+        let mut stream = watcher(nodes_api(&h), config).default_backoff().boxed();
+        async move {
+            while let Some(ev) = stream.next().await {
+                if let Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) = ev {
+                    let now = markers_of(&n);
+                    let mut seen = seen.lock().expect("seen");
+                    let was = seen.entry(n.name_any()).or_default();
+                    was.tainted |= now.tainted;
+                    was.annotated |= now.annotated;
+                }
+            }
+        }
+    });
+    roll_to(&h, "c2").await;
+    // Each new machine gets its Node as soon as it exists, while it still boots.
+    let mut new_nodes = BTreeMap::new();
+    while new_nodes.len() < 2 {
+        let ms = wait_machines(&h, "a new c2 machine without a Node", |m| {
+            m.iter().any(|m| {
+                class_of(m).as_deref() == Some("c2") && !new_nodes.contains_key(&m.name_any())
+            })
+        })
+        .await;
+        let fresh: Vec<Machine> = ms
+            .into_iter()
+            .filter(|m| {
+                class_of(m).as_deref() == Some("c2") && !new_nodes.contains_key(&m.name_any())
+            })
+            .collect();
+        for (machine, node) in give_nodes(&h, &fresh).await {
+            let bump = json!({"metadata": {"labels": {"test.mcm-rs.io/bumped": "true"}}});
+            nodes_api(&h)
+                .patch(&node, &PatchParams::default(), &Patch::Merge(&bump))
+                .await
+                .expect("write to the new node");
+            new_nodes.insert(machine, node);
+        }
+    }
+    wait_only(&h, 2, "c2").await;
+    await_list(h.deployments(), PROMPT, "the rollout complete", |d| {
+        observed_status(d).is_some_and(|s| s.updated_replicas == Some(2) && s.replicas == Some(2))
+    })
+    .await;
+    // The new Nodes lose MCM's annotations once the rollout is over.
+    for node in new_nodes.values() {
+        eventually(
+            PROMPT,
+            &format!("{node} without the annotations"),
+            || async {
+                let n = nodes_api(&h).get(node).await.expect("node");
+                (!markers_of(&n).annotated).then_some(())
+            },
+        )
+        .await;
+    }
+    recorder.abort();
+    let seen = seen.lock().expect("seen").clone();
+    for node in old_nodes.values() {
+        let markers = seen.get(node).copied().unwrap_or_default();
+        assert_eq!(
+            markers,
+            Markers {
+                tainted: true,
+                annotated: true
+            },
+            "old node {node}: {seen:?}"
+        );
+    }
+    for node in new_nodes.values() {
+        let markers = seen.get(node).copied().unwrap_or_default();
+        assert_eq!(
+            markers,
+            Markers {
+                tainted: false,
+                annotated: true
+            },
+            "new node {node}: {seen:?}"
+        );
+    }
+    delete_nodes(&h).await;
+    h.stop().await;
+}
+
 /// The node-template labels of a machine or set template spec.
 fn node_labels(spec: Option<&mcm_api::MachineSpec>) -> BTreeMap<String, String> {
     spec.and_then(|s| s.node_template.as_ref())

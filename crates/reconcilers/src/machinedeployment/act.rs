@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use super::context::{Context, DeploymentProblem, Error};
 use super::hash::templates_equal;
 use super::model::{LABEL_TRUE, RevisionPlan, RollbackPlan, SetState};
-use super::nodes::{markers_patch, untaint_patch};
+use super::nodes::{markers_patch, needs_version_guard, untaint_patch};
 use super::sets::{
     annotations_to_copy, auto_preserve_max_update, in_place_template_patch, new_machine_set,
     scale_annotations,
@@ -532,8 +532,15 @@ pub(crate) async fn apply_markers(
         let taint = rollout && old_nodes.contains(name.as_str());
         let preserved = preserved_nodes.contains(name.as_str());
         let patch_of = |n: &Node| markers_patch(n, taint, annotate, preserved);
-        // Planned again from a fresh read after a conflict: the store's copy may be behind.
-        if let Err(error) = kube_api::patch_from_copy(&api, &*node, patch_of).await {
+        let written = match patch_of(&node) {
+            None => continue,
+            Some(patch) if !needs_version_guard(&patch) => {
+                merge_patch(&api, Part::Object, &name, &patch).await
+            }
+            // Planned again from a fresh read after a conflict: the store's copy may be behind.
+            Some(_) => kube_api::patch_from_copy(&api, &*node, patch_of).await,
+        };
+        if let Err(error) = written {
             tracing::debug!(node = name, %error, "could not update rollout markers of node");
         }
     }

@@ -102,6 +102,16 @@ pub fn markers_patch(node: &Node, taint: bool, annotate: bool, preserved: bool) 
     }
 }
 
+/// Whether a marker patch is sent with the node's resourceVersion. One that writes the taint
+/// list is: Node taints are an atomic list (a strategic merge replaces it whole), so a patch
+/// planned from a stale copy would drop a taint added meanwhile. One that only adds or removes
+/// annotations is not: annotations merge key by key, and a Node's version changes with every
+/// status write of its kubelet, so a guarded patch from the store's copy of a new node met a
+/// conflict and a read of the node.
+pub fn needs_version_guard(patch: &Value) -> bool {
+    patch.get("spec").is_some()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -150,11 +160,15 @@ mod tests {
                 [annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED_BY_MCM],
             annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED_VALUE
         );
-        // A new node: the annotations only; without the annotations enabled: the taint only.
+        assert!(needs_version_guard(&p), "it replaces the taint list: {p}");
+        // A new node: the annotations only, merged without a guard; without the annotations
+        // enabled: the taint only, guarded.
         let p = markers_patch(&node, false, true, false).unwrap();
         assert!(p.get("spec").is_none(), "{p}");
+        assert!(!needs_version_guard(&p), "{p}");
         let p = markers_patch(&node, true, false, false).unwrap();
         assert!(p["metadata"].get("annotations").is_none(), "{p}");
+        assert!(needs_version_guard(&p), "{p}");
         // A node that has everything: no patch.
         node.spec = Some(k8s_openapi::api::core::v1::NodeSpec {
             taints: Some(vec![prefer_no_schedule_taint()]),
@@ -172,8 +186,10 @@ mod tests {
             ),
         ]));
         assert_eq!(markers_patch(&node, true, true, false), None);
-        // After the rollout MCM's annotations go, but not from a preserved machine's node.
-        assert!(markers_patch(&node, false, false, false).is_some());
+        // After the rollout MCM's annotations go (merged, no guard), but not from a preserved
+        // machine's node.
+        let p = markers_patch(&node, false, false, false).unwrap();
+        assert!(!needs_version_guard(&p), "{p}");
         assert_eq!(markers_patch(&node, false, false, true), None);
         // A preserved machine's node is still tainted during a rollout.
         let untainted = Node {
