@@ -286,8 +286,8 @@ impl RecordLocks {
     }
 }
 
-/// A held record lock. Dropping it releases the lock and forgets the path's entry when no
-/// other call holds or waits for it, so the map follows the calls in flight rather than
+/// A held (or awaited) record lock. Dropping it releases the lock and forgets the path's entry
+/// when no other call holds or waits for it, so the map follows the calls in flight rather than
 /// every machine the process ever created (a churning fleet's names never repeat). A caller
 /// takes its reference to the entry under the map's mutex, and the entry is removed only under
 /// it with no reference left, so two calls for one path always share one lock.
@@ -328,11 +328,15 @@ impl LocalDriver {
 
     async fn lock(&self, key: PathBuf) -> RecordLock<'_> {
         let lock = self.locks.map().entry(key.clone()).or_default().clone();
-        RecordLock {
-            guard: Some(lock.lock_owned().await),
+        // Made before the wait, so a call dropped while it waits forgets the entry too: the
+        // wait (holding the reference) is dropped first, then this, whose drop cleans up.
+        let mut held = RecordLock {
+            guard: None,
             key,
             locks: &self.locks,
-        }
+        };
+        held.guard = Some(lock.lock_owned().await);
+        held
     }
 
     async fn create(&self, req: CreateMachineRequest) -> Result<CreateMachineResponse, LocalError> {
@@ -1025,6 +1029,47 @@ mod tests {
         assert!(
             driver.locks.map().is_empty(),
             "no entry per machine after a churn"
+        );
+    }
+
+    /// A call dropped while it waits for a record's lock (a reconcile cancelled at shutdown or
+    /// by a timeout) leaves no entry behind, also when the lock was handed to it just before.
+    #[tokio::test]
+    async fn a_record_lock_awaited_by_a_dropped_call_is_forgotten() {
+        let driver = Arc::new(LocalDriver::new(LocalDriverConfig {
+            node_binary: PathBuf::from("local-node"),
+        }));
+        let key = PathBuf::from("state/m-1.json");
+        let first = driver.lock(key.clone()).await;
+        let waiter = tokio::spawn({
+            let driver = driver.clone();
+            let key = key.clone();
+            async move { drop(driver.lock(key).await) }
+        });
+        let waiting = |driver: &LocalDriver| {
+            driver
+                .locks
+                .map()
+                .get(&key)
+                .is_some_and(|l| Arc::strong_count(l) == 3)
+        };
+        for _ in 0..100_000 {
+            if waiting(&driver) {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        assert!(waiting(&driver), "the second call never asked for the lock");
+        // Released while the second call waits: the entry stays for it. The waiter is then
+        // dropped before it runs again (this test's runtime has one thread), so it never
+        // takes the lock it was handed.
+        drop(first);
+        assert_eq!(driver.locks.map().len(), 1, "kept for the waiting call");
+        waiter.abort();
+        assert!(waiter.await.expect_err("aborted").is_cancelled());
+        assert!(
+            driver.locks.map().is_empty(),
+            "forgotten with the dropped call"
         );
     }
 
