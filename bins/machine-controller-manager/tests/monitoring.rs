@@ -38,6 +38,7 @@ const EXPORTED: &[(&str, Kind, &str)] = &[
     ("mcm_machine_failed", Counter, MACHINE),
     ("mcm_machine_deletions", Counter, MACHINE),
     ("mcm_machine_drain_blocked_by_pdb", Counter, MACHINE),
+    ("mcm_machine_zone_partition_held_machines", Gauge, MACHINE),
     ("mcm_machine_lifecycle_hook_waits", Counter, MACHINE),
     ("mcm_machine_remediation_held", Counter, MACHINE),
     ("mcm_machine_create_duration_seconds", Gauge, MACHINE),
@@ -47,6 +48,11 @@ const EXPORTED: &[(&str, Kind, &str)] = &[
     ("mcm_machine_drain_duration_seconds", Gauge, MACHINE),
     // A gauge by design (a counter would get `_total`).
     ("mcm_machine_num_failed_join", Gauge, MACHINE),
+    (
+        "mcm_machine_controller_apiservers_reachable_timestamp_seconds",
+        Gauge,
+        MACHINE,
+    ),
     // Every controller.
     (
         "mcm_controller_reconcile_duration_seconds",
@@ -149,6 +155,11 @@ const EXPORTED: &[(&str, Kind, &str)] = &[
     ("mcm_machine_deployment_status_replicas", Gauge, MANAGER),
     ("mcm_machine_deployment_status_condition", Gauge, MANAGER),
     ("mcm_machine_deployment_failed_machines", Gauge, MANAGER),
+    (
+        "mcm_machine_deployment_effective_creation_timeout_seconds",
+        Gauge,
+        MANAGER,
+    ),
 ];
 
 fn root() -> PathBuf {

@@ -91,9 +91,27 @@ pub mod annotations {
     /// Machine (whose `spec.creationTimeout` it also sets).
     pub const EFFECTIVE_CREATION_TIMEOUT: &str =
         "node.machine.sapcloud.io/effective-creation-timeout";
+    /// MachineDeployment annotation (mcm-rs; a Go duration): how long past its health timeout
+    /// a machine of a partitioned zone is held instead of remediated (`0s`: no hold),
+    /// overriding `--machine-zone-partition-max-hold`.
+    pub const ZONE_PARTITION_MAX_HOLD: &str = "node.machine.sapcloud.io/zone-partition-max-hold";
     /// Machine annotation: how long the machine took from creation to its Node joining (a Go
     /// duration).
     pub const MACHINE_JOIN_DURATION: &str = "node.machine.sapcloud.io/machine-join-duration";
+    /// MachineDeployment annotation (RFC 3339): when the MachineDeployment controller last
+    /// set [`EFFECTIVE_CREATION_TIMEOUT`] (upstream PR #1156's key). Its presence tells a
+    /// value the controller adapted from one a user set: only the former is lowered again
+    /// and removed.
+    pub const EFFECTIVE_CREATION_TIMEOUT_LAST_APPLIED_AT: &str =
+        "node.machine.sapcloud.io/effective-creation-timeout-last-applied-at";
+    /// MachineDeployment annotation (a decimal count): the replace cycles (effective-timeout
+    /// windows in which a machine of the deployment did not join) counted towards the next
+    /// raise of [`EFFECTIVE_CREATION_TIMEOUT`] (upstream PR #1156's key).
+    pub const REPLACE_CYCLE_COUNT: &str = "node.machine.sapcloud.io/replace-cycle-count";
+    /// MachineDeployment annotation (RFC 3339): when the last replace cycle was counted
+    /// (upstream PR #1156's key).
+    pub const REPLACE_CYCLE_COUNT_LAST_APPLIED_AT: &str =
+        "node.machine.sapcloud.io/replace-cycle-count-last-applied-at";
     /// Machine/Node annotation requesting preservation (values in [`preserve_values`]).
     pub const PRESERVE: &str = "node.machine.sapcloud.io/preserve";
     /// Node annotation holding the preserve value last applied by the controller.
@@ -173,6 +191,19 @@ pub mod annotations {
         /// is marked Failed. Default: none.
         pub const MAX_UNHEALTHY: &str = "remediation.mcm-rs.io/max-unhealthy";
     }
+}
+
+/// Descriptions the machine controllers write into a Machine's `status.lastOperation` that
+/// other controllers recognise (a part of the description, which also names the machine and
+/// the timeout).
+pub mod operations {
+    /// mcm-rs: a machine `Failed` because its Node did not join (was not Ready and healthy)
+    /// within its creation timeout.
+    pub const NOT_JOINED_WITHIN_CREATION_TIMEOUT: &str =
+        "machine did not join the cluster within the creation timeout";
+    /// The Go MCM's wording of the same failure (`Machine <name> failed to join the cluster
+    /// in <timeout> minutes.`).
+    pub const GO_FAILED_TO_JOIN: &str = "failed to join the cluster in";
 }
 
 /// Finalizers.

@@ -216,6 +216,11 @@ string_enum! {
         /// remediation short-circuit holds); only on deployments with remediation
         /// annotations.
         RemediationAllowed => "RemediationAllowed",
+        /// (mcm-rs) Whether a zone of its machines is partitioned (their Nodes unreachable
+        /// together while the other zones are healthy): while `True` the machine controller
+        /// holds the remediation of those machines whose VMs run. Only on deployments that had
+        /// a partitioned zone.
+        ZonePartition => "ZonePartition",
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use clap::{ArgAction, Args, Parser};
 use mcm_reconcilers::machine_controller::MachineControllerConfig;
-use mcm_reconcilers::manager::ManagerConfig;
+use mcm_reconcilers::manager::{ManagerConfig, TimeoutAdaptation};
 use mcm_reconcilers::settings::SafetySettings;
 use mcm_reconcilers::settings::Settings;
 use mcm_reconcilers::settings::{Defaults, split_list};
@@ -84,6 +84,47 @@ pub struct CommonOptions {
     /// Log format: `text` or `json`.
     #[arg(long, default_value = "text", value_parser = ["text", "json"])]
     pub log_format: String,
+    /// (mcm-rs) Zone partitions: the machine controller holds the remediation of a
+    /// partitioned zone's machines, the manager shows the partition on the MachineDeployments.
+    #[command(flatten)]
+    pub zone_partition: ZonePartitionFlags,
+}
+
+/// (mcm-rs) When a zone counts as partitioned and how long its machines are held (see
+/// docs/operations.md, "Zone partitions"). Both binaries take them: the machine controller
+/// holds, the manager reports the partition on the MachineDeployments.
+#[derive(Debug, Clone, Args)]
+pub struct ZonePartitionFlags {
+    /// (mcm-rs) How long past its health timeout a machine of a partitioned zone (its Node
+    /// unreachable, its VM running, the other zones healthy) is held instead of drained,
+    /// deleted and replaced (0s: no hold, the Go MCM's behaviour). The MachineDeployment
+    /// annotation `node.machine.sapcloud.io/zone-partition-max-hold` overrides it.
+    #[arg(long, default_value = "30m", value_parser = go_duration)]
+    pub machine_zone_partition_max_hold: Duration,
+    /// (mcm-rs) Fewest machines of a zone whose Nodes are unreachable for a zone partition.
+    #[arg(long, default_value_t = 2)]
+    pub machine_zone_partition_min_unreachable: usize,
+    /// (mcm-rs) Share of a zone's machines (percent) whose Nodes are unreachable for a zone
+    /// partition.
+    #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=100))]
+    pub machine_zone_partition_min_unreachable_percent: u32,
+    /// (mcm-rs) Share of the other zones' machines (percent) that must be healthy for a zone
+    /// partition.
+    #[arg(long, default_value_t = 80, value_parser = clap::value_parser!(u32).range(0..=100))]
+    pub machine_zone_partition_min_healthy_elsewhere_percent: u32,
+}
+
+impl ZonePartitionFlags {
+    /// The rule these flags describe.
+    pub fn rule(&self) -> mcm_reconcilers::settings::PartitionRule {
+        mcm_reconcilers::settings::PartitionRule {
+            min_unreachable: self.machine_zone_partition_min_unreachable.max(1),
+            min_unreachable_percent: self.machine_zone_partition_min_unreachable_percent,
+            min_healthy_elsewhere_percent: self
+                .machine_zone_partition_min_healthy_elsewhere_percent,
+            max_hold: self.machine_zone_partition_max_hold,
+        }
+    }
 }
 
 /// (mcm-rs) The validating admission webhook of a provider binary: MachineClass
@@ -282,6 +323,21 @@ pub struct ManagerFlags {
     /// Add the cluster-autoscaler scale-down-disabled annotation to nodes during a rollout.
     #[arg(long, action = ArgAction::Set, num_args = 0..=1, default_value_t = true, default_missing_value = "true")]
     pub autoscaler_scaledown_annotation_during_rollout: bool,
+    /// Percent by which a MachineDeployment's effective creation timeout grows once its
+    /// machines failed to join in enough replace cycles (upstream PR #1156); 0 disables the
+    /// adaptation.
+    #[arg(long, default_value_t = 50)]
+    pub machine_creation_timeout_growth_percent: u32,
+    /// Replace cycles (effective-creation-timeout windows in which a machine of the
+    /// MachineDeployment failed to join) after which its effective creation timeout grows
+    /// (upstream PR #1156).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
+    pub machine_replace_cycle_count_threshold: u32,
+    /// (mcm-rs) Upper bound of the adapted effective creation timeout; 0s: the declared
+    /// creation timeout grown 4 times by the growth percent (upstream's bound: 20m with 50 %
+    /// gives 1h41m15s). Never below the declared timeout.
+    #[arg(long, default_value = "0s", value_parser = go_duration)]
+    pub machine_creation_timeout_max: Duration,
 }
 
 impl ManagerFlags {
@@ -294,6 +350,12 @@ impl ManagerFlags {
             safety_down: self.safety_down,
             overshooting_period: self.machine_safety_overshooting_period,
             autoscaler_annotations: self.autoscaler_scaledown_annotation_during_rollout,
+            creation_timeouts: TimeoutAdaptation {
+                growth_percent: self.machine_creation_timeout_growth_percent,
+                cycle_threshold: self.machine_replace_cycle_count_threshold,
+                max: nonzero(self.machine_creation_timeout_max),
+                ..TimeoutAdaptation::default()
+            },
             ..ManagerConfig::default()
         }
     }
@@ -324,6 +386,12 @@ pub struct ManagerOptions {
     /// Manager flags.
     #[command(flatten)]
     pub manager: ManagerFlags,
+    /// Timeout used while joining (during creation) of a machine before it is declared as
+    /// failed: here the declared creation timeout of a MachineDeployment whose template
+    /// sets none, from which its effective creation timeout is adapted (the machine
+    /// controller's flag of the same name applies the timeout).
+    #[arg(long, default_value = "20m", value_parser = go_duration)]
+    pub machine_creation_timeout: Duration,
 }
 
 /// The parsed `--unhealthy-conditions`.
@@ -363,6 +431,7 @@ impl MachineControllerOptions {
                     unhealthy_conditions: self.unhealthy_conditions.0.clone(),
                     node_startup_timeout: nonzero(self.node_startup_timeout),
                     hook_timeout: nonzero(self.machine_lifecycle_hook_timeout),
+                    zone_partition: self.common.zone_partition.rule(),
                 },
                 pv_detach_timeout: self.machine_pv_detach_timeout,
                 pv_reattach_timeout: self.machine_pv_reattach_timeout,
@@ -468,6 +537,38 @@ mod tests {
         let c = o.manager.manager_config("ns", o.concurrent_syncs);
         assert_eq!(c.namespace, "ns");
         assert!(c.autoscaler_annotations);
+    }
+
+    #[test]
+    fn the_creation_timeout_adaptation_flags() {
+        let o = ManagerOptions::parse_from(["mcm"]);
+        assert_eq!(o.machine_creation_timeout, Duration::from_secs(20 * 60));
+        let c = o.manager.manager_config("ns", 1).creation_timeouts;
+        assert_eq!((c.growth_percent, c.cycle_threshold, c.max), (50, 2, None));
+        let o = ManagerOptions::parse_from([
+            "mcm",
+            "--machine-creation-timeout=30m",
+            "--machine-creation-timeout-growth-percent=0",
+            "--machine-replace-cycle-count-threshold=1",
+            "--machine-creation-timeout-max=2h",
+        ]);
+        assert_eq!(o.machine_creation_timeout, Duration::from_secs(30 * 60));
+        let c = o.manager.manager_config("ns", 1).creation_timeouts;
+        assert_eq!(
+            (c.growth_percent, c.cycle_threshold, c.max),
+            (0, 1, Some(Duration::from_secs(7200)))
+        );
+        assert!(
+            ManagerOptions::try_parse_from(["mcm", "--machine-replace-cycle-count-threshold=0"])
+                .is_err()
+        );
+        // Both halves in one process: the machine controller's flag, the manager's flags.
+        let o = MachineControllerOptions::parse_from([
+            "mc",
+            "--controllers=machine,manager",
+            "--machine-creation-timeout-growth-percent=25",
+        ]);
+        assert_eq!(o.manager.machine_creation_timeout_growth_percent, 25);
     }
 
     #[test]

@@ -170,6 +170,42 @@ pub async fn clients_counted(
     Ok((control, Some(build(target_cfg, "target")?)))
 }
 
+/// The client a machine controller sends evictions to the target cluster with (`None` with
+/// `--target-kubeconfig=none`): the target's configuration without the client-side retry of
+/// `429` answers. An eviction a PodDisruptionBudget refuses is answered `429`; a retrying
+/// client repeats it with a growing backoff until the attempt gives up (the eviction retry
+/// interval), and the reconcile running the drain pass would hold that long. Rate-limited
+/// like the other clients (`--kube-api-qps/burst`, a bucket of its own), counted as
+/// `cluster="target"`.
+pub async fn eviction_client(
+    common: &CommonOptions,
+    metrics: &ClientMetrics,
+) -> Result<Option<kube::Client>, RunError> {
+    let target_flag = common.target_kubeconfig.as_str();
+    if target_flag == clients::NONE {
+        return Ok(None);
+    }
+    let mut config =
+        clients::load_config(target_flag)
+            .await
+            .map_err(|source| RunError::Client {
+                cluster: "target",
+                source,
+            })?;
+    config.default_retry = false;
+    clients::rate_limited_client_counted(
+        config,
+        common.kube_api_qps,
+        common.kube_api_burst,
+        Some(metrics.requests("target")),
+    )
+    .map(Some)
+    .map_err(|source| RunError::Client {
+        cluster: "target",
+        source,
+    })
+}
+
 /// Runs `work` while this replica holds the lease named `lease` (or at once without leader
 /// election) until `cancel` fires. Losing the lease cancels the work and returns
 /// [`RunError::LeadershipLost`].
@@ -317,6 +353,9 @@ pub async fn run_machine_controller_until(
     // needs a target cluster is watched or asked (a request would fail with that reason).
     let target_cluster = target.is_some();
     let target = target.unwrap_or_else(clients::no_target_client);
+    let evictions = eviction_client(&options.common, &client_metrics)
+        .await?
+        .unwrap_or_else(clients::no_target_client);
     let driver_metrics = DriverMetrics::register(&mut registry);
     let provider = provider_name(&options);
     let driver: Arc<dyn Driver> = Arc::new(Instrumented::new(driver, &provider, driver_metrics));
@@ -332,6 +371,8 @@ pub async fn run_machine_controller_until(
             .manager_config(&options.common.namespace, options.concurrent_syncs);
         // One set of reconcile metrics for both halves.
         config.reconciles = Some(reconciles.clone());
+        config.creation_timeouts.default_timeout = options.machine_creation_timeout;
+        config.zone_partition = options.common.zone_partition.rule();
         config.target_cluster = target_cluster;
         config
     });
@@ -391,6 +432,7 @@ pub async fn run_machine_controller_until(
                 let side = machine_controller::MachineSide {
                     control: control.clone(),
                     target: target.clone(),
+                    evictions,
                     driver,
                     config,
                     metrics,
@@ -443,6 +485,8 @@ pub async fn run_manager_until(
     // Without a target cluster the manager watches no Nodes; machines then have no `node`
     // label, so the rollout markers and rollback untainting have nothing to do.
     config.target_cluster = target.is_some();
+    config.creation_timeouts.default_timeout = options.machine_creation_timeout;
+    config.zone_partition = options.common.zone_partition.rule();
     let target = target.unwrap_or_else(clients::no_target_client);
     let readiness = Readiness {
         leader: Default::default(),

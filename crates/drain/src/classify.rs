@@ -177,6 +177,8 @@ pub struct DrainMode {
     pub unreachable: bool,
     /// The drain timeout has passed.
     pub timed_out: bool,
+    /// The driver reports the node's VM gone or stopped.
+    pub vm_dead: bool,
 }
 
 /// What a drain pass does with a running pod under a `wait-completed` rule.
@@ -191,6 +193,8 @@ pub enum WaitCompletedStep {
 }
 
 /// The rule for `wait-completed` pods (pure):
+/// - when the driver reports the node's VM gone or stopped, it is deleted
+///   ([`DeleteReason::VmDead`]): nothing runs it, it can never finish;
 /// - once the drain timeout has passed, the pod is deleted like any other pod (reason
 ///   [`DeleteReason::Force`] in force mode, else [`DeleteReason::Timeout`]): the drain timeout
 ///   bounds every wait, as Cluster API's `nodeDrainTimeout` does;
@@ -199,7 +203,10 @@ pub enum WaitCompletedStep {
 /// - otherwise it is waited for, in force mode too (the force-deletion label, a node NotReady
 ///   for 5 minutes): force mode does not override a `wait-completed` rule before the timeout.
 pub fn wait_completed_step(mode: DrainMode) -> WaitCompletedStep {
-    if mode.timed_out {
+    if mode.vm_dead {
+        // It can never finish: nothing runs it any more.
+        WaitCompletedStep::Delete(DeleteReason::VmDead)
+    } else if mode.timed_out {
         WaitCompletedStep::Delete(if mode.force {
             DeleteReason::Force
         } else {
@@ -419,6 +426,7 @@ mod tests {
         force: false,
         unreachable: false,
         timed_out: false,
+        vm_dead: false,
     };
     const FORCE: DrainMode = DrainMode {
         force: true,
@@ -431,7 +439,7 @@ mod tests {
     const FORCE_UNREACHABLE: DrainMode = DrainMode {
         force: true,
         unreachable: true,
-        timed_out: false,
+        ..NORMAL
     };
     const TIMED_OUT: DrainMode = DrainMode {
         timed_out: true,
@@ -440,6 +448,11 @@ mod tests {
     const FORCE_TIMED_OUT: DrainMode = DrainMode {
         force: true,
         timed_out: true,
+        ..NORMAL
+    };
+    const VM_DEAD_UNREACHABLE: DrainMode = DrainMode {
+        vm_dead: true,
+        unreachable: true,
         ..NORMAL
     };
 
@@ -474,17 +487,18 @@ mod tests {
             FORCE_UNREACHABLE,
             TIMED_OUT,
             FORCE_TIMED_OUT,
+            VM_DEAD_UNREACHABLE,
         ];
         // (pod, expected per mode in the order of `modes`)
-        let table: Vec<(Pod, [&str; 6])> = vec![
-            (pod("a"), ["drain"; 6]),
-            (label("drain"), ["drain"; 6]),
-            (label("skip"), [skip_label; 6]),
-            (annotation("skip"), [skip_annotation; 6]),
-            (capi("skip"), [skip_capi; 6]),
-            (capi("Skip"), [skip_capi; 6]),
-            (label("bogus"), ["drain"; 6]),
-            (annotation(""), ["drain"; 6]),
+        let table: Vec<(Pod, [&str; 7])> = vec![
+            (pod("a"), ["drain"; 7]),
+            (label("drain"), ["drain"; 7]),
+            (label("skip"), [skip_label; 7]),
+            (annotation("skip"), [skip_annotation; 7]),
+            (capi("skip"), [skip_capi; 7]),
+            (capi("Skip"), [skip_capi; 7]),
+            (label("bogus"), ["drain"; 7]),
+            (annotation(""), ["drain"; 7]),
         ];
         for (p, expected) in &table {
             for (mode, want) in modes.iter().zip(expected) {
@@ -498,6 +512,7 @@ mod tests {
             "release",
             "delete: drain timeout reached",
             "delete: force mode",
+            "delete: its VM is gone or stopped",
         ];
         for p in [
             label("wait-completed"),

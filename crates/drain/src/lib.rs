@@ -121,6 +121,13 @@ pub struct Options {
     /// Called after every eviction a PodDisruptionBudget refused, with the block so far, so
     /// a caller can show a long block (e.g. on the Machine) while the drain keeps waiting.
     pub on_pdb_block: Option<PdbBlockHook>,
+    /// The client evictions are sent with, when it differs from the drain's client: one
+    /// without the client-side retry of `429` answers ([`kube::Config::default_retry`] off).
+    /// A budget's refusal is a `429`, which a retrying client repeats with a growing backoff
+    /// until the attempt's deadline (the eviction retry interval): the pass, and the
+    /// reconcile that runs it, would hold for that long on every blocked pod. `None`: the
+    /// drain's client (a refusal is then seen only when the attempt's deadline ends it).
+    pub eviction_client: Option<kube::Client>,
 }
 
 /// See [`Options::on_pdb_block`].
@@ -144,6 +151,7 @@ impl Options {
             driver,
             cordon: true,
             on_pdb_block: None,
+            eviction_client: None,
         }
     }
 }
@@ -160,6 +168,7 @@ impl std::fmt::Debug for Options {
             .field("force", &self.force)
             .field("parallelism", &self.parallelism)
             .field("cordon", &self.cordon)
+            .field("eviction_client", &self.eviction_client.is_some())
             .finish_non_exhaustive()
     }
 }

@@ -80,6 +80,11 @@ pub enum DeleteReason {
     MaxEvictRetries,
     /// The drain timeout ran out while the eviction was still refused.
     Timeout,
+    /// The driver reports the node's VM gone or stopped: the pod runs nowhere, so it is
+    /// deleted without an eviction (a PodDisruptionBudget guards running pods only, and counts
+    /// this one among its unhealthy pods, so an eviction would be refused) and without waiting
+    /// for a kubelet that is not there.
+    VmDead,
 }
 
 impl fmt::Display for DeleteReason {
@@ -88,6 +93,7 @@ impl fmt::Display for DeleteReason {
             DeleteReason::Force => "force mode",
             DeleteReason::MaxEvictRetries => "eviction retries exhausted",
             DeleteReason::Timeout => "drain timeout reached",
+            DeleteReason::VmDead => "its VM is gone or stopped",
         })
     }
 }

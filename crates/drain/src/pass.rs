@@ -22,7 +22,15 @@
 //! - on an **unreachable** node (its `Ready` condition is `Unknown`: the kubelet stopped
 //!   reporting), pods can never finish terminating, so every wave is acted on at once and pods
 //!   whose deletion was requested are not waited for (as Cluster API does for unreachable
-//!   nodes); neither are volumes.
+//!   nodes); neither are volumes. Its pods are still **evicted**: the VM may run behind a
+//!   partition, and its pods with it, so their budgets hold (the caller forces the drain after
+//!   the node has been NotReady long enough, MCM's 5 minutes);
+//! - on a node whose **VM is dead** (the caller's driver reports it gone or stopped,
+//!   [`PassInput::vm_dead`]), the pods run nowhere: every pod the drain would move, terminating
+//!   ones and `wait-completed` ones included, is deleted with grace period 0 and not waited for
+//!   ([`DeleteReason::VmDead`]). An eviction would be refused by any budget they count against
+//!   (they are its unhealthy pods) and a graceful deletion would wait for a kubelet that is not
+//!   there; a StatefulSet can only recreate a replica once its pod is gone.
 //!
 //! Once no pod is left to wait for, the pass waits (across passes) for the volumes still
 //! attached to the node to detach, for at most `pv_detach_timeout` from when the pods were
@@ -61,6 +69,10 @@ pub struct PassInput {
     /// The node is unreachable: pods whose deletion was requested are not waited for, and
     /// neither are volumes.
     pub unreachable: bool,
+    /// The driver reports the node's VM gone or stopped (and the node is not Ready): its pods
+    /// run nowhere. Every pod the drain would move is deleted (grace period 0, terminating
+    /// ones too) instead of evicted, and nothing is waited for.
+    pub vm_dead: bool,
 }
 
 /// What one pod gets this pass.
@@ -106,8 +118,11 @@ pub fn plan_pods(
         force: options.force,
         unreachable: input.unreachable,
         timed_out: input.elapsed >= options.timeout,
+        vm_dead: input.vm_dead,
     };
-    let delete_reason = if options.force {
+    let delete_reason = if input.vm_dead {
+        Some(DeleteReason::VmDead)
+    } else if options.force {
         Some(DeleteReason::Force)
     } else if input.elapsed >= options.timeout {
         Some(DeleteReason::Timeout)
@@ -122,11 +137,13 @@ pub fn plan_pods(
     };
     let mut planned = Vec::new();
     for (i, wave) in priority_waves(drainable).into_iter().enumerate() {
-        let acted_on = i == 0 || options.force || input.unreachable;
+        let acted_on = i == 0 || options.force || input.unreachable || input.vm_dead;
         for pod in wave {
             let terminating = pod.metadata.deletion_timestamp.is_some();
             let step = match (acted_on, terminating) {
                 (false, _) => PodStep::Hold,
+                // Nothing will ever finish terminating it.
+                (true, true) if input.vm_dead => PodStep::Delete(DeleteReason::VmDead),
                 // Force mode deletes pods stuck terminating too (they would stay bound to a
                 // Node that is about to be deleted).
                 (true, true) if options.force => PodStep::Delete(DeleteReason::Force),
@@ -250,8 +267,18 @@ impl PassReport {
                 if !self.evicted.is_empty() {
                     parts.push(format!("{} evicted", self.evicted.len()));
                 }
-                if !self.deleted.is_empty() {
-                    parts.push(format!("{} deleted", self.deleted.len()));
+                let dead = self
+                    .deleted
+                    .iter()
+                    .filter(|d| d.reason == DeleteReason::VmDead)
+                    .count();
+                if self.deleted.len() > dead {
+                    parts.push(format!("{} deleted", self.deleted.len() - dead));
+                }
+                if dead > 0 {
+                    parts.push(format!(
+                        "{dead} deleted without eviction: their VM is gone or stopped"
+                    ));
                 }
                 if !self.released.is_empty() {
                     parts.push(format!(
@@ -396,13 +423,14 @@ pub async fn drain_pass(
     report.skipped = skipped;
 
     let attempt = attempt_timeout(options.eviction_retry_interval);
+    let evictions = options.eviction_client.as_ref().unwrap_or(&client);
     let outcomes: Vec<(String, PodStep, Result<Acted, DrainError>)> =
         futures::stream::iter(planned)
             .map(|(pod, step)| {
                 let client = client.clone();
                 async move {
                     let key = pod_key(&pod);
-                    let acted = act(&client, &pod, step, attempt, input.elapsed).await;
+                    let acted = act(&client, evictions, &pod, step, attempt, input.elapsed).await;
                     (key, step, acted)
                 }
             })
@@ -451,7 +479,7 @@ pub async fn drain_pass(
         report.state = Some(PassState::Pods);
         return Ok(report);
     }
-    if options.force || input.unreachable {
+    if options.force || input.unreachable || input.vm_dead {
         report.state = Some(PassState::Done);
         return Ok(report);
     }
@@ -500,6 +528,7 @@ enum Acted {
 
 async fn act(
     client: &kube::Client,
+    evictions: &kube::Client,
     pod: &Pod,
     step: PodStep,
     attempt: Duration,
@@ -520,7 +549,7 @@ async fn act(
                 source,
             )),
         },
-        PodStep::Evict => match evict_pod(client, pod, Instant::now() + attempt).await {
+        PodStep::Evict => match evict_pod(evictions, pod, Instant::now() + attempt).await {
             Evicted::Yes => Ok(Acted::Evicted),
             Evicted::Gone => Ok(Acted::Gone),
             Evicted::Refused { multiple_budgets } => {
@@ -679,6 +708,43 @@ mod tests {
             steps(&planned),
             vec![s("old", PodStep::Release), s("critical", PodStep::Evict)]
         );
+    }
+
+    #[test]
+    fn a_dead_vm_deletes_every_pod_at_once_and_evicts_none() {
+        let pods = vec![
+            pod("critical", 1000, false),
+            pod("web", 0, false),
+            pod("old", 0, true),
+            with_rule(pod("job", 0, false), "wait-completed"),
+            with_rule(pod("cache", 0, false), "skip"),
+            daemon("agent"),
+        ];
+        let input = PassInput {
+            vm_dead: true,
+            unreachable: true,
+            ..Default::default()
+        };
+        let (planned, skipped) = plan_pods(pods, &options(), &input);
+        let del = PodStep::Delete(DeleteReason::VmDead);
+        assert_eq!(
+            steps(&planned),
+            vec![
+                s("old", del),
+                s("web", del),
+                s("critical", del),
+                s("job", del)
+            ]
+        );
+        let skipped: Vec<_> = skipped.iter().map(|s| s.pod.as_str()).collect();
+        assert_eq!(skipped, vec!["ns/agent", "ns/cache"]);
+        // The same node only unreachable (a partition: the VM may run): evicted, budgets hold.
+        let partition = PassInput {
+            unreachable: true,
+            ..Default::default()
+        };
+        let (planned, _) = plan_pods(vec![pod("web", 0, false)], &options(), &partition);
+        assert_eq!(steps(&planned), vec![s("web", PodStep::Evict)]);
     }
 
     #[test]

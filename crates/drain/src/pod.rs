@@ -192,7 +192,13 @@ async fn remove_pod(ctx: &Ctx<'_>, pod: &Pod, report: &mut PodReport) -> Result<
         let attempt_deadline = ctx
             .deadline
             .min(Instant::now() + attempt_timeout(options.eviction_retry_interval));
-        match evict_pod(&ctx.client, pod, attempt_deadline).await {
+        match evict_pod(
+            ctx.options.eviction_client.as_ref().unwrap_or(&ctx.client),
+            pod,
+            attempt_deadline,
+        )
+        .await
+        {
             Evicted::Yes => {
                 report.pdb_block = finish_block(block, false);
                 report.removal = Removal::Evicted;

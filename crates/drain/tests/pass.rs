@@ -292,3 +292,103 @@ async fn a_missing_node_has_nothing_to_drain() -> anyhow::Result<()> {
     assert_eq!(report.state(), PassState::NodeGone);
     Ok(())
 }
+
+/// A budget that allows no eviction: two pods `web-*` on `node`, `minAvailable: 2`, and its
+/// status observed.
+async fn budget_at_its_limit(client: &kube::Client, ns: &str, node: &str) -> anyhow::Result<()> {
+    create_pod(client, ns, "web-0", node, &[("app", "web")], None).await?;
+    create_pod(client, ns, "web-1", node, &[("app", "web")], None).await?;
+    wait_ready(client, ns, 2).await?;
+    let pdb: PodDisruptionBudget = serde_json::from_value(json!({
+        "metadata": { "name": "web", "namespace": ns },
+        "spec": { "minAvailable": 2, "selector": { "matchLabels": { "app": "web" } } },
+    }))?;
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(client.clone(), ns);
+    pdbs.create(&PostParams::default(), &pdb).await?;
+    try_eventually(Duration::from_secs(60), "PDB status", || {
+        let pdbs = pdbs.clone();
+        async move {
+            let p = pdbs.get("web").await?;
+            anyhow::Ok(p.status.as_ref().is_some_and(|s| {
+                s.observed_generation == p.metadata.generation && s.current_healthy == Some(2)
+            }))
+        }
+    })
+    .await?;
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_pods_of_a_dead_vm_are_deleted_though_their_budget_allows_no_eviction()
+-> anyhow::Result<()> {
+    let t =
+        mcm_testenv::kit::TestNamespace::new(mcm_testenv::Components::ALL, "pass-dead-vm").await;
+    let (client, ns) = (t.client.clone(), t.ns.clone());
+    let reflector = start_volume_attachment_reflector(client.clone());
+    let node = node_name("n", &ns);
+    let kubelet = FakeKubelet::start(client.clone(), &node, kubelet_options(&ns)).await?;
+    budget_at_its_limit(&client, &ns, &node).await?;
+    // A pod whose deletion its (now dead) kubelet never finished.
+    create_manual_pod(&client, &ns, "stuck", &node).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), &ns);
+    pods.delete("stuck", &Default::default()).await?;
+    // The VM dies: nothing reports for the node any more.
+    drop(kubelet);
+    let stores = reflector.stores();
+
+    // Evicted as usual (the node may only be partitioned): the budget refuses both. With
+    // the production retry interval, a pass sent through a retrying client would hold until
+    // the attempt's deadline (20 s); through the eviction client it comes back at once.
+    let mut options = pass_options();
+    options.eviction_retry_interval = Duration::from_secs(20);
+    options.eviction_client = Some(t.env.client_without_retries().await?);
+    let started = std::time::Instant::now();
+    let report = drain_pass(client.clone(), &node, &options, &at(1), &stores).await?;
+    let took = started.elapsed();
+    println!("{} ({took:?})", report.summary());
+    assert_eq!(report.state(), PassState::Pods);
+    // Refused (a budget that allows nothing while both pods are healthy is reported as
+    // misconfigured; either way no eviction passes).
+    assert_eq!(
+        report.blocked.len() + report.misconfigured.len(),
+        2,
+        "{report:?}"
+    );
+    assert!(
+        took < Duration::from_secs(10),
+        "a refused eviction held the pass for {took:?}: it was retried by the client"
+    );
+
+    // The driver reports the VM gone: its pods are deleted, the budget is not asked, and
+    // nothing is waited for.
+    let dead = PassInput {
+        vm_dead: true,
+        ..at(2)
+    };
+    let report = drain_pass(client.clone(), &node, &options, &dead, &stores).await?;
+    println!("{}", report.summary());
+    assert_eq!(report.state(), PassState::Done, "{report:?}");
+    assert!(report.evicted.is_empty(), "{report:?}");
+    let mut deleted: Vec<_> = report
+        .deleted
+        .iter()
+        .map(|d| (d.pod.clone(), d.reason))
+        .collect();
+    deleted.sort_by(|a, b| a.0.cmp(&b.0));
+    assert_eq!(
+        deleted,
+        vec![
+            (format!("{ns}/stuck"), DeleteReason::VmDead),
+            (format!("{ns}/web-0"), DeleteReason::VmDead),
+            (format!("{ns}/web-1"), DeleteReason::VmDead),
+        ]
+    );
+    assert_eq!(
+        report.summary(),
+        format!("node {node} drained (3 deleted without eviction: their VM is gone or stopped)")
+    );
+    for name in ["stuck", "web-0", "web-1"] {
+        assert!(pods.get_opt(name).await?.is_none(), "{name} is gone");
+    }
+    Ok(())
+}

@@ -44,10 +44,12 @@ pub use metrics::ReconcileMetrics;
 /// What the command line configures: the machine controller's
 /// [`Settings`](settings::Settings), the [`Defaults`](settings::Defaults) a MachineClass may
 /// override, and the [`SafetySettings`](settings::SafetySettings) of the orphan collector and
-/// the API-server freeze.
+/// the API-server freeze, and the [`PartitionRule`](settings::PartitionRule) of zone
+/// partitions.
 pub mod settings {
     pub use crate::machine::Settings;
     pub use crate::machine::observe::{Defaults, split_list};
+    pub use crate::machine::partition::PartitionRule;
     pub use crate::safety::SafetySettings;
 }
 

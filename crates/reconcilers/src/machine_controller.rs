@@ -92,6 +92,10 @@ pub struct MachineSide {
     pub control: kube::Client,
     /// Client of the target cluster.
     pub target: kube::Client,
+    /// Client of the target cluster for evictions: built with
+    /// [`kube::Config::default_retry`] off, so that a PodDisruptionBudget's refusal (`429`)
+    /// comes back at once instead of holding a reconcile through the client's retries.
+    pub evictions: kube::Client,
     /// The provider's driver.
     pub driver: Arc<dyn Driver>,
     /// Settings.
@@ -128,6 +132,7 @@ pub fn prepare(
     let MachineSide {
         control,
         target,
+        evictions,
         driver,
         config,
         metrics,
@@ -141,6 +146,7 @@ pub fn prepare(
     let mut ctx = Ctx::new(
         control.clone(),
         target.clone(),
+        evictions,
         driver,
         config.machine.clone(),
         stores.clone(),

@@ -58,8 +58,12 @@ static ONE_WORLD_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_n
 impl World {
     async fn start(prefix: &str) -> World {
         let alone = ONE_WORLD_AT_A_TIME.lock().await;
-        let TestNamespace { client, ns, .. } =
+        let TestNamespace { client, ns, env } =
             TestNamespace::new(Components::API_SERVER, prefix).await;
+        let evictions = env
+            .client_without_retries()
+            .await
+            .expect("a client without retries");
         let class = MachineClassBuilder::new(CLASS)
             .provider("fake")
             .secret(&ns, "fake-secret")
@@ -80,6 +84,7 @@ impl World {
         let side = machine_controller::MachineSide {
             control: client.clone(),
             target: client.clone(),
+            evictions,
             driver,
             config: config(&ns),
             metrics,
@@ -165,6 +170,7 @@ fn config(ns: &str) -> MachineControllerConfig {
                 unhealthy_conditions: vec![],
                 node_startup_timeout: None,
                 hook_timeout: None,
+                zone_partition: Default::default(),
             },
             pv_detach_timeout: Duration::from_secs(5),
             pv_reattach_timeout: Duration::from_secs(5),

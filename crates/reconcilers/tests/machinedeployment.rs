@@ -1110,6 +1110,108 @@ async fn the_effective_creation_timeout_reaches_new_machines() {
     h.stop().await;
 }
 
+/// A machine that did not join within the creation timeout (as the machine controller records
+/// it) raises the deployment's effective creation timeout (threshold 1): the annotations, the
+/// Event and the existing new set; a declared timeout raised above that value takes it back,
+/// from the deployment and from the set.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_that_did_not_join_raises_the_effective_creation_timeout() {
+    let h = Harness::start_with("md-adapt-timeout", |c| {
+        c.creation_timeouts.cycle_threshold = 1;
+    })
+    .await;
+    create_deployment(&h, &md(1).build()).await;
+    let ms = wait_machines(&h, "1 running", |m| running_of_class(m, "c1") == 1).await;
+    let name = ms[0].name_any();
+    // Held by a finalizer of the test, so that its Failed state stays readable while its
+    // set replaces it (the machine controller holds its own until the VM is gone).
+    let hold = json!({"metadata": {"finalizers": ["test.mcm-rs.io/hold"]}});
+    h.machines()
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&hold))
+        .await
+        .expect("hold the machine");
+    let now = Time(jiff::Timestamp::now());
+    let failed = json!({"status": {
+        "currentStatus": {"phase": "Failed", "lastUpdateTime": now},
+        "lastOperation": {
+            "type": "Create", "state": "Failed", "lastUpdateTime": now,
+            "description": format!(
+                "Machine {name} failed: {} (20m0s)",
+                mcm_api::constants::operations::NOT_JOINED_WITHIN_CREATION_TIMEOUT
+            ),
+        },
+    }});
+    h.machines()
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&failed))
+        .await
+        .expect("fail the machine");
+    let ds = wait_list(
+        h.deployments(),
+        "the effective creation timeout raised",
+        |ds| {
+            ds.iter().any(|d| {
+                d.annotations()
+                    .get(annotations::EFFECTIVE_CREATION_TIMEOUT)
+                    .is_some_and(|v| v == "30m0s")
+            })
+        },
+    )
+    .await;
+    let anns = ds[0].annotations();
+    assert_eq!(anns[annotations::REPLACE_CYCLE_COUNT], "0");
+    assert!(anns.contains_key(annotations::EFFECTIVE_CREATION_TIMEOUT_LAST_APPLIED_AT));
+    assert!(anns.contains_key(annotations::REPLACE_CYCLE_COUNT_LAST_APPLIED_AT));
+    wait_list(h.sets(), "the new set with 30m0s", |sets| {
+        sets.iter().any(|s| {
+            s.annotations()
+                .get(annotations::EFFECTIVE_CREATION_TIMEOUT)
+                .is_some_and(|v| v == "30m0s")
+                && !s
+                    .annotations()
+                    .contains_key(annotations::REPLACE_CYCLE_COUNT)
+        })
+    })
+    .await;
+    eventually(WAIT, "an EffectiveCreationTimeoutRaised Event", || async {
+        !events_of(&h, "EffectiveCreationTimeoutRaised")
+            .await
+            .is_empty()
+    })
+    .await;
+
+    // The template declares more than the adapted value: the adaptation's keys go, from the
+    // set too (its machine configuration is written in place: no rollout).
+    patch_deployment(
+        &h,
+        "md",
+        json!({"spec": {"template": {"spec": {"creationTimeout": "40m"}}}}),
+    )
+    .await;
+    wait_list(h.deployments(), "the adaptation's keys removed", |ds| {
+        ds.iter().all(|d| {
+            let a = d.annotations();
+            !a.contains_key(annotations::EFFECTIVE_CREATION_TIMEOUT)
+                && !a.contains_key(annotations::EFFECTIVE_CREATION_TIMEOUT_LAST_APPLIED_AT)
+                && !a.contains_key(annotations::REPLACE_CYCLE_COUNT)
+        })
+    })
+    .await;
+    let sets = wait_list(h.sets(), "the set without the value", |sets| {
+        sets.iter().all(|s| {
+            !s.annotations()
+                .contains_key(annotations::EFFECTIVE_CREATION_TIMEOUT)
+        })
+    })
+    .await;
+    assert_eq!(sets.len(), 1, "{sets:#?}");
+    let release = json!({"metadata": {"finalizers": null}});
+    let _ = h
+        .machines()
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&release))
+        .await;
+    h.stop().await;
+}
+
 // ---------------------------------------------------------------------------------------
 // In-place updates. The test plays the machine controller's in-place part with its own
 // decision function (`machine::inplace::next`: the Node's `InPlaceUpdate` condition follows

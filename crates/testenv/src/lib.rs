@@ -374,6 +374,16 @@ impl ControlPlane {
         kube::Client::try_from(config).map_err(|e| TestEnvError::kube("build a client", e))
     }
 
+    /// A new admin client that does not retry `429`, `503` and `504` answers
+    /// ([`kube::Config::default_retry`] off): what a machine controller sends evictions with.
+    pub async fn client_without_retries(&self) -> Result<kube::Client, TestEnvError> {
+        let kubeconfig = Kubeconfig::read_from(&self.kubeconfig_path)?;
+        let mut config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default()).await?;
+        config.default_retry = false;
+        kube::Client::try_from(config).map_err(|e| TestEnvError::kube("build a client", e))
+    }
+
     /// Creates a fresh namespace `<prefix>-<random>` and returns its name.
     pub async fn namespace(&self, prefix: &str) -> Result<String, TestEnvError> {
         let client = self.client().await?;

@@ -11,12 +11,13 @@
 //! same trials.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result, bail};
 use kube::api::{DeleteParams, ListParams};
 use mcm_api::{MachineDeployment, MachineSet};
+use mcm_testenv::kit::{Proxy, metric};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::json;
@@ -26,6 +27,7 @@ use crate::e2e::env::{self, Check, wait_for};
 
 mod corpus;
 mod handover;
+mod zone;
 
 /// The MachineDeployment every trial works on.
 const DEPLOYMENT: &str = "workers";
@@ -97,6 +99,8 @@ impl Trial {
 /// What a run found.
 #[derive(Debug, Default)]
 struct Report {
+    /// When the run began (cut times are also printed relative to it).
+    started: jiff::Timestamp,
     trials: usize,
     kills: usize,
     by_operation: BTreeMap<String, usize>,
@@ -111,10 +115,16 @@ struct Report {
     unfreezes: usize,
     handover: Option<handover::Figures>,
     corpus: Option<corpus::Figures>,
+    zone: Option<zone::Figures>,
     /// Samples of the VMs per machine taken during the kill trials, and the moments in them
     /// when a machine had two VMs.
     vm_samples: usize,
     doubled_vms: usize,
+    /// The AWS creation kills' outcome.
+    aws_creation_kills: Option<String>,
+    /// Errors of the harness itself (a wait that timed out, a failed request), each of which
+    /// stopped the part it names; the other parts still ran.
+    errors: Vec<String>,
 }
 
 impl Report {
@@ -154,16 +164,26 @@ impl Report {
         if let Some(c) = &self.corpus {
             c.print();
         }
+        if let Some(z) = &self.zone {
+            z.print();
+        }
         if let Some(idle) = &self.idle {
             println!("| machine controller while idle | {idle} |");
         }
+        if let Some(aws) = &self.aws_creation_kills {
+            println!("| AWS creation kills | {aws} |");
+        }
         println!("| invariant violations | {} |", self.violations.len());
+        println!("| harness errors | {} |", self.errors.len());
         println!(
             "| worst convergence | {:.1}s |",
             self.worst_convergence.as_secs_f64()
         );
         for v in &self.violations {
             println!("violation: {v}");
+        }
+        for e in &self.errors {
+            println!("harness error: {e}");
         }
     }
 }
@@ -181,6 +201,10 @@ pub struct Plan {
     /// SIGKILLed or paused at random.
     #[arg(long, default_value_t = 10)]
     pub handovers: usize,
+    /// Zone partitions: the VMs of one of two zones SIGSTOPped beyond the health timeout;
+    /// none of their machines may be failed, drained, deleted or replaced.
+    #[arg(long, default_value_t = 3)]
+    pub zone_partitions: usize,
     /// Machines of the rollout under cloud faults (0: skip it).
     #[arg(long, default_value_t = 30)]
     pub fault_machines: usize,
@@ -200,40 +224,103 @@ pub struct Plan {
     pub keep_logs: bool,
 }
 
-/// Runs the trials of `plan`. Fails when an invariant was violated.
+/// Runs the trials of `plan`: every part, whatever the others found, then the report. Fails
+/// when an invariant was violated or a part stopped on an error of the harness.
 pub fn run(plan: &Plan) -> Result<()> {
     env::plain_logs_for_children();
     let seed = plan
         .seed
         .unwrap_or_else(|| jiff::Timestamp::now().as_second().unsigned_abs());
     println!(
-        "chaos: seed {seed}, {} kill trial(s), {} partition(s), {} leader hand-over(s), cloud-fault run of {} machine(s), bad-input corpus: {}, AWS creation kills: {}",
+        "chaos: seed {seed}, {} kill trial(s), {} partition(s), {} zone partition(s), {} leader hand-over(s), cloud-fault run of {} machine(s), bad-input corpus: {}, AWS creation kills: {}",
         plan.trials,
         plan.partitions,
+        plan.zone_partitions,
         plan.handovers,
         plan.fault_machines,
         plan.corpus,
         plan.aws_creation_kills
     );
-    let local =
-        plan.trials + plan.partitions + plan.handovers + plan.fault_machines > 0 || plan.corpus;
-    if !local {
-        return aws_creation_kills(plan.aws_creation_kills);
+    let mut report = Report {
+        started: jiff::Timestamp::now(),
+        ..Report::default()
+    };
+    let (logs, interrupted) = if Part::ALL.iter().any(|p| p.planned(plan)) {
+        local_parts(plan, seed, &mut report)
+    } else {
+        (None, false)
+    };
+    if interrupted {
+        println!("chaos: interrupted, the AWS creation kills do not run");
+    } else {
+        aws_creation_kills(plan.aws_creation_kills, &mut report);
     }
-    let bins = env::prepare_binaries()?;
+    report.print(seed);
+    let failed = !report.violations.is_empty() || !report.errors.is_empty();
+    if let Some(logs) = logs {
+        if failed || plan.keep_logs {
+            println!("logs: {}", logs.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&logs);
+        }
+    }
+    if failed {
+        bail!(
+            "{} invariant violation(s), {} harness error(s)",
+            report.violations.len(),
+            report.errors.len()
+        );
+    }
+    Ok(())
+}
+
+/// The parts against a local control plane ([`suite`]). Returns the logs directory, once
+/// made, and whether Ctrl-C interrupted the run; errors are recorded in `report`.
+fn local_parts(plan: &Plan, seed: u64, report: &mut Report) -> (Option<PathBuf>, bool) {
+    let bins = match env::prepare_binaries() {
+        Ok(bins) => bins,
+        Err(e) => {
+            report
+                .errors
+                .push(format!("local parts: preparing the binaries: {e:#}"));
+            return (None, false);
+        }
+    };
     let stamp = jiff::Timestamp::now().as_second();
     let logs = env::target_dir().join("chaos").join(format!("run-{stamp}"));
-    std::fs::create_dir_all(&logs)?;
-    let runtime = tokio::runtime::Runtime::new()?;
-    let result = runtime.block_on(async {
-        let cp = env::start_control_plane(plan.handovers > 0).await?;
-        let mut report = Report::default();
-        let outcome = tokio::select! {
-            r = suite(&cp, &bins, &logs, seed, plan, &mut report) => r,
-            _ = tokio::signal::ctrl_c() => Err(anyhow::anyhow!("interrupted (Ctrl-C)")),
+    if let Err(e) = std::fs::create_dir_all(&logs) {
+        report
+            .errors
+            .push(format!("local parts: creating {}: {e}", logs.display()));
+        return (None, false);
+    }
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            report
+                .errors
+                .push(format!("local parts: starting a runtime: {e}"));
+            return (Some(logs), false);
+        }
+    };
+    let interrupted = runtime.block_on(async {
+        let cp = match env::start_control_plane(plan.handovers > 0).await {
+            Ok(cp) => cp,
+            Err(e) => {
+                report
+                    .errors
+                    .push(format!("local parts: starting the control plane: {e:#}"));
+                return false;
+            }
         };
-        report.print(seed);
-        if outcome.is_err() || !report.violations.is_empty() {
+        let interrupted = tokio::select! {
+            () = suite(&cp, &bins, &logs, seed, plan, report) => false,
+            _ = tokio::signal::ctrl_c() => true,
+        };
+        if interrupted {
+            report.errors.push("interrupted (Ctrl-C)".into());
+        }
+        if !report.errors.is_empty() || !report.violations.is_empty() {
             let _ = env::preserve_control_plane_logs(&cp, &logs.join("control-plane"));
         }
         let run_dir = cp.run_dir().to_path_buf();
@@ -244,29 +331,16 @@ pub fn run(plan: &Plan) -> Result<()> {
                 .violations
                 .push(format!("processes left behind: {leftovers:?}"));
         }
-        outcome?;
-        if !report.violations.is_empty() {
-            bail!("{} invariant violation(s)", report.violations.len());
-        }
-        Ok(())
+        interrupted
     });
-    if result.is_err() || plan.keep_logs {
-        println!("logs: {}", logs.display());
-    } else {
-        let _ = std::fs::remove_dir_all(&logs);
-    }
-    result?;
-    if plan.aws_creation_kills > 0 {
-        aws_creation_kills(plan.aws_creation_kills)?;
-    }
-    Ok(())
+    (Some(logs), interrupted)
 }
 
 /// The creation crash trial of the AWS provider against moto
-/// (`bins/machine-controller-aws/tests/e2e.rs`), with `kills` SIGKILLs.
-fn aws_creation_kills(kills: usize) -> Result<()> {
+/// (`bins/machine-controller-aws/tests/e2e.rs`), with `kills` SIGKILLs (none: skipped).
+fn aws_creation_kills(kills: usize, report: &mut Report) {
     if kills == 0 {
-        return Ok(());
+        return;
     }
     println!("chaos: {kills} SIGKILL(s) of machine-controller-aws right after RunInstances");
     let status = std::process::Command::new(env!("CARGO"))
@@ -283,14 +357,110 @@ fn aws_creation_kills(kills: usize) -> Result<()> {
             "--nocapture",
         ])
         .env("MCM_AWS_CREATION_KILLS", kills.to_string())
-        .status()
-        .context("running cargo test for the AWS creation trial")?;
-    if !status.success() {
-        bail!("the AWS creation crash trial failed ({status})");
+        .status();
+    match status {
+        Ok(status) if status.success() => {
+            report.aws_creation_kills = Some(format!("{kills} SIGKILLs, passed"));
+        }
+        Ok(status) => {
+            report.aws_creation_kills = Some(format!("{kills} SIGKILLs, failed ({status})"));
+            report.violations.push(format!(
+                "AWS creation kills: the trial failed ({status}), its output is above"
+            ));
+        }
+        Err(e) => report
+            .errors
+            .push(format!("AWS creation kills: running cargo test: {e}")),
     }
-    Ok(())
 }
 
+/// A part of the run against the local control plane, in a namespace of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Part {
+    Partitions,
+    ZonePartitions,
+    Kills,
+    Handovers,
+    Corpus,
+    Faults,
+}
+
+impl Part {
+    /// Every part, in the order they run.
+    const ALL: [Part; 6] = [
+        Part::Partitions,
+        Part::ZonePartitions,
+        Part::Kills,
+        Part::Handovers,
+        Part::Corpus,
+        Part::Faults,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Part::Partitions => "partitions",
+            Part::ZonePartitions => "zone partitions",
+            Part::Kills => "kill trials",
+            Part::Handovers => "leader hand-overs",
+            Part::Corpus => "bad-input corpus",
+            Part::Faults => "cloud-fault run",
+        }
+    }
+
+    fn namespace(self) -> &'static str {
+        match self {
+            Part::Partitions => "chaos-partition",
+            Part::ZonePartitions => "chaos-zone",
+            Part::Kills => "chaos-kill",
+            Part::Handovers => "chaos-leader",
+            Part::Corpus => "chaos-corpus",
+            Part::Faults => "chaos-faults",
+        }
+    }
+
+    /// Whether `plan` asks for this part.
+    fn planned(self, plan: &Plan) -> bool {
+        match self {
+            Part::Partitions => plan.partitions > 0,
+            Part::ZonePartitions => plan.zone_partitions > 0,
+            Part::Kills => plan.trials > 0,
+            Part::Handovers => plan.handovers > 0,
+            Part::Corpus => plan.corpus,
+            Part::Faults => plan.fault_machines > 0,
+        }
+    }
+
+    async fn run(
+        self,
+        ctx: &mut Ctx<'_>,
+        seed: u64,
+        plan: &Plan,
+        report: &mut Report,
+    ) -> Result<()> {
+        match self {
+            Part::Partitions => partition_trials(ctx, seed, plan.partitions, report).await,
+            Part::ZonePartitions => {
+                let figures = report.zone.insert(zone::Figures::default());
+                zone::trials(
+                    ctx,
+                    seed,
+                    plan.zone_partitions,
+                    figures,
+                    &mut report.violations,
+                )
+                .await
+            }
+            Part::Kills => kill_trials(ctx, seed, plan.trials, report).await,
+            Part::Handovers => handover::trials(ctx, seed, plan.handovers, report).await,
+            Part::Corpus => corpus::run(ctx, report).await,
+            Part::Faults => fault_run(ctx, seed, plan.fault_machines, report).await,
+        }
+    }
+}
+
+/// Runs every planned part. A part stopped by an error of the harness (a wait that timed out,
+/// a failed request) is recorded as such, and the next part still runs; the violations a
+/// part found are named after it.
 async fn suite(
     cp: &mcm_testenv::ControlPlane,
     bins: &env::Binaries,
@@ -298,46 +468,33 @@ async fn suite(
     seed: u64,
     plan: &Plan,
     report: &mut Report,
-) -> Result<()> {
-    let Plan {
-        trials,
-        partitions,
-        handovers,
-        fault_machines,
-        corpus,
-        ..
-    } = *plan;
-    if partitions > 0 {
-        let mut ctx = Ctx::new(cp, bins, "chaos-partition", logs).await?;
-        let outcome = partition_trials(&mut ctx, seed, partitions, report).await;
-        ctx.cleanup().await;
-        outcome?;
+) {
+    for part in Part::ALL.into_iter().filter(|p| p.planned(plan)) {
+        let violations = report.violations.len();
+        let outcome = match Ctx::new(cp, bins, part.namespace(), logs).await {
+            Ok(mut ctx) => {
+                let outcome = part.run(&mut ctx, seed, plan, report).await;
+                ctx.cleanup().await;
+                outcome
+            }
+            Err(e) => Err(e.context("setting up its namespace")),
+        };
+        name_violations(&mut report.violations[violations..], part);
+        if let Err(e) = outcome {
+            println!(
+                "chaos: {} stopped on an error of the harness (the other parts still run): {e:#}",
+                part.name()
+            );
+            report.errors.push(format!("{}: {e:#}", part.name()));
+        }
     }
-    if trials > 0 {
-        let mut ctx = Ctx::new(cp, bins, "chaos-kill", logs).await?;
-        let outcome = kill_trials(&mut ctx, seed, trials, report).await;
-        ctx.cleanup().await;
-        outcome?;
+}
+
+/// Prefixes each of `found` (the violations of `part`) with the part's name.
+fn name_violations(found: &mut [String], part: Part) {
+    for v in found {
+        *v = format!("{}: {v}", part.name());
     }
-    if handovers > 0 {
-        let mut ctx = Ctx::new(cp, bins, "chaos-leader", logs).await?;
-        let outcome = handover::trials(&mut ctx, seed, handovers, report).await;
-        ctx.cleanup().await;
-        outcome?;
-    }
-    if corpus {
-        let mut ctx = Ctx::new(cp, bins, "chaos-corpus", logs).await?;
-        let outcome = corpus::run(&mut ctx, report).await;
-        ctx.cleanup().await;
-        outcome?;
-    }
-    if fault_machines > 0 {
-        let mut ctx = Ctx::new(cp, bins, "chaos-faults", logs).await?;
-        let outcome = fault_run(&mut ctx, seed, fault_machines, report).await;
-        ctx.cleanup().await;
-        outcome?;
-    }
-    Ok(())
 }
 
 fn timings() -> Timings {
@@ -353,6 +510,7 @@ async fn kill_trials(
     trials: usize,
     report: &mut Report,
 ) -> Result<()> {
+    let violations = report.violations.len();
     let mut rng = StdRng::seed_from_u64(seed);
     ctx.create_class(CLASS, json!({})).await?;
     ctx.start_controllers(&timings(), None).await?;
@@ -372,7 +530,9 @@ async fn kill_trials(
             .map(|d| format!("two VMs for one machine: {d}")),
     );
     outcome?;
-    if report.violations.is_empty() {
+    // Idle is measured on a converged system only (the earlier parts' violations do not
+    // matter here).
+    if report.violations.len() == violations {
         idle_requests(ctx, report).await?;
     }
     Ok(())
@@ -448,7 +608,8 @@ async fn run_kill_trials(
                 report
                     .violations
                     .push(format!("trial {} ({trial:?}): {e:#}", i + 1));
-                // Later trials need a converged system; stop here.
+                // Later trials need a converged system: this part stops here (the other
+                // parts still run).
                 break;
             }
         };
@@ -818,31 +979,90 @@ enum ApiPath {
     Both,
 }
 
-/// Freeze expectation of a cut of `length` with the status-check `timeout`: `Some(true)`
-/// when it must freeze (the path was down beyond the timeout plus two probe periods),
-/// `Some(false)` when it must not (down shorter than the timeout minus a probe period),
+/// The machine controller's gauge: when (Unix time, seconds) its last status check that
+/// reached every API server finished. Only such a check ends an outage as the freeze counts
+/// it.
+const REACHABLE: &str = "mcm_machine_controller_apiservers_reachable_timestamp_seconds";
+/// The machine controller's freeze flag (1 frozen).
+const FROZEN: &str = "mcm_machine_controller_frozen";
+/// `--machine-safety-apiserver-statuscheck-timeout` of the partition part.
+const STATUSCHECK_TIMEOUT: Duration = Duration::from_secs(5);
+/// `--machine-safety-apiserver-statuscheck-period` ([`Timings`] sets 1 s).
+const STATUSCHECK_PERIOD: Duration = Duration::from_secs(1);
+
+/// Freeze expectation of a cut, from the freeze flag read while the path was still cut:
+/// - `down`: how long the path had been cut when the flag was read. The first check after the
+///   cut fails within a status-check `period`, and the check that freezes comes at most a
+///   period after the `timeout` from that one: from `timeout + 2 * period` on it must be
+///   frozen, `Some(true)`.
+/// - `seen`: from the controller's last check that reached every API server before the cut
+///   to the end of the read, at least the outage as the controller saw it. A freeze needs two
+///   failed checks `timeout` apart, both after that check and before the read: below `timeout`
+///   it cannot be frozen, `Some(false)`.
+///
 /// `None` in between. Pure.
-fn must_freeze(length: Duration, timeout: Duration) -> Option<bool> {
-    let probe = Duration::from_secs(1);
-    if length >= timeout + 2 * probe {
-        Some(true)
-    } else if length + probe < timeout {
+fn must_freeze(
+    down: Duration,
+    seen: Duration,
+    timeout: Duration,
+    period: Duration,
+) -> Option<bool> {
+    if seen < timeout {
         Some(false)
+    } else if down >= timeout + 2 * period {
+        Some(true)
     } else {
         None
     }
 }
 
+/// `t` as RFC 3339 with milliseconds, and how long after `started` it was.
+fn moment(t: jiff::Timestamp, started: jiff::Timestamp) -> String {
+    format!(
+        "{t:.3} (run +{:.1}s)",
+        t.duration_since(started).as_secs_f64()
+    )
+}
+
+/// Unix time of `t` in seconds, as the machine controller's gauges give it.
+fn unix_seconds(t: jiff::Timestamp) -> f64 {
+    t.as_duration().as_secs_f64()
+}
+
+/// Waits (at most [`WAIT`]) until the machine controller reports a check that reached every
+/// API server and finished after `after` (Unix seconds), and is not frozen; returns that
+/// check's time.
+async fn await_reachable_after(mc: &env::Controller, after: f64) -> Result<f64> {
+    wait_for(
+        "the machine controller to reach both API servers again, unfrozen",
+        WAIT,
+        || async {
+            let text = mc
+                .metrics_text()
+                .await
+                .context("the machine controller's /metrics")?;
+            let (reachable, frozen) = (metric(&text, REACHABLE), metric(&text, FROZEN));
+            Ok(match (reachable, frozen) {
+                (Some(r), Some(f)) if r > after && f < 0.5 => Check::Done(r),
+                _ => Check::Pending(format!(
+                    "{REACHABLE} {reachable:?} (wanted after {after:.3}), {FROZEN} {frozen:?}"
+                )),
+            })
+        },
+    )
+    .await
+}
+
 /// Cuts the machine controller's path to the control API, the target API or both for
 /// random periods: no Machine may be Failed or replaced, a cut beyond the status-check
-/// timeout must freeze the controller and the restore must unfreeze it.
+/// timeout must freeze the controller, one that the controller saw shorter than the timeout
+/// must not, and the restore must unfreeze it.
 async fn partition_trials(
     ctx: &mut Ctx<'_>,
     seed: u64,
     cuts: usize,
     report: &mut Report,
 ) -> Result<()> {
-    const STATUSCHECK_TIMEOUT: Duration = Duration::from_secs(5);
     let mut rng = StdRng::seed_from_u64(seed ^ 0x00c0_ffee);
     ctx.create_class(CLASS, json!({})).await?;
     let (control, control_via) = ctx.proxied_kubeconfig("control-via-proxy.kubeconfig")?;
@@ -858,66 +1078,8 @@ async fn partition_trials(
     ctx.create_deployment(DEPLOYMENT, 3, CLASS).await?;
     let before = machine_names(&ctx.await_fleet(3, None).await?);
     let (recorder, log) = crate::e2e::ctx::record_phases(ctx.machines_api());
-    for i in 0..cuts {
-        let path = match rng.random_range(0..3) {
-            0 => ApiPath::Control,
-            1 => ApiPath::Target,
-            _ => ApiPath::Both,
-        };
-        let length = Duration::from_millis(rng.random_range(1000..15000));
-        println!(
-            "cut {:>3}: {path:?} API for {:.1}s",
-            i + 1,
-            length.as_secs_f64()
-        );
-        if matches!(path, ApiPath::Control | ApiPath::Both) {
-            control.cut().await;
-        }
-        if matches!(path, ApiPath::Target | ApiPath::Both) {
-            target.cut().await;
-        }
-        // The fault itself lasts `length`.
-        tokio::time::sleep(length).await;
-        let mc = ctx.machine_controller()?;
-        let frozen = mc.metric("mcm_machine_controller_frozen").await == Some(1.0);
-        if matches!(path, ApiPath::Control | ApiPath::Both) {
-            control.restore()?;
-        }
-        if matches!(path, ApiPath::Target | ApiPath::Both) {
-            target.restore()?;
-        }
-        *report
-            .cuts
-            .entry(format!("{path:?}").to_lowercase())
-            .or_default() += 1;
-        match must_freeze(length, STATUSCHECK_TIMEOUT) {
-            Some(want) if want != frozen => report.violations.push(format!(
-                "cut {} ({path:?}, {:.1}s): frozen {frozen}, expected {want}",
-                i + 1,
-                length.as_secs_f64()
-            )),
-            _ => {}
-        }
-        if frozen {
-            report.freezes += 1;
-            wait_for("the machine controller to unfreeze", WAIT, || async {
-                Ok(match mc.metric("mcm_machine_controller_frozen").await {
-                    Some(v) if v < 0.5 => Check::Done(()),
-                    v => Check::Pending(format!("mcm_machine_controller_frozen {v:?}")),
-                })
-            })
-            .await?;
-            report.unfreezes += 1;
-        }
-        let after = machine_names(&ctx.await_fleet(3, None).await?);
-        if after != before {
-            report.violations.push(format!(
-                "cut {}: machines replaced: {before:?} -> {after:?}",
-                i + 1
-            ));
-            break;
-        }
-    }
+    let proxies = Proxies { control, target };
+    let cutting = cut_repeatedly(ctx, &mut rng, cuts, &proxies, before, report).await;
     recorder.abort();
     let failed: Vec<String> = crate::e2e::ctx::phases(&log)
         .into_iter()
@@ -929,9 +1091,134 @@ async fn partition_trials(
             .violations
             .push(format!("machines Failed during partitions: {failed:?}"));
     }
-    counters_match(ctx).await?;
-    controllers_alive(ctx)?;
+    // After an error of the harness the fleet may be anywhere: only the error is reported.
+    if cutting.is_ok()
+        && let Err(e) = counters_match(ctx).await
+    {
+        report.violations.push(format!("after the cuts: {e:#}"));
+    }
+    if let Err(e) = controllers_alive(ctx) {
+        report.violations.push(format!("after the cuts: {e:#}"));
+    }
     ctx.machine_control_kubeconfig = None;
+    cutting
+}
+
+/// The proxies in front of the machine controller's control and target API paths.
+struct Proxies {
+    control: Proxy,
+    target: Proxy,
+}
+
+impl Proxies {
+    /// The proxies `path` goes through.
+    fn of(&self, path: ApiPath) -> Vec<&Proxy> {
+        match path {
+            ApiPath::Control => vec![&self.control],
+            ApiPath::Target => vec![&self.target],
+            ApiPath::Both => vec![&self.control, &self.target],
+        }
+    }
+}
+
+/// The cuts of [`partition_trials`], each judged against the outage the controller saw. Every
+/// cut starts after the controller reached both API servers following the previous restore,
+/// so that no outage it sees spans two cuts.
+async fn cut_repeatedly(
+    ctx: &Ctx<'_>,
+    rng: &mut StdRng,
+    cuts: usize,
+    proxies: &Proxies,
+    mut before: BTreeSet<String>,
+    report: &mut Report,
+) -> Result<()> {
+    let mc = ctx.machine_controller()?;
+    await_reachable_after(mc, 0.0)
+        .await
+        .context("before the first cut")?;
+    for i in 0..cuts {
+        let path = match rng.random_range(0..3) {
+            0 => ApiPath::Control,
+            1 => ApiPath::Target,
+            _ => ApiPath::Both,
+        };
+        let length = Duration::from_millis(rng.random_range(1000..15000));
+        let mc = ctx.machine_controller()?;
+        // A lower bound of the controller's last check that reached every API server before
+        // the cut (another may still finish before the cut takes effect).
+        let reachable = mc
+            .metric(REACHABLE)
+            .await
+            .with_context(|| format!("{REACHABLE} before cut {}", i + 1))?;
+        let began = jiff::Timestamp::now();
+        for proxy in proxies.of(path) {
+            proxy.cut().await;
+        }
+        let cut_at = Instant::now();
+        println!(
+            "cut {:>3}: {path:?} API for {:.1}s, cut at {}",
+            i + 1,
+            length.as_secs_f64(),
+            moment(began, report.started)
+        );
+        // The fault itself lasts `length`.
+        tokio::time::sleep(length).await;
+        let read_at = Instant::now();
+        let frozen = mc.metric(FROZEN).await == Some(1.0);
+        let read = jiff::Timestamp::now();
+        // Every proxy of the path, even after one failed.
+        let restored: Vec<std::io::Result<()>> =
+            proxies.of(path).into_iter().map(Proxy::restore).collect();
+        let ended = jiff::Timestamp::now();
+        restored
+            .into_iter()
+            .collect::<std::io::Result<()>>()
+            .with_context(|| format!("restoring the proxy after cut {}", i + 1))?;
+        let down = read_at.duration_since(cut_at);
+        let seen = Duration::from_secs_f64((unix_seconds(read) - reachable).max(0.0));
+        let want = must_freeze(down, seen, STATUSCHECK_TIMEOUT, STATUSCHECK_PERIOD);
+        println!(
+            "         restored at {}: down {:.2}s when the freeze was read, outage as the controller saw it at most {:.2}s; frozen {frozen}, expected {}",
+            moment(ended, report.started),
+            down.as_secs_f64(),
+            seen.as_secs_f64(),
+            want.map_or("either".to_string(), |w| w.to_string())
+        );
+        *report
+            .cuts
+            .entry(format!("{path:?}").to_lowercase())
+            .or_default() += 1;
+        if let Some(want) = want
+            && want != frozen
+        {
+            report.violations.push(format!(
+                "cut {} ({path:?}, {:.1}s, {began:.3} to {ended:.3}): frozen {frozen}, expected {want} (down {:.2}s when read, outage as the controller saw it at most {:.2}s)",
+                i + 1,
+                length.as_secs_f64(),
+                down.as_secs_f64(),
+                seen.as_secs_f64()
+            ));
+        }
+        if frozen {
+            report.freezes += 1;
+        }
+        // The outage is over for the controller too (which also means unfrozen): the next
+        // cut starts a new one.
+        await_reachable_after(mc, unix_seconds(ended))
+            .await
+            .with_context(|| format!("after cut {}", i + 1))?;
+        if frozen {
+            report.unfreezes += 1;
+        }
+        let after = machine_names(&ctx.await_fleet(3, None).await?);
+        if after != before {
+            report.violations.push(format!(
+                "cut {}: machines replaced: {before:?} -> {after:?}",
+                i + 1
+            ));
+            before = after;
+        }
+    }
     Ok(())
 }
 
@@ -968,10 +1255,58 @@ mod tests {
 
     #[test]
     fn freezing_is_expected_only_clearly_beyond_the_timeout() {
-        let t = Duration::from_secs(5);
-        assert_eq!(must_freeze(Duration::from_secs(7), t), Some(true));
-        assert_eq!(must_freeze(Duration::from_secs(3), t), Some(false));
-        assert_eq!(must_freeze(Duration::from_millis(5500), t), None);
+        let (t, p) = (Duration::from_secs(5), Duration::from_secs(1));
+        let ms = Duration::from_millis;
+        // Down long enough: the controller saw at least as long.
+        assert_eq!(must_freeze(ms(7000), ms(7600), t, p), Some(true));
+        // Seen shorter than the timeout: no two failed checks could be 5 s apart.
+        assert_eq!(must_freeze(ms(3000), ms(3900), t, p), Some(false));
+        assert_eq!(must_freeze(ms(4200), ms(4999), t, p), Some(false));
+        // In between either may happen.
+        assert_eq!(must_freeze(ms(5500), ms(6000), t, p), None);
+        assert_eq!(must_freeze(ms(4200), ms(5000), t, p), None);
+    }
+
+    #[test]
+    fn a_short_cut_after_an_outage_the_controller_never_saw_end_may_freeze() {
+        // Issue 56's cut 3: 3.4 s of its own, but the controller had not reached both API
+        // servers since cut 2 (4.1 s, about a second before): its outage was about 8.5 s.
+        let (t, p) = (Duration::from_secs(5), Duration::from_secs(1));
+        let down = Duration::from_millis(3400);
+        assert_eq!(must_freeze(down, Duration::from_millis(8500), t, p), None);
+        // With a check that reached both in between, it must not.
+        assert_eq!(
+            must_freeze(down, Duration::from_millis(4100), t, p),
+            Some(false)
+        );
+    }
+
+    #[test]
+    fn moments_are_rfc3339_with_millis_and_the_offset_into_the_run() {
+        let started: jiff::Timestamp = "2026-11-28T10:00:00Z".parse().unwrap();
+        let t: jiff::Timestamp = "2026-11-28T10:00:52.123456Z".parse().unwrap();
+        assert_eq!(moment(t, started), "2026-11-28T10:00:52.123Z (run +52.1s)");
+        assert!((unix_seconds(t) - 1_795_860_052.123_456).abs() < 1e-3);
+    }
+
+    #[test]
+    fn every_planned_part_runs_and_its_violations_carry_its_name() {
+        let plan = Plan {
+            trials: 0,
+            partitions: 6,
+            zone_partitions: 0,
+            handovers: 0,
+            fault_machines: 1,
+            aws_creation_kills: 0,
+            corpus: false,
+            seed: None,
+            keep_logs: false,
+        };
+        let planned: Vec<Part> = Part::ALL.into_iter().filter(|p| p.planned(&plan)).collect();
+        assert_eq!(planned, [Part::Partitions, Part::Faults]);
+        let mut found = vec!["cut 3: frozen true, expected false".to_string()];
+        name_violations(&mut found, Part::Partitions);
+        assert_eq!(found, ["partitions: cut 3: frozen true, expected false"]);
     }
 
     #[test]

@@ -372,7 +372,7 @@ impl<'a> Ctx<'a> {
     }
 
     /// The workspace binaries.
-    pub fn bins(&self) -> &Binaries {
+    pub fn bins(&self) -> &'a Binaries {
         self.bins
     }
 

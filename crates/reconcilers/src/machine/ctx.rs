@@ -26,6 +26,9 @@ pub struct Ctx {
     pub control: kube::Client,
     /// Client of the target cluster (Nodes, pods, bootstrap tokens).
     pub target: kube::Client,
+    /// Client of the target cluster for evictions: it does not retry `429` answers, which
+    /// are a PodDisruptionBudget's refusals (see [`mcm_drain::Options::eviction_client`]).
+    pub evictions: kube::Client,
     /// The provider driver.
     pub driver: Arc<dyn Driver>,
     /// Settings.
@@ -68,6 +71,8 @@ pub struct Ctx {
     own_writes: RecentWrites,
     /// The health-annotation problem last announced per machine (by uid).
     policy_warned: crate::announce::Announced,
+    /// Machines held by a zone partition: UID -> zone.
+    partition_holds: Mutex<HashMap<String, String>>,
     /// Machines forgotten so far (every [`SWEEP_EVERY`]th sweeps the records).
     forgotten: std::sync::atomic::AtomicU64,
 }
@@ -87,6 +92,7 @@ impl Ctx {
     pub fn new(
         control: kube::Client,
         target: kube::Client,
+        evictions: kube::Client,
         driver: Arc<dyn Driver>,
         settings: Settings,
         stores: Stores,
@@ -99,6 +105,7 @@ impl Ctx {
             node_events: EventPublisher::new(target.clone(), "machine-controller"),
             control,
             target,
+            evictions,
             driver,
             settings,
             stores,
@@ -115,6 +122,7 @@ impl Ctx {
             node_writes: RecentWrites::default(),
             own_writes: RecentWrites::default(),
             policy_warned: crate::announce::Announced::new(),
+            partition_holds: Mutex::new(HashMap::new()),
             forgotten: std::sync::atomic::AtomicU64::new(0),
         }
     }
@@ -364,6 +372,7 @@ impl Ctx {
             .remove(&uid);
         self.own_writes.remove(&uid);
         self.policy_warned.forget(&uid);
+        self.note_partition_hold(m, None);
         self.events.forget(&uid);
         // And, every so many deletions, any record of another machine the store no longer
         // has (written while its deletion was being delivered). Not at every deletion: the
@@ -375,6 +384,23 @@ impl Ctx {
             self.sweep_gone();
         }
         self.publish_tracked();
+    }
+
+    /// Records whether `m` is held by the partition of `zone` (`None`: not held), and sets
+    /// `mcm_machine_zone_partition_held_machines` when that changes.
+    pub(crate) fn note_partition_hold(&self, m: &Machine, zone: Option<&str>) {
+        let Some(uid) = m.uid() else { return };
+        let mut holds = self
+            .partition_holds
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let changed = match zone {
+            Some(z) => holds.insert(uid, z.to_string()).as_deref() != Some(z),
+            None => holds.remove(&uid).is_some(),
+        };
+        if changed {
+            self.metrics.partition_holds(holds.values());
+        }
     }
 
     /// Forgets the records of every machine the store no longer has.

@@ -46,11 +46,12 @@ pub fn next_step(o: &Observed, cfg: &MachineConfig, now: Timestamp) -> Step {
 pub enum Probe {
     /// No question.
     None,
-    /// Whether the VM of a machine whose drain is about to start still exists: a vanished
-    /// VM has nothing left to drain ([`DeletionFacts::vm_gone`]).
-    VmGone,
-    /// The state of the VM of an Unknown machine whose node is not Ready: a VM gone or
-    /// stopped fails the machine without waiting for the health timeout ([`Observed::vm`]).
+    /// The state of the VM ([`Observed::vm`]):
+    /// - of an Unknown machine whose node is not Ready: a VM gone or stopped fails the machine
+    ///   without waiting for the health timeout;
+    /// - of a machine being deleted, when its drain starts and at each pass while its node is
+    ///   not Ready: the pods of a node whose VM is gone or stopped run nowhere, and are
+    ///   deleted instead of evicted ([`Step::DrainPass::vm_dead`](Step::DrainPass)).
     VmStatus,
 }
 
@@ -61,14 +62,18 @@ pub fn probe_for(o: &Observed, cfg: &MachineConfig) -> Probe {
     }
     if o.deleting {
         let d = &o.deletion;
-        let drain_starts = o.finalizer != crate::machine::Finalizer::Missing
+        let draining = o.finalizer != crate::machine::Finalizer::Missing
             && o.phase == Some(MachinePhase::Terminating)
-            && o.node.is_some()
             && !d.vm_deleted
-            && d.drain_started.is_none()
             && !d.drained;
-        return if drain_starts {
-            Probe::VmGone
+        // A Ready node's VM runs: only the start of a drain, or a node that stopped being
+        // Ready, asks.
+        let asks = match &o.node {
+            None => false,
+            Some(node) => d.drain_started.is_none() || !node.ready,
+        };
+        return if draining && asks {
+            Probe::VmStatus
         } else {
             Probe::None
         };
@@ -168,7 +173,8 @@ fn lifecycle_step(o: &Observed, cfg: &MachineConfig, now: Timestamp) -> Step {
             _ if in_phase >= cfg.creation_timeout => fail_unless_frozen(
                 o,
                 format!(
-                    "machine did not join the cluster within the creation timeout ({})",
+                    "{} ({})",
+                    mcm_api::constants::operations::NOT_JOINED_WITHIN_CREATION_TIMEOUT,
                     mcm_api::duration::format_go_duration(cfg.creation_timeout)
                 ),
             ),
@@ -203,6 +209,9 @@ fn lifecycle_step(o: &Observed, cfg: &MachineConfig, now: Timestamp) -> Step {
                 fail_unless_frozen(o, format!("{why}; not waiting for the health timeout"))
             }
             Some(n) if expired_rule(n, now).is_some() => {
+                if let Some(hold) = partition_hold(o, cfg, in_phase) {
+                    return hold;
+                }
                 if let Some(reason) = &o.failure_protected {
                     return Step::Protected {
                         reason: reason.clone(),
@@ -218,6 +227,9 @@ fn lifecycle_step(o: &Observed, cfg: &MachineConfig, now: Timestamp) -> Step {
                 )
             }
             node if in_phase >= cfg.health_timeout => {
+                if let Some(hold) = partition_hold(o, cfg, in_phase) {
+                    return hold;
+                }
                 if let Some(reason) = &o.failure_protected {
                     return Step::Protected {
                         reason: reason.clone(),
@@ -280,7 +292,6 @@ fn deletion_step(o: &Observed, cfg: &MachineConfig, now: Timestamp) -> Step {
     }
     if let Some(node) = &o.node
         && vm_may_exist
-        && !d.vm_gone
         && !d.drained
     {
         let elapsed = d.drain_started.map_or(Duration::ZERO, |s| elapsed(s, now));
@@ -290,6 +301,7 @@ fn deletion_step(o: &Observed, cfg: &MachineConfig, now: Timestamp) -> Step {
             force: force_reason.is_some(),
             force_reason,
             unreachable: node.unreachable,
+            vm_dead: drain_vm_dead(node, &o.vm),
             elapsed,
             pods_gone_for: d.pods_drained.map(|t| self::elapsed(t, now)),
         };
@@ -347,6 +359,36 @@ fn drain_force_reason(
     node.not_ready_since
         .filter(|since| elapsed(*since, now) >= FORCE_DRAIN_NOT_READY_AFTER)
         .map(|_| "node has been NotReady for more than 5m".to_string())
+}
+
+/// The hold of an Unknown machine (`in_phase` in that phase) that would now be marked Failed,
+/// if its zone is partitioned ([`super::partition`]): only while the driver reports its VM
+/// running (a VM gone or stopped is a crash; a driver that cannot tell gives no evidence of a
+/// partition), and for at most `zone_partition_max_hold` past the health timeout.
+fn partition_hold(o: &Observed, cfg: &MachineConfig, in_phase: Duration) -> Option<Step> {
+    let partition = o.zone_partition.as_ref()?;
+    // Frozen: nothing is failed, and no hold is recorded either.
+    if o.frozen || o.vm != VmReport::Present {
+        return None;
+    }
+    let until = cfg.health_timeout + cfg.zone_partition_max_hold;
+    (in_phase < until).then(|| Step::HeldByPartition {
+        partition: partition.clone(),
+        remaining: until - in_phase,
+    })
+}
+
+/// Why the pods of a node being drained run nowhere, if they do: the node is not Ready and
+/// the driver reports its VM gone or stopped. Both must agree: a Ready node's kubelet runs
+/// its pods whatever a (possibly stale) cloud answer says. A node that is only unreachable,
+/// its VM reported running (or the driver unable to tell), is a partition: its pods may run
+/// behind it, so they are evicted under their budgets, and MCM's rule forces the drain after
+/// 5 minutes NotReady ([`drain_force_reason`]).
+fn drain_vm_dead(node: &NodeHealth, vm: &VmReport) -> Option<String> {
+    if node.ready {
+        return None;
+    }
+    vm_is_dead(vm)
 }
 
 /// The step of a stage held by `hooks` (`None`: no hook holds it), waiting since `since`.
@@ -430,6 +472,7 @@ mod tests {
             unhealthy_conditions: vec![],
             node_startup_timeout: None,
             hook_timeout: None,
+            zone_partition_max_hold: 30 * MIN,
         }
     }
 
@@ -475,6 +518,7 @@ mod tests {
             frozen: false,
             force_deletion: false,
             failure_protected: None,
+            zone_partition: None,
             vm_requested: false,
             target_cluster: true,
             preserved: false,
@@ -834,7 +878,52 @@ mod tests {
             force: force_reason.is_some(),
             force_reason: force_reason.map(String::from),
             unreachable,
+            vm_dead: None,
             elapsed: MIN * elapsed_min as u32,
+            pods_gone_for: None,
+        }
+    }
+
+    #[test]
+    fn a_drain_asks_the_driver_at_its_start_and_while_the_node_is_not_ready() {
+        let cfg = cfg();
+        let started = terminating();
+        assert_eq!(
+            probe_for(&started, &cfg),
+            Probe::None,
+            "a Ready node's drain"
+        );
+        let not_started = Observed {
+            deletion: DeletionFacts::default(),
+            ..terminating()
+        };
+        assert_eq!(probe_for(&not_started, &cfg), Probe::VmStatus);
+        let crashed = Observed {
+            node: not_ready(0),
+            ..terminating()
+        };
+        assert_eq!(probe_for(&crashed, &cfg), Probe::VmStatus);
+        let drained = Observed {
+            node: not_ready(0),
+            deletion: DeletionFacts {
+                drain_started: Some(t0()),
+                drained: true,
+                ..Default::default()
+            },
+            ..terminating()
+        };
+        assert_eq!(probe_for(&drained, &cfg), Probe::None);
+    }
+
+    /// A pass one minute into the drain of a node whose VM is dead.
+    fn dead_pass(why: &str, unreachable: bool) -> Step {
+        Step::DrainPass {
+            first: false,
+            force: false,
+            force_reason: None,
+            unreachable,
+            vm_dead: Some(why.into()),
+            elapsed: MIN,
             pods_gone_for: None,
         }
     }
@@ -889,6 +978,7 @@ mod tests {
                     force: false,
                     force_reason: None,
                     unreachable: false,
+                    vm_dead: None,
                     elapsed: Duration::ZERO,
                     pods_gone_for: None,
                 },
@@ -949,18 +1039,61 @@ mod tests {
                     force: false,
                     force_reason: None,
                     unreachable: false,
+                    vm_dead: None,
                     elapsed: 5 * MIN,
                     pods_gone_for: Some(2 * MIN),
                 },
             ),
             (
-                "the VM is gone: nothing to drain",
-                facts(DeletionFacts {
-                    vm_gone: true,
-                    ..Default::default()
-                }),
-                0,
-                Step::DeleteVm,
+                "an unreachable node whose VM runs is a partition: evicted, not forced",
+                Observed {
+                    node: unreachable.clone(),
+                    vm: VmReport::Present,
+                    ..terminating()
+                },
+                1,
+                pass(None, true, 1),
+            ),
+            (
+                "a partition is forced after 5 minutes NotReady (MCM's rule)",
+                Observed {
+                    node: unreachable.clone(),
+                    vm: VmReport::Present,
+                    ..terminating()
+                },
+                5,
+                pass(Some("node has been NotReady for more than 5m"), true, 5),
+            ),
+            (
+                "the VM is gone and the node unreachable: its pods are deleted, not evicted",
+                Observed {
+                    node: unreachable.clone(),
+                    vm: VmReport::Gone,
+                    ..terminating()
+                },
+                1,
+                dead_pass("the driver reports the VM gone (NotFound)", true),
+            ),
+            (
+                "the VM is stopped and the node NotReady: its pods are deleted, not evicted",
+                Observed {
+                    node: not_ready(0),
+                    vm: VmReport::Stopped {
+                        message: "process exited".into(),
+                    },
+                    ..terminating()
+                },
+                1,
+                dead_pass("the driver reports the VM stopped: process exited", false),
+            ),
+            (
+                "a Ready node's pods are evicted whatever the driver says of its VM",
+                Observed {
+                    vm: VmReport::Gone,
+                    ..terminating()
+                },
+                1,
+                pass(None, false, 1),
             ),
             (
                 "drained: VolumeAttachments next",
@@ -1184,6 +1317,76 @@ mod tests {
             Step::AwaitRecovery { remaining: None },
             "disableHealthTimeout: never failed for health, the fast path included"
         );
+    }
+
+    #[test]
+    fn a_partitioned_zone_holds_its_machines_whose_vms_run_for_the_max_hold() {
+        let partition = crate::machine::partition::ZonePartition {
+            zone: "a".into(),
+            unreachable: 3,
+            machines: 3,
+            healthy_elsewhere: 6,
+            elsewhere: 6,
+        };
+        let held = |vm: VmReport, partitioned: bool| Observed {
+            phase: Some(MachinePhase::Unknown),
+            node: Some(NodeHealth {
+                unreachable: true,
+                ..not_ready(0).unwrap()
+            }),
+            vm,
+            zone_partition: partitioned.then(|| partition.clone()),
+            ..with_vm(MachinePhase::Unknown)
+        };
+        // Past the health timeout (10m), the VM running: held, for up to 30m past it.
+        assert_eq!(
+            next_step(&held(VmReport::Present, true), &cfg(), at(10)),
+            Step::HeldByPartition {
+                partition: partition.clone(),
+                remaining: 30 * MIN,
+            }
+        );
+        assert_eq!(
+            next_step(&held(VmReport::Present, true), &cfg(), at(39)),
+            Step::HeldByPartition {
+                partition: partition.clone(),
+                remaining: MIN,
+            }
+        );
+        // After the max hold: remediated as ever.
+        assert!(matches!(
+            next_step(&held(VmReport::Present, true), &cfg(), at(40)),
+            Step::MarkFailed { .. }
+        ));
+        // Not partitioned, or a driver that cannot tell: remediated at the health timeout.
+        for o in [
+            held(VmReport::Present, false),
+            held(VmReport::NotAsked, true),
+        ] {
+            assert!(matches!(
+                next_step(&o, &cfg(), at(10)),
+                Step::MarkFailed { .. }
+            ));
+        }
+        // A crashed VM in a partitioned zone is a crash: the fast path fails it.
+        assert!(matches!(
+            next_step(&held(VmReport::Gone, true), &cfg(), at(1)),
+            Step::MarkFailed { .. }
+        ));
+        // A max hold of zero: no hold.
+        let off = MachineConfig {
+            zone_partition_max_hold: Duration::ZERO,
+            ..cfg()
+        };
+        assert!(matches!(
+            next_step(&held(VmReport::Present, true), &off, at(10)),
+            Step::MarkFailed { .. }
+        ));
+        // Before the health timeout nothing is held yet: the machine waits as ever.
+        assert!(matches!(
+            next_step(&held(VmReport::Present, true), &cfg(), at(5)),
+            Step::AwaitRecovery { .. }
+        ));
     }
 
     #[test]

@@ -57,6 +57,9 @@ pub async fn execute(ctx: &Ctx, s: &Snapshot, decision: Decision) -> Result<Acti
 /// Carries out a lifecycle [`Step`].
 async fn lifecycle_step(ctx: &Ctx, s: &Snapshot, step: Step) -> Result<Action, Error> {
     let (m, cfg, node) = (&*s.machine, &s.cfg, s.node.as_deref());
+    if !matches!(step, Step::HeldByPartition { .. }) {
+        ctx.note_partition_hold(m, None);
+    }
     match step {
         Step::AddFinalizer => act::add_finalizer(ctx, m).await,
         Step::ReportClassProblem(p) => act::report_class_problem(ctx, m, &p).await,
@@ -80,6 +83,13 @@ async fn lifecycle_step(ctx: &Ctx, s: &Snapshot, step: Step) -> Result<Action, E
             )
             .await
         }
+        Step::HeldByPartition {
+            partition,
+            remaining,
+        } => {
+            act::hold_for_partition(ctx, m, &partition, cfg.zone_partition_max_hold, remaining)
+                .await
+        }
         Step::Protected { reason } => {
             act::hold(ctx, m, &format!("not marked Failed: {reason}")).await
         }
@@ -99,6 +109,7 @@ async fn lifecycle_step(ctx: &Ctx, s: &Snapshot, step: Step) -> Result<Action, E
             force,
             force_reason,
             unreachable,
+            vm_dead,
             elapsed,
             pods_gone_for,
         } => {
@@ -121,6 +132,7 @@ async fn lifecycle_step(ctx: &Ctx, s: &Snapshot, step: Step) -> Result<Action, E
                 force,
                 force_reason: force_reason.as_deref(),
                 unreachable,
+                vm_dead: vm_dead.as_deref(),
                 elapsed,
                 pods_gone_for,
                 cordon,
@@ -129,7 +141,7 @@ async fn lifecycle_step(ctx: &Ctx, s: &Snapshot, step: Step) -> Result<Action, E
                 act::DeletionDrain::Wait(action) => Ok(action),
                 // The deletion goes on at once when its next step needs no wait.
                 act::DeletionDrain::Drained(drained) => match plan::after_drain(s, &ctx.settings) {
-                    Step::DeleteVm => {
+                    Step::DeleteVm if !drained.without_eviction => {
                         act::drained_and_going_on(ctx, m, &drained).await;
                         act::delete_vm(ctx, m).await
                     }

@@ -4,10 +4,12 @@
 
 use std::sync::Arc;
 
-use mcm_api::Machine;
+use k8s_openapi::api::core::v1::Node;
+use mcm_api::{Machine, MachinePhase};
 
 use super::decide::{self, ClassProblem, Probe, VmReport};
 pub use super::model::{NodeState, Snapshot};
+use super::partition::{self, ZoneMember, ZonePartition};
 use super::{Ctx, act, observe, plan};
 
 /// Reads what a reconcile of `m` decides from; `None` while the store's copy of `m` predates
@@ -58,15 +60,45 @@ pub async fn gather(ctx: &Ctx, m: &Arc<Machine>) -> Option<Snapshot> {
             .then(|| ctx.failure_protection(m))
             .flatten(),
         attachments_left,
-        vm_gone: false,
         vm: VmReport::NotAsked,
+        zone_partition: None,
     };
+    snapshot.zone_partition = zone_partition(ctx, m, snapshot.node.as_deref());
     match plan::probe(&snapshot, &ctx.settings) {
         Probe::None => {}
-        Probe::VmGone => snapshot.vm_gone = act::vm_is_gone(ctx, m).await,
         Probe::VmStatus => snapshot.vm = act::vm_report(ctx, m).await,
     }
     Some(snapshot)
+}
+
+/// The partition of the zone of `m`, counted over every machine of the namespace: only for
+/// an Unknown machine whose Node is unreachable (the only kind a partition holds).
+fn zone_partition(ctx: &Ctx, m: &Machine, node: Option<&Node>) -> Option<ZonePartition> {
+    if m.phase() != Some(&MachinePhase::Unknown) || m.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let rule = &ctx.settings.defaults.zone_partition;
+    if rule.max_hold.is_zero() || !observe::node_health(node?, &[]).unreachable {
+        return None;
+    }
+    let zone = zone_of(node)?;
+    let members: Vec<ZoneMember> = ctx
+        .machines
+        .state()
+        .iter()
+        .filter(|x| x.metadata.deletion_timestamp.is_none())
+        .map(|x| {
+            let node = observe::node_name(x).and_then(|n| ctx.node(n));
+            partition::member(x, node.as_deref())
+        })
+        .collect();
+    partition::zone_partition(&zone, &members, rule)
+}
+
+/// The zone of a machine: its Node's zone label (the manager, which reports partitions on
+/// the MachineDeployments, counts the same way).
+fn zone_of(node: Option<&Node>) -> Option<String> {
+    node.and_then(|n| partition::node_zone(n.metadata.labels.as_ref()))
 }
 
 /// The state of the Node `m` records, from the Node store. A Node deleted while annotated

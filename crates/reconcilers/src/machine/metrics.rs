@@ -21,10 +21,17 @@ pub struct MachineMetrics {
     drain_blocked: Counter,
     hook_waits: Counter,
     remediation_held: Counter,
+    /// `mcm_machine_zone_partition_held_machines{zone}`: machines held by a zone partition.
+    partition_held: Family<ZoneLabel, Gauge>,
     /// `mcm_machine_controller_frozen`: 1 while the safety controller froze the controller.
     pub frozen: Gauge,
     /// `mcm_machine_items_total`: Machines in the namespace.
     pub items: Gauge,
+    /// `mcm_machine_controller_apiservers_reachable_timestamp_seconds`: when (Unix time,
+    /// seconds) the last API-server status check that reached every API server finished (0
+    /// before the first). Only such a check ends an outage: the freeze's timeout counts from
+    /// the first failed check after it.
+    pub apiservers_reachable_at: Seconds,
     /// `mcm_machine_controller_tracked_entries`: entries of the records this process keeps
     /// per Machine between reconciles (backoff, its own last write, announcements).
     pub tracked: Gauge,
@@ -45,6 +52,13 @@ pub struct PlacementLabels {
     /// The class's `nodeTemplate.instanceType`.
     pub instance_type: String,
     /// The Machine's `topology.kubernetes.io/zone` node-template label.
+    pub zone: String,
+}
+
+/// The label of the zone-partition gauge.
+#[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ZoneLabel {
+    /// The partitioned zone.
     pub zone: String,
 }
 
@@ -116,6 +130,12 @@ impl MachineMetrics {
         for (name, help, gauge) in gauges {
             registry.register(name, help, gauge.clone());
         }
+        registry.register(
+            "mcm_machine_controller_apiservers_reachable_timestamp_seconds",
+            "Unix time of the last API-server status check that reached every API server of \
+             the machine controller (an outage, as the freeze counts it, starts after it)",
+            m.apiservers_reachable_at.clone(),
+        );
         let counters = [
             ("mcm_machine_vm_creations", "VMs created", &m.created),
             (
@@ -178,6 +198,12 @@ impl MachineMetrics {
             registry.register(name, help, family.clone());
         }
         registry.register(
+            "mcm_machine_zone_partition_held_machines",
+            "Machines past their health timeout held instead of remediated because their zone \
+             is partitioned (their Nodes unreachable, their VMs running, the other zones healthy)",
+            m.partition_held.clone(),
+        );
+        registry.register(
             "mcm_machine_drain_duration_seconds",
             "Duration in seconds to drain a Machine of a MachineDeployment.",
             d.drain.clone(),
@@ -206,6 +232,20 @@ impl MachineMetrics {
                 .drain
                 .get_or_create(labels)
                 .set(took.as_secs_f64().round());
+        }
+    }
+
+    /// Sets the machines held by a zone partition, by zone (zones without one disappear).
+    pub(crate) fn partition_holds<'a>(&self, zones: impl IntoIterator<Item = &'a String>) {
+        let mut counts = std::collections::BTreeMap::<&str, i64>::new();
+        for z in zones {
+            *counts.entry(z).or_default() += 1;
+        }
+        self.partition_held.clear();
+        for (zone, n) in counts {
+            self.partition_held
+                .get_or_create(&ZoneLabel { zone: zone.into() })
+                .set(n);
         }
     }
 

@@ -28,6 +28,7 @@ pub mod model;
 pub mod nodefinalizer;
 pub mod nodetemplate;
 pub mod observe;
+pub mod partition;
 pub mod plan;
 pub mod policy;
 pub mod preserve;

@@ -38,6 +38,10 @@ pub struct MachineConfig {
     /// How long a lifecycle hook may hold a deletion (`--machine-lifecycle-hook-timeout`);
     /// `None`: for as long as it is there.
     pub hook_timeout: Option<Duration>,
+    /// How long past the health timeout a machine of a partitioned zone is held
+    /// (`--machine-zone-partition-max-hold` / the deployment's
+    /// `node.machine.sapcloud.io/zone-partition-max-hold`); zero: never held.
+    pub zone_partition_max_hold: Duration,
 }
 
 /// A Node condition that matches a health rule, and since when.
@@ -182,6 +186,9 @@ pub struct Observed {
     /// Why this machine must not be marked Failed right now even if its health timeout
     /// expired (e.g. it belongs to an old MachineSet while a rollout is in progress).
     pub failure_protected: Option<String>,
+    /// The partition of the machine's zone, if its zone is partitioned
+    /// ([`super::partition`]); counted only for an Unknown machine whose Node is unreachable.
+    pub zone_partition: Option<super::partition::ZonePartition>,
     /// A VM may exist: a providerID is recorded, or creation was requested (the
     /// `vm-requested` progress annotation). Without either, the Machine never asked for a
     /// VM and is deleted without touching the driver (or needing its class).
@@ -193,7 +200,8 @@ pub struct Observed {
     /// healthy again goes back to Running.
     pub preserved: bool,
     /// What the driver said of the VM (asked only for an Unknown machine whose node is not
-    /// Ready).
+    /// Ready, and for a machine being deleted whose drain starts or whose node is not Ready
+    /// during its drain: [`Probe::VmStatus`](super::decide::Probe::VmStatus)).
     pub vm: VmReport,
     /// What deletion has done so far (only meaningful while deleting).
     pub deletion: DeletionFacts,
@@ -213,9 +221,6 @@ pub struct DeletionFacts {
     pub vm_deleted: bool,
     /// VolumeAttachments to the machine's node that still exist.
     pub attachments_left: usize,
-    /// The driver reported the VM gone (`NotFound`): there is nothing to drain. `false` when
-    /// the driver was not asked or could not tell.
-    pub vm_gone: bool,
     /// When the deletion was requested (`metadata.deletionTimestamp`).
     pub requested: Option<Timestamp>,
     /// When the drain finished, if it did.
@@ -299,6 +304,14 @@ pub enum Step {
     KeepRunning,
     /// Nothing to do (Failed machines wait for their owner; foreign objects are left alone).
     Nothing,
+    /// Past its health timeout, but its zone is partitioned and its VM runs: not marked
+    /// Failed (no drain, no deletion, no replacement) for up to `remaining`.
+    HeldByPartition {
+        /// The partition, as counted.
+        partition: super::partition::ZonePartition,
+        /// How long the hold may still last.
+        remaining: Duration,
+    },
     /// Deletion requested: set Terminating.
     MarkTerminating,
     /// One pass of the drain (cordon, evictions or deletions of this round, then requeue).
@@ -312,6 +325,9 @@ pub enum Step {
         force_reason: Option<String>,
         /// The node is unreachable: pods whose deletion was requested are not waited for.
         unreachable: bool,
+        /// The node is not Ready and the driver reports its VM gone or stopped (why, in
+        /// words): its pods run nowhere and are deleted, not evicted.
+        vm_dead: Option<String>,
         /// Time since the drain started.
         elapsed: Duration,
         /// Time since the drain first found no pod left, if it did.
@@ -369,8 +385,9 @@ pub struct Snapshot {
     pub protection: Option<String>,
     /// VolumeAttachments still pointing at the node of a machine being deleted.
     pub attachments_left: usize,
-    /// The driver reported the VM gone ([`Probe::VmGone`](super::decide::Probe::VmGone)).
-    pub vm_gone: bool,
     /// What the driver said of the VM ([`Probe::VmStatus`](super::decide::Probe::VmStatus)).
     pub vm: VmReport,
+    /// The partition of the machine's zone, counted for an Unknown machine whose Node is
+    /// unreachable ([`super::partition`]).
+    pub zone_partition: Option<super::partition::ZonePartition>,
 }

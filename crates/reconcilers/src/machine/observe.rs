@@ -39,6 +39,8 @@ pub struct Defaults {
     /// `--machine-lifecycle-hook-timeout` (mcm-rs; `None`: hooks hold for as long as they
     /// are there)
     pub hook_timeout: Option<Duration>,
+    /// `--machine-zone-partition-*` (mcm-rs)
+    pub zone_partition: super::partition::PartitionRule,
 }
 
 /// The effective configuration of one machine (its `spec` overrides the defaults) with the health annotations of the Machine, else of its
@@ -77,7 +79,25 @@ pub fn machine_config_in(
             .node_startup_timeout
             .unwrap_or(d.node_startup_timeout),
         hook_timeout: d.hook_timeout,
+        zone_partition_max_hold: d.zone_partition.max_hold,
     };
+    // The deployment's hold bound (a value that does not parse is reported like the health
+    // annotations, and the flag applies).
+    let mut problem = problem;
+    let mut cfg = cfg;
+    if let Some(value) = deployment.and_then(|a| a.get(super::partition::MAX_HOLD_ANNOTATION)) {
+        match mcm_api::duration::parse_go_duration(value) {
+            Ok(d) => cfg.zone_partition_max_hold = d,
+            Err(e) => {
+                problem.get_or_insert_with(|| {
+                    format!(
+                        "annotation {}: {value:?} is not a duration: {e}",
+                        super::partition::MAX_HOLD_ANNOTATION
+                    )
+                });
+            }
+        }
+    }
     (cfg, problem)
 }
 
@@ -235,9 +255,10 @@ pub struct Context<'a> {
     pub frozen: bool,
     /// Why the machine must not be failed now, if it must not.
     pub failure_protected: Option<&'a str>,
-    /// The driver reported the VM gone (only asked while deleting).
-    pub vm_gone: bool,
-    /// What the driver said of the VM of an Unknown machine (the fast path).
+    /// The partition of the machine's zone, if counted and found.
+    pub zone_partition: Option<&'a super::partition::ZonePartition>,
+    /// What the driver said of the VM (the fast path of an Unknown machine; the drain of a
+    /// machine being deleted).
     pub vm: &'a VmReport,
     /// VolumeAttachments to the machine's node.
     pub attachments_left: usize,
@@ -291,6 +312,7 @@ pub fn observe(machine: &Machine, cfg: &MachineConfig, ctx: Context<'_>) -> Obse
             .and_then(|l| l.get(labels::FORCE_DELETION))
             .is_some_and(|v| v.eq_ignore_ascii_case("true")),
         failure_protected: ctx.failure_protected.map(String::from),
+        zone_partition: ctx.zone_partition.cloned(),
         vm_requested: vm_requested(machine),
         target_cluster: ctx.target_cluster,
         preserved: mcm_api::preservation::expiry(machine).is_some(),
@@ -301,7 +323,6 @@ pub fn observe(machine: &Machine, cfg: &MachineConfig, ctx: Context<'_>) -> Obse
             drained: progress(machine, annotations::progress::DRAINED).is_some(),
             vm_deleted: progress(machine, annotations::progress::VM_DELETED).is_some(),
             attachments_left: ctx.attachments_left,
-            vm_gone: ctx.vm_gone,
             requested: m.deletion_timestamp.as_ref().map(|t| t.0),
             drained_at: progress(machine, annotations::progress::DRAINED),
             pre_drain_hooks: hooks_of(m.annotations.as_ref(), HookStage::PreDrain),
@@ -349,6 +370,7 @@ mod tests {
             unhealthy_conditions: vec![],
             node_startup_timeout: None,
             hook_timeout: None,
+            zone_partition: Default::default(),
         }
     }
 

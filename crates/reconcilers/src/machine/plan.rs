@@ -144,7 +144,7 @@ fn observed(s: &Snapshot, settings: &Settings) -> decide::Observed {
             node: s.node.as_deref(),
             frozen: s.frozen,
             failure_protected: s.protection.as_deref(),
-            vm_gone: s.vm_gone,
+            zone_partition: s.zone_partition.as_ref(),
             vm: &s.vm,
             attachments_left: s.attachments_left,
             target_cluster: settings.target_cluster,
@@ -204,6 +204,7 @@ mod tests {
                 unhealthy_conditions: vec![],
                 node_startup_timeout: None,
                 hook_timeout: None,
+                zone_partition: Default::default(),
             },
             pv_detach_timeout: Duration::from_secs(5),
             pv_reattach_timeout: Duration::from_secs(5),
@@ -288,8 +289,8 @@ mod tests {
             node: node.map(Arc::new),
             protection: None,
             attachments_left: 0,
-            vm_gone: false,
             vm: VmReport::NotAsked,
+            zone_partition: None,
         }
     }
 
@@ -468,7 +469,7 @@ mod tests {
             NodeState::Present,
             false,
         );
-        assert_eq!(probe(&terminating, &settings()), Probe::VmGone);
+        assert_eq!(probe(&terminating, &settings()), Probe::VmStatus);
         // Its Node deleted while Running: the machine is deleted, nothing asked.
         let node_deleted = snapshot(
             machine("Unknown", false, false),

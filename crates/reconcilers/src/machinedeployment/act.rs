@@ -18,8 +18,8 @@ use super::hash::templates_equal;
 use super::model::{LABEL_TRUE, RevisionPlan, RollbackPlan, SetState};
 use super::nodes::{markers_patch, needs_version_guard, untaint_patch};
 use super::sets::{
-    annotations_to_copy, auto_preserve_max_update, in_place_template_patch, new_machine_set,
-    scale_annotations,
+    annotations_to_copy, annotations_to_remove, auto_preserve_max_update, in_place_template_patch,
+    new_machine_set, scale_annotations,
 };
 use super::status::{is_invalid_strategy, reasons, without_counters};
 use super::trigger::TriggerPlan;
@@ -214,6 +214,17 @@ impl<'a> Actor<'a> {
             .await;
     }
 
+    /// Announces that no zone of the deployment's machines is partitioned any more.
+    pub async fn zone_partition_lifted(&self) {
+        self.normal_event(
+            "ZonePartitionLifted",
+            "HealthCheck",
+            "no zone of its machines is partitioned any more: their remediation is no longer held"
+                .into(),
+        )
+        .await;
+    }
+
     /// Announces that remediation is allowed again.
     pub async fn remediation_resumed(&self, note: String) {
         self.normal_event("RemediationResumed", "HealthCheck", note)
@@ -271,9 +282,46 @@ impl<'a> Actor<'a> {
             .await
     }
 
+    /// Writes the effective creation timeout's annotations `changes` (a value, or `None` to
+    /// remove the key) in one merge patch guarded by the deployment's resourceVersion (they
+    /// were decided from this version: a cycle count must not be applied twice), then
+    /// publishes `event` (a Normal Event: reason and message).
+    pub async fn adjust_creation_timeout(
+        &self,
+        changes: &std::collections::BTreeMap<&'static str, Option<String>>,
+        event: Option<&(&'static str, String)>,
+    ) -> Result<(), Error> {
+        let anns: serde_json::Map<String, Value> = changes
+            .iter()
+            .map(|(k, v)| {
+                (
+                    (*k).to_owned(),
+                    v.as_ref().map_or(Value::Null, |v| json!(v)),
+                )
+            })
+            .collect();
+        let update = json!({"metadata": {
+            "resourceVersion": self.d.resource_version(),
+            "annotations": anns,
+        }});
+        self.patch_deployment(
+            Part::Object,
+            "adjust the effective creation timeout of",
+            &update,
+        )
+        .await?;
+        if let Some((reason, note)) = event {
+            tracing::info!(reason, note, "effective creation timeout adjusted");
+            self.normal_event(reason, "CreationTimeout", note.clone())
+                .await;
+        }
+        Ok(())
+    }
+
     /// Records the revision of `plan` on the new set (raising it above the old sets', with
     /// the replaced revision in its history) and on the deployment, copies the
-    /// deployment's annotations the set lacks ([`annotations_to_copy`]), its
+    /// deployment's annotations the set lacks ([`annotations_to_copy`]; the one it dropped
+    /// goes: [`annotations_to_remove`]), its
     /// `spec.autoPreserveFailedMachineMax` when it differs ([`auto_preserve_max_update`]) and
     /// its node template, machine configuration and class kind when they differ
     /// ([`in_place_template_patch`]), in one patch. Old sets keep theirs, as upstream.
@@ -286,6 +334,9 @@ impl<'a> Actor<'a> {
         let mut anns = serde_json::Map::new();
         for (k, v) in annotations_to_copy(self.d, new_set) {
             anns.insert(k, json!(v));
+        }
+        for k in annotations_to_remove(self.d, new_set) {
+            anns.insert(k.into(), Value::Null);
         }
         if let Some(history) = &plan.bump {
             anns.insert(annotations::REVISION.into(), json!(revision));

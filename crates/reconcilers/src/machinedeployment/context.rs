@@ -56,4 +56,8 @@ pub struct Context {
     pub announced: crate::announce::Announced,
     /// Paces status writes that change only counters.
     pub status_pacer: crate::pacer::StatusPacer,
+    /// The adaptation of the effective creation timeout (and the declared default).
+    pub creation_timeouts: super::creation_timeout::TimeoutAdaptation,
+    /// When a zone counts as partitioned (the `ZonePartition` condition).
+    pub zone_partition: crate::machine::partition::PartitionRule,
 }

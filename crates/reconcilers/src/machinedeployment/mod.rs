@@ -7,16 +7,18 @@
 //! the deployment writes into its sets and [`nodes`] the node taints/annotations applied
 //! during a rollout. [`trigger`] plans the trigger-deletion annotation of the
 //! cluster-autoscaler. [`inplace`] is an in-place update (strategy `InPlaceUpdate`): its
-//! facts from the machines' Nodes, its steps and their writes.
+//! facts from the machines' Nodes, its steps and their writes. [`creation_timeout`] adapts
+//! the deployment's effective creation timeout to its machines' joins (facts, pure rule).
 //!
 //! The modules, each depending only on those before it: [`hash`], [`model`] (plain data),
-//! [`context`] (the controller's state and error), [`inplace::model`],
+//! [`creation_timeout`], [`context`] (the controller's state and error), [`inplace::model`],
 //! [`inplace::strategy`], [`inplace::decide`], [`inplace::patch`], [`trigger`], [`sets`],
 //! [`decide`], [`status`], [`nodes`], [`observe`], [`inplace::observe`], [`act`],
 //! [`inplace::act`], [`inplace::reconcile`] and [`reconcile`](mod@reconcile).
 
 pub mod act;
 pub mod context;
+pub mod creation_timeout;
 pub mod decide;
 pub mod hash;
 pub mod inplace;

@@ -346,6 +346,34 @@ pub(crate) fn remediation_members(observed: &Observed, nodes: &Store<Node>) -> V
         .collect()
 }
 
+/// What the `ZonePartition` condition of a deployment counts: every machine of the namespace
+/// that is not being deleted, as the machine controller counts it
+/// ([`crate::machine::partition::member`]), and the zones of the deployment's own machines.
+pub(crate) fn zone_census(
+    observed: &Observed,
+    machines: &Store<Machine>,
+    nodes: &Store<Node>,
+) -> (
+    Vec<crate::machine::partition::ZoneMember>,
+    std::collections::BTreeSet<String>,
+) {
+    let node_of = |m: &Machine| {
+        crate::machine::observe::node_name(m).and_then(|n| nodes.get(&ObjectRef::new(n)))
+    };
+    let members = machines
+        .state()
+        .iter()
+        .filter(|m| m.metadata.deletion_timestamp.is_none())
+        .map(|m| crate::machine::partition::member(m, node_of(m).as_deref()))
+        .collect();
+    let zones = observed
+        .all_machines()
+        .into_iter()
+        .filter_map(|m| crate::machine::partition::member(m, node_of(m).as_deref()).zone)
+        .collect();
+    (members, zones)
+}
+
 /// The deployment owning a set, for watches.
 pub fn deployment_for_set(set: &MachineSet) -> Option<ObjectRef<MachineDeployment>> {
     let owner = controller_of(&set.metadata)?;

@@ -19,7 +19,7 @@ use super::decide;
 use super::model::{Action as RolloutAction, RollbackPlan, Snapshot, Strategy};
 use super::observe::{self, Observed, annotation_i64};
 use super::status::{self, Counters, compute_status, invalid_strategy_status};
-use super::{inplace, trigger};
+use super::{creation_timeout, inplace, trigger};
 use crate::kube_api::{self, ApiResultExt, RetryPolicy};
 
 /// How often a deployment is reconciled without any event (MCM: 10 minutes).
@@ -63,6 +63,13 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
     }
 
     let now = Timestamp::now();
+    let (adjusted, timeout_recheck) =
+        adapt_creation_timeout(&ctx, &d, &act, &observed, now).await?;
+    if adjusted {
+        // The deployment's change brings the next reconcile, which copies the value to the
+        // new set (as upstream, which ends the reconcile that adjusted it).
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    }
     let facts = observe::facts(&observed, now);
     let strategy = match observe::strategy_of(&d, ctx.target_cluster) {
         Ok(s) => s,
@@ -134,6 +141,20 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
         Some(false) => act.remediation_resumed(message).await,
         None => {}
     }
+    let (zone_members, zones) = observe::zone_census(&observed, &ctx.machines, &ctx.nodes);
+    let mut rule = ctx.zone_partition;
+    if let Some(hold) = d
+        .annotations()
+        .get(crate::machine::partition::MAX_HOLD_ANNOTATION)
+        .and_then(|v| mcm_api::duration::parse_go_duration(v).ok())
+    {
+        rule.max_hold = hold;
+    }
+    let partition =
+        status::partition_condition(&zones, &zone_members, &rule, d.status.as_ref(), now);
+    if status::apply_partition_condition(&mut status, partition, d.status.as_ref()) {
+        act.zone_partition_lifted().await;
+    }
     let held_back = act.update_status_paced(&status, &ctx.status_pacer).await?;
     let min_ready = d.spec.min_ready_seconds.unwrap_or(0);
     let complete = snapshot.is_complete();
@@ -141,6 +162,9 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
     if in_place && !complete {
         // Node and machine events move an in-place rollout on; this is the safety net.
         after = after.min(IN_PLACE_RECHECK);
+    }
+    if let Some(recheck) = timeout_recheck {
+        after = after.min(recheck);
     }
     Ok(Action::requeue(held_back.map_or(after, |w| w.min(after))))
 }
@@ -196,6 +220,29 @@ async fn finish_deletion(
         .collect();
     act.delete_sets(&live).await?;
     Ok(Action::requeue(Duration::from_secs(10)))
+}
+
+/// Adapts the effective creation timeout to the machines' joins ([`creation_timeout`]):
+/// returns whether the deployment's annotations were written, and when the rule wants to
+/// look again.
+async fn adapt_creation_timeout(
+    ctx: &Context,
+    d: &MachineDeployment,
+    act: &Actor<'_>,
+    observed: &Observed,
+    now: Timestamp,
+) -> Result<(bool, Option<Duration>), Error> {
+    let settings = &ctx.creation_timeouts;
+    let machines = observed.all_machines();
+    let facts = creation_timeout::observe(d, &machines, settings.default_timeout);
+    let plan = creation_timeout::decide(&facts, settings, now);
+    let changes = creation_timeout::changes(d, &plan);
+    if changes.is_empty() {
+        return Ok((false, plan.recheck));
+    }
+    act.adjust_creation_timeout(&changes, plan.event.as_ref())
+        .await?;
+    Ok((true, plan.recheck))
 }
 
 /// What to do after a failed reconcile: conflicts are retried quickly, the rest after a

@@ -24,6 +24,11 @@ pub const NOT_COPIED_TO_SETS: &[&str] = &[
     taints::PREFER_NO_SCHEDULE,
     annotations::UNFREEZE,
     annotations::TRIGGER_DELETION_BY_MCM,
+    // The adaptation's state on the deployment (mcm-rs: they mean nothing on a set, and each
+    // count would be a write of the set).
+    annotations::EFFECTIVE_CREATION_TIMEOUT_LAST_APPLIED_AT,
+    annotations::REPLACE_CYCLE_COUNT,
+    annotations::REPLACE_CYCLE_COUNT_LAST_APPLIED_AT,
 ];
 
 /// The deployment's annotations that its new MachineSet carries too (e.g.
@@ -52,6 +57,18 @@ pub fn annotations_to_copy(d: &MachineDeployment, set: &MachineSet) -> BTreeMap<
             !(scale_down_pending && k == annotations::LAST_DEPLOYMENT_REPLICA_CHANGE_BY_SCALER_TIME)
         })
         .filter(|(k, v)| have.get(k) != Some(v))
+        .collect()
+}
+
+/// The copied annotations the set has and the deployment no longer has, which the set loses:
+/// only `effective-creation-timeout` (its new machines would otherwise keep getting a value
+/// the deployment dropped, e.g. the adapted timeout once it is back at the declared one;
+/// upstream removes none).
+pub fn annotations_to_remove(d: &MachineDeployment, set: &MachineSet) -> Vec<&'static str> {
+    let key = annotations::EFFECTIVE_CREATION_TIMEOUT;
+    (set.annotations().contains_key(key) && !d.annotations().contains_key(key))
+        .then_some(key)
+        .into_iter()
         .collect()
 }
 
@@ -213,6 +230,39 @@ mod tests {
                 annotations::EFFECTIVE_CREATION_TIMEOUT.to_owned(),
                 "5m".to_owned()
             )])
+        );
+        assert!(annotations_to_remove(&d, &set).is_empty());
+        // The deployment dropped it (an adapted value back at the declared one): so does
+        // the set.
+        d.annotations_mut()
+            .remove(annotations::EFFECTIVE_CREATION_TIMEOUT);
+        assert_eq!(
+            annotations_to_remove(&d, &set),
+            vec![annotations::EFFECTIVE_CREATION_TIMEOUT]
+        );
+    }
+
+    #[test]
+    fn the_adaptation_state_stays_on_the_deployment() {
+        let mut d = MachineDeployment::default();
+        d.metadata.annotations = Some(BTreeMap::from([
+            (
+                annotations::EFFECTIVE_CREATION_TIMEOUT.to_owned(),
+                "30m0s".to_owned(),
+            ),
+            (
+                annotations::EFFECTIVE_CREATION_TIMEOUT_LAST_APPLIED_AT.to_owned(),
+                "2026-11-26T10:00:00Z".to_owned(),
+            ),
+            (annotations::REPLACE_CYCLE_COUNT.to_owned(), "1".to_owned()),
+            (
+                annotations::REPLACE_CYCLE_COUNT_LAST_APPLIED_AT.to_owned(),
+                "2026-11-26T10:00:00Z".to_owned(),
+            ),
+        ]));
+        assert_eq!(
+            copied_annotations(&d).keys().collect::<Vec<_>>(),
+            vec![annotations::EFFECTIVE_CREATION_TIMEOUT]
         );
     }
 

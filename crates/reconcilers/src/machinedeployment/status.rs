@@ -155,6 +155,73 @@ pub fn remediation_condition(
     })
 }
 
+/// Reasons of the `ZonePartition` condition.
+pub mod partition_reasons {
+    /// A zone of the deployment's machines is partitioned.
+    pub const PARTITIONED: &str = "ZonePartitioned";
+    /// No zone of its machines is partitioned (any more).
+    pub const NONE: &str = "NoZonePartition";
+}
+
+/// The `ZonePartition` condition (mcm-rs) of a deployment whose machines are in `zones`,
+/// counted over the namespace's `members` with `rule` as the machine controller counts them
+/// ([`crate::machine::partition`]): `True` naming the partitioned zones, `False` once a
+/// deployment that had one has none, absent before. The manager does not ask the driver: the
+/// machine controller holds only the machines whose VMs it finds running. Pure.
+pub fn partition_condition(
+    zones: &std::collections::BTreeSet<String>,
+    members: &[crate::machine::partition::ZoneMember],
+    rule: &crate::machine::partition::PartitionRule,
+    previous: Option<&MachineDeploymentStatus>,
+    now: Timestamp,
+) -> Option<MachineDeploymentCondition> {
+    let found: Vec<String> = zones
+        .iter()
+        .filter_map(|z| crate::machine::partition::zone_partition(z, members, rule))
+        .map(|p| p.describe())
+        .collect();
+    if !found.is_empty() {
+        return Some(make(
+            MachineDeploymentConditionType::ZonePartition,
+            ConditionStatus::True,
+            partition_reasons::PARTITIONED,
+            format!(
+                "{}; the machine controller holds the remediation of their machines whose VMs \
+                 run, for at most {} past the health timeout",
+                found.join("; "),
+                mcm_api::duration::format_go_duration(rule.max_hold)
+            ),
+            now,
+        ));
+    }
+    condition_of(previous, &MachineDeploymentConditionType::ZonePartition).map(|_| {
+        make(
+            MachineDeploymentConditionType::ZonePartition,
+            ConditionStatus::False,
+            partition_reasons::NONE,
+            "no zone of its machines is partitioned".into(),
+            now,
+        )
+    })
+}
+
+/// Puts the `ZonePartition` condition into `status` (or leaves it out), and tells whether a
+/// partition was lifted (`True` before, `False` now) for an Event.
+pub fn apply_partition_condition(
+    status: &mut MachineDeploymentStatus,
+    condition: Option<MachineDeploymentCondition>,
+    previous: Option<&MachineDeploymentStatus>,
+) -> bool {
+    let Some(new) = condition else {
+        return false;
+    };
+    let was = condition_of(previous, &MachineDeploymentConditionType::ZonePartition)
+        .map(|c| c.status.clone());
+    let lifted = was == Some(ConditionStatus::True) && new.status == ConditionStatus::False;
+    set_condition(status.conditions.get_or_insert_with(Vec::new), new);
+    lifted
+}
+
 /// Puts the `RemediationAllowed` condition into `status` (or takes it out), and tells
 /// whether its status changed from what `previous` had: `Some(true)` it became False
 /// (remediation stopped), `Some(false)` it became True again.
@@ -797,6 +864,63 @@ mod tests {
         assert_eq!(
             progressing(&fixed),
             Some((ConditionStatus::True, reasons::MACHINE_SET_UPDATED.into()))
+        );
+    }
+
+    #[test]
+    fn the_zone_partition_condition_names_the_zone_and_is_lifted() {
+        use crate::machine::partition::{PartitionRule, ZoneMember};
+        let now = jiff::Timestamp::from_second(1_000).unwrap();
+        let member = |zone: &str, down: bool| ZoneMember {
+            zone: Some(zone.into()),
+            unreachable: down,
+            healthy: !down,
+        };
+        let cut: Vec<ZoneMember> = (0..3)
+            .map(|_| member("a", true))
+            .chain((0..3).map(|_| member("b", false)))
+            .collect();
+        let healed: Vec<ZoneMember> = (0..3)
+            .map(|_| member("a", false))
+            .chain((0..3).map(|_| member("b", false)))
+            .collect();
+        let rule = PartitionRule::default();
+        let zone_a: std::collections::BTreeSet<String> = ["a".to_string()].into();
+        let zone_b: std::collections::BTreeSet<String> = ["b".to_string()].into();
+        // Never partitioned: no condition.
+        assert_eq!(
+            partition_condition(&zone_a, &healed, &rule, None, now),
+            None
+        );
+        // Zone b's deployment is not concerned.
+        assert_eq!(partition_condition(&zone_b, &cut, &rule, None, now), None);
+        let on = partition_condition(&zone_a, &cut, &rule, None, now).unwrap();
+        assert_eq!(on.status, ConditionStatus::True);
+        assert_eq!(on.reason.as_deref(), Some(partition_reasons::PARTITIONED));
+        assert!(
+            on.message
+                .as_deref()
+                .unwrap()
+                .starts_with("zone a is partitioned: the Nodes of 3 of its 3 machines"),
+            "{on:?}"
+        );
+        let mut status = MachineDeploymentStatus::default();
+        assert!(!apply_partition_condition(&mut status, Some(on), None));
+        let previous = status.clone();
+        let off = partition_condition(&zone_a, &healed, &rule, Some(&previous), now).unwrap();
+        assert_eq!(off.status, ConditionStatus::False);
+        assert!(
+            apply_partition_condition(&mut status, Some(off), Some(&previous)),
+            "lifted"
+        );
+        // A max hold of zero: no hold, no partition reported.
+        let off_rule = PartitionRule {
+            max_hold: Duration::ZERO,
+            ..rule
+        };
+        assert_eq!(
+            partition_condition(&zone_a, &cut, &off_rule, None, now),
+            None
         );
     }
 

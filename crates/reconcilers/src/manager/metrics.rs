@@ -17,6 +17,9 @@ pub struct StoreMetrics {
     pub sets: Store<MachineSet>,
     /// The MachineDeployments.
     pub deployments: Store<MachineDeployment>,
+    /// `--machine-creation-timeout`: the creation timeout of a deployment that declares
+    /// none and has no effective one.
+    pub default_creation_timeout: std::time::Duration,
 }
 
 impl std::fmt::Debug for StoreMetrics {
@@ -390,9 +393,38 @@ const DEPLOYMENTS: KindMetrics<MachineDeployment> = KindMetrics {
     ),
 };
 
+/// The gauge of each deployment's effective creation timeout (mcm-rs): the annotation
+/// `effective-creation-timeout` when it is a duration, else the declared timeout (the
+/// template's `creationTimeout`, else `default`), in whole seconds.
+const EFFECTIVE_CREATION_TIMEOUT: (&str, &str) = (
+    "mcm_machine_deployment_effective_creation_timeout_seconds",
+    "The creation timeout the Machinedeployments' new machines get (effective-creation-timeout, else the declared one).",
+);
+
+fn effective_creation_timeouts(
+    deployments: &[std::sync::Arc<MachineDeployment>],
+    default: std::time::Duration,
+) -> Vec<(Labels, i64)> {
+    use crate::machinedeployment::creation_timeout::effective_timeout;
+    deployments
+        .iter()
+        .map(|d| {
+            let secs = effective_timeout(d, default).as_secs();
+            (
+                base_labels(d.as_ref()),
+                i64::try_from(secs).unwrap_or(i64::MAX),
+            )
+        })
+        .collect()
+}
+
 impl Collector for StoreMetrics {
     fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         SETS.encode(&mut encoder, &self.sets.state())?;
-        DEPLOYMENTS.encode(&mut encoder, &self.deployments.state())
+        let deployments = self.deployments.state();
+        DEPLOYMENTS.encode(&mut encoder, &deployments)?;
+        let (name, help) = EFFECTIVE_CREATION_TIMEOUT;
+        let samples = effective_creation_timeouts(&deployments, self.default_creation_timeout);
+        gauge_family(&mut encoder, name, help, &samples)
     }
 }

@@ -10,6 +10,8 @@
 
 pub mod metrics;
 
+/// The settings of the effective-creation-timeout adaptation ([`ManagerConfig::creation_timeouts`]).
+pub use crate::machinedeployment::creation_timeout::TimeoutAdaptation;
 pub use metrics::StoreMetrics;
 
 use std::future::Future;
@@ -70,6 +72,14 @@ pub struct ManagerConfig {
     /// There is a target cluster (`--target-kubeconfig` is not `none`); without one
     /// [`run_manager`] watches no Nodes.
     pub target_cluster: bool,
+    /// The declared creation timeout of deployments that set none
+    /// (`--machine-creation-timeout`) and the adaptation of their effective creation timeout
+    /// (`--machine-creation-timeout-growth-percent`, `--machine-replace-cycle-count-threshold`,
+    /// `--machine-creation-timeout-max`).
+    pub creation_timeouts: TimeoutAdaptation,
+    /// When a zone counts as partitioned (`--machine-zone-partition-*`): the
+    /// MachineDeployments' `ZonePartition` condition counts as the machine controller does.
+    pub zone_partition: crate::machine::partition::PartitionRule,
 }
 
 impl Default for ManagerConfig {
@@ -84,6 +94,8 @@ impl Default for ManagerConfig {
             autoscaler_annotations: true,
             reconciles: None,
             target_cluster: true,
+            creation_timeouts: Default::default(),
+            zone_partition: Default::default(),
         }
     }
 }
@@ -150,6 +162,7 @@ pub fn prepare(
     registry.register_collector(Box::new(StoreMetrics {
         sets: sets.clone(),
         deployments: deployments.clone(),
+        default_creation_timeout: config.creation_timeouts.default_timeout,
     }));
     let reconciles = config
         .reconciles
@@ -209,6 +222,8 @@ pub fn prepare(
         target_cluster: config.target_cluster,
         announced: Default::default(),
         status_pacer: Default::default(),
+        creation_timeouts: config.creation_timeouts,
+        zone_partition: config.zone_partition,
     });
     let sets_for_md = sets.clone();
     let mut md_controller =

@@ -104,6 +104,7 @@ pub async fn run_apiserver_check(
             let ok = reachable(&ctx.control, probe_timeout).await
                 && (!ctx.settings.target_cluster || reachable(&ctx.target, probe_timeout).await);
             let now = Instant::now();
+            let wall = Timestamp::now();
             unreachable_since = if ok {
                 None
             } else {
@@ -129,6 +130,12 @@ pub async fn run_apiserver_check(
                     tracing::info!("API servers reachable again: machine controller unfrozen");
                 }
                 _ => {}
+            }
+            if ok {
+                // After the freeze flag: a reader that sees this check sees its unfreeze.
+                ctx.metrics
+                    .apiservers_reachable_at
+                    .set(wall.as_duration().as_secs_f64());
             }
             ctx.metrics
                 .items

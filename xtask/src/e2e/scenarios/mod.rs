@@ -23,6 +23,9 @@ pub enum Scenario {
     RollingUpdate,
     /// `kill -9` of a VM: Unknown -> Failed -> replaced; the workload moves.
     VmCrash,
+    /// `kill -9` of a VM whose Node holds two pods at their PodDisruptionBudget's limit,
+    /// drain timeout 2h: the dead pods are deleted, not evicted; gone within health + 30s.
+    VmCrashBudget,
     /// A VM started behind the controller's back is collected.
     OrphanVm,
     /// The target API server unreachable past the status-check timeout: freeze, no failures.
@@ -39,6 +42,10 @@ pub enum Scenario {
     /// `effective-creation-timeout` on a deployment whose VMs never join: its machines fail
     /// after that timeout, not the flag's, and are replaced.
     CreationTimeout,
+    /// VMs joining after ~25s, a declared creation timeout of 20s: the effective creation
+    /// timeout adapts (30s) and the pool converges, where growth 0 replaces machines forever;
+    /// fast joins bring it back to 20s.
+    SlowCloud,
     /// Both controllers with `--target-kubeconfig=none`: machines are Available.
     NoTarget,
     /// `rollbackTo` after a rollout: the previous template is rolled out again.
@@ -62,10 +69,11 @@ pub enum Scenario {
 
 impl Scenario {
     /// Every scenario, in the order the suite runs them.
-    pub const ALL: [Scenario; 18] = [
+    pub const ALL: [Scenario; 20] = [
         Scenario::Scale,
         Scenario::RollingUpdate,
         Scenario::VmCrash,
+        Scenario::VmCrashBudget,
         Scenario::OrphanVm,
         Scenario::ApiserverOutage,
         Scenario::ControllerRestart,
@@ -73,6 +81,7 @@ impl Scenario {
         Scenario::BadClass,
         Scenario::Preserve,
         Scenario::CreationTimeout,
+        Scenario::SlowCloud,
         Scenario::NoTarget,
         Scenario::Rollback,
         Scenario::InPlaceUpdate,
@@ -89,6 +98,7 @@ impl Scenario {
             Scenario::Scale => "scale",
             Scenario::RollingUpdate => "rolling-update",
             Scenario::VmCrash => "vm-crash",
+            Scenario::VmCrashBudget => "vm-crash-budget",
             Scenario::OrphanVm => "orphan-vm",
             Scenario::ApiserverOutage => "apiserver-outage",
             Scenario::ControllerRestart => "controller-restart",
@@ -96,6 +106,7 @@ impl Scenario {
             Scenario::BadClass => "bad-class",
             Scenario::Preserve => "preserve",
             Scenario::CreationTimeout => "creation-timeout",
+            Scenario::SlowCloud => "slow-cloud",
             Scenario::NoTarget => "no-target",
             Scenario::Rollback => "rollback",
             Scenario::InPlaceUpdate => "in-place-update",
@@ -113,6 +124,7 @@ impl Scenario {
             Scenario::Scale => fleet::scale(ctx).await,
             Scenario::RollingUpdate => rollout::rolling_update(ctx).await,
             Scenario::VmCrash => faults::vm_crash(ctx).await,
+            Scenario::VmCrashBudget => faults::vm_crash_budget(ctx).await,
             Scenario::OrphanVm => faults::orphan_vm(ctx).await,
             Scenario::ApiserverOutage => faults::apiserver_outage(ctx).await,
             Scenario::ControllerRestart => rollout::controller_restart(ctx).await,
@@ -120,6 +132,7 @@ impl Scenario {
             Scenario::BadClass => fleet::bad_class(ctx).await,
             Scenario::Preserve => preserve::preserve(ctx).await,
             Scenario::CreationTimeout => upstream::creation_timeout(ctx).await,
+            Scenario::SlowCloud => upstream::slow_cloud(ctx).await,
             Scenario::NoTarget => upstream::no_target(ctx).await,
             Scenario::Rollback => upstream::rollback(ctx).await,
             Scenario::InPlaceUpdate => inplace::in_place_update(ctx).await,

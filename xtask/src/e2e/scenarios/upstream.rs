@@ -1,4 +1,5 @@
-//! Scenarios of upstream's newer features: `creation-timeout`, `no-target`, `rollback`.
+//! Scenarios of upstream's newer features: `creation-timeout`, `no-target`, `rollback`,
+//! `slow-cloud`.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -229,5 +230,291 @@ pub async fn rollback(ctx: &mut Ctx<'_>) -> Result<String> {
     Ok(format!(
         "blue -> green -> rollbackTo 0: 2 blue machines again {:.0}s after the request",
         began.elapsed().as_secs_f64()
+    ))
+}
+
+const ECT_LAST_APPLIED_AT: &str =
+    "node.machine.sapcloud.io/effective-creation-timeout-last-applied-at";
+const REPLACE_CYCLE_COUNT: &str = "node.machine.sapcloud.io/replace-cycle-count";
+const REPLACE_CYCLE_COUNT_LAST_APPLIED_AT: &str =
+    "node.machine.sapcloud.io/replace-cycle-count-last-applied-at";
+const ECT_GAUGE: &str = "mcm_machine_deployment_effective_creation_timeout_seconds";
+/// The slow cloud's boot: longer than the declared 20s, within 30s (20s grown by 50 %).
+const SLOW_BOOT: &str = "24s";
+/// How long the two pools are watched after the adaptive one converged.
+const HOLD: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// The pool of the `slow-cloud` scenario: 2 machines of `class`, declared creation timeout
+/// 20s (the template's `creationTimeout`).
+fn slow_pool(class: &str) -> serde_json::Value {
+    json!({
+        "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "MachineDeployment",
+        "metadata": {"name": "pool"},
+        "spec": {
+            "replicas": 2,
+            "selector": {"matchLabels": {"deployment": "pool"}},
+            "strategy": {"type": "RollingUpdate",
+                         "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": {
+                "metadata": {"labels": {"deployment": "pool"}},
+                "spec": {"class": {"kind": "MachineClass", "name": class},
+                         "creationTimeout": "20s"},
+            },
+        },
+    })
+}
+
+/// Machines ever created, per replica.
+fn attempts(log: &crate::e2e::ctx::PhaseLog, replicas: usize) -> f64 {
+    crate::e2e::ctx::phases(log).len() as f64 / replicas as f64
+}
+
+/// Whether the deployment `pool` of `ns` has an Event with `reason`; its note.
+async fn pool_event(ctx: &Ctx<'_>, reason: &str) -> Result<Option<String>> {
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(ctx.client.clone(), &ctx.ns);
+    let list = events.list(&ListParams::default()).await?;
+    Ok(list.items.into_iter().find_map(|e| {
+        let about = e.regarding.as_ref()?.name.as_deref()? == "pool";
+        (about && e.reason.as_deref() == Some(reason)).then_some(e.note.unwrap_or_default())
+    }))
+}
+
+/// The new MachineSet of `pool` (the one with its replicas) and its
+/// effective-creation-timeout annotation.
+async fn new_set_timeout(ctx: &Ctx<'_>, class: &str) -> Result<Option<String>> {
+    let sets: Api<mcm_api::MachineSet> = Api::namespaced(ctx.client.clone(), &ctx.ns);
+    let list = sets.list(&ListParams::default()).await?;
+    let set = list
+        .items
+        .into_iter()
+        .find(|s| {
+            s.metadata.deletion_timestamp.is_none()
+                && s.spec
+                    .template
+                    .as_ref()
+                    .and_then(|t| t.spec.as_ref())
+                    .and_then(|t| t.class.as_ref())
+                    .and_then(|c| c.name.as_deref())
+                    == Some(class)
+        })
+        .context("no MachineSet of the class")?;
+    Ok(set.annotations().get(EFFECTIVE_CREATION_TIMEOUT).cloned())
+}
+
+/// A slow cloud (upstream issue #1155): VMs that take ~25s to join a pool whose declared
+/// creation timeout is 20s. With the adaptation (the manager's defaults: threshold 2, growth
+/// 50 %) the effective creation timeout goes to 30s after two replace cycles and the pool
+/// converges to Running machines; the same pool beside it with
+/// `--machine-creation-timeout-growth-percent=0` (a namespace and manager of its own)
+/// replaces its machines every 20s, for the same period. Then the pool rolls out to a class
+/// without the boot delay: its machines join fast and the effective timeout comes back to
+/// the declared value (the annotations removed). Reports the creation attempts per machine
+/// of both pools.
+pub async fn slow_cloud(ctx: &mut Ctx<'_>) -> Result<String> {
+    let timings = Timings::default();
+    let logs_root = ctx
+        .dir
+        .parent()
+        .context("the scenario directory has no parent")?
+        .to_path_buf();
+    let mut fixed = Ctx::new(ctx.cp, ctx.bins(), "slow-cloud-fixed", &logs_root).await?;
+    let fixed_manager = fixed.spawn_with(
+        crate::e2e::env::ControllerKind::Manager,
+        "manager",
+        None,
+        &timings,
+        &["--machine-creation-timeout-growth-percent=0".to_string()],
+    );
+    let compared = match fixed_manager {
+        Ok(manager) => {
+            let compared = compare_slow_pools(ctx, &mut fixed, &manager).await;
+            drop(manager);
+            compared
+        }
+        Err(e) => Err(e),
+    };
+    fixed.cleanup().await;
+    let compared = compared?;
+
+    // The pool moves to a class without the boot delay: fast joins bring the timeout down.
+    let began = Instant::now();
+    ctx.patch_deployment(
+        "pool",
+        json!({"spec": {"template": {"spec": {"class": {"name": "fast"}}}}}),
+    )
+    .await?;
+    let mds: Api<MachineDeployment> = Api::namespaced(ctx.client.clone(), &ctx.ns);
+    wait_for(
+        "the effective creation timeout back at the declared 20s, its keys removed",
+        WAIT,
+        || async {
+            let md = mds.get("pool").await?;
+            let anns = md.annotations();
+            let left: Vec<&str> = [
+                EFFECTIVE_CREATION_TIMEOUT,
+                ECT_LAST_APPLIED_AT,
+                REPLACE_CYCLE_COUNT,
+                REPLACE_CYCLE_COUNT_LAST_APPLIED_AT,
+            ]
+            .into_iter()
+            .filter(|k| anns.contains_key(*k))
+            .collect();
+            Ok(if left.is_empty() {
+                Check::Done(())
+            } else {
+                let machines = ctx.machines().await?;
+                Check::Pending(format!(
+                    "still {left:?}; machines {}",
+                    crate::e2e::ctx::phase_summary(&machines)
+                ))
+            })
+        },
+    )
+    .await?;
+    let lowered = began.elapsed();
+    ctx.await_fleet(2, Some("fast")).await?;
+    let note = pool_event(ctx, "EffectiveCreationTimeoutLowered")
+        .await?
+        .context("no EffectiveCreationTimeoutLowered Event on the deployment")?;
+    let set_value = new_set_timeout(ctx, "fast").await?;
+    ensure!(
+        set_value.is_none(),
+        "the new MachineSet still has effective-creation-timeout {set_value:?}"
+    );
+    let gauge = wait_for("the gauge at 20s", WAIT, || async {
+        Ok(match ctx.manager()?.metric(ECT_GAUGE).await {
+            Some(v) if (v - 20.0).abs() < 0.5 => Check::Done(v),
+            other => Check::Pending(format!("{ECT_GAUGE} {other:?}")),
+        })
+    })
+    .await?;
+    Ok(format!(
+        "{compared}; rollout to a fast class: back to the declared {gauge}s (keys removed) {:.0}s after the template change ({note})",
+        lowered.as_secs_f64()
+    ))
+}
+
+/// The first part of [`slow_cloud`]: both pools from their creation until the adaptive one
+/// converged, and [`HOLD`] longer.
+async fn compare_slow_pools(
+    ctx: &mut Ctx<'_>,
+    fixed: &mut Ctx<'_>,
+    fixed_manager: &crate::e2e::env::Controller,
+) -> Result<String> {
+    let timings = Timings::default();
+    for c in [&*ctx, &*fixed] {
+        let mut slow = c.class_body("slow", json!({}));
+        slow["providerSpec"]["bootDelay"] = json!(SLOW_BOOT);
+        c.apply(&slow).await?;
+        c.create_class("fast", json!({})).await?;
+    }
+    ctx.start_controllers(&timings, None).await?;
+    fixed_manager.await_ready(WAIT).await?;
+    fixed.start_machine_controller(&timings, None).await?;
+    let (adaptive_watch, adaptive_log) = crate::e2e::ctx::record_phases(ctx.machines_api());
+    let (fixed_watch, fixed_log) = crate::e2e::ctx::record_phases(fixed.machines_api());
+    let began = Instant::now();
+    fixed.apply(&slow_pool("slow")).await?;
+    ctx.apply(&slow_pool("slow")).await?;
+
+    let converged = wait_for(
+        "2 Running machines in the adaptive pool",
+        std::time::Duration::from_secs(200),
+        || async {
+            let machines = ctx.machines().await?;
+            let running = machines
+                .iter()
+                .filter(|m| crate::e2e::ctx::is_running(m))
+                .count();
+            Ok(if running == 2 {
+                Check::Done(began.elapsed())
+            } else {
+                Check::Pending(format!(
+                    "{}; {} created so far",
+                    crate::e2e::ctx::phase_summary(&machines),
+                    crate::e2e::ctx::phases(&adaptive_log).len()
+                ))
+            })
+        },
+    )
+    .await?;
+    let adaptive_at_convergence = attempts(&adaptive_log, 2);
+    tokio::time::sleep(HOLD).await;
+    let period = began.elapsed();
+    let adaptive = attempts(&adaptive_log, 2);
+    let fixed_attempts = attempts(&fixed_log, 2);
+    adaptive_watch.abort();
+    fixed_watch.abort();
+
+    // The adaptive pool: 30s on the deployment, its new set and its Running machines.
+    let mds: Api<MachineDeployment> = Api::namespaced(ctx.client.clone(), &ctx.ns);
+    let md = mds.get("pool").await?;
+    let value = md.annotations().get(EFFECTIVE_CREATION_TIMEOUT).cloned();
+    ensure!(
+        value.as_deref() == Some("30s"),
+        "the adaptive pool's effective-creation-timeout is {value:?}"
+    );
+    ensure!(
+        md.annotations().contains_key(ECT_LAST_APPLIED_AT),
+        "no {ECT_LAST_APPLIED_AT}"
+    );
+    for m in ctx
+        .machines()
+        .await?
+        .iter()
+        .filter(|m| crate::e2e::ctx::is_running(m))
+    {
+        let timeout = m.spec.configuration.creation_timeout.map(|g| g.0);
+        ensure!(
+            timeout == Some(std::time::Duration::from_secs(30)),
+            "Running machine {} has spec.creationTimeout {timeout:?}",
+            m.name_any()
+        );
+    }
+    let set_value = new_set_timeout(ctx, "slow").await?;
+    ensure!(
+        set_value.as_deref() == Some("30s"),
+        "the new MachineSet has effective-creation-timeout {set_value:?}"
+    );
+    let raised = pool_event(ctx, "EffectiveCreationTimeoutRaised")
+        .await?
+        .context("no EffectiveCreationTimeoutRaised Event on the deployment")?;
+    let gauge = ctx.manager()?.metric(ECT_GAUGE).await;
+    ensure!(
+        gauge.is_some_and(|v| (v - 30.0).abs() < 0.5),
+        "{ECT_GAUGE} is {gauge:?}"
+    );
+    ensure!(
+        adaptive < fixed_attempts,
+        "{adaptive} attempts per machine with the adaptation, {fixed_attempts} without"
+    );
+
+    // The fixed pool: nothing adapted, nothing Running.
+    let fixed_mds: Api<MachineDeployment> = Api::namespaced(fixed.client.clone(), &fixed.ns);
+    let fixed_md = fixed_mds.get("pool").await?;
+    ensure!(
+        !fixed_md
+            .annotations()
+            .contains_key(EFFECTIVE_CREATION_TIMEOUT),
+        "growth 0 adapted the fixed pool"
+    );
+    let fixed_running = fixed
+        .machines()
+        .await?
+        .iter()
+        .filter(|m| crate::e2e::ctx::is_running(m))
+        .count();
+    ensure!(
+        fixed_running == 0,
+        "{fixed_running} machines of the fixed pool joined"
+    );
+    Ok(format!(
+        "declared 20s, boot {SLOW_BOOT}: raised to 30s ({raised}), 2 Running {:.0}s after creation \
+         with {adaptive_at_convergence:.1} creation attempts per machine; over {:.0}s: \
+         {adaptive:.1} attempts per machine with the adaptation, {fixed_attempts:.1} and none \
+         Running with growth 0",
+        converged.as_secs_f64(),
+        period.as_secs_f64()
     ))
 }

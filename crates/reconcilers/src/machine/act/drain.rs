@@ -14,6 +14,9 @@ pub struct PassPlan<'a> {
     pub force_reason: Option<&'a str>,
     /// The node is unreachable.
     pub unreachable: bool,
+    /// Why the node's pods run nowhere (its VM is gone or stopped), if they do: they are
+    /// deleted, not evicted.
+    pub vm_dead: Option<&'a str>,
     /// Time since the drain started.
     pub elapsed: Duration,
     /// Time since no pod was left, if so.
@@ -92,6 +95,7 @@ pub(crate) fn drain_options(
     options.pv_detach_timeout = ctx.settings.pv_detach_timeout;
     options.pv_reattach_timeout = ctx.settings.pv_reattach_timeout;
     options.parallelism = ctx.settings.drain_parallelism;
+    options.eviction_client = Some(ctx.evictions.clone());
     options
 }
 
@@ -115,6 +119,10 @@ pub struct Drained {
     acted: bool,
     /// The node was drained (not gone).
     node_drained: bool,
+    /// Pods were deleted without an eviction because the node's VM is dead: the drain is
+    /// recorded in `lastOperation` (and announced) before the deletion goes on, so that the
+    /// Machine says why no budget was asked.
+    pub without_eviction: bool,
     description: String,
     summary: String,
 }
@@ -139,10 +147,21 @@ pub async fn drain_pass(
         elapsed: plan.elapsed,
         pods_gone_for: plan.pods_gone_for,
         unreachable: plan.unreachable,
+        vm_dead: plan.vm_dead.is_some(),
     };
     let report = drain_node_pass(ctx, node_name, &options, &input).await?;
     let mut summary = report.summary();
-    if let Some(why) = plan.force_reason {
+    let without_eviction = plan.vm_dead.is_some()
+        && report
+            .deleted
+            .iter()
+            .any(|d| d.reason == mcm_drain::DeleteReason::VmDead);
+    if let Some(why) = plan.vm_dead {
+        summary.push_str(&format!(
+            " (pods deleted, not evicted: {why}, so they run nowhere; a PodDisruptionBudget \
+             guards running pods only)"
+        ));
+    } else if let Some(why) = plan.force_reason {
         summary.push_str(&format!(" (forced: {why})"));
     }
     let description = format!("Drain of node {node_name}: {summary}");
@@ -174,6 +193,7 @@ pub async fn drain_pass(
             first: plan.first,
             acted,
             node_drained: state == mcm_drain::PassState::Done,
+            without_eviction,
             description,
             summary,
         }));

@@ -87,6 +87,7 @@ async fn drain(
         elapsed,
         pods_gone_for: None,
         unreachable: false,
+        vm_dead: false,
     };
     let report = super::drain_node_pass(ctx, &name, &options, &input).await?;
     let retry = ctx.settings.eviction_retry_interval;

@@ -149,6 +149,7 @@ async fn node_work(
             elapsed: Duration::ZERO,
             pods_gone_for: None,
             unreachable: work.unreachable,
+            vm_dead: false,
         };
         let report = super::drain_node_pass(ctx, &name, &options, &input).await?;
         let retry = ctx.settings.eviction_retry_interval;

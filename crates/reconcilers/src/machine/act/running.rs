@@ -195,6 +195,59 @@ pub async fn mark_failed(ctx: &Ctx, m: &Machine, reason: &str) -> Result<Action,
     Ok(Action::await_change())
 }
 
+/// Holds a machine of a partitioned zone instead of marking it Failed: records why on the
+/// Machine (`lastOperation`, once per distinct reason), counts it in
+/// `mcm_machine_zone_partition_held_machines`, and when the reason is new, a Warning
+/// `ZonePartitionHold` on its MachineDeployment names the zone (one Event series per
+/// deployment and zone: the machines of a zone give the same note). Comes back within
+/// `remaining`, when the hold ends unless the Node has reported again.
+pub async fn hold_for_partition(
+    ctx: &Ctx,
+    m: &Machine,
+    partition: &crate::machine::partition::ZonePartition,
+    max_hold: Duration,
+    remaining: Duration,
+) -> Result<Action, Error> {
+    ctx.note_partition_hold(m, Some(&partition.zone));
+    let why = format!(
+        "not marked Failed: {}; its VM runs, so its remediation is held (at most {} past the \
+         health timeout)",
+        partition.describe(),
+        mcm_api::duration::format_go_duration(max_hold)
+    );
+    if last_description(m) != Some(why.as_str()) {
+        record(
+            ctx,
+            m,
+            None,
+            &Operation::processing(MachineOperationType::HealthCheck, &why),
+        )
+        .await?;
+        if let (_, Some(deployment)) = ctx.owners(m) {
+            let note = format!(
+                "zone {} is partitioned: remediation of its machines is held while their VMs \
+                 run (at most {} past the health timeout); {} of its {} machines unreachable, \
+                 {} of {} healthy in the other zones",
+                partition.zone,
+                mcm_api::duration::format_go_duration(max_hold),
+                partition.unreachable,
+                partition.machines,
+                partition.healthy_elsewhere,
+                partition.elsewhere
+            );
+            ctx.events
+                .warning(
+                    &deployment.object_ref(&()),
+                    "ZonePartitionHold",
+                    "HealthCheck",
+                    note,
+                )
+                .await;
+        }
+    }
+    Ok(Action::requeue(remaining.min(RECHECK)))
+}
+
 /// Records that a step is held back (frozen, protected) without changing the phase.
 pub async fn hold(ctx: &Ctx, m: &Machine, why: &str) -> Result<Action, Error> {
     if last_description(m) != Some(why) {
@@ -206,16 +259,6 @@ pub async fn hold(ctx: &Ctx, m: &Machine, why: &str) -> Result<Action, Error> {
         record(ctx, m, None, &Operation::processing(kind, why)).await?;
     }
     Ok(Action::requeue(RECHECK))
-}
-
-/// Whether the driver reports the machine's VM gone (`NotFound`). Any other answer, or a
-/// class that cannot be read, counts as "may exist".
-pub async fn vm_is_gone(ctx: &Ctx, m: &Machine) -> bool {
-    let Ok((class, secret)) = class_and_secret(ctx, m).await else {
-        return false;
-    };
-    let status = vm_status(ctx, m, &class, &secret, &RequestId::generate()).await;
-    matches!(status, Err(e) if e.code == Code::NotFound)
 }
 
 /// Asks the driver about the VM of an unhealthy machine (the fast path): gone, stopped (its
