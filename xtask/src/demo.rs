@@ -744,7 +744,7 @@ fn help(cp: &ControlPlane, dir: &Path) -> String {
          \n             kubectl -n {NAMESPACE} get machinedeployments,machinesets,machines; kubectl get nodes\
          \n  roll out   kubectl -n {NAMESPACE} patch machinedeployment {DEPLOYMENT} --type merge -p {patch}\
          \n  scale      kubectl -n {NAMESPACE} scale machinedeployment {DEPLOYMENT} --replicas=5\
-         \n  crash      kill -9 <VM PID>   (the machine goes Unknown, Failed after 1m, then is replaced)\
+         \n  crash      kill -9 <VM PID>   (the machine goes Unknown, Failed ~20s later as its VM is stopped, its pods deleted, then replaced)\
          \n  refused    kubectl -n {NAMESPACE} patch machineclass local-small --type merge -p {bad}   (the admission webhook names the field)\n",
         logs = logs.display(),
         cplogs = cp.run_dir().display(),

@@ -1387,6 +1387,34 @@ mod tests {
             next_step(&held(VmReport::Present, true), &cfg(), at(5)),
             Step::AwaitRecovery { .. }
         ));
+        // A deletion asked for during the hold (the cluster-autoscaler's fixNodeGroupSize or
+        // trigger-deletion-by-mcm, a user) goes on: the hold only stops the controller's own
+        // remediation. Its drain is a partition's, here forced: the Node has been NotReady for
+        // over 5 minutes (MCM's rule).
+        let deleting = Observed {
+            deleting: true,
+            deletion: DeletionFacts {
+                drain_started: Some(at(10)),
+                ..Default::default()
+            },
+            ..held(VmReport::Present, true)
+        };
+        let deleting = Observed {
+            phase: Some(MachinePhase::Terminating),
+            ..deleting
+        };
+        assert_eq!(
+            next_step(&deleting, &cfg(), at(11)),
+            Step::DrainPass {
+                first: false,
+                force: true,
+                force_reason: Some("node has been NotReady for more than 5m".into()),
+                unreachable: true,
+                vm_dead: None,
+                elapsed: MIN,
+                pods_gone_for: None,
+            }
+        );
     }
 
     #[test]

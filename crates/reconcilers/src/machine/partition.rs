@@ -66,7 +66,7 @@ impl Default for PartitionRule {
 /// One machine, as the rule counts it (machines being deleted are left out by the caller).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ZoneMember {
-    /// Its zone (its Node's zone label, else its class's node template), if known.
+    /// Its zone (its Node's zone label), if known.
     pub zone: Option<String>,
     /// Its Node's `Ready` condition is `Unknown` (or missing).
     pub unreachable: bool,
