@@ -51,7 +51,7 @@ pub struct TimeoutAdaptation {
     /// `--machine-replace-cycle-count-threshold`: cycles per raise (0 counts as 1).
     pub cycle_threshold: u32,
     /// `--machine-creation-timeout-max`: the upper bound; `None`: the declared timeout grown
-    /// [`MAX_GROWTH_STEPS`] times.
+    /// `MAX_GROWTH_STEPS` (4) times.
     pub max: Option<Duration>,
 }
 
