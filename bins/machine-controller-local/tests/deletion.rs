@@ -131,9 +131,14 @@ async fn a_vm_that_may_exist_blocks_deletion_until_the_class_is_fixed() {
     assert!(h.nodes().get_opt("v1").await.unwrap().is_none());
 }
 
-#[tokio::test]
-async fn pods_on_an_unreachable_node_are_not_waited_for() {
-    let h = Harness::new("del-unreachable", json!({})).await;
+/// Kills `u1`'s VM (or partitions it, `stop`) with a pod on its Node, waits for the Node to be
+/// unreachable and deletes the machine; returns the harness and the pods' API once the
+/// machine is gone.
+async fn delete_unreachable(
+    prefix: &str,
+    stop: bool,
+) -> (Harness, kube::Api<k8s_openapi::api::core::v1::Pod>) {
+    let h = Harness::new(prefix, json!({})).await;
     // Neither the drain timeout nor MCM's 5-minute NotReady rule can end this drain within
     // the test's wait: only the unreachable-node rule can.
     let _mc = h.spawn_controller(
@@ -147,8 +152,12 @@ async fn pods_on_an_unreachable_node_are_not_waited_for() {
     h.await_phase("u1", MachinePhase::Running, WAIT).await;
     let pods = h.run_pod("web", "u1", 30).await;
 
-    // The VM crashes; the node lifecycle controller marks the node Unknown.
-    h.kill_vm("u1");
+    // The VM crashes, or is cut off; the node lifecycle controller marks the node Unknown.
+    if stop {
+        h.stop_vm("u1");
+    } else {
+        h.kill_vm("u1");
+    }
     h.await_node(
         "u1",
         WAIT,
@@ -168,6 +177,15 @@ async fn pods_on_an_unreachable_node_are_not_waited_for() {
     h.await_gone("u1", WAIT).await;
     assert!(h.vm_records().is_empty());
     assert!(h.nodes().get_opt("u1").await.unwrap().is_none());
+    (h, pods)
+}
+
+#[tokio::test]
+async fn pods_on_an_unreachable_node_whose_vm_runs_are_evicted_not_waited_for() {
+    // A partition: the VM runs (stopped, not killed), its Node is unreachable. Its pods may
+    // run behind the partition, so they are evicted (under their budgets), but not waited
+    // for: they can never finish terminating while the kubelet cannot report.
+    let (h, pods) = delete_unreachable("del-unreachable", true).await;
     // The pod was evicted (it can never finish terminating on a dead kubelet; the pod
     // garbage collector removes it once the node is gone).
     if let Some(p) = pods.get_opt("web").await.unwrap() {
@@ -186,4 +204,17 @@ async fn pods_on_an_unreachable_node_are_not_waited_for() {
         })
         .await;
     }
+}
+
+#[tokio::test]
+async fn the_pods_of_a_crashed_vm_are_deleted_not_evicted() {
+    // The VM crashed: the driver reports it stopped and its Node is unreachable. Its pods run
+    // nowhere: deleted (grace period 0) without an eviction, and the Machine says why.
+    let (h, pods) = delete_unreachable("del-crashed", false).await;
+    assert!(
+        pods.get_opt("web").await.unwrap().is_none(),
+        "the pod is deleted, not left terminating"
+    );
+    let text = "pods deleted, not evicted: the driver reports the VM stopped";
+    await_event(&h.client, &h.ns, "u1", "Drained", text, WAIT).await;
 }

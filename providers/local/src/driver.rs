@@ -716,6 +716,12 @@ fn stop_process(record: &VmRecord, request_id: &RequestId) -> Result<(), LocalEr
                 });
             }
         }
+        if signal == Signal::SIGTERM {
+            // A VM cut off from the cluster with SIGSTOP (how the demo and the tests play a
+            // network partition) acts on the SIGTERM once continued, as a cloud stops a VM it
+            // cannot reach the guest of.
+            let _ = kill(Pid::from_raw(record.pid), Signal::SIGCONT);
+        }
         let deadline = Instant::now() + wait;
         while state::check_liveness(record).is_alive() && Instant::now() < deadline {
             std::thread::sleep(EXIT_POLL);

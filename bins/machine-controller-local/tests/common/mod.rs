@@ -376,6 +376,15 @@ impl Harness {
         sigkill(self.vm_pid(machine));
     }
 
+    /// Partitions the VM of `machine` from the cluster (SIGSTOP): its Node stops
+    /// heartbeating while the driver still finds the process, so reports the VM running.
+    pub fn stop_vm(&self, machine: &str) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.vm_pid(machine)),
+            nix::sys::signal::Signal::SIGSTOP,
+        );
+    }
+
     /// Kills any `local-node` process of `machines` (recorded or not) — for tests that may
     /// leave an unrecorded VM behind when they fail.
     pub fn kill_vm_processes(&self, machines: &[&str]) {
