@@ -131,11 +131,12 @@ async fn a_vm_that_may_exist_blocks_deletion_until_the_class_is_fixed() {
     assert!(h.nodes().get_opt("v1").await.unwrap().is_none());
 }
 
-/// Kills `u1`'s VM (or partitions it, `stop`) with a pod on its Node, waits for the Node to be
+/// Kills the VM of machine `m` (or partitions it, `stop`) with a pod on its Node, waits for the Node to be
 /// unreachable and deletes the machine; returns the harness and the pods' API once the
-/// machine is gone.
+/// machine is gone. Node names are cluster-wide: each test names its machine apart.
 async fn delete_unreachable(
     prefix: &str,
+    m: &str,
     stop: bool,
 ) -> (Harness, kube::Api<k8s_openapi::api::core::v1::Pod>) {
     let h = Harness::new(prefix, json!({})).await;
@@ -148,18 +149,18 @@ async fn delete_unreachable(
             "--machine-health-timeout=10m".to_string(),
         ],
     );
-    h.create_machine("u1", "local").await;
-    h.await_phase("u1", MachinePhase::Running, WAIT).await;
-    let pods = h.run_pod("web", "u1", 30).await;
+    h.create_machine(m, "local").await;
+    h.await_phase(m, MachinePhase::Running, WAIT).await;
+    let pods = h.run_pod("web", m, 30).await;
 
     // The VM crashes, or is cut off; the node lifecycle controller marks the node Unknown.
     if stop {
-        h.stop_vm("u1");
+        h.stop_vm(m);
     } else {
-        h.kill_vm("u1");
+        h.kill_vm(m);
     }
     h.await_node(
-        "u1",
+        m,
         WAIT,
         "the node to become unreachable",
         |n: Option<&Node>| {
@@ -173,10 +174,10 @@ async fn delete_unreachable(
     )
     .await;
 
-    h.delete_machine("u1").await;
-    h.await_gone("u1", WAIT).await;
+    h.delete_machine(m).await;
+    h.await_gone(m, WAIT).await;
     assert!(h.vm_records().is_empty());
-    assert!(h.nodes().get_opt("u1").await.unwrap().is_none());
+    assert!(h.nodes().get_opt(m).await.unwrap().is_none());
     (h, pods)
 }
 
@@ -185,7 +186,7 @@ async fn pods_on_an_unreachable_node_whose_vm_runs_are_evicted_not_waited_for() 
     // A partition: the VM runs (stopped, not killed), its Node is unreachable. Its pods may
     // run behind the partition, so they are evicted (under their budgets), but not waited
     // for: they can never finish terminating while the kubelet cannot report.
-    let (h, pods) = delete_unreachable("del-unreachable", true).await;
+    let (h, pods) = delete_unreachable("del-unreachable", "u1", true).await;
     // The pod was evicted (it can never finish terminating on a dead kubelet; the pod
     // garbage collector removes it once the node is gone).
     if let Some(p) = pods.get_opt("web").await.unwrap() {
@@ -210,11 +211,11 @@ async fn pods_on_an_unreachable_node_whose_vm_runs_are_evicted_not_waited_for() 
 async fn the_pods_of_a_crashed_vm_are_deleted_not_evicted() {
     // The VM crashed: the driver reports it stopped and its Node is unreachable. Its pods run
     // nowhere: deleted (grace period 0) without an eviction, and the Machine says why.
-    let (h, pods) = delete_unreachable("del-crashed", false).await;
+    let (h, pods) = delete_unreachable("del-crashed", "c1", false).await;
     assert!(
         pods.get_opt("web").await.unwrap().is_none(),
         "the pod is deleted, not left terminating"
     );
     let text = "pods deleted, not evicted: the driver reports the VM stopped";
-    await_event(&h.client, &h.ns, "u1", "Drained", text, WAIT).await;
+    await_event(&h.client, &h.ns, "c1", "Drained", text, WAIT).await;
 }

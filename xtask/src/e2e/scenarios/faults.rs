@@ -44,17 +44,7 @@ pub async fn vm_crash(ctx: &mut Ctx<'_>) -> Result<String> {
 
     // The health timeout starts when the machine turns Unknown (the node lifecycle controller
     // marks the node first).
-    wait_for(&format!("{victim} to turn Unknown"), WAIT, || async {
-        Ok(match ctx.machines_api().get_opt(&victim).await? {
-            Some(m) if m.phase() == Some(&MachinePhase::Unknown) => Check::Done(()),
-            None => bail!("{victim} vanished before it turned Unknown"),
-            Some(m) => Check::Pending(format!(
-                "{victim} is {}",
-                m.phase().map_or("(none)", |p| p.as_str())
-            )),
-        })
-    })
-    .await?;
+    await_unknown(ctx, &victim).await?;
     let unknown_at = Instant::now();
     wait_for(&format!("{victim} to be replaced"), WAIT * 2, || async {
         Ok(match ctx.machines_api().get_opt(&victim).await? {
@@ -157,17 +147,7 @@ pub async fn vm_crash_budget(ctx: &mut Ctx<'_>) -> Result<String> {
         .with_context(|| format!("no VM record for {victim}"))?;
     kill(Pid::from_raw(record.pid), Signal::SIGKILL)
         .with_context(|| format!("kill -9 {}", record.pid))?;
-    wait_for(&format!("{victim} to turn Unknown"), WAIT, || async {
-        Ok(match ctx.machines_api().get_opt(&victim).await? {
-            Some(m) if m.phase() == Some(&MachinePhase::Unknown) => Check::Done(()),
-            None => bail!("{victim} vanished before it turned Unknown"),
-            Some(m) => Check::Pending(format!(
-                "{victim} is {}",
-                m.phase().map_or("(none)", |p| p.as_str())
-            )),
-        })
-    })
-    .await?;
+    await_unknown(ctx, &victim).await?;
     let unknown_at = Instant::now();
     let bound = health_timeout + Duration::from_secs(30);
     // Waited for a little longer than the bound, so that a miss is measured, not cut short.
@@ -241,6 +221,21 @@ pub async fn vm_crash_budget(ctx: &mut Ctx<'_>) -> Result<String> {
         gone_after.as_secs_f64(),
         running.len()
     ))
+}
+
+/// Waits until the machine `victim` (its VM just killed) turns Unknown.
+async fn await_unknown(ctx: &Ctx<'_>, victim: &str) -> Result<()> {
+    wait_for(&format!("{victim} to turn Unknown"), WAIT, || async {
+        Ok(match ctx.machines_api().get_opt(victim).await? {
+            Some(m) if m.phase() == Some(&MachinePhase::Unknown) => Check::Done(()),
+            None => bail!("{victim} vanished before it turned Unknown"),
+            Some(m) => Check::Pending(format!(
+                "{victim} is {}",
+                m.phase().map_or("(none)", |p| p.as_str())
+            )),
+        })
+    })
+    .await
 }
 
 /// The Node (= machine name) with the most workload pods.
