@@ -323,6 +323,12 @@ impl Ctx {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(m.uid().unwrap_or_default(), Instant::now() + delay);
+        if !self.in_store(m) {
+            // Deleted between the look above and the record: the deletion's forgetting may
+            // have run before the record was made.
+            self.reset_backoff(m);
+            return delay;
+        }
         self.publish_tracked();
         delay
     }
