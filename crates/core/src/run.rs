@@ -140,34 +140,45 @@ pub async fn clients_counted(
     } else {
         common.control_kubeconfig.as_str()
     };
-    let build = |cfg: kube::Config, cluster: &'static str| {
-        clients::rate_limited_client_counted(
-            cfg,
-            common.kube_api_qps,
-            common.kube_api_burst,
-            Some(metrics.requests(cluster)),
-        )
-        .map_err(|source| RunError::Client { cluster, source })
-    };
-    let control_cfg =
-        clients::load_config(control_flag)
-            .await
-            .map_err(|source| RunError::Client {
-                cluster: "control",
-                source,
-            })?;
-    let control = build(control_cfg, "control")?;
+    let control = counted_client(
+        common,
+        metrics,
+        load(control_flag, "control").await?,
+        "control",
+    )?;
     if target_flag == clients::NONE {
         return Ok((control, None));
     }
-    let target_cfg =
-        clients::load_config(target_flag)
-            .await
-            .map_err(|source| RunError::Client {
-                cluster: "target",
-                source,
-            })?;
-    Ok((control, Some(build(target_cfg, "target")?)))
+    let target = counted_client(
+        common,
+        metrics,
+        load(target_flag, "target").await?,
+        "target",
+    )?;
+    Ok((control, Some(target)))
+}
+
+/// The client configuration a kubeconfig flag value names, for `cluster`.
+async fn load(flag: &str, cluster: &'static str) -> Result<kube::Config, RunError> {
+    clients::load_config(flag)
+        .await
+        .map_err(|source| RunError::Client { cluster, source })
+}
+
+/// A client for `config`, rate-limited by `--kube-api-qps/burst` and counted as `cluster`.
+fn counted_client(
+    common: &CommonOptions,
+    metrics: &ClientMetrics,
+    config: kube::Config,
+    cluster: &'static str,
+) -> Result<kube::Client, RunError> {
+    clients::rate_limited_client_counted(
+        config,
+        common.kube_api_qps,
+        common.kube_api_burst,
+        Some(metrics.requests(cluster)),
+    )
+    .map_err(|source| RunError::Client { cluster, source })
 }
 
 /// The client a machine controller sends evictions to the target cluster with (`None` with
@@ -185,25 +196,9 @@ pub async fn eviction_client(
     if target_flag == clients::NONE {
         return Ok(None);
     }
-    let mut config =
-        clients::load_config(target_flag)
-            .await
-            .map_err(|source| RunError::Client {
-                cluster: "target",
-                source,
-            })?;
+    let mut config = load(target_flag, "target").await?;
     config.default_retry = false;
-    clients::rate_limited_client_counted(
-        config,
-        common.kube_api_qps,
-        common.kube_api_burst,
-        Some(metrics.requests("target")),
-    )
-    .map(Some)
-    .map_err(|source| RunError::Client {
-        cluster: "target",
-        source,
-    })
+    counted_client(common, metrics, config, "target").map(Some)
 }
 
 /// Runs `work` while this replica holds the lease named `lease` (or at once without leader
