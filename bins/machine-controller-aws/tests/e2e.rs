@@ -17,12 +17,11 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use aws_sdk_ec2::types::{Filter, InstanceStateName, ResourceType, Tag, TagSpecification};
 use base64::Engine as _;
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use mcm_api::{Machine, MachineDeployment, MachinePhase};
-use mcm_provider_aws::model::{Instance, InstanceState};
-use mcm_provider_aws::xml::Element;
 use mcm_testenv::kit::{
     MachineClassBuilder, MachineDeploymentBuilder, ProviderController, TestNamespace,
     binary_beside, create_class_with_secret, eventually, secret,
@@ -66,22 +65,25 @@ impl VmPlayer {
             let ec2 = moto().ec2();
             loop {
                 if let Ok(out) = ec2
-                    .try_call(
-                        "DescribeInstances",
-                        &[
-                            ("Filter.1.Name", "tag-key"),
-                            ("Filter.1.Value.1", &cluster_tag),
-                        ],
+                    .describe_instances()
+                    .filters(
+                        Filter::builder()
+                            .name("tag-key")
+                            .values(&cluster_tag)
+                            .build(),
                     )
+                    .send()
                     .await
                 {
-                    for i in mcm_provider_aws::model::instances(&out) {
-                        let id = i.id.clone();
-                        let live =
-                            matches!(i.state, InstanceState::Pending | InstanceState::Running);
+                    for i in out.reservations().iter().flat_map(|r| r.instances()) {
+                        let id = i.instance_id().unwrap_or_default().to_string();
+                        let live = matches!(
+                            i.state().and_then(|s| s.name()),
+                            Some(InstanceStateName::Pending | InstanceStateName::Running)
+                        );
                         let known = a.lock().unwrap().contains_key(&id);
                         if live && !known {
-                            if let Some(agent) = boot(&ec2, &i, &d, &binary, &kubeconfig).await {
+                            if let Some(agent) = boot(&ec2, i, &d, &binary, &kubeconfig).await {
                                 a.lock().unwrap().insert(id, agent);
                             }
                         } else if !live && known {
@@ -118,25 +120,29 @@ impl Drop for VmPlayer {
 /// Boots one instance: its user data (with the bootstrap token the controller put there) and
 /// a `local-node` registering the Node under the private DNS name.
 async fn boot(
-    ec2: &moto::TestEc2,
-    i: &Instance,
+    ec2: &aws_sdk_ec2::Client,
+    i: &aws_sdk_ec2::types::Instance,
     dir: &Path,
     binary: &Path,
     kubeconfig: &Path,
 ) -> Option<ManagedProcess> {
-    let id = i.id.as_str();
-    let name = i.tag("Name")?;
-    let node_name = Some(i.private_dns_name.as_str()).filter(|n| !n.is_empty())?;
-    let attr: Element = ec2
-        .try_call(
-            "DescribeInstanceAttribute",
-            &[("InstanceId", id), ("Attribute", "userData")],
-        )
+    let id = i.instance_id()?;
+    let name = i
+        .tags()
+        .iter()
+        .find(|t| t.key() == Some("Name"))
+        .and_then(|t| t.value())?;
+    let node_name = i.private_dns_name().filter(|n| !n.is_empty())?;
+    let attr = ec2
+        .describe_instance_attribute()
+        .instance_id(id)
+        .attribute(aws_sdk_ec2::types::InstanceAttributeName::UserData)
+        .send()
         .await
         .ok()?;
     let user_data = attr
-        .at(&["userData", "value"])
-        .map(|v| v.text.as_str())
+        .user_data()
+        .and_then(|u| u.value())
         .and_then(|v| base64::engine::general_purpose::STANDARD.decode(v).ok())
         .unwrap_or_default();
     let user_data_file = dir.join(format!("{id}.user-data"));
@@ -237,10 +243,10 @@ impl Env {
     }
 }
 
-fn provider_ids_of(instances: &[Instance]) -> Vec<String> {
+fn provider_ids_of(instances: &[aws_sdk_ec2::types::Instance]) -> Vec<String> {
     let mut ids: Vec<String> = instances
         .iter()
-        .map(|i| format!("aws:///{REGION}/{}", i.id))
+        .map(|i| format!("aws:///{REGION}/{}", i.instance_id().unwrap()))
         .collect();
     ids.sort();
     ids
@@ -278,10 +284,11 @@ async fn a_machine_deployment_runs_on_moto_scales_down_and_orphans_are_collected
     assert_eq!(machine_ids, provider_ids_of(&live));
     let nodes: Api<Node> = Api::all(env.client.clone());
     for i in &live {
-        let node = nodes.get(&i.private_dns_name).await.unwrap();
+        let name = i.private_dns_name().unwrap();
+        let node = nodes.get(name).await.unwrap();
         assert_eq!(
             node.spec.and_then(|s| s.provider_id),
-            Some(format!("aws:///{REGION}/{}", i.id))
+            Some(format!("aws:///{REGION}/{}", i.instance_id().unwrap()))
         );
     }
     assert_eq!(player.running(), 3);
@@ -309,19 +316,24 @@ async fn a_machine_deployment_runs_on_moto_scales_down_and_orphans_are_collected
         .filter(|i| {
             !provider_ids_of(&remaining.1).contains(&provider_ids_of(std::slice::from_ref(i))[0])
         })
-        .map(|i| i.id.clone())
+        .map(|i| i.instance_id().unwrap().to_string())
         .collect();
     assert_eq!(terminated.len(), 2);
-    let ids: Vec<(String, &str)> = terminated
-        .iter()
-        .enumerate()
-        .map(|(n, id)| (format!("InstanceId.{}", n + 1), id.as_str()))
-        .collect();
-    let ids: Vec<(&str, &str)> = ids.iter().map(|(k, v)| (k.as_str(), *v)).collect();
-    let states = moto().ec2().call("DescribeInstances", &ids).await;
-    for i in mcm_provider_aws::model::instances(&states) {
-        assert_eq!(i.state, InstanceState::Terminated, "{:?}", i.id);
-        let name = i.private_dns_name.as_str();
+    let states = moto()
+        .ec2()
+        .describe_instances()
+        .set_instance_ids(Some(terminated.clone()))
+        .send()
+        .await
+        .unwrap();
+    for i in states.reservations().iter().flat_map(|r| r.instances()) {
+        assert_eq!(
+            i.state().and_then(|s| s.name()),
+            Some(&InstanceStateName::Terminated),
+            "{:?}",
+            i.instance_id()
+        );
+        let name = i.private_dns_name().unwrap_or_default();
         eventually(WAIT, "the Node of a terminated instance to go", || async {
             nodes.get_opt(name).await.unwrap().is_none().then_some(())
         })
@@ -329,18 +341,37 @@ async fn a_machine_deployment_runs_on_moto_scales_down_and_orphans_are_collected
     }
 
     // An orphan: an instance with the class's cluster and role tags but no Machine.
-    let orphan_id = moto::run_raw(
-        &env.world,
-        &[
-            ("Name", "orphan-vm"),
-            (&env.world.cluster_tag, "1"),
-            (&env.world.role_tag, "1"),
-        ],
-    )
-    .await;
+    let orphan = moto()
+        .ec2()
+        .run_instances()
+        .image_id(&env.world.ami)
+        .instance_type(aws_sdk_ec2::types::InstanceType::M5Large)
+        .min_count(1)
+        .max_count(1)
+        .subnet_id(&env.world.subnet)
+        .tag_specifications(
+            TagSpecification::builder()
+                .resource_type(ResourceType::Instance)
+                .tags(Tag::builder().key("Name").value("orphan-vm").build())
+                .tags(
+                    Tag::builder()
+                        .key(&env.world.cluster_tag)
+                        .value("1")
+                        .build(),
+                )
+                .tags(Tag::builder().key(&env.world.role_tag).value("1").build())
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let orphan_id = orphan.instances()[0].instance_id().unwrap().to_string();
     eventually(WAIT, "the orphan instance to be terminated", || async {
         let live = env.world.live_instances().await;
-        (!live.iter().any(|i| i.id == orphan_id)).then_some(())
+        (!live
+            .iter()
+            .any(|i| i.instance_id() == Some(orphan_id.as_str())))
+        .then_some(())
     })
     .await;
     assert_eq!(

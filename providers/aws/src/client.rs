@@ -1,97 +1,109 @@
-//! The EC2 client: EC2's Query protocol over one shared HTTP stack, signed with Signature
-//! Version 4, with the call's region, credentials and request id.
+//! EC2 clients: `aws-sdk-ec2` on one shared HTTP stack, one client per region and credentials,
+//! kept while it is used.
 //!
-//! # Why not the AWS SDK's EC2 crate
+//! # Why the SDK
 //!
-//! The driver makes five EC2 calls (`RunInstances`, `DescribeInstances`, `DescribeImages`,
-//! `TerminateInstances`, `ModifyNetworkInterfaceAttribute`). `aws-sdk-ec2` generates every
-//! one of EC2's several hundred: it was a third of the workspace's compile time (578 s of
-//! a cold test build's 1966). This client builds the requests ([`crate::query`]), signs
-//! them with the SDK's own signer (`aws-sigv4`), sends them on the SDK's HTTP client (hyper
-//! 1 + rustls on ring, the stack kube uses), and reads the XML answers ([`crate::xml`],
-//! [`crate::model`]). Credentials stay the SDK's (`aws-credential-types`, and STS through
-//! `aws-config` for workload identity).
+//! The SDK is where EC2's quirks are fixed once for everybody: its retry classifier (every
+//! throttling and transient code of the AWS services, a retry quota), its clock-skew
+//! correction (the service's `Date` is read from every answer and the next signature uses it),
+//! its endpoint rules (every partition: standard, China, GovCloud, ISO, the EU sovereign
+//! cloud; FIPS and dual-stack names) and its paginators (which stop on a repeated token). The
+//! driver uses them as they are.
+//!
+//! # HTTP and TLS
+//!
+//! The HTTP client is `aws-smithy-http-client` on hyper 1 with rustls and the `ring` crypto
+//! provider: the stack kube already uses, so the binary has one HTTP/TLS implementation (no
+//! aws-lc-rs, no hyper 0.14). It is built once and shared by every client, so connections are
+//! pooled across calls.
+//!
+//! # One client per region and credentials
+//!
+//! A client holds what the SDK learns across calls: the clock skew and the cached credentials
+//! (a web-identity role's temporary credentials are reused until shortly before they expire).
+//! [`Ec2Clients`] keeps one per region and secret credentials, at most
+//! [`Ec2Clients::CAPACITY`], and forgets one that has not been used for [`Ec2Clients::IDLE`]:
+//! a rotated secret or a deleted class does not leave a client behind for ever.
 //!
 //! # Endpoint
 //!
 //! [`AwsDriverConfig::endpoint_url`] overrides the EC2 endpoint (tests point it at moto).
-//! Without it, the environment as the SDK reads it: `AWS_ENDPOINT_URL_EC2`, then
-//! `AWS_ENDPOINT_URL` (both ignored with `AWS_IGNORE_CONFIGURED_ENDPOINT_URLS=true`), then
-//! the regional endpoint of the providerSpec's region (`https://ec2.<region>.amazonaws.com`,
-//! `.amazonaws.com.cn` in China; `AWS_USE_FIPS_ENDPOINT` and `AWS_USE_DUALSTACK_ENDPOINT`
-//! select EC2's FIPS and dual-stack names).
+//! Without it, aws-config's environment handling applies: `AWS_ENDPOINT_URL_EC2` or
+//! `AWS_ENDPOINT_URL` (and `AWS_IGNORE_CONFIGURED_ENDPOINT_URLS`), then the SDK's endpoint
+//! rules for the providerSpec's region. FIPS and dual-stack endpoints are chosen by
+//! [`AwsDriverConfig::use_fips`] and [`AwsDriverConfig::use_dual_stack`], else by
+//! `AWS_USE_FIPS_ENDPOINT` and `AWS_USE_DUALSTACK_ENDPOINT` (how `machine-controller-aws`,
+//! which takes Gardener MCM's flags only, is told).
 //!
 //! # Retries and timeouts
 //!
-//! A call is attempted up to [`AwsDriverConfig::max_attempts`] times (else
-//! `AWS_MAX_ATTEMPTS`, else 3, as the SDK's standard mode): after throttling, EC2's server
-//! errors (HTTP 5xx) and connection failures, with exponential backoff and full jitter
-//! capped at 20 s. Every EC2 call the driver makes is safe to repeat (`RunInstances`
-//! carries its client token). [`AwsDriverConfig::operation_timeout`] bounds a call with its
-//! retries, [`AwsDriverConfig::connect_timeout`] each connection.
+//! The SDK's standard retry mode: [`AwsDriverConfig::max_attempts`] attempts (else
+//! `AWS_MAX_ATTEMPTS`, else 3) after throttling, transient errors, server errors and failed
+//! connections, with exponential backoff and jitter, within a retry quota.
+//! [`AwsDriverConfig::operation_timeout`] bounds a call with its retries,
+//! [`AwsDriverConfig::connect_timeout`] each connection.
 //!
 //! # Request ids
 //!
-//! Every EC2 request of a driver call carries the call's [`RequestId`] in the HTTP header
-//! [`REQUEST_ID_HEADER`] (`x-mcm-request-id`, visible in proxies and endpoint logs), and
-//! every [`mcm_driver::DriverError`] names it next to the AWS request id. (The `ClientToken`
-//! of `RunInstances` is the creation attempt's idempotency key, not the request id.)
+//! Every EC2 request made inside [`with_request_id`] carries that [`RequestId`] in the HTTP
+//! header [`REQUEST_ID_HEADER`] (`x-mcm-request-id`, visible in proxies and endpoint logs): the
+//! client's interceptor reads it from the task, so the pages of a paginator and the SDK's
+//! retries carry it too. (The `ClientToken` of `RunInstances` is the creation attempt's
+//! idempotency key, not the request id.) Every [`mcm_driver::DriverError`] names it next to
+//! the AWS request id.
 
-use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
-use aws_config::{AppName, BehaviorVersion, Region, SdkConfig};
-use aws_credential_types::provider::error::CredentialsError;
-use aws_credential_types::provider::{ProvideCredentials, SharedCredentialsProvider};
-use aws_sigv4::http_request::{SignableBody, SignableRequest, SigningError, SigningSettings};
-use aws_sigv4::sign::v4::signing_params::BuildError;
-use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
-use aws_smithy_runtime_api::client::http::{
-    HttpConnector, HttpConnectorSettings, SharedHttpClient,
+use aws_config::{BehaviorVersion, SdkConfig};
+use aws_sdk_ec2::config::interceptors::BeforeTransmitInterceptorContextMut;
+use aws_sdk_ec2::config::{
+    AppName, ConfigBag, Credentials, Intercept, Region, RuntimeComponents,
+    SharedCredentialsProvider, SharedHttpClient, SharedInterceptor,
 };
-use aws_smithy_runtime_api::client::identity::Identity;
-use aws_smithy_runtime_api::client::orchestrator::HttpRequest;
-use aws_smithy_runtime_api::client::result::ConnectorError;
-use aws_smithy_types::body::SdkBody;
-use aws_smithy_types::byte_stream::ByteStream;
+use aws_sdk_ec2::error::BoxError;
+use aws_smithy_http_client::tls::{self, rustls_provider::CryptoMode};
 use mcm_driver::RequestId;
 
-use crate::query::Query;
-use crate::xml::{self, Element, XmlError};
+use crate::credentials::WebIdentity;
+use crate::spec::Auth;
 
 /// The HTTP header carrying the driver's request id on every EC2 request.
 pub const REQUEST_ID_HEADER: &str = "x-mcm-request-id";
-/// The application name in the user agent.
+/// The application name in the SDK's user agent.
 pub const APP_NAME: &str = "mcm-rs";
 /// The page size of `DescribeInstances` by default (EC2's maximum).
 pub const DEFAULT_PAGE_SIZE: i32 = 1000;
-/// Attempts per EC2 call when neither the config nor `AWS_MAX_ATTEMPTS` says.
-pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
-/// The longest pause between two attempts.
-pub const MAX_BACKOFF: Duration = Duration::from_secs(20);
-/// The signing name of EC2.
-const SERVICE: &str = "ec2";
-/// The content type of Query requests.
-const FORM: &str = "application/x-www-form-urlencoded; charset=utf-8";
 
 /// Driver settings that do not come from a MachineClass.
 #[derive(Debug, Clone)]
 pub struct AwsDriverConfig {
-    /// The EC2 endpoint, e.g. `http://127.0.0.1:5000` for moto. `None`: the environment
-    /// (`AWS_ENDPOINT_URL_EC2`, `AWS_ENDPOINT_URL`), else the regional endpoint.
+    /// The EC2 endpoint, e.g. `http://127.0.0.1:5000` for moto. `None`: aws-config's
+    /// environment (`AWS_ENDPOINT_URL_EC2`, `AWS_ENDPOINT_URL`), else the SDK's endpoint for
+    /// the class's region.
     pub endpoint_url: Option<String>,
     /// `MaxResults` of each `DescribeInstances` page (5..=1000).
     pub page_size: i32,
-    /// Timeout of one EC2 call including its retries.
+    /// Timeout of one EC2 call including the SDK's retries.
     pub operation_timeout: Duration,
     /// Timeout of establishing a connection.
     pub connect_timeout: Duration,
-    /// Attempts per EC2 call. `None`: `AWS_MAX_ATTEMPTS`, else 3.
+    /// Attempts per EC2 call (the SDK's standard retry mode). `None`: aws-config's default
+    /// (`AWS_MAX_ATTEMPTS`, else 3).
     pub max_attempts: Option<u32>,
     /// How long `create_machine` waits for `DescribeInstances` to see an instance it launched
     /// (EC2's reads are eventually consistent); beyond it the create fails with `Unavailable`
     /// and its retry, with the same client token, finds the same instance.
     pub visibility_timeout: Duration,
+    /// EC2's FIPS endpoints. `None`: `AWS_USE_FIPS_ENDPOINT`.
+    pub use_fips: Option<bool>,
+    /// EC2's dual-stack (IPv4 and IPv6) endpoints. `None`: `AWS_USE_DUALSTACK_ENDPOINT`.
+    pub use_dual_stack: Option<bool>,
+    /// Interceptors added to every EC2 client (after the driver's own), e.g. to observe
+    /// what goes on the wire.
+    pub interceptors: Vec<SharedInterceptor>,
 }
 
 impl Default for AwsDriverConfig {
@@ -103,23 +115,27 @@ impl Default for AwsDriverConfig {
             connect_timeout: Duration::from_secs(10),
             max_attempts: None,
             visibility_timeout: Duration::from_secs(30),
+            use_fips: None,
+            use_dual_stack: None,
+            interceptors: Vec::new(),
         }
     }
 }
 
-/// The shared HTTP client of the SDK's own calls (STS): hyper 1 + rustls with ring.
+/// The shared HTTP client: hyper 1 + rustls with ring. The SDK gives each connection the
+/// configured connect timeout.
 pub fn http_client() -> SharedHttpClient {
     aws_smithy_http_client::Builder::new()
         .tls_provider(tls::Provider::Rustls(CryptoMode::Ring))
         .build_https()
 }
 
-/// Loads the SDK configuration of the SDK's own calls (STS for workload identity) once:
-/// HTTP client, timeouts, app name, endpoint and retries. Region and credentials come per
-/// call from the MachineClass and its secret, so neither is looked up here (no IMDS or
-/// profile access).
+/// Loads the base SDK configuration once: HTTP client, timeouts, app name, aws-config's
+/// environment (endpoint URL, FIPS, dual-stack, retries). Region and credentials come per
+/// client from the MachineClass and its secret, so neither is looked up here: no IMDS,
+/// no profile or environment credentials.
 pub async fn load_sdk_config(config: &AwsDriverConfig) -> SdkConfig {
-    let timeouts = aws_config::timeout::TimeoutConfig::builder()
+    let timeouts = aws_sdk_ec2::config::timeout::TimeoutConfig::builder()
         .operation_timeout(config.operation_timeout)
         .connect_timeout(config.connect_timeout)
         .build();
@@ -132,527 +148,261 @@ pub async fn load_sdk_config(config: &AwsDriverConfig) -> SdkConfig {
         loader = loader.app_name(name);
     }
     if let Some(n) = config.max_attempts {
-        loader = loader
-            .retry_config(aws_config::retry::RetryConfig::standard().with_max_attempts(n.max(1)));
+        loader = loader.retry_config(
+            aws_sdk_ec2::config::retry::RetryConfig::standard().with_max_attempts(n.max(1)),
+        );
     }
     if let Some(url) = &config.endpoint_url {
         loader = loader.endpoint_url(url);
     }
+    if let Some(fips) = config.use_fips {
+        loader = loader.use_fips(fips);
+    }
+    if let Some(dual) = config.use_dual_stack {
+        loader = loader.use_dual_stack(dual);
+    }
     loader.load().await
 }
 
-/// What the environment says about EC2's endpoint and retries, read once.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Environment {
-    /// `AWS_ENDPOINT_URL_EC2`
-    pub ec2_endpoint_url: Option<String>,
-    /// `AWS_ENDPOINT_URL`
-    pub endpoint_url: Option<String>,
-    /// `AWS_IGNORE_CONFIGURED_ENDPOINT_URLS=true`
-    pub ignore_configured_endpoint_urls: bool,
-    /// `AWS_USE_FIPS_ENDPOINT=true`
-    pub use_fips: bool,
-    /// `AWS_USE_DUALSTACK_ENDPOINT=true`
-    pub use_dual_stack: bool,
-    /// `AWS_MAX_ATTEMPTS`
-    pub max_attempts: Option<u32>,
+tokio::task_local! {
+    /// The request id of the driver call the current task runs.
+    static REQUEST_ID: RequestId;
 }
 
-impl Environment {
-    /// The process environment.
-    pub fn from_process() -> Environment {
-        Environment::from_lookup(|name| std::env::var(name).ok())
+/// Runs `fut` (a driver call's EC2 requests) with `request_id` on every request it makes.
+pub async fn with_request_id<F: Future>(request_id: RequestId, fut: F) -> F::Output {
+    REQUEST_ID.scope(request_id, fut).await
+}
+
+/// Adds [`REQUEST_ID_HEADER`] with the request id of [`with_request_id`] to every request
+/// (including the SDK's retries and a paginator's pages).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RequestIdHeader;
+
+impl Intercept for RequestIdHeader {
+    fn name(&self) -> &'static str {
+        "McmRequestIdHeader"
     }
 
-    /// The environment of `lookup`.
-    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Environment {
-        let set = |name: &str| {
-            lookup(name)
-                .map(|v| v.trim().to_string())
-                .filter(|v| !v.is_empty())
-        };
-        let yes = |name: &str| set(name).is_some_and(|v| v.eq_ignore_ascii_case("true"));
-        Environment {
-            ec2_endpoint_url: set("AWS_ENDPOINT_URL_EC2"),
-            endpoint_url: set("AWS_ENDPOINT_URL"),
-            ignore_configured_endpoint_urls: yes("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS"),
-            use_fips: yes("AWS_USE_FIPS_ENDPOINT"),
-            use_dual_stack: yes("AWS_USE_DUALSTACK_ENDPOINT"),
-            max_attempts: set("AWS_MAX_ATTEMPTS").and_then(|v| v.parse().ok()),
-        }
-    }
-}
-
-/// The EC2 endpoint of `region`: the configured URL, the environment's, else EC2's regional
-/// name (see the module documentation). Always ends with `/`. Pure.
-pub fn endpoint(configured: Option<&str>, env: &Environment, region: &str) -> String {
-    let from_env = (!env.ignore_configured_endpoint_urls)
-        .then(|| {
-            env.ec2_endpoint_url
-                .as_deref()
-                .or(env.endpoint_url.as_deref())
-        })
-        .flatten();
-    let url = match configured.or(from_env) {
-        Some(url) => url.to_string(),
-        None => {
-            let china = region.starts_with("cn-");
-            let host = if env.use_fips { "ec2-fips" } else { "ec2" };
-            let suffix = match (env.use_dual_stack, china) {
-                (false, false) => "amazonaws.com",
-                (false, true) => "amazonaws.com.cn",
-                (true, false) => "api.aws",
-                (true, true) => "api.amazonwebservices.com.cn",
-            };
-            format!("https://{host}.{region}.{suffix}")
-        }
-    };
-    if url.ends_with('/') {
-        url
-    } else {
-        format!("{url}/")
-    }
-}
-
-/// Why an EC2 call failed.
-#[derive(Debug, thiserror::Error)]
-pub enum Ec2Error {
-    /// EC2 answered with an error.
-    #[error("{code}: {message}")]
-    Service {
-        /// EC2's error code (`InvalidInstanceID.NotFound`, ...).
-        code: String,
-        /// EC2's message.
-        message: String,
-        /// The AWS request id of the answer.
-        aws_request_id: Option<String>,
-        /// The HTTP status.
-        status: u16,
-    },
-    /// The call with its retries took longer than the operation timeout.
-    #[error("the request timed out after {0:?}")]
-    Timeout(Duration),
-    /// The request could not be sent, or its answer not received.
-    #[error("the request could not be sent")]
-    Transport(#[source] ConnectorError),
-    /// The answer is not one of EC2's.
-    #[error("HTTP {status}: the response is not an EC2 answer")]
-    Response {
-        /// The HTTP status.
-        status: u16,
-        /// Why it could not be read.
-        #[source]
-        source: ResponseError,
-    },
-    /// The call's credentials could not be had.
-    #[error("no credentials")]
-    Credentials(#[source] CredentialsError),
-    /// The signing parameters are incomplete.
-    #[error("the request could not be signed")]
-    SigningParams(#[source] BuildError),
-    /// The request could not be signed.
-    #[error("the request could not be signed")]
-    Signing(#[source] SigningError),
-    /// The HTTP client does not take the request.
-    #[error("the request could not be built")]
-    Request(#[source] aws_smithy_runtime_api::http::HttpError),
-    /// The endpoint is not a URL an HTTP request can go to.
-    #[error("the endpoint {endpoint} cannot be used")]
-    Endpoint {
-        /// The endpoint.
-        endpoint: String,
-        /// Why.
-        #[source]
-        source: http::Error,
-    },
-}
-
-/// Why an answer could not be read.
-#[derive(Debug, thiserror::Error)]
-pub enum ResponseError {
-    /// Its body could not be received.
-    #[error("reading the body")]
-    Body(#[source] aws_smithy_types::byte_stream::error::Error),
-    /// Its body is not XML.
-    #[error(transparent)]
-    Xml(XmlError),
-    /// An error answer without `Errors/Error/Code`.
-    #[error("an error answer without an error code: {0}")]
-    NoCode(String),
-}
-
-impl Ec2Error {
-    /// EC2's error code, when EC2 answered with one.
-    pub fn code(&self) -> Option<&str> {
-        match self {
-            Ec2Error::Service { code, .. } => Some(code),
-            _ => None,
-        }
-    }
-
-    /// The AWS request id, when EC2 answered.
-    pub fn aws_request_id(&self) -> Option<&str> {
-        match self {
-            Ec2Error::Service { aws_request_id, .. } => aws_request_id.as_deref(),
-            _ => None,
-        }
-    }
-}
-
-/// Whether another attempt may succeed where `e` failed: throttling, EC2's server errors and
-/// connections that failed; never a refusal of the request itself. Pure.
-pub fn retryable(e: &Ec2Error) -> bool {
-    match e {
-        Ec2Error::Service { code, status, .. } => {
-            *status >= 500
-                || crate::errors::THROTTLING_CODES.contains(&code.as_str())
-                || matches!(
-                    code.as_str(),
-                    "RequestTimeout"
-                        | "RequestTimeoutException"
-                        | "InternalError"
-                        | "InternalFailure"
-                )
-        }
-        Ec2Error::Transport(c) => !c.is_user(),
-        Ec2Error::Response { status, .. } => *status >= 500,
-        _ => false,
-    }
-}
-
-/// The pause before attempt `attempt + 1` (`attempt` >= 1): `jitter` (0..1) times
-/// 2^(attempt-1) seconds, at most [`MAX_BACKOFF`]. Pure.
-pub fn backoff(attempt: u32, jitter: f64) -> Duration {
-    let base = 2f64.powi(attempt.saturating_sub(1).min(16) as i32);
-    Duration::from_secs_f64(jitter.clamp(0.0, 1.0) * base).min(MAX_BACKOFF)
-}
-
-/// The response header carrying the AWS request id (EC2 repeats it in its XML bodies).
-pub const AWS_REQUEST_ID_HEADER: &str = "x-amzn-requestid";
-
-/// Reads an answer: the root element of a 2xx answer, else EC2's error, with the request id
-/// of the [`AWS_REQUEST_ID_HEADER`] header, else of the body. Pure.
-pub fn read_answer(
-    status: u16,
-    header_request_id: Option<&str>,
-    body: &[u8],
-) -> Result<Element, Ec2Error> {
-    let text = String::from_utf8_lossy(body);
-    let bad = |source| Ec2Error::Response { status, source };
-    let doc = xml::parse(&text).map_err(|e| bad(ResponseError::Xml(e)));
-    if (200..300).contains(&status) {
-        return doc;
-    }
-    let doc = doc?;
-    let error = doc
-        .at(&["Errors", "Error"])
-        .or_else(|| doc.child("Error"))
-        .filter(|e| e.text_of("Code").is_some_and(|c| !c.trim().is_empty()))
-        .ok_or_else(|| bad(ResponseError::NoCode(text.chars().take(200).collect())))?;
-    Err(Ec2Error::Service {
-        code: error.text_of("Code").unwrap_or_default().trim().to_string(),
-        message: error
-            .text_of("Message")
-            .unwrap_or("no message")
-            .trim()
-            .to_string(),
-        aws_request_id: header_request_id
-            .or_else(|| doc.text_of("RequestID"))
-            .or_else(|| doc.text_of("RequestId"))
-            .map(|r| r.trim().to_string())
-            .filter(|r| !r.is_empty()),
-        status,
-    })
-}
-
-/// What every call of a driver shares: the HTTP connection pool and the environment.
-#[derive(Debug, Clone)]
-pub struct Ec2Transport {
-    connector: Arc<aws_smithy_http_client::Connector>,
-    env: Arc<Environment>,
-    config: AwsDriverConfig,
-}
-
-impl Ec2Transport {
-    /// The transport of `config`, with the process environment.
-    pub fn new(config: &AwsDriverConfig) -> Ec2Transport {
-        Ec2Transport::with_environment(config, Environment::from_process())
-    }
-
-    /// The transport of `config` with `env` for the environment.
-    pub fn with_environment(config: &AwsDriverConfig, env: Environment) -> Ec2Transport {
-        let settings = HttpConnectorSettings::builder()
-            .connect_timeout(config.connect_timeout)
-            .build();
-        let connector = aws_smithy_http_client::Connector::builder()
-            .connector_settings(settings)
-            .tls_provider(tls::Provider::Rustls(CryptoMode::Ring))
-            .build();
-        Ec2Transport {
-            connector: Arc::new(connector),
-            env: Arc::new(env),
-            config: config.clone(),
-        }
-    }
-
-    /// A client for one driver call: `region`, its credentials, and the call's request id.
-    pub fn client(
+    fn modify_before_transmit(
         &self,
-        region: &str,
-        credentials: SharedCredentialsProvider,
-        request_id: &RequestId,
-    ) -> Ec2Client {
-        Ec2Client {
-            transport: self.clone(),
-            endpoint: endpoint(self.config.endpoint_url.as_deref(), &self.env, region),
-            region: region.to_string(),
-            credentials,
-            request_id: request_id.to_string(),
+        context: &mut BeforeTransmitInterceptorContextMut<'_>,
+        _runtime_components: &RuntimeComponents,
+        _cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        if let Ok(id) = REQUEST_ID.try_with(|id| id.to_string()) {
+            context
+                .request_mut()
+                .headers_mut()
+                .insert(REQUEST_ID_HEADER, id);
         }
+        Ok(())
     }
 }
 
-/// An EC2 client for one driver call.
-#[derive(Debug, Clone)]
-pub struct Ec2Client {
-    transport: Ec2Transport,
-    endpoint: String,
-    region: String,
-    credentials: SharedCredentialsProvider,
-    request_id: String,
+/// What a client is kept by: the region and the secret's credentials.
+type ClientKey = (String, Auth);
+
+/// A kept client and when it was last handed out.
+#[derive(Debug)]
+struct Kept {
+    client: aws_sdk_ec2::Client,
+    used: Instant,
 }
 
-impl Ec2Client {
-    /// The endpoint requests go to.
-    pub fn endpoint(&self) -> &str {
-        &self.endpoint
-    }
+/// The EC2 clients of a driver, one per region and credentials (see the module
+/// documentation).
+#[derive(Debug)]
+pub struct Ec2Clients {
+    sdk: SdkConfig,
+    interceptors: Vec<SharedInterceptor>,
+    kept: Mutex<HashMap<ClientKey, Kept>>,
+}
 
-    /// Sends `query` and returns the answer's root element, retrying as the module
-    /// documentation says, within the operation timeout.
-    pub async fn call(&self, query: &Query) -> Result<Element, Ec2Error> {
-        let timeout = self.transport.config.operation_timeout;
-        tokio::time::timeout(timeout, self.attempts(query))
-            .await
-            .unwrap_or(Err(Ec2Error::Timeout(timeout)))
-    }
+impl Ec2Clients {
+    /// At most this many clients are kept; the least recently used goes first.
+    pub const CAPACITY: usize = 64;
+    /// A client not used for this long is forgotten.
+    pub const IDLE: Duration = Duration::from_secs(3600);
 
-    async fn attempts(&self, query: &Query) -> Result<Element, Ec2Error> {
-        let max = self
-            .transport
-            .config
-            .max_attempts
-            .or(self.transport.env.max_attempts)
-            .unwrap_or(DEFAULT_MAX_ATTEMPTS)
-            .max(1);
-        let mut attempt = 1;
-        loop {
-            match self.attempt(query).await {
-                Err(e) if attempt < max && retryable(&e) => {
-                    let pause = backoff(attempt, rand::random::<f64>());
-                    tracing::debug!(action = query.action(), attempt, error = %e, ?pause, request_id = %self.request_id, "EC2 call failed; retrying");
-                    tokio::time::sleep(pause).await;
-                    attempt += 1;
-                }
-                done => return done,
-            }
+    /// The clients of `sdk` (see [`load_sdk_config`]) with `config`'s interceptors.
+    pub fn new(sdk: SdkConfig, config: &AwsDriverConfig) -> Ec2Clients {
+        Ec2Clients {
+            sdk,
+            interceptors: config.interceptors.clone(),
+            kept: Mutex::new(HashMap::new()),
         }
     }
 
-    async fn attempt(&self, query: &Query) -> Result<Element, Ec2Error> {
-        let request = self.signed_request(query).await?;
-        let response = self
-            .transport
-            .connector
-            .call(request)
-            .await
-            .map_err(Ec2Error::Transport)?;
-        let status = response.status().as_u16();
-        let header_request_id = response
-            .headers()
-            .get(AWS_REQUEST_ID_HEADER)
-            .map(str::to_string);
-        let body = ByteStream::new(response.into_body())
-            .collect()
-            .await
-            .map_err(|e| Ec2Error::Response {
-                status,
-                source: ResponseError::Body(e),
-            })?
-            .into_bytes();
-        read_answer(status, header_request_id.as_deref(), &body)
+    /// The SDK configuration the clients are built from.
+    pub fn sdk_config(&self) -> &SdkConfig {
+        &self.sdk
     }
 
-    async fn signed_request(&self, query: &Query) -> Result<HttpRequest, Ec2Error> {
-        let body = query.body();
-        let endpoint_error = |source: http::Error| Ec2Error::Endpoint {
-            endpoint: self.endpoint.clone(),
-            source,
+    /// The client of `region` with `auth`'s credentials: the kept one, else a new one.
+    pub fn client(&self, region: &str, auth: &Auth) -> aws_sdk_ec2::Client {
+        let now = Instant::now();
+        let key = (region.to_string(), auth.clone());
+        let mut kept = self.kept.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(k) = kept.get_mut(&key) {
+            k.used = now;
+            return k.client.clone();
+        }
+        kept.retain(|_, k| now.duration_since(k.used) < Self::IDLE);
+        if kept.len() >= Self::CAPACITY
+            && let Some(oldest) = kept
+                .iter()
+                .min_by_key(|(_, k)| k.used)
+                .map(|(key, _)| key.clone())
+        {
+            kept.remove(&oldest);
+        }
+        let client = self.build(region, auth);
+        kept.insert(
+            key,
+            Kept {
+                client: client.clone(),
+                used: now,
+            },
+        );
+        client
+    }
+
+    /// How many clients are kept.
+    pub fn kept(&self) -> usize {
+        self.kept.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    fn build(&self, region: &str, auth: &Auth) -> aws_sdk_ec2::Client {
+        let credentials = match auth {
+            Auth::AccessKey(key) => SharedCredentialsProvider::new(Credentials::new(
+                key.id.clone(),
+                key.secret.clone(),
+                None,
+                None,
+                "mcm-machine-class-secret",
+            )),
+            Auth::WebIdentity {
+                role_arn,
+                token_file,
+            } => SharedCredentialsProvider::new(WebIdentity::new(
+                &self.sdk, region, role_arn, token_file,
+            )),
         };
-        let uri: http::Uri = self
-            .endpoint
-            .parse()
-            .map_err(|e: http::uri::InvalidUri| endpoint_error(e.into()))?;
-        let host = uri.authority().map(|a| a.to_string()).unwrap_or_default();
-        let user_agent = format!("{APP_NAME}/{}", env!("CARGO_PKG_VERSION"));
-        let headers = [
-            ("content-type", FORM),
-            ("host", host.as_str()),
-            (REQUEST_ID_HEADER, self.request_id.as_str()),
-        ];
-        let credentials = self
-            .credentials
-            .provide_credentials()
-            .await
-            .map_err(Ec2Error::Credentials)?;
-        let identity: Identity = credentials.into();
-        let params = aws_sigv4::sign::v4::SigningParams::builder()
-            .identity(&identity)
-            .region(&self.region)
-            .name(SERVICE)
-            .time(SystemTime::now())
-            .settings(SigningSettings::default())
-            .build()
-            .map_err(Ec2Error::SigningParams)?
-            .into();
-        let signable = SignableRequest::new(
-            "POST",
-            self.endpoint.as_str(),
-            headers.iter().copied(),
-            SignableBody::Bytes(body.as_bytes()),
-        )
-        .map_err(Ec2Error::Signing)?;
-        let (instructions, _signature) = aws_sigv4::http_request::sign(signable, &params)
-            .map_err(Ec2Error::Signing)?
-            .into_parts();
-        let mut builder = http::Request::builder().method("POST").uri(uri);
-        for (name, value) in headers {
-            builder = builder.header(name, value);
+        let mut conf = aws_sdk_ec2::config::Builder::from(&self.sdk)
+            .region(Region::new(region.to_string()))
+            .credentials_provider(credentials)
+            .interceptor(RequestIdHeader);
+        for i in &self.interceptors {
+            conf.push_interceptor(i.clone());
         }
-        let mut request = builder
-            .header("user-agent", user_agent)
-            .body(SdkBody::from(body))
-            .map_err(endpoint_error)?;
-        instructions.apply_to_request_http1x(&mut request);
-        HttpRequest::try_from(request).map_err(Ec2Error::Request)
+        aws_sdk_ec2::Client::from_conf(conf.build())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spec::AccessKey;
+    use aws_sdk_ec2::config::endpoint::{Params, ResolveEndpoint};
 
-    fn env(pairs: &[(&str, &str)]) -> Environment {
-        Environment::from_lookup(|name| {
-            pairs
-                .iter()
-                .find(|(n, _)| *n == name)
-                .map(|(_, v)| v.to_string())
+    fn key(id: &str) -> Auth {
+        Auth::AccessKey(AccessKey {
+            id: id.into(),
+            secret: "s".into(),
         })
     }
 
-    #[test]
-    fn endpoints_follow_config_environment_and_region() {
-        let none = env(&[]);
+    #[tokio::test]
+    async fn one_client_per_region_and_credentials_and_no_more_than_the_capacity() {
+        let config = AwsDriverConfig {
+            endpoint_url: Some("http://127.0.0.1:9".into()),
+            ..Default::default()
+        };
+        let clients = Ec2Clients::new(load_sdk_config(&config).await, &config);
+        clients.client("eu-west-1", &key("a"));
+        clients.client("eu-west-1", &key("a"));
+        assert_eq!(clients.kept(), 1, "the same credentials reuse the client");
+        clients.client("eu-central-1", &key("a"));
+        clients.client("eu-west-1", &key("b"));
+        assert_eq!(clients.kept(), 3);
+        for i in 0..2 * Ec2Clients::CAPACITY {
+            clients.client("eu-west-1", &key(&format!("rotated-{i}")));
+        }
         assert_eq!(
-            endpoint(None, &none, "eu-west-1"),
-            "https://ec2.eu-west-1.amazonaws.com/"
+            clients.kept(),
+            Ec2Clients::CAPACITY,
+            "rotated secrets do not grow the clients for ever"
         );
-        assert_eq!(
-            endpoint(None, &none, "cn-north-1"),
-            "https://ec2.cn-north-1.amazonaws.com.cn/"
-        );
-        let fips = env(&[("AWS_USE_FIPS_ENDPOINT", "true")]);
-        assert_eq!(
-            endpoint(None, &fips, "us-east-1"),
-            "https://ec2-fips.us-east-1.amazonaws.com/"
-        );
-        let dual = env(&[("AWS_USE_DUALSTACK_ENDPOINT", "TRUE")]);
-        assert_eq!(
-            endpoint(None, &dual, "us-east-1"),
-            "https://ec2.us-east-1.api.aws/"
-        );
-        let both = env(&[
-            ("AWS_ENDPOINT_URL", "http://global:1"),
-            ("AWS_ENDPOINT_URL_EC2", "http://ec2:2/"),
-        ]);
-        assert_eq!(endpoint(None, &both, "eu-west-1"), "http://ec2:2/");
-        let global = env(&[("AWS_ENDPOINT_URL", "http://global:1")]);
-        assert_eq!(endpoint(None, &global, "eu-west-1"), "http://global:1/");
-        assert_eq!(
-            endpoint(Some("http://127.0.0.1:5000"), &both, "eu-west-1"),
-            "http://127.0.0.1:5000/",
-            "the config wins"
-        );
-        let ignored = env(&[
-            ("AWS_ENDPOINT_URL", "http://global:1"),
-            ("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "true"),
-        ]);
-        assert_eq!(
-            endpoint(None, &ignored, "eu-west-1"),
-            "https://ec2.eu-west-1.amazonaws.com/"
-        );
-        assert_eq!(env(&[("AWS_MAX_ATTEMPTS", "7")]).max_attempts, Some(7));
     }
 
-    #[test]
-    fn answers_are_documents_or_ec2_errors() {
-        let ok = read_answer(
-            200,
-            None,
-            b"<RunInstancesResponse><requestId>r</requestId></RunInstancesResponse>",
-        )
-        .unwrap();
-        assert_eq!(ok.name, "RunInstancesResponse");
-        let e = read_answer(
-            400,
-            None,
-            b"<?xml version=\"1.0\"?><Response><Errors><Error><Code>InvalidInstanceID.NotFound</Code><Message>The instance ID 'i-1' does not exist</Message></Error></Errors><RequestID>aws-1</RequestID></Response>",
-        )
-        .unwrap_err();
-        assert_eq!(e.code(), Some("InvalidInstanceID.NotFound"));
-        assert_eq!(e.aws_request_id(), Some("aws-1"));
-        assert_eq!(
-            e.to_string(),
-            "InvalidInstanceID.NotFound: The instance ID 'i-1' does not exist"
-        );
-        assert!(!retryable(&e));
-        let throttled = read_answer(
-            503,
-            Some("header-2"),
-            b"<Response><Errors><Error><Code>RequestLimitExceeded</Code><Message>slow down</Message></Error></Errors><RequestID>aws-2</RequestID></Response>",
-        )
-        .unwrap_err();
-        assert!(retryable(&throttled));
-        assert_eq!(
-            throttled.aws_request_id(),
-            Some("header-2"),
-            "the header wins"
-        );
-        // A proxy's HTML page is no EC2 answer; a 502 of it may pass, a 403 will not.
-        let html = read_answer(502, None, b"<html><body>bad gateway</body></html>").unwrap_err();
-        assert!(
-            matches!(html, Ec2Error::Response { status: 502, .. }),
-            "{html:?}"
-        );
-        assert!(retryable(&html));
-        let text = read_answer(403, None, b"forbidden").unwrap_err();
-        assert!(
-            matches!(text, Ec2Error::Response { status: 403, .. }),
-            "{text:?}"
-        );
-        assert!(!retryable(&text));
-        assert!(matches!(
-            read_answer(200, None, b"not xml").unwrap_err(),
-            Ec2Error::Response { status: 200, .. }
-        ));
+    /// The endpoint the SDK's rules give EC2 in `region`.
+    async fn endpoint(region: &str, fips: bool, dual_stack: bool) -> String {
+        let params = Params::builder()
+            .region(region)
+            .use_fips(fips)
+            .use_dual_stack(dual_stack)
+            .build()
+            .unwrap();
+        let resolver = aws_sdk_ec2::config::endpoint::DefaultResolver::new();
+        let resolved = resolver.resolve_endpoint(&params).await.unwrap();
+        resolved.url().to_string()
     }
 
-    #[test]
-    fn backoff_grows_with_jitter_and_is_capped() {
-        assert_eq!(backoff(1, 1.0), Duration::from_secs(1));
-        assert_eq!(backoff(3, 0.5), Duration::from_secs(2));
-        assert_eq!(backoff(10, 1.0), MAX_BACKOFF);
-        assert_eq!(backoff(2, 0.0), Duration::ZERO);
+    #[tokio::test]
+    async fn every_partition_gets_its_own_endpoint_names() {
+        for (region, fips, dual, want) in [
+            (
+                "eu-west-1",
+                false,
+                false,
+                "https://ec2.eu-west-1.amazonaws.com",
+            ),
+            (
+                "us-east-1",
+                true,
+                false,
+                "https://ec2-fips.us-east-1.amazonaws.com",
+            ),
+            ("us-east-1", false, true, "https://ec2.us-east-1.api.aws"),
+            (
+                "cn-north-1",
+                false,
+                false,
+                "https://ec2.cn-north-1.amazonaws.com.cn",
+            ),
+            // GovCloud's FIPS endpoint is its regular name.
+            (
+                "us-gov-west-1",
+                true,
+                false,
+                "https://ec2.us-gov-west-1.amazonaws.com",
+            ),
+            // The ISO partitions and the EU sovereign cloud.
+            (
+                "us-iso-east-1",
+                false,
+                false,
+                "https://ec2.us-iso-east-1.c2s.ic.gov",
+            ),
+            (
+                "us-isob-east-1",
+                false,
+                false,
+                "https://ec2.us-isob-east-1.sc2s.sgov.gov",
+            ),
+            (
+                "eusc-de-east-1",
+                false,
+                false,
+                "https://ec2.eusc-de-east-1.amazonaws.eu",
+            ),
+        ] {
+            assert_eq!(
+                endpoint(region, fips, dual).await,
+                want,
+                "{region} fips={fips} dual={dual}"
+            );
+        }
     }
 }

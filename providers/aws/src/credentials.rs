@@ -3,29 +3,29 @@
 //! Workload identity is Gardener's: the secret names an IAM role (`roleARN`) and a file with a
 //! web-identity token (`workloadIdentityTokenFile`, kept fresh by gardenlet and mounted into
 //! the provider's container). [`WebIdentity`] exchanges the token for temporary credentials
-//! with STS `AssumeRoleWithWebIdentity`, reads the file again on every exchange (the token
-//! rotates), and keeps the credentials until five minutes before they expire. The STS client
-//! is built from the driver's SDK configuration, so it follows the same endpoint override
-//! (`AwsDriverConfig::endpoint_url`, `AWS_ENDPOINT_URL_STS`, `AWS_ENDPOINT_URL`) and HTTP stack.
+//! with STS `AssumeRoleWithWebIdentity` and reads the file again on every exchange (the token
+//! rotates). The EC2 client's identity cache keeps the credentials until shortly before they
+//! expire, so one exchange serves every call of that client ([`crate::client::Ec2Clients`]).
+//!
+//! Why not aws-config's `WebIdentityTokenCredentialsProvider`: it takes its STS endpoint from
+//! the process environment only. [`WebIdentity`] calls STS with the driver's own SDK
+//! configuration, so STS follows the same endpoint override
+//! (`AwsDriverConfig::endpoint_url`, `AWS_ENDPOINT_URL_STS`, `AWS_ENDPOINT_URL`), FIPS and
+//! dual-stack settings, HTTP stack, timeouts and retries as EC2. No ambient credentials are
+//! ever read (no IMDS, no profile, no environment keys).
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use aws_config::Region;
 use aws_config::SdkConfig;
 use aws_credential_types::Credentials;
+use aws_credential_types::provider::ProvideCredentials;
 use aws_credential_types::provider::error::CredentialsError;
 use aws_credential_types::provider::future;
-use aws_credential_types::provider::{ProvideCredentials, SharedCredentialsProvider};
-
-use crate::spec::Auth;
 
 /// The session name of the assumed role (in CloudTrail).
 pub const SESSION_NAME: &str = "machine-controller-manager";
-/// Credentials are renewed this long before they expire.
-const RENEW_BEFORE: Duration = Duration::from_secs(300);
 
 /// The token file could not be read.
 #[derive(Debug, thiserror::Error)]
@@ -44,7 +44,6 @@ pub struct WebIdentity {
     sts: aws_sdk_sts::Client,
     role_arn: String,
     token_file: PathBuf,
-    cached: tokio::sync::Mutex<Option<Credentials>>,
 }
 
 impl WebIdentity {
@@ -57,18 +56,10 @@ impl WebIdentity {
             sts: aws_sdk_sts::Client::from_conf(conf),
             role_arn: role_arn.to_string(),
             token_file: token_file.to_path_buf(),
-            cached: tokio::sync::Mutex::new(None),
         }
     }
 
     async fn credentials(&self) -> Result<Credentials, CredentialsError> {
-        let mut cached = self.cached.lock().await;
-        if let Some(c) = cached.as_ref()
-            && c.expiry()
-                .is_none_or(|e| e > SystemTime::now() + RENEW_BEFORE)
-        {
-            return Ok(c.clone());
-        }
         let token = tokio::fs::read_to_string(&self.token_file)
             .await
             .map_err(|source| {
@@ -89,15 +80,13 @@ impl WebIdentity {
         let c = out.credentials().ok_or_else(|| {
             CredentialsError::unhandled("STS AssumeRoleWithWebIdentity returned no credentials")
         })?;
-        let fresh = Credentials::new(
+        Ok(Credentials::new(
             c.access_key_id(),
             c.secret_access_key(),
             Some(c.session_token().to_string()),
             SystemTime::try_from(*c.expiration()).ok(),
             "mcm-web-identity",
-        );
-        *cached = Some(fresh.clone());
-        Ok(fresh)
+        ))
     }
 }
 
@@ -107,46 +96,5 @@ impl ProvideCredentials for WebIdentity {
         Self: 'a,
     {
         future::ProvideCredentials::new(self.credentials())
-    }
-}
-
-/// What a [`WebIdentity`] is kept by: role, token file, region.
-type WebIdentityKey = (String, PathBuf, String);
-
-/// The credential providers of a driver: one [`WebIdentity`] per role, token file and region,
-/// kept across calls so their credentials are reused until they expire.
-#[derive(Debug, Clone, Default)]
-pub struct Providers {
-    web_identities: Arc<Mutex<HashMap<WebIdentityKey, SharedCredentialsProvider>>>,
-}
-
-impl Providers {
-    /// The provider of `auth`'s credentials in `region`.
-    pub fn of(&self, sdk: &SdkConfig, auth: &Auth, region: &str) -> SharedCredentialsProvider {
-        match auth {
-            Auth::AccessKey(key) => SharedCredentialsProvider::new(Credentials::new(
-                key.id.clone(),
-                key.secret.clone(),
-                None,
-                None,
-                "mcm-machine-class-secret",
-            )),
-            Auth::WebIdentity {
-                role_arn,
-                token_file,
-            } => {
-                let mut map = self
-                    .web_identities
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner());
-                map.entry((role_arn.clone(), token_file.clone(), region.to_string()))
-                    .or_insert_with(|| {
-                        SharedCredentialsProvider::new(WebIdentity::new(
-                            sdk, region, role_arn, token_file,
-                        ))
-                    })
-                    .clone()
-            }
-        }
     }
 }

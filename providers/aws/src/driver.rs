@@ -9,7 +9,10 @@
 //! | `list_machines` | `DescribeInstances` pages with the cluster and role tags |
 //! | `get_volume_ids` | none (EBS volume ids from the PersistentVolume specs) |
 
-use aws_config::SdkConfig;
+use std::sync::Arc;
+
+use aws_sdk_ec2::Client;
+use aws_sdk_ec2::types::{AttributeBooleanValue, Filter, Instance, InstanceStateName};
 use mcm_api::{Machine, MachineClass};
 use mcm_driver::{
     Code, CreateMachineRequest, CreateMachineResponse, DeleteMachineRequest, DeleteMachineResponse,
@@ -19,29 +22,25 @@ use mcm_driver::{
 };
 use tracing::{debug, info, warn};
 
-use crate::client::{self, AwsDriverConfig, Ec2Client, Ec2Transport};
-use crate::errors::from_ec2;
+use crate::client::{self, AwsDriverConfig};
+use crate::errors::from_sdk;
 use crate::launch;
-use crate::model::{self, Instance};
 use crate::provider_id::{decode_provider_id, encode_provider_id, volume_id};
-use crate::query::{Filter, Query};
 use crate::spec::{self, ProviderSpec};
 use crate::tags::{self, ClusterTags};
 use mcm_driver::{SpecError, SpecProblem};
 
-/// The AWS driver. Cheap to share: one HTTP connection pool (and one SDK configuration for
-/// STS); each call builds a client with the class's region and the secret's credentials.
+/// The AWS driver. Cheap to share: one HTTP connection pool and one EC2 client per region
+/// and credentials ([`client::Ec2Clients`]).
 #[derive(Debug, Clone)]
 pub struct AwsDriver {
-    sdk: SdkConfig,
-    ec2: Ec2Transport,
+    clients: Arc<client::Ec2Clients>,
     config: AwsDriverConfig,
-    credentials: crate::credentials::Providers,
 }
 
 /// What one driver call works with.
 struct Call<'a> {
-    ec2: Ec2Client,
+    ec2: Client,
     spec: ProviderSpec,
     tags: ClusterTags,
     request_id: &'a RequestId,
@@ -52,10 +51,8 @@ impl AwsDriver {
     pub async fn new(config: AwsDriverConfig) -> AwsDriver {
         let sdk = client::load_sdk_config(&config).await;
         AwsDriver {
-            sdk,
-            ec2: Ec2Transport::new(&config),
+            clients: Arc::new(client::Ec2Clients::new(sdk, &config)),
             config,
-            credentials: Default::default(),
         }
     }
 
@@ -140,8 +137,7 @@ impl AwsDriver {
             )
             .with_source(e));
         }
-        let credentials = self.credentials.of(&self.sdk, &auth, &spec.region);
-        let ec2 = self.ec2.client(&spec.region, credentials, request_id);
+        let ec2 = self.clients.client(&spec.region, &auth);
         Ok(Call {
             ec2,
             spec,
@@ -157,30 +153,26 @@ impl AwsDriver {
         call: &Call<'_>,
         filters: Vec<Filter>,
     ) -> Result<Vec<Instance>, DriverError> {
-        let mut out = Vec::new();
-        let mut token: Option<String> = None;
         let page_size = self.config.page_size.clamp(5, 1000);
-        loop {
-            let mut query = Query::new("DescribeInstances");
-            query
-                .filters(&filters)
-                .set("MaxResults", page_size)
-                .opt("NextToken", token.take());
-            let page = call
-                .ec2
-                .call(&query)
-                .await
-                .map_err(|e| from_ec2("DescribeInstances", call.request_id, e))?;
+        let mut pages = call
+            .ec2
+            .describe_instances()
+            .set_filters(Some(filters))
+            .max_results(page_size)
+            .into_paginator()
+            .send();
+        let mut out = Vec::new();
+        while let Some(page) = pages.next().await {
+            let page = page.map_err(|e| from_sdk("DescribeInstances", call.request_id, e))?;
             out.extend(
-                model::instances(&page)
-                    .into_iter()
-                    .filter(|i| call.tags.matches(&i.tags)),
+                page.reservations()
+                    .iter()
+                    .flat_map(|r| r.instances())
+                    .filter(|i| call.tags.matches(i.tags()))
+                    .cloned(),
             );
-            match model::next_token(&page) {
-                Some(t) => token = Some(t),
-                None => return Ok(out),
-            }
         }
+        Ok(out)
     }
 
     /// The live instances of a machine.
@@ -253,14 +245,21 @@ impl AwsDriver {
         call: &Call<'_>,
         instance_id: &str,
     ) -> Result<Option<Instance>, DriverError> {
-        let mut query = Query::new("DescribeInstances");
-        query.set("InstanceId.1", instance_id);
-        match call.ec2.call(&query).await {
-            Ok(out) => Ok(model::instances(&out)
-                .into_iter()
-                .find(|i| i.id == instance_id)),
+        match call
+            .ec2
+            .describe_instances()
+            .instance_ids(instance_id)
+            .send()
+            .await
+        {
+            Ok(out) => Ok(out
+                .reservations()
+                .iter()
+                .flat_map(|r| r.instances())
+                .find(|i| i.instance_id() == Some(instance_id))
+                .cloned()),
             Err(e) => {
-                let e = from_ec2("DescribeInstances", call.request_id, e);
+                let e = from_sdk("DescribeInstances", call.request_id, e);
                 if e.is_not_found() { Ok(None) } else { Err(e) }
             }
         }
@@ -305,19 +304,18 @@ impl AwsDriver {
     async fn launch(
         &self,
         call: &Call<'_>,
-        request: &Query,
+        request: &aws_sdk_ec2::operation::run_instances::builders::RunInstancesFluentBuilder,
         key: &str,
     ) -> Result<Instance, DriverError> {
         let mut gone = Vec::new();
         for generation in 0..MAX_GENERATIONS {
             let token = launch::client_token(key, generation);
-            let mut request = request.clone();
-            request.set("ClientToken", &token);
-            let out = call
-                .ec2
-                .call(&request)
+            let out = request
+                .clone()
+                .client_token(&token)
+                .send()
                 .await
-                .map_err(|e| from_ec2("RunInstances", call.request_id, e))
+                .map_err(|e| from_sdk("RunInstances", call.request_id, e))
                 .map_err(|e| {
                     if e.code == Code::AlreadyExists {
                         // The token launched an instance with other parameters (the class or
@@ -335,23 +333,24 @@ impl AwsDriver {
                         e
                     }
                 })?;
-            let id = model::instances(&out)
-                .into_iter()
-                .map(|i| i.id)
-                .find(|id| !id.is_empty())
+            let id = out
+                .instances()
+                .first()
+                .and_then(|i| i.instance_id())
                 .ok_or_else(|| {
                     DriverError::internal(format!(
                         "RunInstances returned no instance (request id {})",
                         call.request_id
                     ))
-                })?;
+                })?
+                .to_string();
             let instance = self.await_listed(call, &id).await?;
             if !is_terminal(&instance) {
                 return Ok(instance);
             }
             let reason = instance
-                .state_reason
-                .as_deref()
+                .state_reason()
+                .and_then(|r| r.message())
                 .unwrap_or("no reason given");
             warn!(instance = %id, client_token = %token, reason, request_id = %call.request_id,
                 "the instance of this client token terminated; launching the next one");
@@ -369,23 +368,20 @@ impl AwsDriver {
 
     /// The root device name of the AMI; `InvalidArgument` when the AMI does not exist.
     async fn root_device_name(&self, call: &Call<'_>) -> Result<Option<String>, DriverError> {
-        let mut query = Query::new("DescribeImages");
-        query.set("ImageId.1", &call.spec.ami);
         let out = call
             .ec2
-            .call(&query)
+            .describe_images()
+            .image_ids(&call.spec.ami)
+            .send()
             .await
-            .map_err(|e| from_ec2("DescribeImages", call.request_id, e))?;
-        let image = out.items("imagesSet").next().ok_or_else(|| {
+            .map_err(|e| from_sdk("DescribeImages", call.request_id, e))?;
+        let image = out.images().first().ok_or_else(|| {
             DriverError::invalid_argument(format!(
                 "the AMI {} does not exist in {} (request id {})",
                 call.spec.ami, call.spec.region, call.request_id
             ))
         })?;
-        Ok(image
-            .text_of("rootDeviceName")
-            .map(|n| n.trim().to_string())
-            .filter(|n| !n.is_empty()))
+        Ok(image.root_device_name().map(String::from))
     }
 
     /// Whether the instance does not exist or is terminated already (terminating it again
@@ -405,15 +401,19 @@ impl AwsDriver {
         if instance_ids.is_empty() {
             return Ok(());
         }
-        let mut query = Query::new("TerminateInstances");
-        query.list("InstanceId", instance_ids.iter().map(String::as_str));
-        match call.ec2.call(&query).await {
+        match call
+            .ec2
+            .terminate_instances()
+            .set_instance_ids(Some(instance_ids.clone()))
+            .send()
+            .await
+        {
             Ok(_) => {
                 info!(instances = ?instance_ids, request_id = %call.request_id, "terminated");
                 Ok(())
             }
             Err(e) => {
-                let e = from_ec2("TerminateInstances", call.request_id, e);
+                let e = from_sdk("TerminateInstances", call.request_id, e);
                 if e.is_not_found() {
                     info!(instances = ?instance_ids, request_id = %call.request_id, "already gone");
                     Ok(())
@@ -425,7 +425,10 @@ impl AwsDriver {
     }
 
     fn provider_id(&self, call: &Call<'_>, instance: &Instance) -> String {
-        encode_provider_id(&call.spec.region, &instance.id)
+        encode_provider_id(
+            &call.spec.region,
+            instance.instance_id().unwrap_or_default(),
+        )
     }
 }
 
@@ -435,7 +438,10 @@ const MAX_GENERATIONS: u32 = 5;
 
 /// Terminated or being terminated.
 fn is_terminal(instance: &Instance) -> bool {
-    instance.state.is_terminal()
+    matches!(
+        instance.state().and_then(|s| s.name()),
+        Some(InstanceStateName::Terminated | InstanceStateName::ShuttingDown)
+    )
 }
 
 /// The machine's recorded providerID, when it has one.
@@ -454,8 +460,8 @@ fn invalid(e: SpecError) -> DriverError {
 fn ids(instances: &[Instance]) -> Vec<String> {
     instances
         .iter()
-        .filter(|i| !i.id.is_empty())
-        .map(|i| i.id.clone())
+        .filter_map(|i| i.instance_id())
+        .map(String::from)
         .collect()
 }
 
@@ -482,149 +488,164 @@ impl Driver for AwsDriver {
         &self,
         req: CreateMachineRequest,
     ) -> Result<CreateMachineResponse, DriverError> {
-        let name = machine_name(&req.machine)?;
-        let call = self.call(&req.machine_class, &req.secret, &req.request_id, true)?;
-        let existing = self.instances_of(&call, name).await?;
-        if let Some(instance) = launch::oldest(&existing) {
-            if existing.len() > 1 {
-                warn!(machine = name, instances = ?ids(&existing), request_id = %req.request_id,
-                    "several instances back this machine; returning the oldest");
+        client::with_request_id(req.request_id.clone(), async move {
+            let name = machine_name(&req.machine)?;
+            let call = self.call(&req.machine_class, &req.secret, &req.request_id, true)?;
+            let existing = self.instances_of(&call, name).await?;
+            if let Some(instance) = launch::oldest(&existing) {
+                if existing.len() > 1 {
+                    warn!(machine = name, instances = ?ids(&existing), request_id = %req.request_id,
+                        "several instances back this machine; returning the oldest");
+                }
+                let provider_id = self.provider_id(&call, instance);
+                info!(machine = name, %provider_id, request_id = %req.request_id, "instance exists already");
+                return Ok(CreateMachineResponse {
+                    provider_id,
+                    node_name: launch::node_name(instance),
+                    last_known_state: None,
+                    addresses: launch::addresses(instance),
+                });
             }
-            let provider_id = self.provider_id(&call, instance);
-            info!(machine = name, %provider_id, request_id = %req.request_id, "instance exists already");
-            return Ok(CreateMachineResponse {
+            let root = self.root_device_name(&call).await?;
+            let user_data = req.secret.get(USER_DATA_KEY).unwrap_or_default();
+            let placement_annotation = req
+                .machine
+                .spec
+                .node_template
+                .as_ref()
+                .and_then(|t| t.metadata.as_ref())
+                .and_then(|m| m.annotations.as_ref())
+                .and_then(|a| a.get(launch::PLACEMENT_ANNOTATION))
+                .map(String::as_str);
+            let request = launch::run_instances_request(
+                call.ec2.run_instances(),
+                &call.spec,
+                name,
+                placement_annotation,
+                user_data,
+                root.as_deref(),
+                &launch::client_token(req.idempotency_key.as_str(), 0),
+            )
+            .map_err(|e| DriverError::invalid_argument(e.to_string()).with_source(e))?;
+            let instance = self
+                .launch(&call, &request, req.idempotency_key.as_str())
+                .await?;
+            let provider_id = self.provider_id(&call, &instance);
+            info!(machine = name, %provider_id, idempotency_key = %req.idempotency_key, request_id = %req.request_id, "instance created");
+            Ok(CreateMachineResponse {
                 provider_id,
-                node_name: launch::node_name(instance),
+                node_name: launch::node_name(&instance),
                 last_known_state: None,
-                addresses: launch::addresses(instance),
-            });
-        }
-        let root = self.root_device_name(&call).await?;
-        let user_data = req.secret.get(USER_DATA_KEY).unwrap_or_default();
-        let placement_annotation = req
-            .machine
-            .spec
-            .node_template
-            .as_ref()
-            .and_then(|t| t.metadata.as_ref())
-            .and_then(|m| m.annotations.as_ref())
-            .and_then(|a| a.get(launch::PLACEMENT_ANNOTATION))
-            .map(String::as_str);
-        let request = launch::run_instances_request(
-            &call.spec,
-            name,
-            placement_annotation,
-            user_data,
-            root.as_deref(),
-            &launch::client_token(req.idempotency_key.as_str(), 0),
-        )
-        .map_err(|e| DriverError::invalid_argument(e.to_string()).with_source(e))?;
-        let instance = self
-            .launch(&call, &request, req.idempotency_key.as_str())
-            .await?;
-        let provider_id = self.provider_id(&call, &instance);
-        info!(machine = name, %provider_id, idempotency_key = %req.idempotency_key, request_id = %req.request_id, "instance created");
-        Ok(CreateMachineResponse {
-            provider_id,
-            node_name: launch::node_name(&instance),
-            last_known_state: None,
-            addresses: launch::addresses(&instance),
+                addresses: launch::addresses(&instance),
+            })
         })
+        .await
     }
 
     async fn initialize_machine(
         &self,
         req: InitializeMachineRequest,
     ) -> Result<InitializeMachineResponse, DriverError> {
-        let name = machine_name(&req.machine)?;
-        let call = self.call(&req.machine_class, &req.secret, &req.request_id, false)?;
-        let instance = self.instance_of_machine(&call, &req.machine).await?;
-        let id = instance.id.clone();
-        for eni in launch::src_dst_checks_to_disable(&call.spec, &instance) {
-            let mut query = Query::new("ModifyNetworkInterfaceAttribute");
-            query
-                .set("NetworkInterfaceId", &eni)
-                .set("SourceDestCheck.Value", false);
-            call.ec2
-                .call(&query)
-                .await
-                .map_err(|e| from_ec2("ModifyNetworkInterfaceAttribute", &req.request_id, e))?;
-            info!(machine = name, instance = %id, interface = %eni, request_id = %req.request_id, "source/destination check disabled");
-        }
-        Ok(InitializeMachineResponse {
-            provider_id: self.provider_id(&call, &instance),
-            node_name: launch::node_name(&instance),
+        client::with_request_id(req.request_id.clone(), async move {
+            let name = machine_name(&req.machine)?;
+            let call = self.call(&req.machine_class, &req.secret, &req.request_id, false)?;
+            let instance = self.instance_of_machine(&call, &req.machine).await?;
+            let id = instance.instance_id().unwrap_or_default().to_string();
+            for eni in launch::src_dst_checks_to_disable(&call.spec, &instance) {
+                call.ec2
+                    .modify_network_interface_attribute()
+                    .network_interface_id(&eni)
+                    .source_dest_check(AttributeBooleanValue::builder().value(false).build())
+                    .send()
+                    .await
+                    .map_err(|e| from_sdk("ModifyNetworkInterfaceAttribute", &req.request_id, e))?;
+                info!(machine = name, instance = %id, interface = %eni, request_id = %req.request_id, "source/destination check disabled");
+            }
+            Ok(InitializeMachineResponse {
+                provider_id: self.provider_id(&call, &instance),
+                node_name: launch::node_name(&instance),
+            })
         })
+        .await
     }
 
     async fn delete_machine(
         &self,
         req: DeleteMachineRequest,
     ) -> Result<DeleteMachineResponse, DriverError> {
-        let name = machine_name(&req.machine)?;
-        let call = self.deletion_call(&req.machine_class, &req.secret, &req.request_id)?;
-        let ids = match recorded_provider_id(&req.machine) {
-            Some(provider_id) => {
-                let id = decode_provider_id(provider_id)
-                    .map_err(|e| DriverError::invalid_argument(e.to_string()).with_source(e))?;
-                if self.is_gone(&call, id).await? {
-                    info!(machine = name, %provider_id, request_id = %req.request_id, "instance already terminated");
-                    vec![]
-                } else {
-                    vec![id.to_string()]
+        client::with_request_id(req.request_id.clone(), async move {
+            let name = machine_name(&req.machine)?;
+            let call = self.deletion_call(&req.machine_class, &req.secret, &req.request_id)?;
+            let ids = match recorded_provider_id(&req.machine) {
+                Some(provider_id) => {
+                    let id = decode_provider_id(provider_id)
+                        .map_err(|e| DriverError::invalid_argument(e.to_string()).with_source(e))?;
+                    if self.is_gone(&call, id).await? {
+                        info!(machine = name, %provider_id, request_id = %req.request_id, "instance already terminated");
+                        vec![]
+                    } else {
+                        vec![id.to_string()]
+                    }
                 }
-            }
-            None => {
-                let found = self.instances_of(&call, name).await?;
-                debug!(machine = name, instances = ?ids(&found), request_id = %req.request_id, "instances found by tags");
-                ids(&found)
-            }
-        };
-        self.terminate(&call, ids).await?;
-        Ok(DeleteMachineResponse::default())
+                None => {
+                    let found = self.instances_of(&call, name).await?;
+                    debug!(machine = name, instances = ?ids(&found), request_id = %req.request_id, "instances found by tags");
+                    ids(&found)
+                }
+            };
+            self.terminate(&call, ids).await?;
+            Ok(DeleteMachineResponse::default())
+        })
+        .await
     }
 
     async fn get_machine_status(
         &self,
         req: GetMachineStatusRequest,
     ) -> Result<GetMachineStatusResponse, DriverError> {
-        let call = self.call(&req.machine_class, &req.secret, &req.request_id, false)?;
-        let instance = self.instance_of_machine(&call, &req.machine).await?;
-        let provider_id = self.provider_id(&call, &instance);
-        if launch::needs_initialization(&call.spec, &instance) {
-            return Err(DriverError::new(
-                Code::Uninitialized,
-                format!(
-                    "instance {provider_id} still has its source/destination check enabled on {} (request id {})",
-                    launch::src_dst_checks_to_disable(&call.spec, &instance).join(", "),
-                    req.request_id
-                ),
-            ));
-        }
-        Ok(GetMachineStatusResponse {
-            provider_id,
-            node_name: launch::node_name(&instance),
-            addresses: launch::addresses(&instance),
-            resources: launch::resources(&instance),
+        client::with_request_id(req.request_id.clone(), async move {
+            let call = self.call(&req.machine_class, &req.secret, &req.request_id, false)?;
+            let instance = self.instance_of_machine(&call, &req.machine).await?;
+            let provider_id = self.provider_id(&call, &instance);
+            if launch::needs_initialization(&call.spec, &instance) {
+                return Err(DriverError::new(
+                    Code::Uninitialized,
+                    format!(
+                        "instance {provider_id} still has its source/destination check enabled on {} (request id {})",
+                        launch::src_dst_checks_to_disable(&call.spec, &instance).join(", "),
+                        req.request_id
+                    ),
+                ));
+            }
+            Ok(GetMachineStatusResponse {
+                provider_id,
+                node_name: launch::node_name(&instance),
+                addresses: launch::addresses(&instance),
+                resources: launch::resources(&instance),
+            })
         })
+        .await
     }
 
     async fn list_machines(
         &self,
         req: ListMachinesRequest,
     ) -> Result<ListMachinesResponse, DriverError> {
-        let call = self.call(&req.machine_class, &req.secret, &req.request_id, false)?;
-        let instances = self.describe(&call, call.tags.class_filters()).await?;
-        let mut out = ListMachinesResponse::default();
-        for i in &instances {
-            let provider_id = self.provider_id(&call, i);
-            let name = tags::name_tag(&i.tags).unwrap_or_default().to_string();
-            out.resources
-                .insert(provider_id.clone(), launch::resources(i));
-            out.machines.insert(provider_id, name);
-        }
-        debug!(class = ?req.machine_class.metadata.name, count = out.machines.len(), request_id = %req.request_id, "listed instances");
-        Ok(out)
+        client::with_request_id(req.request_id.clone(), async move {
+            let call = self.call(&req.machine_class, &req.secret, &req.request_id, false)?;
+            let instances = self.describe(&call, call.tags.class_filters()).await?;
+            let mut out = ListMachinesResponse::default();
+            for i in &instances {
+                let provider_id = self.provider_id(&call, i);
+                let name = tags::name_tag(i.tags()).unwrap_or_default().to_string();
+                out.resources
+                    .insert(provider_id.clone(), launch::resources(i));
+                out.machines.insert(provider_id, name);
+            }
+            debug!(class = ?req.machine_class.metadata.name, count = out.machines.len(), request_id = %req.request_id, "listed instances");
+            Ok(out)
+        })
+        .await
     }
 
     async fn get_volume_ids(

@@ -1,15 +1,16 @@
 //! Mapping EC2 errors to MCM's codes.
 //!
 //! [`classify`] maps an EC2 error code (`InsufficientInstanceCapacity`, ...) to a [`Code`] and
-//! a retry hint; [`from_ec2`] turns an EC2 client error into a [`DriverError`] whose message names
+//! a retry hint; [`from_sdk`] turns an SDK error into a [`DriverError`] whose message names
 //! the EC2 operation, the AWS error code, the AWS request id and the driver's request id, and
-//! whose source is the client's error itself.
+//! whose source is the SDK error itself.
 
 use std::time::Duration;
 
+use aws_sdk_ec2::config::http::HttpResponse;
+use aws_sdk_ec2::error::{ProvideErrorMetadata, SdkError};
+use aws_sdk_ec2::operation::RequestId as _;
 use mcm_driver::{Code, DriverError, RequestId};
-
-use crate::client::Ec2Error;
 
 /// How long to wait after throttling before calling EC2 again.
 pub const THROTTLE_RETRY_AFTER: Duration = Duration::from_secs(10);
@@ -61,17 +62,32 @@ pub const EXHAUSTED_CODES: &[&str] = &[
     "Unsupported",
 ];
 
-/// Throttling and service-side unavailability (`Unavailable`, retry later).
+/// Throttling and service-side unavailability (`Unavailable`, retry later): every throttling
+/// code of the SDK's retry classifier (which the SDK has retried already), and EC2's
+/// unavailability codes.
 pub const THROTTLING_CODES: &[&str] = &[
-    "RequestLimitExceeded",
     "Throttling",
     "ThrottlingException",
-    "RequestThrottled",
+    "ThrottledException",
     "RequestThrottledException",
     "TooManyRequestsException",
+    "ProvisionedThroughputExceededException",
+    "TransactionInProgressException",
+    "RequestLimitExceeded",
+    "BandwidthLimitExceeded",
+    "LimitExceededException",
+    "RequestThrottled",
+    "SlowDown",
+    "PriorRequestNotComplete",
+    "EC2ThrottledException",
     "ServiceUnavailable",
     "Unavailable",
 ];
+
+/// A request signed at a time the service does not accept: this host's clock is off. The
+/// client has read the service's time from the answer and signs the next request with it,
+/// so a later call succeeds (`Unavailable`, retry later; not a credentials problem).
+pub const CLOCK_SKEW_CODES: &[&str] = &["RequestExpired", "RequestTimeTooSkewed"];
 
 /// Bad or missing credentials (`Unauthenticated`).
 pub const UNAUTHENTICATED_CODES: &[&str] = &[
@@ -81,7 +97,6 @@ pub const UNAUTHENTICATED_CODES: &[&str] = &[
     "MissingAuthenticationToken",
     "IncompleteSignature",
     "ExpiredToken",
-    "RequestExpired",
     "OptInRequired",
 ];
 
@@ -107,6 +122,12 @@ pub fn classify(aws_code: &str) -> Classification {
         return Classification {
             code: Code::Unavailable,
             retry_after: Some(THROTTLE_RETRY_AFTER),
+        };
+    }
+    if CLOCK_SKEW_CODES.contains(&aws_code) {
+        return Classification {
+            code: Code::Unavailable,
+            retry_after: Some(UNREACHABLE_RETRY_AFTER),
         };
     }
     if UNAUTHENTICATED_CODES.contains(&aws_code) {
@@ -140,36 +161,66 @@ pub fn classify(aws_code: &str) -> Classification {
     }
 }
 
-/// Turns an error of the EC2 operation `operation` into a [`DriverError`] keeping it as its
-/// source. The message carries the AWS error code and message, the AWS request id and the
-/// driver's request id; the error's own causes (a connection's, an unreadable answer's)
-/// follow in [`DriverError::full_message`].
-pub fn from_ec2(operation: &'static str, request_id: &RequestId, err: Ec2Error) -> DriverError {
-    let aws_request_id = err.aws_request_id().unwrap_or("-").to_string();
-    let unreachable = |code| Classification {
-        code,
-        retry_after: Some(UNREACHABLE_RETRY_AFTER),
-    };
-    let class = match &err {
-        Ec2Error::Service { code, .. } => classify(code),
-        Ec2Error::Timeout(_) => unreachable(Code::DeadlineExceeded),
-        Ec2Error::Transport(c) if c.is_user() => Classification::code(Code::InvalidArgument),
-        Ec2Error::Transport(_) => unreachable(Code::Unavailable),
-        Ec2Error::Response { status, .. } if *status >= 500 => unreachable(Code::Unavailable),
-        Ec2Error::Credentials(_) => Classification {
-            code: Code::Unauthenticated,
-            retry_after: Some(UNREACHABLE_RETRY_AFTER),
-        },
-        Ec2Error::Endpoint { .. } => Classification::code(Code::InvalidArgument),
-        Ec2Error::Response { .. }
-        | Ec2Error::SigningParams(_)
-        | Ec2Error::Signing(_)
-        | Ec2Error::Request(_) => Classification::code(Code::Internal),
+/// Turns an SDK error of the EC2 operation `operation` into a [`DriverError`] keeping the
+/// SDK error as its source. The message carries the AWS error code and message, the AWS
+/// request id and the driver's request id.
+pub fn from_sdk<E>(
+    operation: &'static str,
+    request_id: &RequestId,
+    err: SdkError<E, HttpResponse>,
+) -> DriverError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+{
+    // EC2 puts the request id in the XML error body (parsed into the error metadata); other
+    // protocols use a response header.
+    let aws_request_id = err
+        .meta()
+        .request_id()
+        .or_else(|| err.request_id())
+        .unwrap_or("-")
+        .to_string();
+    let (class, what) = match &err {
+        SdkError::ServiceError(_) => {
+            let code = err.code().unwrap_or("Unknown");
+            let message = err.message().unwrap_or("no message");
+            (classify(code), format!("{code}: {message}"))
+        }
+        SdkError::TimeoutError(_) => (
+            Classification {
+                code: Code::DeadlineExceeded,
+                retry_after: Some(UNREACHABLE_RETRY_AFTER),
+            },
+            "the request timed out".to_string(),
+        ),
+        SdkError::DispatchFailure(d) => (
+            Classification {
+                code: if d.is_user() {
+                    Code::InvalidArgument
+                } else {
+                    Code::Unavailable
+                },
+                retry_after: (!d.is_user()).then_some(UNREACHABLE_RETRY_AFTER),
+            },
+            "the request could not be sent".to_string(),
+        ),
+        SdkError::ResponseError(_) => (
+            Classification::code(Code::Internal),
+            "the response could not be read".to_string(),
+        ),
+        SdkError::ConstructionFailure(_) => (
+            Classification::code(Code::Internal),
+            "the request could not be built".to_string(),
+        ),
+        _ => (
+            Classification::code(Code::Unknown),
+            "unexpected SDK error".to_string(),
+        ),
     };
     let mut e = DriverError::new(
         class.code,
         format!(
-            "EC2 {operation} failed: {err} (AWS request id {aws_request_id}, request id {request_id})"
+            "EC2 {operation} failed: {what} (AWS request id {aws_request_id}, request id {request_id})"
         ),
     )
     .with_source(err);
@@ -197,6 +248,9 @@ mod tests {
             ("UnsupportedOperation", Code::InvalidArgument),
             ("RequestLimitExceeded", Code::Unavailable),
             ("Throttling", Code::Unavailable),
+            ("EC2ThrottledException", Code::Unavailable),
+            ("RequestExpired", Code::Unavailable),
+            ("RequestTimeTooSkewed", Code::Unavailable),
             ("AuthFailure", Code::Unauthenticated),
             ("InvalidClientTokenId", Code::Unauthenticated),
             ("UnauthorizedOperation", Code::PermissionDenied),
@@ -226,14 +280,20 @@ mod tests {
 
     #[test]
     fn a_service_error_keeps_code_request_ids_and_source() {
-        let err = Ec2Error::Service {
-            code: "InsufficientInstanceCapacity".into(),
-            message: "no m5.large in eu-west-1a".into(),
-            aws_request_id: Some("aws-req-1".into()),
-            status: 500,
-        };
+        use aws_sdk_ec2::operation::run_instances::RunInstancesError;
+        use aws_smithy_runtime_api::http::StatusCode;
+        use aws_smithy_types::body::SdkBody;
+
+        let meta = aws_sdk_ec2::error::ErrorMetadata::builder()
+            .code("InsufficientInstanceCapacity")
+            .message("no m5.large in eu-west-1a")
+            .custom("aws_request_id", "aws-req-1")
+            .build();
+        let service = RunInstancesError::generic(meta);
+        let raw = HttpResponse::new(StatusCode::try_from(500).unwrap(), SdkBody::empty());
+        let err = SdkError::service_error(service, raw);
         let id = RequestId::from_string("mcm-req-1");
-        let e = from_ec2("RunInstances", &id, err);
+        let e = from_sdk("RunInstances", &id, err);
         assert_eq!(e.code, Code::ResourceExhausted);
         for want in [
             "RunInstances",
@@ -246,29 +306,10 @@ mod tests {
         }
         let source = std::error::Error::source(&e).expect("a source");
         assert!(
-            source.downcast_ref::<Ec2Error>().is_some(),
-            "the client's error is the source"
+            source
+                .downcast_ref::<SdkError<RunInstancesError, HttpResponse>>()
+                .is_some(),
+            "the SDK error is the source"
         );
-        // An answer that is not EC2's: the message says so once, its cause follows once.
-        let xml = crate::xml::parse("<a>").unwrap_err();
-        let e = from_ec2(
-            "DescribeInstances",
-            &id,
-            Ec2Error::Response {
-                status: 502,
-                source: crate::client::ResponseError::Xml(xml),
-            },
-        );
-        assert_eq!(e.code, Code::Unavailable);
-        let full = e.full_message();
-        assert_eq!(full.matches("not an EC2 answer").count(), 1, "{full}");
-        assert_eq!(full.matches("is not closed").count(), 1, "{full}");
-        let timeout = from_ec2(
-            "DescribeInstances",
-            &id,
-            Ec2Error::Timeout(Duration::from_secs(1)),
-        );
-        assert_eq!(timeout.code, Code::DeadlineExceeded);
-        assert_eq!(timeout.retry_after, Some(UNREACHABLE_RETRY_AFTER));
     }
 }

@@ -1,12 +1,20 @@
 //! The `RunInstances` request of a machine, built from the providerSpec by small pure
 //! functions, and the reading of `Instance`s back into driver responses.
 
+use aws_sdk_ec2::operation::run_instances::builders::RunInstancesFluentBuilder;
+use aws_sdk_ec2::types::{
+    AmdSevSnpSpecification, BlockDeviceMapping, CapacityReservationPreference,
+    CapacityReservationSpecification, CapacityReservationTarget, CpuOptionsRequest, EbsBlockDevice,
+    HttpTokensState, IamInstanceProfileSpecification, Instance, InstanceInterruptionBehavior,
+    InstanceMarketOptionsRequest, InstanceMetadataEndpointState, InstanceMetadataOptionsRequest,
+    InstanceMetadataProtocolState, InstanceNetworkInterfaceSpecification, InstanceStateName,
+    InstanceType, MarketType, Placement, RunInstancesMonitoringEnabled, SpotInstanceType,
+    SpotMarketOptions, Tenancy, VolumeType,
+};
 use base64::Engine as _;
 use k8s_openapi::api::core::v1::NodeAddress;
 use mcm_driver::{ResourceKind, ResourceState, ResourceStatus};
 
-use crate::model::{Instance, InstanceState};
-use crate::query::Query;
 use crate::spec::{ProviderSpec, ROOT_DEVICE_NAME};
 use crate::tags;
 
@@ -21,142 +29,140 @@ pub struct NoRootDevice {
     pub ami: String,
 }
 
-/// Sets the block device mappings (`BlockDeviceMapping.N`); `/root` (or a single unnamed
-/// device) becomes the AMI's root device `root_device_name`. Volumes are deleted with the
-/// instance unless the spec says otherwise.
+/// The block device mappings; `/root` (or a single unnamed device) becomes the AMI's root
+/// device `root_device_name`. Volumes are deleted with the instance unless the spec says
+/// otherwise.
 pub fn block_device_mappings(
-    request: &mut Query,
     spec: &ProviderSpec,
     root_device_name: Option<&str>,
-) -> Result<(), NoRootDevice> {
+) -> Result<Vec<BlockDeviceMapping>, NoRootDevice> {
     let single = spec.block_devices.len() == 1;
-    for (i, d) in spec.block_devices.iter().enumerate() {
-        let is_root = d.device_name == ROOT_DEVICE_NAME || (single && d.device_name.is_empty());
-        let name = if is_root {
-            root_device_name
-                .filter(|n| !n.is_empty())
-                .ok_or_else(|| NoRootDevice {
-                    ami: spec.ami.clone(),
-                })?
-        } else {
-            d.device_name.as_str()
-        };
-        let p = format!("BlockDeviceMapping.{}", i + 1);
-        let e = &d.ebs;
-        request
-            .set(format!("{p}.DeviceName"), name)
-            .set(
-                format!("{p}.Ebs.DeleteOnTermination"),
-                e.delete_on_termination.unwrap_or(true),
-            )
-            .set(format!("{p}.Ebs.Encrypted"), e.encrypted)
-            .opt(format!("{p}.Ebs.Iops"), (e.iops > 0).then_some(e.iops))
-            .opt(format!("{p}.Ebs.KmsKeyId"), e.kms_key_id.as_ref())
-            .opt(format!("{p}.Ebs.SnapshotId"), e.snapshot_id.as_ref())
-            .opt(format!("{p}.Ebs.Throughput"), e.throughput)
-            .opt(
-                format!("{p}.Ebs.VolumeSize"),
-                (e.volume_size > 0).then_some(e.volume_size),
-            )
-            .non_empty(format!("{p}.Ebs.VolumeType"), &e.volume_type)
-            .opt(format!("{p}.NoDevice"), d.no_device.as_ref())
-            .opt(format!("{p}.VirtualName"), d.virtual_name.as_ref());
-    }
-    Ok(())
+    spec.block_devices
+        .iter()
+        .map(|d| {
+            let is_root = d.device_name == ROOT_DEVICE_NAME || (single && d.device_name.is_empty());
+            let name = if is_root {
+                root_device_name
+                    .filter(|n| !n.is_empty())
+                    .ok_or_else(|| NoRootDevice {
+                        ami: spec.ami.clone(),
+                    })?
+                    .to_string()
+            } else {
+                d.device_name.clone()
+            };
+            let e = &d.ebs;
+            let ebs = EbsBlockDevice::builder()
+                .delete_on_termination(e.delete_on_termination.unwrap_or(true))
+                .encrypted(e.encrypted)
+                .set_volume_size((e.volume_size > 0).then_some(e.volume_size))
+                .set_volume_type(
+                    (!e.volume_type.is_empty()).then(|| VolumeType::from(e.volume_type.as_str())),
+                )
+                .set_iops((e.iops > 0).then_some(e.iops))
+                .set_throughput(e.throughput)
+                .set_kms_key_id(e.kms_key_id.clone())
+                .set_snapshot_id(e.snapshot_id.clone())
+                .build();
+            Ok(BlockDeviceMapping::builder()
+                .device_name(name)
+                .ebs(ebs)
+                .set_no_device(d.no_device.clone())
+                .set_virtual_name(d.virtual_name.clone())
+                .build())
+        })
+        .collect()
 }
 
-/// Sets the network interfaces (`NetworkInterface.N`); device indexes default to the
-/// position in the list and interfaces are deleted with the instance unless the spec says
-/// otherwise. An interface with an `ipv6AddressCount` gets a primary IPv6 address unless
-/// `primaryIpv6` says otherwise (load balancers of IPv6 shoots target it), and `primaryIpv6`
-/// alone is not sent, as Gardener's provider does.
-pub fn network_interfaces(request: &mut Query, spec: &ProviderSpec) {
-    for (i, n) in spec.network_interfaces.iter().enumerate() {
-        let p = format!("NetworkInterface.{}", i + 1);
-        request
-            .opt(
-                format!("{p}.AssociatePublicIpAddress"),
-                n.associate_public_ip_address,
-            )
-            .set(
-                format!("{p}.DeleteOnTermination"),
-                n.delete_on_termination.unwrap_or(true),
-            )
-            .opt(format!("{p}.Description"), n.description.as_ref())
-            .set(
-                format!("{p}.DeviceIndex"),
-                n.device_index.unwrap_or(i as i32),
-            )
-            .opt(format!("{p}.InterfaceType"), n.interface_type.as_ref())
-            .opt(format!("{p}.Ipv6AddressCount"), n.ipv6_address_count)
-            .opt(format!("{p}.Ipv6PrefixCount"), n.ipv6_prefix_count)
-            .opt(format!("{p}.NetworkCardIndex"), n.network_card_index)
-            .opt(
-                format!("{p}.PrimaryIpv6"),
-                n.ipv6_address_count.map(|_| n.primary_ipv6.unwrap_or(true)),
-            )
-            .list(
-                &format!("{p}.SecurityGroupId"),
-                n.security_group_ids.iter().map(String::as_str),
-            )
-            .set(format!("{p}.SubnetId"), &n.subnet_id);
-    }
+/// The network interfaces; device indexes default to the position in the list and
+/// interfaces are deleted with the instance unless the spec says otherwise. An interface
+/// with an `ipv6AddressCount` gets a primary IPv6 address unless `primaryIpv6` says
+/// otherwise (load balancers of IPv6 shoots target it), and `primaryIpv6` alone is not sent,
+/// as Gardener's provider does.
+pub fn network_interfaces(spec: &ProviderSpec) -> Vec<InstanceNetworkInterfaceSpecification> {
+    spec.network_interfaces
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            InstanceNetworkInterfaceSpecification::builder()
+                .device_index(n.device_index.unwrap_or(i as i32))
+                .subnet_id(&n.subnet_id)
+                .set_groups(Some(n.security_group_ids.clone()))
+                .set_associate_public_ip_address(n.associate_public_ip_address)
+                .delete_on_termination(n.delete_on_termination.unwrap_or(true))
+                .set_description(n.description.clone())
+                .set_ipv6_address_count(n.ipv6_address_count)
+                .set_ipv6_prefix_count(n.ipv6_prefix_count)
+                .set_interface_type(n.interface_type.clone())
+                .set_network_card_index(n.network_card_index)
+                .set_primary_ipv6(n.ipv6_address_count.map(|_| n.primary_ipv6.unwrap_or(true)))
+                .build()
+        })
+        .collect()
 }
 
-/// Sets the instance profile: by name, else by ARN.
-pub fn iam_instance_profile(request: &mut Query, spec: &ProviderSpec) {
+/// The instance profile by name, else by ARN.
+pub fn iam_instance_profile(spec: &ProviderSpec) -> IamInstanceProfileSpecification {
+    let b = IamInstanceProfileSpecification::builder();
     if !spec.iam.name.is_empty() {
-        request.set("IamInstanceProfile.Name", &spec.iam.name);
+        b.name(&spec.iam.name).build()
     } else {
-        request.set("IamInstanceProfile.Arn", &spec.iam.arn);
+        b.arn(&spec.iam.arn).build()
     }
 }
 
-/// Sets the market options: `instanceMarketOptions.marketType` when set (the market alone,
-/// as Gardener's provider sends it); else a one-time spot instance (terminated on
-/// interruption) when the deprecated `spotPrice` is set (`""`: no maximum price).
-pub fn market_options(request: &mut Query, spec: &ProviderSpec) {
-    const P: &str = "InstanceMarketOptions";
+/// Market options: `instanceMarketOptions.marketType` when set (the market alone, as
+/// Gardener's provider sends it); else a one-time spot instance (terminated on interruption)
+/// when the deprecated `spotPrice` is set (`""`: no maximum price).
+pub fn market_options(spec: &ProviderSpec) -> Option<InstanceMarketOptionsRequest> {
     if let Some(m) = &spec.instance_market_options {
-        request.set(format!("{P}.MarketType"), &m.market_type);
-        return;
+        return Some(
+            InstanceMarketOptionsRequest::builder()
+                .market_type(MarketType::from(m.market_type.as_str()))
+                .build(),
+        );
     }
-    let Some(price) = spec.spot_price.as_ref() else {
-        return;
-    };
-    request
-        .set(format!("{P}.MarketType"), "spot")
-        .set(
-            format!("{P}.SpotOptions.InstanceInterruptionBehavior"),
-            "terminate",
-        )
-        .non_empty(format!("{P}.SpotOptions.MaxPrice"), price)
-        .set(format!("{P}.SpotOptions.SpotInstanceType"), "one-time");
+    let price = spec.spot_price.as_ref()?;
+    let spot = SpotMarketOptions::builder()
+        .spot_instance_type(SpotInstanceType::OneTime)
+        .instance_interruption_behavior(InstanceInterruptionBehavior::Terminate)
+        .set_max_price((!price.is_empty()).then(|| price.clone()))
+        .build();
+    Some(
+        InstanceMarketOptionsRequest::builder()
+            .market_type(MarketType::Spot)
+            .spot_options(spot)
+            .build(),
+    )
 }
 
-/// Sets the capacity reservation: a preference, or a target (a reservation id or a resource
+/// The capacity reservation: a preference, or a target (a reservation id or a resource
 /// group), never both (EC2 rejects both).
-pub fn capacity_reservation(request: &mut Query, spec: &ProviderSpec) {
-    const P: &str = "CapacityReservationSpecification";
-    let Some(c) = spec.capacity_reservation.as_ref() else {
-        return;
-    };
+pub fn capacity_reservation(spec: &ProviderSpec) -> Option<CapacityReservationSpecification> {
+    let c = spec.capacity_reservation.as_ref()?;
     if !c.capacity_reservation_preference.is_empty() {
-        request.set(
-            format!("{P}.CapacityReservationPreference"),
-            &c.capacity_reservation_preference,
-        );
-    } else if let Some(arn) = &c.capacity_reservation_resource_group_arn {
-        request.set(
-            format!("{P}.CapacityReservationTarget.CapacityReservationResourceGroupArn"),
-            arn,
-        );
-    } else if let Some(id) = &c.capacity_reservation_id {
-        request.set(
-            format!("{P}.CapacityReservationTarget.CapacityReservationId"),
-            id,
+        return Some(
+            CapacityReservationSpecification::builder()
+                .capacity_reservation_preference(CapacityReservationPreference::from(
+                    c.capacity_reservation_preference.as_str(),
+                ))
+                .build(),
         );
     }
+    let target = if let Some(arn) = &c.capacity_reservation_resource_group_arn {
+        CapacityReservationTarget::builder()
+            .capacity_reservation_resource_group_arn(arn)
+            .build()
+    } else {
+        CapacityReservationTarget::builder()
+            .capacity_reservation_id(c.capacity_reservation_id.clone()?)
+            .build()
+    };
+    Some(
+        CapacityReservationSpecification::builder()
+            .capacity_reservation_target(target)
+            .build(),
+    )
 }
 
 /// The Machine (node template) annotation Gardener's provider reads a placement from when
@@ -203,51 +209,6 @@ struct AnnotatedPlacement {
     group_id: Option<String>,
 }
 
-/// EC2's `Placement`, as the spec or the annotation give it.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Placement {
-    /// `Affinity`
-    pub affinity: Option<String>,
-    /// `AvailabilityZone`
-    pub availability_zone: Option<String>,
-    /// `GroupId`
-    pub group_id: Option<String>,
-    /// `GroupName`
-    pub group_name: Option<String>,
-    /// `HostId`
-    pub host_id: Option<String>,
-    /// `HostResourceGroupArn`
-    pub host_resource_group_arn: Option<String>,
-    /// `PartitionNumber`
-    pub partition_number: Option<i32>,
-    /// `SpreadDomain`
-    pub spread_domain: Option<String>,
-    /// `Tenancy`
-    pub tenancy: Option<String>,
-}
-
-impl Placement {
-    /// Sets `Placement.*` of `request`.
-    pub fn set_on(&self, request: &mut Query) {
-        request
-            .opt("Placement.Affinity", self.affinity.as_ref())
-            .opt(
-                "Placement.AvailabilityZone",
-                self.availability_zone.as_ref(),
-            )
-            .opt("Placement.GroupId", self.group_id.as_ref())
-            .opt("Placement.GroupName", self.group_name.as_ref())
-            .opt("Placement.HostId", self.host_id.as_ref())
-            .opt(
-                "Placement.HostResourceGroupArn",
-                self.host_resource_group_arn.as_ref(),
-            )
-            .opt("Placement.PartitionNumber", self.partition_number)
-            .opt("Placement.SpreadDomain", self.spread_domain.as_ref())
-            .opt("Placement.Tenancy", self.tenancy.as_ref());
-    }
-}
-
 /// The placement: the spec's, else the one of the Machine's [`PLACEMENT_ANNOTATION`] (as
 /// Gardener's provider falls back to it); an annotation with no field is none.
 pub fn placement_of(
@@ -265,58 +226,64 @@ pub fn placement_of(
     let a: AnnotatedPlacement = mcm_driver::gojson::go_decode(&value, PLACEMENT_ANNOTATION)
         .map_err(|source| LaunchError::PlacementAnnotation { source })?
         .value;
-    let p = Placement {
-        availability_zone: a.availability_zone,
-        affinity: a.affinity,
-        group_name: a.group_name,
-        partition_number: a.partition_number,
-        host_id: a.host_id,
-        tenancy: a.tenancy,
-        spread_domain: a.spread_domain,
-        host_resource_group_arn: a.host_resource_group_arn,
-        group_id: a.group_id,
-    };
-    Ok((p != Placement::default()).then_some(p))
+    let p = Placement::builder()
+        .set_availability_zone(a.availability_zone)
+        .set_affinity(a.affinity)
+        .set_group_name(a.group_name)
+        .set_partition_number(a.partition_number)
+        .set_host_id(a.host_id)
+        .set_tenancy(a.tenancy.as_deref().map(Tenancy::from))
+        .set_spread_domain(a.spread_domain)
+        .set_host_resource_group_arn(a.host_resource_group_arn)
+        .set_group_id(a.group_id)
+        .build();
+    Ok((p != Placement::builder().build()).then_some(p))
 }
 
 /// The placement, if the spec has one.
 pub fn placement(spec: &ProviderSpec) -> Option<Placement> {
     let p = spec.placement.as_ref()?;
-    Some(Placement {
-        group_id: p.group_id.clone(),
-        tenancy: p.tenancy.clone(),
-        host_id: p.host_id.clone(),
-        partition_number: p.partition_number,
-        affinity: p.affinity.clone(),
-        availability_zone: p.availability_zone.clone(),
-        ..Placement::default()
-    })
+    Some(
+        Placement::builder()
+            .set_group_id(p.group_id.clone())
+            .set_tenancy(p.tenancy.as_deref().map(Tenancy::from))
+            .set_host_id(p.host_id.clone())
+            .set_partition_number(p.partition_number)
+            .set_affinity(p.affinity.clone())
+            .set_availability_zone(p.availability_zone.clone())
+            .build(),
+    )
 }
 
-/// Sets the instance metadata options, if the spec has them.
-pub fn metadata_options(request: &mut Query, spec: &ProviderSpec) {
-    let Some(m) = spec.instance_metadata_options.as_ref() else {
-        return;
-    };
-    request
-        .non_empty("MetadataOptions.HttpEndpoint", &m.http_endpoint)
-        .non_empty("MetadataOptions.HttpProtocolIpv6", &m.http_protocol_ipv6)
-        .opt(
-            "MetadataOptions.HttpPutResponseHopLimit",
-            m.http_put_response_hop_limit,
-        )
-        .non_empty("MetadataOptions.HttpTokens", &m.http_tokens);
+/// The instance metadata options, if the spec has them.
+pub fn metadata_options(spec: &ProviderSpec) -> Option<InstanceMetadataOptionsRequest> {
+    let m = spec.instance_metadata_options.as_ref()?;
+    let some = |s: &str| (!s.is_empty()).then(|| s.to_string());
+    Some(
+        InstanceMetadataOptionsRequest::builder()
+            .set_http_endpoint(
+                some(&m.http_endpoint).map(|s| InstanceMetadataEndpointState::from(s.as_str())),
+            )
+            .set_http_tokens(some(&m.http_tokens).map(|s| HttpTokensState::from(s.as_str())))
+            .set_http_put_response_hop_limit(m.http_put_response_hop_limit)
+            .set_http_protocol_ipv6(
+                some(&m.http_protocol_ipv6)
+                    .map(|s| InstanceMetadataProtocolState::from(s.as_str())),
+            )
+            .build(),
+    )
 }
 
-/// Sets the CPU options, if the spec has them.
-pub fn cpu_options(request: &mut Query, spec: &ProviderSpec) {
-    let Some(c) = spec.cpu_options.as_ref() else {
-        return;
-    };
-    request
-        .opt("CpuOptions.AmdSevSnp", c.amd_sev_snp.as_ref())
-        .opt("CpuOptions.CoreCount", c.core_count)
-        .opt("CpuOptions.ThreadsPerCore", c.threads_per_core);
+/// The CPU options, if the spec has them.
+pub fn cpu_options(spec: &ProviderSpec) -> Option<CpuOptionsRequest> {
+    let c = spec.cpu_options.as_ref()?;
+    Some(
+        CpuOptionsRequest::builder()
+            .set_core_count(c.core_count)
+            .set_threads_per_core(c.threads_per_core)
+            .set_amd_sev_snp(c.amd_sev_snp.as_deref().map(AmdSevSnpSpecification::from))
+            .build(),
+    )
 }
 
 /// The `ClientToken` of a creation attempt's idempotency key: the key itself for the first
@@ -338,116 +305,126 @@ pub fn client_token(idempotency_key: &str, generation: u32) -> String {
     token
 }
 
-/// The `RunInstances` request of one instance of `machine_name` (whose
+/// Fills a `RunInstances` request for one instance of `machine_name` (whose
 /// [`PLACEMENT_ANNOTATION`] is `placement_annotation`).
 pub fn run_instances_request(
+    request: RunInstancesFluentBuilder,
     spec: &ProviderSpec,
     machine_name: &str,
     placement_annotation: Option<&str>,
     user_data: &[u8],
     root_device_name: Option<&str>,
     client_token: &str,
-) -> Result<Query, LaunchError> {
+) -> Result<RunInstancesFluentBuilder, LaunchError> {
     let tags = tags::resource_tags(&spec.tags, machine_name);
-    let placement = placement_of(spec, placement_annotation)?;
-    let mut q = Query::new("RunInstances");
-    q.set("ImageId", &spec.ami)
-        .set("InstanceType", &spec.machine_type)
-        .set("MinCount", 1)
-        .set("MaxCount", 1)
-        .set("ClientToken", client_token)
-        .set(
-            "UserData",
-            base64::engine::general_purpose::STANDARD.encode(user_data),
+    let monitoring = spec.monitoring.then(|| {
+        RunInstancesMonitoringEnabled::builder()
+            .enabled(true)
+            .build()
+    });
+    Ok(request
+        .image_id(&spec.ami)
+        .instance_type(InstanceType::from(spec.machine_type.as_str()))
+        .min_count(1)
+        .max_count(1)
+        .client_token(client_token)
+        .user_data(base64::engine::general_purpose::STANDARD.encode(user_data))
+        .set_key_name(spec.key_name.clone().filter(|k| !k.is_empty()))
+        .iam_instance_profile(iam_instance_profile(spec))
+        .set_network_interfaces(Some(network_interfaces(spec)))
+        .set_block_device_mappings(
+            Some(block_device_mappings(spec, root_device_name)?).filter(|m| !m.is_empty()),
         )
-        .opt("KeyName", spec.key_name.as_ref().filter(|k| !k.is_empty()))
-        .opt("EbsOptimized", spec.ebs_optimized.then_some(true))
-        .opt("Monitoring.Enabled", spec.monitoring.then_some(true));
-    iam_instance_profile(&mut q, spec);
-    network_interfaces(&mut q, spec);
-    block_device_mappings(&mut q, spec, root_device_name)?;
-    tags::tag_specifications(&mut q, &tags);
-    market_options(&mut q, spec);
-    capacity_reservation(&mut q, spec);
-    if let Some(p) = placement {
-        p.set_on(&mut q);
-    }
-    metadata_options(&mut q, spec);
-    cpu_options(&mut q, spec);
-    Ok(q)
+        .set_tag_specifications(Some(tags::tag_specifications(&tags)))
+        .set_ebs_optimized(spec.ebs_optimized.then_some(true))
+        .set_monitoring(monitoring)
+        .set_instance_market_options(market_options(spec))
+        .set_capacity_reservation_specification(capacity_reservation(spec))
+        .set_placement(placement_of(spec, placement_annotation)?)
+        .set_metadata_options(metadata_options(spec))
+        .set_cpu_options(cpu_options(spec)))
 }
 
 /// The node name of an instance: its private DNS name (the name the kubelet registers with
 /// on AWS), else its instance id when the VPC has no DNS host names.
 pub fn node_name(instance: &Instance) -> String {
-    if instance.private_dns_name.is_empty() {
-        instance.id.clone()
-    } else {
-        instance.private_dns_name.clone()
-    }
+    instance
+        .private_dns_name()
+        .filter(|n| !n.is_empty())
+        .or(instance.instance_id())
+        .unwrap_or_default()
+        .to_string()
 }
 
 /// The addresses of an instance, as a Node would report them.
 pub fn addresses(instance: &Instance) -> Vec<NodeAddress> {
-    [
-        ("InternalIP", &instance.private_ip_address),
-        ("InternalDNS", &instance.private_dns_name),
-        ("Hostname", &instance.private_dns_name),
-        ("ExternalIP", &instance.public_ip_address),
-        ("ExternalDNS", &instance.public_dns_name),
-    ]
-    .into_iter()
-    .filter(|(_, v)| !v.is_empty())
-    .map(|(type_, v)| NodeAddress {
-        type_: type_.to_string(),
-        address: v.clone(),
-    })
-    .collect()
+    let mut out = Vec::new();
+    let mut push = |type_: &str, value: Option<&str>| {
+        if let Some(v) = value.filter(|v| !v.is_empty()) {
+            out.push(NodeAddress {
+                type_: type_.to_string(),
+                address: v.to_string(),
+            });
+        }
+    };
+    push("InternalIP", instance.private_ip_address());
+    push("InternalDNS", instance.private_dns_name());
+    push("Hostname", instance.private_dns_name());
+    push("ExternalIP", instance.public_ip_address());
+    push("ExternalDNS", instance.public_dns_name());
+    out
 }
 
 /// The state of the VM resource of an instance.
-pub fn vm_state(state: &InstanceState) -> ResourceState {
+pub fn vm_state(state: Option<&InstanceStateName>) -> ResourceState {
     match state {
-        InstanceState::Pending => ResourceState::Creating,
-        InstanceState::Running => ResourceState::Running,
-        InstanceState::Stopping | InstanceState::Stopped => ResourceState::Stopped,
-        InstanceState::ShuttingDown | InstanceState::Terminated => ResourceState::Deleting,
-        InstanceState::Unknown => ResourceState::Unknown,
+        Some(InstanceStateName::Pending) => ResourceState::Creating,
+        Some(InstanceStateName::Running) => ResourceState::Running,
+        Some(InstanceStateName::Stopping | InstanceStateName::Stopped) => ResourceState::Stopped,
+        Some(InstanceStateName::ShuttingDown | InstanceStateName::Terminated) => {
+            ResourceState::Deleting
+        }
+        _ => ResourceState::Unknown,
     }
 }
 
 /// The resources of an instance: the VM, its network interfaces and its EBS volumes.
 pub fn resources(instance: &Instance) -> Vec<ResourceStatus> {
+    let state = instance.state().and_then(|s| s.name());
     let mut out = vec![ResourceStatus {
         kind: ResourceKind::Vm,
-        id: instance.id.clone(),
-        state: vm_state(&instance.state),
-        message: instance.state_reason.clone(),
+        id: instance.instance_id().unwrap_or_default().to_string(),
+        state: vm_state(state),
+        message: instance
+            .state_reason()
+            .and_then(|r| r.message())
+            .map(String::from),
     }];
-    for nic in &instance.network_interfaces {
+    for nic in instance.network_interfaces() {
         out.push(ResourceStatus {
             kind: ResourceKind::NetworkInterface,
-            id: nic.id.clone(),
-            state: match nic.status.as_str() {
-                "in-use" | "available" => ResourceState::Running,
-                "attaching" => ResourceState::Creating,
-                "detaching" => ResourceState::Deleting,
+            id: nic.network_interface_id().unwrap_or_default().to_string(),
+            state: match nic.status().map(|s| s.as_str()) {
+                Some("in-use") | Some("available") => ResourceState::Running,
+                Some("attaching") => ResourceState::Creating,
+                Some("detaching") => ResourceState::Deleting,
                 _ => ResourceState::Unknown,
             },
             message: None,
         });
     }
-    for v in &instance.volumes {
+    for bd in instance.block_device_mappings() {
+        let Some(ebs) = bd.ebs() else { continue };
         out.push(ResourceStatus {
             kind: ResourceKind::Disk,
-            id: v.volume_id.clone(),
-            state: match v.status.as_str() {
-                "attached" => ResourceState::Running,
-                "attaching" => ResourceState::Creating,
-                "detaching" | "detached" => ResourceState::Deleting,
+            id: ebs.volume_id().unwrap_or_default().to_string(),
+            state: match ebs.status().map(|s| s.as_str()) {
+                Some("attached") => ResourceState::Running,
+                Some("attaching") => ResourceState::Creating,
+                Some("detaching") | Some("detached") => ResourceState::Deleting,
                 _ => ResourceState::Unknown,
             },
-            message: (!v.device_name.is_empty()).then(|| format!("device {}", v.device_name)),
+            message: bd.device_name().map(|d| format!("device {d}")),
         });
     }
     out
@@ -469,27 +446,30 @@ pub fn src_dst_checks_to_disable(spec: &ProviderSpec, instance: &Instance) -> Ve
         return vec![];
     }
     instance
-        .network_interfaces
+        .network_interfaces()
         .iter()
-        .filter(|ni| !matches!(ni.interface_type.as_str(), "efa" | "efa-only"))
-        .filter(|ni| ni.source_dest_check != Some(false))
-        .filter(|ni| !ni.id.is_empty())
-        .map(|ni| ni.id.clone())
+        .filter(|ni| !matches!(ni.interface_type(), Some("efa" | "efa-only")))
+        .filter(|ni| ni.source_dest_check() != Some(false))
+        .filter_map(|ni| ni.network_interface_id().map(str::to_string))
         .collect()
 }
 
 /// The oldest instance (by launch time, then id): the one to keep when several exist.
 pub fn oldest(instances: &[Instance]) -> Option<&Instance> {
     instances.iter().min_by(|a, b| {
-        let t = |i: &Instance| i.launch_time.map(|t| (t.secs(), t.subsec_nanos()));
-        t(a).cmp(&t(b)).then_with(|| a.id.cmp(&b.id))
+        let t = |i: &Instance| i.launch_time().map(|t| (t.secs(), t.subsec_nanos()));
+        t(a).cmp(&t(b))
+            .then_with(|| a.instance_id().cmp(&b.instance_id()))
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::model::{NetworkInterface, Volume};
+    use aws_sdk_ec2::types::{
+        EbsInstanceBlockDevice, InstanceBlockDeviceMapping, InstanceNetworkInterface,
+        InstanceState, NetworkInterfaceStatus,
+    };
     use pretty_assertions::assert_eq;
     use serde_json::json;
 
@@ -520,39 +500,25 @@ mod tests {
         }))
     }
 
-    /// The parameters `set` puts on an empty request.
-    fn params(set: impl FnOnce(&mut Query)) -> Query {
-        let mut q = Query::new("RunInstances");
-        set(&mut q);
-        q
-    }
-
     #[test]
     fn block_devices_map_root_and_data_volumes() {
-        let s = full();
-        let mut q = Query::new("RunInstances");
-        block_device_mappings(&mut q, &s, Some("/dev/xvda")).unwrap();
-        for (name, want) in [
-            ("BlockDeviceMapping.1.DeviceName", Some("/dev/xvda")),
-            ("BlockDeviceMapping.1.Ebs.VolumeSize", Some("50")),
-            ("BlockDeviceMapping.1.Ebs.VolumeType", Some("gp3")),
-            ("BlockDeviceMapping.1.Ebs.Throughput", Some("200")),
-            ("BlockDeviceMapping.1.Ebs.DeleteOnTermination", Some("true")),
-            ("BlockDeviceMapping.1.Ebs.Encrypted", Some("true")),
-            ("BlockDeviceMapping.1.Ebs.KmsKeyId", Some("kms-1")),
-            ("BlockDeviceMapping.1.Ebs.Iops", None),
-            ("BlockDeviceMapping.2.DeviceName", Some("/dev/sdb")),
-            ("BlockDeviceMapping.2.Ebs.Iops", Some("3000")),
-            (
-                "BlockDeviceMapping.2.Ebs.DeleteOnTermination",
-                Some("false"),
-            ),
-            ("BlockDeviceMapping.2.Ebs.SnapshotId", Some("snap-1")),
-        ] {
-            assert_eq!(q.get(name), want, "{name}");
-        }
+        let m = block_device_mappings(&full(), Some("/dev/xvda")).unwrap();
+        assert_eq!(m[0].device_name(), Some("/dev/xvda"));
+        let root = m[0].ebs().unwrap();
+        assert_eq!(root.volume_size(), Some(50));
+        assert_eq!(root.volume_type(), Some(&VolumeType::Gp3));
+        assert_eq!(root.throughput(), Some(200));
+        assert_eq!(root.delete_on_termination(), Some(true));
+        assert_eq!(root.encrypted(), Some(true));
+        assert_eq!(root.kms_key_id(), Some("kms-1"));
+        assert_eq!(root.iops(), None);
+        let data = m[1].ebs().unwrap();
+        assert_eq!(m[1].device_name(), Some("/dev/sdb"));
+        assert_eq!(data.iops(), Some(3000));
+        assert_eq!(data.delete_on_termination(), Some(false));
+        assert_eq!(data.snapshot_id(), Some("snap-1"));
         assert_eq!(
-            block_device_mappings(&mut Query::new("RunInstances"), &s, None),
+            block_device_mappings(&full(), None),
             Err(NoRootDevice {
                 ami: "ami-1".into()
             })
@@ -561,28 +527,20 @@ mod tests {
         let single = spec(
             json!({ "ami": "a", "blockDevices": [{ "ebs": { "volumeSize": 8, "volumeType": "gp2" } }] }),
         );
-        let mut q = Query::new("RunInstances");
-        block_device_mappings(&mut q, &single, Some("/dev/sda1")).unwrap();
-        assert_eq!(q.get("BlockDeviceMapping.1.DeviceName"), Some("/dev/sda1"));
+        let m = block_device_mappings(&single, Some("/dev/sda1")).unwrap();
+        assert_eq!(m[0].device_name(), Some("/dev/sda1"));
     }
 
     #[test]
     fn network_interfaces_default_device_index_and_deletion() {
-        let q = params(|q| network_interfaces(q, &full()));
-        for (name, want) in [
-            ("NetworkInterface.1.DeviceIndex", Some("0")),
-            ("NetworkInterface.1.SecurityGroupId.1", Some("sg-1")),
-            ("NetworkInterface.1.SecurityGroupId.2", Some("sg-2")),
-            ("NetworkInterface.1.AssociatePublicIpAddress", Some("true")),
-            ("NetworkInterface.1.DeleteOnTermination", Some("true")),
-            ("NetworkInterface.1.PrimaryIpv6", None),
-            ("NetworkInterface.2.DeviceIndex", Some("5")),
-            ("NetworkInterface.2.SubnetId", Some("subnet-2")),
-            ("NetworkInterface.2.DeleteOnTermination", Some("false")),
-            ("NetworkInterface.2.AssociatePublicIpAddress", None),
-        ] {
-            assert_eq!(q.get(name), want, "{name}");
-        }
+        let nics = network_interfaces(&full());
+        assert_eq!(nics[0].device_index(), Some(0));
+        assert_eq!(nics[0].groups(), ["sg-1", "sg-2"]);
+        assert_eq!(nics[0].associate_public_ip_address(), Some(true));
+        assert_eq!(nics[0].delete_on_termination(), Some(true));
+        assert_eq!(nics[1].device_index(), Some(5));
+        assert_eq!(nics[1].subnet_id(), Some("subnet-2"));
+        assert_eq!(nics[1].delete_on_termination(), Some(false));
     }
 
     #[test]
@@ -602,9 +560,9 @@ mod tests {
         )
         .unwrap()
         .unwrap();
-        assert_eq!(p.availability_zone.as_deref(), Some("eu-west-1b"));
-        assert_eq!(p.tenancy.as_deref(), Some("dedicated"));
-        assert_eq!(p.partition_number, Some(2));
+        assert_eq!(p.availability_zone(), Some("eu-west-1b"));
+        assert_eq!(p.tenancy(), Some(&Tenancy::Dedicated));
+        assert_eq!(p.partition_number(), Some(2));
         assert_eq!(placement_of(&s, Some("{}")).unwrap(), None);
         assert_eq!(placement_of(&s, None).unwrap(), None);
         let e = placement_of(&s, Some("{not json")).unwrap_err();
@@ -614,77 +572,74 @@ mod tests {
     #[test]
     fn spot_capacity_placement_metadata_and_cpu_options() {
         let s = full();
-        let market = params(|q| market_options(q, &s));
-        assert_eq!(market.get("InstanceMarketOptions.MarketType"), Some("spot"));
-        assert_eq!(
-            market.get("InstanceMarketOptions.SpotOptions.MaxPrice"),
-            Some("0.5")
-        );
-        assert_eq!(
-            market.get("InstanceMarketOptions.SpotOptions.SpotInstanceType"),
-            Some("one-time")
-        );
+        let market = market_options(&s).unwrap();
+        assert_eq!(market.market_type(), Some(&MarketType::Spot));
+        let spot = market.spot_options().unwrap();
+        assert_eq!(spot.max_price(), Some("0.5"));
+        assert_eq!(spot.spot_instance_type(), Some(&SpotInstanceType::OneTime));
         let mut no_max = s.clone();
         no_max.spot_price = Some(String::new());
-        let q = params(|q| market_options(q, &no_max));
-        assert_eq!(q.get("InstanceMarketOptions.SpotOptions.MaxPrice"), None);
-        assert_eq!(q.get("InstanceMarketOptions.MarketType"), Some("spot"));
+        assert_eq!(
+            market_options(&no_max)
+                .unwrap()
+                .spot_options()
+                .unwrap()
+                .max_price(),
+            None
+        );
         let mut on_demand = s.clone();
         on_demand.spot_price = None;
-        assert!(
-            params(|q| market_options(q, &on_demand))
-                .params()
-                .is_empty()
-        );
+        assert_eq!(market_options(&on_demand), None);
         // instanceMarketOptions wins over spotPrice and is sent as the market alone.
         for market in ["spot", "capacity-block"] {
             let mut m = s.clone();
             m.instance_market_options = Some(crate::spec::InstanceMarketOptions {
                 market_type: market.into(),
             });
-            let got = params(|q| market_options(q, &m));
-            assert_eq!(
-                got.params(),
-                [(
-                    "InstanceMarketOptions.MarketType".to_string(),
-                    market.to_string()
-                )]
-            );
+            let got = market_options(&m).unwrap();
+            assert_eq!(got.market_type(), Some(&MarketType::from(market)));
+            assert_eq!(got.spot_options(), None);
         }
 
-        let cr = params(|q| capacity_reservation(q, &s));
+        let cr = capacity_reservation(&s).unwrap();
+        assert_eq!(cr.capacity_reservation_preference(), None);
         assert_eq!(
-            cr.params(),
-            [(
-                "CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationResourceGroupArn".to_string(),
-                "arn:group".to_string()
-            )]
+            cr.capacity_reservation_target()
+                .unwrap()
+                .capacity_reservation_resource_group_arn(),
+            Some("arn:group")
         );
-        let p = params(|q| placement(&s).unwrap().set_on(q));
-        assert_eq!(p.get("Placement.Tenancy"), Some("dedicated"));
-        assert_eq!(p.get("Placement.GroupId"), Some("pg-1"));
-        assert_eq!(p.get("Placement.PartitionNumber"), Some("3"));
-        let md = params(|q| metadata_options(q, &s));
-        assert_eq!(md.get("MetadataOptions.HttpTokens"), Some("required"));
-        assert_eq!(md.get("MetadataOptions.HttpPutResponseHopLimit"), Some("2"));
-        assert_eq!(md.get("MetadataOptions.HttpProtocolIpv6"), None);
-        let cpu = params(|q| cpu_options(q, &s));
+        let p = placement(&s).unwrap();
+        assert_eq!(p.tenancy(), Some(&Tenancy::Dedicated));
+        assert_eq!(p.group_id(), Some("pg-1"));
+        assert_eq!(p.partition_number(), Some(3));
+        let md = metadata_options(&s).unwrap();
+        assert_eq!(md.http_tokens(), Some(&HttpTokensState::Required));
+        assert_eq!(md.http_put_response_hop_limit(), Some(2));
+        assert_eq!(md.http_protocol_ipv6(), None);
+        let cpu = cpu_options(&s).unwrap();
         assert_eq!(
-            (
-                cpu.get("CpuOptions.CoreCount"),
-                cpu.get("CpuOptions.ThreadsPerCore")
-            ),
-            (Some("2"), Some("1"))
+            (cpu.core_count(), cpu.threads_per_core()),
+            (Some(2), Some(1))
         );
         assert_eq!(
-            params(|q| iam_instance_profile(q, &s)).get("IamInstanceProfile.Arn"),
+            iam_instance_profile(&s).arn(),
             Some("arn:aws:iam::1:instance-profile/nodes")
         );
     }
 
+    fn offline_client() -> aws_sdk_ec2::Client {
+        let conf = aws_sdk_ec2::Config::builder()
+            .behavior_version(aws_sdk_ec2::config::BehaviorVersion::latest())
+            .region(aws_sdk_ec2::config::Region::new("eu-west-1"))
+            .build();
+        aws_sdk_ec2::Client::from_conf(conf)
+    }
+
     #[test]
     fn the_run_instances_request_carries_everything() {
-        let q = run_instances_request(
+        let req = run_instances_request(
+            offline_client().run_instances(),
             &full(),
             "m-1",
             None,
@@ -693,38 +648,41 @@ mod tests {
             "0123456789abcdef",
         )
         .unwrap();
-        assert_eq!(q.action(), "RunInstances");
-        for (name, want) in [
-            ("ImageId", "ami-1"),
-            ("InstanceType", "m5.large"),
-            ("MinCount", "1"),
-            ("MaxCount", "1"),
-            ("ClientToken", "0123456789abcdef"),
-            ("UserData", "IyEvYmluL3NoCmVjaG8gaGkK"),
-            ("KeyName", "ssh"),
-            ("EbsOptimized", "true"),
-            ("Monitoring.Enabled", "true"),
-            ("NetworkInterface.2.SubnetId", "subnet-2"),
-            ("BlockDeviceMapping.2.DeviceName", "/dev/sdb"),
-            ("TagSpecification.3.ResourceType", "network-interface"),
-            ("TagSpecification.1.Tag.1.Key", "Name"),
-            ("TagSpecification.1.Tag.1.Value", "m-1"),
-            ("InstanceMarketOptions.MarketType", "spot"),
-            ("Placement.GroupId", "pg-1"),
-            ("MetadataOptions.HttpTokens", "required"),
-            ("CpuOptions.CoreCount", "2"),
-            (
-                "CapacityReservationSpecification.CapacityReservationTarget.CapacityReservationResourceGroupArn",
-                "arn:group",
-            ),
-            (
-                "IamInstanceProfile.Arn",
-                "arn:aws:iam::1:instance-profile/nodes",
-            ),
-        ] {
-            assert_eq!(q.get(name), Some(want), "{name}");
-        }
-        assert_eq!(q.get("NetworkInterface.3.SubnetId"), None);
+        let input = req.as_input();
+        assert_eq!(input.get_image_id().as_deref(), Some("ami-1"));
+        assert_eq!(
+            input.get_instance_type(),
+            &Some(InstanceType::from("m5.large"))
+        );
+        assert_eq!(
+            (input.get_min_count(), input.get_max_count()),
+            (&Some(1), &Some(1))
+        );
+        assert_eq!(
+            input.get_client_token().as_deref(),
+            Some("0123456789abcdef")
+        );
+        assert_eq!(
+            input.get_user_data().as_deref(),
+            Some("IyEvYmluL3NoCmVjaG8gaGkK")
+        );
+        assert_eq!(input.get_key_name().as_deref(), Some("ssh"));
+        assert_eq!(input.get_network_interfaces().as_ref().unwrap().len(), 2);
+        assert_eq!(input.get_block_device_mappings().as_ref().unwrap().len(), 2);
+        let tag_specs = input.get_tag_specifications().as_ref().unwrap();
+        assert_eq!(tag_specs.len(), 3);
+        assert_eq!(tags::name_tag(tag_specs[0].tags()), Some("m-1"));
+        assert_eq!(input.get_ebs_optimized(), &Some(true));
+        assert_eq!(
+            input.get_monitoring().as_ref().map(|m| m.enabled()),
+            Some(Some(true))
+        );
+        assert!(input.get_instance_market_options().is_some());
+        assert!(input.get_placement().is_some());
+        assert!(input.get_metadata_options().is_some());
+        assert!(input.get_cpu_options().is_some());
+        assert!(input.get_capacity_reservation_specification().is_some());
+        assert!(input.get_iam_instance_profile().is_some());
     }
 
     #[test]
@@ -742,30 +700,36 @@ mod tests {
         assert_eq!(client_token("ab cd", 0), "abcd");
     }
 
-    fn instance(id: &str, state: InstanceState, launched: i64) -> Instance {
-        Instance {
-            id: id.into(),
-            private_dns_name: format!("ip-10-0-0-1.{id}.internal"),
-            private_ip_address: "10.0.0.1".into(),
-            state,
-            launch_time: Some(aws_smithy_types::DateTime::from_secs(launched)),
-            network_interfaces: vec![NetworkInterface {
-                id: "eni-1".into(),
-                status: "in-use".into(),
-                ..NetworkInterface::default()
-            }],
-            volumes: vec![Volume {
-                device_name: "/dev/xvda".into(),
-                volume_id: "vol-1".into(),
-                status: "attached".into(),
-            }],
-            ..Instance::default()
-        }
+    fn instance(id: &str, state: InstanceStateName, launched: i64) -> Instance {
+        Instance::builder()
+            .instance_id(id)
+            .private_dns_name(format!("ip-10-0-0-1.{id}.internal"))
+            .private_ip_address("10.0.0.1")
+            .state(InstanceState::builder().name(state).build())
+            .launch_time(aws_sdk_ec2::primitives::DateTime::from_secs(launched))
+            .network_interfaces(
+                InstanceNetworkInterface::builder()
+                    .network_interface_id("eni-1")
+                    .status(NetworkInterfaceStatus::InUse)
+                    .build(),
+            )
+            .block_device_mappings(
+                InstanceBlockDeviceMapping::builder()
+                    .device_name("/dev/xvda")
+                    .ebs(
+                        EbsInstanceBlockDevice::builder()
+                            .volume_id("vol-1")
+                            .status(aws_sdk_ec2::types::AttachmentStatus::Attached)
+                            .build(),
+                    )
+                    .build(),
+            )
+            .build()
     }
 
     #[test]
     fn instances_read_back_into_names_addresses_and_resources() {
-        let i = instance("i-1", InstanceState::Running, 10);
+        let i = instance("i-1", InstanceStateName::Running, 10);
         assert_eq!(node_name(&i), "ip-10-0-0-1.i-1.internal");
         let addrs: Vec<_> = addresses(&i)
             .into_iter()
@@ -790,33 +754,38 @@ mod tests {
                 (ResourceKind::Disk, "vol-1", ResourceState::Running),
             ]
         );
-        assert_eq!(vm_state(&InstanceState::Stopped), ResourceState::Stopped);
-        assert_eq!(vm_state(&InstanceState::Pending), ResourceState::Creating);
-        let bare = Instance {
-            id: "i-2".into(),
-            ..Instance::default()
-        };
+        assert_eq!(
+            vm_state(Some(&InstanceStateName::Stopped)),
+            ResourceState::Stopped
+        );
+        assert_eq!(
+            vm_state(Some(&InstanceStateName::Pending)),
+            ResourceState::Creating
+        );
+        let bare = Instance::builder().instance_id("i-2").build();
         assert_eq!(node_name(&bare), "i-2");
     }
 
     #[test]
     fn the_oldest_instance_wins_and_src_dst_needs_initialization() {
-        let a = instance("i-b", InstanceState::Running, 20);
-        let b = instance("i-a", InstanceState::Pending, 10);
+        let a = instance("i-b", InstanceStateName::Running, 20);
+        let b = instance("i-a", InstanceStateName::Pending, 10);
         let all = [a, b];
-        assert_eq!(oldest(&all).unwrap().id, "i-a");
+        assert_eq!(oldest(&all).unwrap().instance_id(), Some("i-a"));
         let mut s = full();
         s.src_and_dst_checks_enabled = Some(false);
-        let nic = |id: &str, kind: &str, on: bool| NetworkInterface {
-            id: id.into(),
-            interface_type: kind.into(),
-            source_dest_check: Some(on),
-            ..NetworkInterface::default()
+        let nic = |id: &str, kind: &str, on: bool| {
+            aws_sdk_ec2::types::InstanceNetworkInterface::builder()
+                .network_interface_id(id)
+                .interface_type(kind)
+                .source_dest_check(on)
+                .build()
         };
-        let with = |nics: Vec<NetworkInterface>| Instance {
-            id: "i-c".into(),
-            network_interfaces: nics,
-            ..Instance::default()
+        let with = |nics: Vec<aws_sdk_ec2::types::InstanceNetworkInterface>| {
+            Instance::builder()
+                .instance_id("i-c")
+                .set_network_interfaces(Some(nics))
+                .build()
         };
         // Every interface with the check on, except EFA ones, which EC2 does not let change.
         let efa = with(vec![

@@ -17,10 +17,10 @@
 //!   NICs); a machine's instance is found by its recorded providerID, before that by those
 //!   tags ([`tags`]); provider ids are
 //!   `aws:///<region>/<instance-id>` ([`provider_id`]); node names are private DNS names;
-//! - EC2 error codes map to MCM codes ([`errors`]), keeping the client's error as source and
-//!   the AWS and mcm request ids in the message;
-//! - EC2 is called with its Query protocol ([`query`] builds the requests, [`xml`] and
-//!   [`model`] read the answers), signed by the SDK's signer, on the SDK's HTTP client; every
+//! - EC2 error codes map to MCM codes ([`errors`]), keeping the SDK error as source and the
+//!   AWS and mcm request ids in the message;
+//! - EC2 is called through `aws-sdk-ec2`: its retries, clock-skew correction, endpoint rules
+//!   and paginators; one client per region and credentials, kept while used; every EC2
 //!   request carries the driver's request id ([`client`]).
 //!
 //! Settings that are not part of a MachineClass live in [`AwsDriverConfig`]; the EC2 endpoint
@@ -32,12 +32,9 @@ pub mod credentials;
 pub mod driver;
 pub mod errors;
 pub mod launch;
-pub mod model;
 pub mod provider_id;
-pub mod query;
 pub mod spec;
 pub mod tags;
-pub mod xml;
 
 pub use client::{AwsDriverConfig, REQUEST_ID_HEADER};
 pub use driver::AwsDriver;

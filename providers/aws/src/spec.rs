@@ -304,19 +304,12 @@ pub fn class_warnings(class: &MachineClass) -> Vec<String> {
 
 const SPEC: &str = "providerSpec";
 
-/// EC2's market types (`MarketType` of the EC2 API, 2016-11-15).
-pub const MARKET_TYPES: &[&str] = &[
-    "capacity-block",
-    "interruptible-capacity-reservation",
-    "spot",
-];
-
 impl ProviderSpec {
     /// Every problem of the spec (empty: valid).
     pub fn validate(&self) -> Vec<SpecProblem> {
         let mut out = Vec::new();
         if let Some(m) = &self.instance_market_options {
-            let known = MARKET_TYPES;
+            let known = aws_sdk_ec2::types::MarketType::values();
             if !known.contains(&m.market_type.as_str()) {
                 out.push(SpecProblem::new(
                     format!("{SPEC}.instanceMarketOptions.marketType"),
@@ -638,7 +631,7 @@ fn validate_placement(p: Option<&Placement>) -> Vec<SpecProblem> {
 }
 
 /// The static credentials of a secret.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub struct AccessKey {
     /// The access key id.
     pub id: String,
@@ -672,7 +665,7 @@ pub fn access_key(secret: &SecretData) -> Option<AccessKey> {
 }
 
 /// How a secret lets the driver authenticate to AWS.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone, PartialEq, Eq, Hash)]
 pub enum Auth {
     /// A static access key.
     AccessKey(AccessKey),

@@ -13,8 +13,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::model::Tag;
-use crate::query::{Filter, Query};
+use aws_sdk_ec2::types::{Filter, ResourceType, Tag, TagSpecification};
 
 /// Prefix of the tag key naming the cluster.
 pub const CLUSTER_TAG_PREFIX: &str = "kubernetes.io/cluster/";
@@ -50,7 +49,7 @@ impl ClusterTags {
 
     /// Whether an instance's tags carry both keys (the client-side half of the filter).
     pub fn matches(&self, tags: &[Tag]) -> bool {
-        let has = |key: &str| tags.iter().any(|t| t.key == key);
+        let has = |key: &str| tags.iter().any(|t| t.key() == Some(key));
         has(&self.cluster) && has(&self.role)
     }
 
@@ -73,10 +72,10 @@ impl ClusterTags {
 
 /// One filter with its values.
 pub fn filter<'a>(name: &str, values: impl IntoIterator<Item = &'a str>) -> Filter {
-    Filter {
-        name: name.to_string(),
-        values: values.into_iter().map(String::from).collect(),
-    }
+    Filter::builder()
+        .name(name)
+        .set_values(Some(values.into_iter().map(String::from).collect()))
+        .build()
 }
 
 /// The tags of a machine's resources: the class's tags plus `Name` = machine name (which
@@ -85,32 +84,32 @@ pub fn resource_tags(class_tags: &BTreeMap<String, String>, machine_name: &str) 
     let mut tags = class_tags.clone();
     tags.insert(NAME_TAG.to_string(), machine_name.to_string());
     tags.into_iter()
-        .map(|(key, value)| Tag { key, value })
+        .map(|(k, v)| Tag::builder().key(k).value(v).build())
         .collect()
 }
 
-/// The resource types whose tag specifications carry a machine's tags: the instance, its
-/// volumes and its network interfaces.
-pub const TAGGED_RESOURCES: [&str; 3] = ["instance", "volume", "network-interface"];
-
-/// Sets the `TagSpecification`s of `request` putting `tags` on the instance, its volumes and
-/// its network interfaces.
-pub fn tag_specifications(request: &mut Query, tags: &[Tag]) {
-    for (i, resource_type) in TAGGED_RESOURCES.iter().enumerate() {
-        let prefix = format!("TagSpecification.{}", i + 1);
-        request.set(format!("{prefix}.ResourceType"), resource_type);
-        for (j, t) in tags.iter().enumerate() {
-            request.set(format!("{prefix}.Tag.{}.Key", j + 1), &t.key);
-            request.set(format!("{prefix}.Tag.{}.Value", j + 1), &t.value);
-        }
-    }
+/// Tag specifications putting `tags` on the instance, its volumes and its network interfaces.
+pub fn tag_specifications(tags: &[Tag]) -> Vec<TagSpecification> {
+    [
+        ResourceType::Instance,
+        ResourceType::Volume,
+        ResourceType::NetworkInterface,
+    ]
+    .into_iter()
+    .map(|rt| {
+        TagSpecification::builder()
+            .resource_type(rt)
+            .set_tags(Some(tags.to_vec()))
+            .build()
+    })
+    .collect()
 }
 
 /// The value of the `Name` tag.
 pub fn name_tag(tags: &[Tag]) -> Option<&str> {
     tags.iter()
-        .find(|t| t.key == NAME_TAG)
-        .map(|t| t.value.as_str())
+        .find(|t| t.key() == Some(NAME_TAG))
+        .and_then(|t| t.value())
 }
 
 #[cfg(test)]
@@ -128,10 +127,7 @@ mod tests {
     }
 
     fn tag(k: &str, v: &str) -> Tag {
-        Tag {
-            key: k.into(),
-            value: v.into(),
-        }
+        Tag::builder().key(k).value(v).build()
     }
 
     #[test]
@@ -148,7 +144,7 @@ mod tests {
         let filters = t.machine_filters("m-1");
         let shown: Vec<(String, Vec<String>)> = filters
             .iter()
-            .map(|f| (f.name.clone(), f.values.clone()))
+            .map(|f| (f.name().unwrap().to_string(), f.values().to_vec()))
             .collect();
         assert_eq!(
             shown,
@@ -184,16 +180,16 @@ mod tests {
         let tags = resource_tags(&class_tags(), "m-1");
         assert_eq!(name_tag(&tags), Some("m-1"));
         assert_eq!(tags.len(), 4);
-        let mut q = Query::new("RunInstances");
-        tag_specifications(&mut q, &tags);
-        let types: Vec<_> = (1..=3)
-            .map(|i| q.get(&format!("TagSpecification.{i}.ResourceType")))
-            .collect();
+        let specs = tag_specifications(&tags);
+        let types: Vec<_> = specs.iter().map(|s| s.resource_type().cloned()).collect();
         assert_eq!(
             types,
-            vec![Some("instance"), Some("volume"), Some("network-interface")]
+            vec![
+                Some(ResourceType::Instance),
+                Some(ResourceType::Volume),
+                Some(ResourceType::NetworkInterface)
+            ]
         );
-        assert_eq!(q.params().len(), 3 * (1 + 2 * 4));
-        assert_eq!(q.get("TagSpecification.3.Tag.1.Value"), Some("m-1"));
+        assert!(specs.iter().all(|s| s.tags().len() == 4));
     }
 }

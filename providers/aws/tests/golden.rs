@@ -4,6 +4,12 @@
 //! either served (no problem, no ignored key) or refused with the fields it cannot serve yet,
 //! never served as something else.
 
+use std::sync::{Arc, Mutex};
+
+use aws_config::BehaviorVersion;
+use aws_sdk_ec2::config::interceptors::BeforeTransmitInterceptorContextRef;
+use aws_sdk_ec2::config::{ConfigBag, Credentials, Intercept, Region, RuntimeComponents};
+use aws_sdk_ec2::error::BoxError;
 use mcm_api::MachineClass;
 use mcm_provider_aws::{launch, spec};
 use mcm_testenv::kit::assert_golden;
@@ -55,8 +61,7 @@ fn each_pool_is_served_or_refused_with_its_fields() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The RunInstances request of each served pool, as the driver puts it on the wire (the files
-// were captured from the AWS SDK for Rust, whose encoding the driver's replaced).
+// The RunInstances request of each served pool, as the SDK puts it on the wire.
 // ---------------------------------------------------------------------------------------------
 
 /// The machine every golden request is for.
@@ -65,8 +70,35 @@ const MACHINE: &str = "shoot--dev--my-shoot-pool-z1-5b7c4-abcde";
 const ROOT_DEVICE: &str = "/dev/xvda";
 /// The user data of the machine class Secret.
 const USER_DATA: &[u8] = b"#!/bin/bash\necho golden\n";
-/// The request id the machine controller gives the call.
-const REQUEST_ID: &str = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
+/// The client token of the creation attempt (what `launch::client_token` makes of the
+/// attempt's idempotency key; a fixed value here).
+const CLIENT_TOKEN: &str = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
+
+/// Keeps the serialized body of the first request and stops it before it is signed or sent.
+#[derive(Debug, Clone, Default)]
+struct CaptureBody(Arc<Mutex<Option<String>>>);
+
+/// The error [`CaptureBody`] stops every request with.
+#[derive(Debug, thiserror::Error)]
+#[error("request captured, not sent")]
+struct Captured;
+
+impl Intercept for CaptureBody {
+    fn name(&self) -> &'static str {
+        "CaptureBody"
+    }
+
+    fn read_after_serialization(
+        &self,
+        context: &BeforeTransmitInterceptorContextRef<'_>,
+        _runtime_components: &RuntimeComponents,
+        _cfg: &mut ConfigBag,
+    ) -> Result<(), BoxError> {
+        let body = context.request().body().bytes().unwrap_or_default();
+        *self.0.lock().unwrap() = Some(String::from_utf8_lossy(body).into_owned());
+        Err(Box::new(Captured))
+    }
+}
 
 /// Decodes one `application/x-www-form-urlencoded` component.
 fn form_decode(s: &str) -> String {
@@ -89,24 +121,47 @@ fn form_decode(s: &str) -> String {
 }
 
 /// The `RunInstances` parameters of `pool`, one `Name=value` per line, sorted by name.
-fn run_instances_parameters(pool: &str) -> String {
+async fn run_instances_parameters(pool: &str) -> String {
     let c = class(pool);
     let spec = spec::parse_provider_spec(&c).expect("decodes");
-    parameters_of(&spec, None)
+    parameters_of(&spec, None).await
 }
 
 /// The `RunInstances` parameters of `spec` for a Machine with `placement_annotation`.
-fn parameters_of(spec: &spec::ProviderSpec, placement_annotation: Option<&str>) -> String {
-    let body = launch::run_instances_request(
+async fn parameters_of(spec: &spec::ProviderSpec, placement_annotation: Option<&str>) -> String {
+    let capture = CaptureBody::default();
+    let conf = aws_sdk_ec2::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new(spec.region.clone()))
+        .credentials_provider(Credentials::new(
+            "AKIDGOLDEN",
+            "golden",
+            None,
+            None,
+            "golden",
+        ))
+        .interceptor(capture.clone())
+        .build();
+    let client = aws_sdk_ec2::Client::from_conf(conf);
+    let request = launch::run_instances_request(
+        client.run_instances(),
         spec,
         MACHINE,
         placement_annotation,
         USER_DATA,
         Some(ROOT_DEVICE),
-        REQUEST_ID,
+        CLIENT_TOKEN,
     )
-    .expect("request")
-    .body();
+    .expect("request");
+    let err = request
+        .send()
+        .await
+        .expect_err("the capture stops the request");
+    assert!(
+        format!("{:?}", err).contains("Captured"),
+        "stopped by something else: {err:?}"
+    );
+    let body = capture.0.lock().unwrap().take().expect("body captured");
     let mut params: Vec<(String, String)> = body
         .split('&')
         .filter(|p| !p.is_empty())
@@ -132,13 +187,13 @@ fn natural_key(name: &str) -> Vec<(String, u32)> {
         .collect()
 }
 
-#[test]
-fn each_served_pool_becomes_exactly_its_run_instances_request() {
+#[tokio::test]
+async fn each_served_pool_becomes_exactly_its_run_instances_request() {
     for (pool, refused) in POOLS {
         if !refused.is_empty() {
             continue;
         }
-        let got = run_instances_parameters(pool);
+        let got = run_instances_parameters(pool).await;
         let path = format!(
             "{}/tests/golden/{pool}.run-instances.txt",
             env!("CARGO_MANIFEST_DIR")
@@ -205,21 +260,21 @@ fn the_static_key_and_the_workload_identity_secrets_are_served() {
 const PLACEMENT_ANNOTATION: &str = r#"{"AvailabilityZone": "eu-west-1b", "Affinity": "default", "GroupName": "g", "PartitionNumber": 2, "HostId": "h-2", "Tenancy": "host", "SpreadDomain": "s", "HostResourceGroupArn": "arn:aws:resource-groups:eu-west-1:123456789012:group/h", "GroupId": "pg-2"}"#;
 
 /// Specs that set every field the driver sends (`tests/wire/*.json`), and their
-/// `RunInstances` parameters as the AWS SDK for Rust (aws-sdk-ec2 1.208) serialized them
-/// (`tests/wire/*.run-instances.txt`): the wire format the driver's own encoding keeps.
+/// `RunInstances` parameters as the AWS SDK for Rust serialized them
+/// (`tests/wire/*.run-instances.txt`): the wire format the driver's own encoding must keep.
 const WIRE_SPECS: &[(&str, Option<&str>)] = &[
     ("every-field", None),
     ("preference", Some(PLACEMENT_ANNOTATION)),
     ("reservation-id", None),
 ];
 
-#[test]
-fn every_field_the_driver_sends_has_its_wire_name() {
+#[tokio::test]
+async fn every_field_the_driver_sends_has_its_wire_name() {
     for (name, annotation) in WIRE_SPECS {
         let dir = format!("{}/tests/wire", env!("CARGO_MANIFEST_DIR"));
         let text = std::fs::read_to_string(format!("{dir}/{name}.json")).expect("wire spec");
         let spec: spec::ProviderSpec = serde_json::from_str(&text).expect("wire spec JSON");
-        let got = parameters_of(&spec, *annotation);
+        let got = parameters_of(&spec, *annotation).await;
         assert_golden(
             std::path::Path::new(&format!("{dir}/{name}.run-instances.txt")),
             &got,

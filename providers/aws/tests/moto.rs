@@ -8,8 +8,9 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
+use aws_sdk_ec2::types::{Filter, ResourceType, Tag, TagSpecification};
 use base64::Engine as _;
-use common::{Moto, REGION, World, lagging_moto, moto, tag_value};
+use common::{Moto, REGION, World, lagging_moto, moto};
 use mcm_api::{Machine, MachineClass};
 use mcm_driver::{
     Code, CreateMachineRequest, DeleteMachineRequest, Driver, DriverError, GetMachineStatusRequest,
@@ -153,6 +154,12 @@ async fn list(d: &AwsDriver, c: &MachineClass) -> std::collections::BTreeMap<Str
     .machines
 }
 
+fn tag_value<'a>(tags: &'a [Tag], key: &str) -> Option<&'a str> {
+    tags.iter()
+        .find(|t| t.key() == Some(key))
+        .and_then(|t| t.value())
+}
+
 #[tokio::test]
 async fn create_is_idempotent_tags_everything_and_delete_terminates() {
     let w = World::new("lifecycle").await;
@@ -178,58 +185,73 @@ async fn create_is_idempotent_tags_everything_and_delete_terminates() {
     assert_eq!(w.live_instances().await.len(), 1);
 
     // The instance: tags, AMI, type, subnet, security group, profile, user data, volumes.
-    let described = ec2.instances(&[("InstanceId.1", &id)]).await;
-    let i = &described[0];
-    assert_eq!(tag_value(i, "Name"), Some("m-1"));
-    assert_eq!(tag_value(i, &w.cluster_tag), Some("1"));
-    assert_eq!(tag_value(i, &w.role_tag), Some("1"));
-    assert_eq!(tag_value(i, "team"), Some("mcm"));
-    assert_eq!(i.text_of("imageId"), Some(w.ami.as_str()));
-    assert_eq!(i.text_of("instanceType"), Some("m5.large"));
-    assert_eq!(i.text_of("subnetId"), Some(w.subnet.as_str()));
-    let nic = i.items("networkInterfaceSet").next().expect("a NIC");
-    assert_eq!(nic.text_of("subnetId"), Some(w.subnet.as_str()));
+    let described = ec2
+        .describe_instances()
+        .instance_ids(&id)
+        .send()
+        .await
+        .unwrap();
+    let i = &described.reservations()[0].instances()[0];
+    assert_eq!(tag_value(i.tags(), "Name"), Some("m-1"));
+    assert_eq!(tag_value(i.tags(), &w.cluster_tag), Some("1"));
+    assert_eq!(tag_value(i.tags(), &w.role_tag), Some("1"));
+    assert_eq!(tag_value(i.tags(), "team"), Some("mcm"));
+    assert_eq!(i.image_id(), Some(w.ami.as_str()));
+    assert_eq!(i.instance_type().map(|t| t.as_str()), Some("m5.large"));
+    assert_eq!(i.subnet_id(), Some(w.subnet.as_str()));
+    let nic = &i.network_interfaces()[0];
+    assert_eq!(nic.subnet_id(), Some(w.subnet.as_str()));
     assert!(
-        nic.items("groupSet")
-            .any(|g| g.text_of("groupId") == Some(w.security_group.as_str())),
-        "{nic:?}"
+        nic.groups()
+            .iter()
+            .any(|g| g.group_id() == Some(w.security_group.as_str())),
+        "{:?}",
+        nic.groups()
     );
     assert!(
-        i.at(&["iamInstanceProfile", "arn"])
-            .is_some_and(|a| a.text.ends_with(&w.profile)),
+        i.iam_instance_profile()
+            .and_then(|p| p.arn())
+            .is_some_and(|a| a.ends_with(&w.profile)),
         "{:?}",
-        i.child("iamInstanceProfile")
+        i.iam_instance_profile()
     );
     let user_data = ec2
-        .call(
-            "DescribeInstanceAttribute",
-            &[("InstanceId", &id), ("Attribute", "userData")],
-        )
-        .await;
-    let encoded = common::text(&user_data, &["userData", "value"]);
+        .describe_instance_attribute()
+        .instance_id(&id)
+        .attribute(aws_sdk_ec2::types::InstanceAttributeName::UserData)
+        .send()
+        .await
+        .unwrap();
+    let encoded = user_data.user_data().and_then(|u| u.value()).unwrap();
     let decoded = base64::engine::general_purpose::STANDARD
         .decode(encoded)
         .unwrap();
     assert_eq!(String::from_utf8(decoded).unwrap(), USER_DATA);
     let devices: BTreeSet<_> = i
-        .items("blockDeviceMapping")
-        .filter_map(|b| b.text_of("deviceName"))
+        .block_device_mappings()
+        .iter()
+        .filter_map(|b| b.device_name())
         .collect();
     assert!(devices.contains("/dev/sdb"), "{devices:?}");
     let volumes = ec2
-        .call(
-            "DescribeVolumes",
-            &[
-                ("Filter.1.Name", "attachment.instance-id"),
-                ("Filter.1.Value.1", &id),
-            ],
+        .describe_volumes()
+        .filters(
+            Filter::builder()
+                .name("attachment.instance-id")
+                .values(&id)
+                .build(),
         )
-        .await;
-    let volumes: Vec<_> = volumes.items("volumeSet").collect();
-    assert!(!volumes.is_empty());
+        .send()
+        .await
+        .unwrap();
+    assert!(!volumes.volumes().is_empty());
     assert!(
-        volumes.iter().all(|v| tag_value(v, "Name") == Some("m-1")),
-        "volumes are tagged: {volumes:?}"
+        volumes
+            .volumes()
+            .iter()
+            .all(|v| tag_value(v.tags(), "Name") == Some("m-1")),
+        "volumes are tagged: {:?}",
+        volumes.volumes()
     );
 
     // Status reports the instance, its NIC and disks.
@@ -341,20 +363,19 @@ async fn initialize_disables_the_source_destination_check() {
 async fn interface_checks(id: &str) -> Vec<Option<bool>> {
     moto()
         .ec2()
-        .call(
-            "DescribeNetworkInterfaces",
-            &[
-                ("Filter.1.Name", "attachment.instance-id"),
-                ("Filter.1.Value.1", id),
-            ],
+        .describe_network_interfaces()
+        .filters(
+            aws_sdk_ec2::types::Filter::builder()
+                .name("attachment.instance-id")
+                .values(id)
+                .build(),
         )
+        .send()
         .await
-        .items("networkInterfaceSet")
-        .map(|n| match n.text_of("sourceDestCheck") {
-            Some("true") => Some(true),
-            Some("false") => Some(false),
-            _ => None,
-        })
+        .unwrap()
+        .network_interfaces()
+        .iter()
+        .map(|n| n.source_dest_check())
         .collect()
 }
 
@@ -401,7 +422,28 @@ async fn a_multi_nic_machine_has_the_check_turned_off_on_each_interface() {
 
 /// Starts an instance directly in moto with `tags` (playing a VM created by someone else).
 async fn run_raw(w: &World, tags: &[(&str, &str)]) -> String {
-    common::run_raw(w, tags).await
+    let tags: Vec<Tag> = tags
+        .iter()
+        .map(|(k, v)| Tag::builder().key(*k).value(*v).build())
+        .collect();
+    let out = moto()
+        .ec2()
+        .run_instances()
+        .image_id(&w.ami)
+        .instance_type(aws_sdk_ec2::types::InstanceType::M5Large)
+        .min_count(1)
+        .max_count(1)
+        .subnet_id(&w.subnet)
+        .tag_specifications(
+            TagSpecification::builder()
+                .resource_type(ResourceType::Instance)
+                .set_tags(Some(tags))
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    out.instances()[0].instance_id().unwrap().to_string()
 }
 
 #[tokio::test]
@@ -459,25 +501,24 @@ async fn list_pages_through_the_class_and_checks_the_role_tag_client_side() {
     // moto pages like EC2: the driver had to follow next tokens.
     let first_page = moto()
         .ec2()
-        .call(
-            "DescribeInstances",
-            &[
-                ("Filter.1.Name", "tag-key"),
-                ("Filter.1.Value.1", &w.cluster_tag),
-                ("MaxResults", "5"),
-            ],
+        .describe_instances()
+        .filters(
+            Filter::builder()
+                .name("tag-key")
+                .values(&w.cluster_tag)
+                .build(),
         )
-        .await;
+        .max_results(5)
+        .send()
+        .await
+        .unwrap();
     let on_first: usize = first_page
-        .items("reservationSet")
-        .map(|r| r.items("instancesSet").count())
+        .reservations()
+        .iter()
+        .map(|r| r.instances().len())
         .sum();
     assert_eq!(on_first, 5);
-    assert!(
-        first_page
-            .text_of("nextToken")
-            .is_some_and(|t| !t.is_empty())
-    );
+    assert!(first_page.next_token().is_some());
     let listed = list(&d, &c).await;
     assert_eq!(listed, want);
     let resources = d
@@ -527,12 +568,14 @@ async fn errors_from_moto_and_from_validation_map_to_codes() {
         "{}",
         err.message
     );
-    let source = std::error::Error::source(&err).expect("the client's error is the source");
-    assert_eq!(
+    let source = std::error::Error::source(&err).expect("the SDK error is the source");
+    assert!(
         source
-            .downcast_ref::<mcm_provider_aws::client::Ec2Error>()
-            .and_then(|e| e.code()),
-        Some("InvalidSubnetID.NotFound"),
+            .downcast_ref::<aws_sdk_ec2::error::SdkError<
+                aws_sdk_ec2::operation::run_instances::RunInstancesError,
+                aws_sdk_ec2::config::http::HttpResponse,
+            >>()
+            .is_some(),
         "{source:?}"
     );
 
@@ -740,8 +783,12 @@ async fn one_creation_attempt_launches_one_instance_while_describe_lags_behind()
 async fn remove_name_tag(id: &str) {
     moto()
         .ec2()
-        .call("DeleteTags", &[("ResourceId.1", id), ("Tag.1.Key", "Name")])
-        .await;
+        .delete_tags()
+        .resources(id)
+        .tags(Tag::builder().key("Name").build())
+        .send()
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
@@ -791,14 +838,11 @@ async fn a_client_token_whose_instance_terminated_at_once_launches_the_next_one(
     // answering the token with it, so the retry of the attempt takes the next token.
     moto()
         .ec2()
-        .call(
-            "TerminateInstances",
-            &[(
-                "InstanceId.1",
-                decode_provider_id(&first.provider_id).unwrap(),
-            )],
-        )
-        .await;
+        .terminate_instances()
+        .instance_ids(decode_provider_id(&first.provider_id).unwrap())
+        .send()
+        .await
+        .unwrap();
     let second = create_keyed(&d, &c, "gen-1", &key).await.unwrap();
     assert_ne!(second.provider_id, first.provider_id);
     assert_eq!(w.live_per_machine().get("gen-1"), Some(&1));
@@ -938,29 +982,27 @@ async fn every_request_is_signed_as_ec2_verifies_it() {
 
     // Temporary credentials (workload identity's) carry their session token, signed too; a
     // RunInstances body with characters that need encoding.
-    let transport = mcm_provider_aws::client::Ec2Transport::with_environment(
-        &AwsDriverConfig {
-            endpoint_url: Some(url),
-            max_attempts: Some(1),
-            ..Default::default()
-        },
-        mcm_provider_aws::client::Environment::default(),
-    );
-    let client = transport.client(
-        REGION,
-        aws_credential_types::provider::SharedCredentialsProvider::new(
-            aws_credential_types::Credentials::new(
+    let config = AwsDriverConfig {
+        endpoint_url: Some(url),
+        max_attempts: Some(1),
+        ..Default::default()
+    };
+    let sdk = mcm_provider_aws::client::load_sdk_config(&config).await;
+    let client = aws_sdk_ec2::Client::from_conf(
+        aws_sdk_ec2::config::Builder::from(&sdk)
+            .region(aws_sdk_ec2::config::Region::new(REGION))
+            .credentials_provider(aws_credential_types::Credentials::new(
                 "ASIATEST",
                 "secret-2",
                 Some("token/+=".into()),
                 None,
                 "test",
-            ),
-        ),
-        &RequestId::generate(),
+            ))
+            .build(),
     );
     let spec: mcm_provider_aws::ProviderSpec = serde_json::from_value(spec).unwrap();
     let run = mcm_provider_aws::launch::run_instances_request(
+        client.run_instances(),
         &spec,
         "m-ü",
         None,
@@ -969,7 +1011,7 @@ async fn every_request_is_signed_as_ec2_verifies_it() {
         "token-1",
     )
     .unwrap();
-    let _ = client.call(&run).await.unwrap_err();
+    let _ = run.send().await.unwrap_err();
     let mut with_token = std::mem::take(&mut *seen.lock().unwrap());
     assert_eq!(with_token.len(), 1);
     let (verdicts, ok) = botocore_verdicts("ASIATEST", "secret-2", Some("token/+="), &with_token);

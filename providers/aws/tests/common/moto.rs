@@ -17,13 +17,8 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
-use aws_credential_types::Credentials;
-use aws_credential_types::provider::SharedCredentialsProvider;
-use mcm_provider_aws::AwsDriverConfig;
-use mcm_provider_aws::client::{Ec2Client, Ec2Error, Ec2Transport, Environment};
-use mcm_provider_aws::model::Instance;
-use mcm_provider_aws::query::Query;
-use mcm_provider_aws::xml::Element;
+use aws_sdk_ec2::Client;
+use aws_sdk_ec2::config::{BehaviorVersion, Credentials, Region};
 use mcm_testenv::kit::free_port;
 use mcm_testenv::process::ManagedProcess;
 
@@ -242,19 +237,16 @@ impl Moto {
         assert_eq!(status, 200);
     }
 
-    /// An EC2 client for moto (any credentials work), one attempt per call.
-    pub fn ec2(&self) -> TestEc2 {
-        let config = AwsDriverConfig {
-            endpoint_url: Some(self.url.clone()),
-            max_attempts: Some(1),
-            ..AwsDriverConfig::default()
-        };
-        let transport = Ec2Transport::with_environment(&config, Environment::default());
-        TestEc2(transport.client(
-            REGION,
-            SharedCredentialsProvider::new(Credentials::new("test", "test", None, None, "test")),
-            &mcm_driver::RequestId::from_string("test"),
-        ))
+    /// An EC2 client for moto (any credentials work).
+    pub fn ec2(&self) -> Client {
+        let conf = aws_sdk_ec2::Config::builder()
+            .behavior_version(BehaviorVersion::latest())
+            .region(Region::new(REGION))
+            .credentials_provider(Credentials::new("test", "test", None, None, "test"))
+            .endpoint_url(&self.url)
+            .http_client(mcm_provider_aws::client::http_client())
+            .build();
+        Client::from_conf(conf)
     }
 
     /// Creates an IAM instance profile (moto checks that RunInstances names an existing one).
@@ -342,34 +334,34 @@ impl World {
         let ec2 = m.ec2();
         let n = NEXT_NET.fetch_add(1, Ordering::SeqCst);
         let vpc = ec2
-            .call("CreateVpc", &[("CidrBlock", &format!("10.{n}.0.0/16"))])
-            .await;
-        let vpc_id = text(&vpc, &["vpc", "vpcId"]);
+            .create_vpc()
+            .cidr_block(format!("10.{n}.0.0/16"))
+            .send()
+            .await
+            .unwrap();
+        let vpc_id = vpc.vpc().unwrap().vpc_id().unwrap().to_string();
         let subnet = ec2
-            .call(
-                "CreateSubnet",
-                &[
-                    ("VpcId", &vpc_id),
-                    ("CidrBlock", &format!("10.{n}.0.0/20")),
-                    ("AvailabilityZone", &format!("{REGION}a")),
-                ],
-            )
-            .await;
+            .create_subnet()
+            .vpc_id(&vpc_id)
+            .cidr_block(format!("10.{n}.0.0/20"))
+            .availability_zone(format!("{REGION}a"))
+            .send()
+            .await
+            .unwrap();
         let sg = ec2
-            .call(
-                "CreateSecurityGroup",
-                &[
-                    ("GroupName", &format!("{name}-nodes")),
-                    ("GroupDescription", "nodes"),
-                    ("VpcId", &vpc_id),
-                ],
-            )
-            .await;
-        let images = ec2.call("DescribeImages", &[]).await;
+            .create_security_group()
+            .group_name(format!("{name}-nodes"))
+            .description("nodes")
+            .vpc_id(&vpc_id)
+            .send()
+            .await
+            .unwrap();
+        let images = ec2.describe_images().send().await.unwrap();
         let ami = images
-            .items("imagesSet")
-            .find(|i| i.text_of("rootDeviceName").is_some_and(|n| !n.is_empty()))
-            .and_then(|i| i.text_of("imageId"))
+            .images()
+            .iter()
+            .find(|i| i.root_device_name().is_some())
+            .and_then(|i| i.image_id())
             .expect("moto has AMIs")
             .to_string();
         let profile = format!("{name}-profile");
@@ -386,8 +378,8 @@ impl World {
             moto: m,
             cluster_tag: format!("kubernetes.io/cluster/{unique}"),
             role_tag: "kubernetes.io/role/node".into(),
-            subnet: text(&subnet, &["subnet", "subnetId"]),
-            security_group: text(&sg, &["groupId"]),
+            subnet: subnet.subnet().unwrap().subnet_id().unwrap().to_string(),
+            security_group: sg.group_id().unwrap().to_string(),
             ami,
             profile,
         }
@@ -437,102 +429,33 @@ impl World {
     }
 
     /// The live (not terminated) instances with this world's cluster tag.
-    pub async fn live_instances(&self) -> Vec<Instance> {
-        self.moto
+    pub async fn live_instances(&self) -> Vec<aws_sdk_ec2::types::Instance> {
+        let out = self
+            .moto
             .ec2()
-            .instances(&[
-                ("Filter.1.Name", "tag-key"),
-                ("Filter.1.Value.1", &self.cluster_tag),
-            ])
+            .describe_instances()
+            .filters(
+                aws_sdk_ec2::types::Filter::builder()
+                    .name("tag-key")
+                    .values(&self.cluster_tag)
+                    .build(),
+            )
+            .send()
             .await
+            .unwrap();
+        out.reservations()
             .iter()
-            .map(Instance::from_xml)
-            .filter(|i| !i.state.is_terminal())
-            .collect()
-    }
-}
-
-/// An EC2 client of the tests: the driver's own client, with requests given as parameter
-/// lists and answers as XML elements.
-pub struct TestEc2(pub Ec2Client);
-
-impl TestEc2 {
-    /// `action` with `params`.
-    pub async fn try_call(
-        &self,
-        action: &'static str,
-        params: &[(&str, &str)],
-    ) -> Result<Element, Ec2Error> {
-        let mut q = Query::new(action);
-        for (name, value) in params {
-            q.set(*name, value);
-        }
-        self.0.call(&q).await
-    }
-
-    /// `action` with `params`; panics when EC2 refuses it.
-    pub async fn call(&self, action: &'static str, params: &[(&str, &str)]) -> Element {
-        self.try_call(action, params)
-            .await
-            .unwrap_or_else(|e| panic!("{action}: {e:?}"))
-    }
-
-    /// The instance elements `DescribeInstances` with `params` answers.
-    pub async fn instances(&self, params: &[(&str, &str)]) -> Vec<Element> {
-        let out = self.call("DescribeInstances", params).await;
-        out.items("reservationSet")
-            .flat_map(|r| r.items("instancesSet"))
+            .flat_map(|r| r.instances())
+            .filter(|i| {
+                !matches!(
+                    i.state().and_then(|s| s.name()),
+                    Some(
+                        aws_sdk_ec2::types::InstanceStateName::Terminated
+                            | aws_sdk_ec2::types::InstanceStateName::ShuttingDown
+                    )
+                )
+            })
             .cloned()
             .collect()
     }
-}
-
-/// The text at `path` of `e`; panics when it is not there.
-pub fn text(e: &Element, path: &[&str]) -> String {
-    e.at(path)
-        .unwrap_or_else(|| panic!("{path:?} in {e:?}"))
-        .text
-        .clone()
-}
-
-/// The value of the tag `key` in the `tagSet` of `e`.
-pub fn tag_value<'a>(e: &'a Element, key: &str) -> Option<&'a str> {
-    e.items("tagSet")
-        .find(|t| t.text_of("key") == Some(key))
-        .and_then(|t| t.text_of("value"))
-}
-
-/// Starts an instance directly in moto with `tags` on it (playing a VM created by someone
-/// else); its instance id.
-pub async fn run_raw(w: &World, tags: &[(&str, &str)]) -> String {
-    let mut params: Vec<(String, String)> = [
-        ("ImageId", w.ami.as_str()),
-        ("InstanceType", "m5.large"),
-        ("MinCount", "1"),
-        ("MaxCount", "1"),
-        ("SubnetId", w.subnet.as_str()),
-        ("TagSpecification.1.ResourceType", "instance"),
-    ]
-    .iter()
-    .map(|(k, v)| (k.to_string(), v.to_string()))
-    .collect();
-    for (i, (k, v)) in tags.iter().enumerate() {
-        params.push((
-            format!("TagSpecification.1.Tag.{}.Key", i + 1),
-            k.to_string(),
-        ));
-        params.push((
-            format!("TagSpecification.1.Tag.{}.Value", i + 1),
-            v.to_string(),
-        ));
-    }
-    let refs: Vec<(&str, &str)> = params
-        .iter()
-        .map(|(k, v)| (k.as_str(), v.as_str()))
-        .collect();
-    let out = w.moto.ec2().call("RunInstances", &refs).await;
-    text(
-        out.items("instancesSet").next().expect("an instance"),
-        &["instanceId"],
-    )
 }
