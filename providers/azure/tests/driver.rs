@@ -5,7 +5,7 @@ use mcm_fake_arm as fake_arm;
 
 use std::time::Duration;
 
-use fake_arm::{FakeArm, allocation_failed_message, sku_not_available_message};
+use fake_arm::{FakeArm, HttpsServer, allocation_failed_message, sku_not_available_message};
 use mcm_api::{Machine, MachineClass};
 use mcm_driver::{
     Code, CreateMachineRequest, CreateMachineResponse, DeleteMachineRequest, Driver, DriverError,
@@ -37,6 +37,7 @@ fn config(fake: &FakeArm) -> AzureDriverConfig {
         operation_timeout: Duration::from_secs(20),
         poll_interval: Duration::from_millis(50),
         max_poll_interval: Duration::from_millis(200),
+        extra_ca_pem: Some(fake.ca_pem().to_string()),
         ..AzureDriverConfig::default()
     }
 }
@@ -202,6 +203,7 @@ async fn each_cloud_is_served_by_its_own_endpoints() {
         arm_endpoint: None,
         authority_host: None,
         clouds,
+        extra_ca_pem: Some(format!("{}{}", public.ca_pem(), china.ca_pem())),
         ..config(&public)
     });
     // No cloudConfiguration: public Azure.
@@ -776,14 +778,13 @@ async fn volume_ids_of_azure_disks() {
     );
 }
 
-/// A scripted ARM on 127.0.0.1 with a token endpoint of its own: a token for every token
-/// request, `answer(base URL, path and query)` for every other request.
-async fn scripted_arm(answer: fn(&str, &str) -> (u16, Value)) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
+/// A scripted ARM over HTTPS on 127.0.0.1 with a token endpoint of its own: a token for every
+/// token request, `answer(base URL, path and query)` for every other request.
+async fn scripted_arm(answer: fn(&str, &str) -> (u16, Value)) -> HttpsServer {
+    let base = std::sync::Arc::new(std::sync::OnceLock::<String>::new());
     let own = base.clone();
     let app = axum::Router::new().fallback(move |request: axum::extract::Request| {
-        let base = own.clone();
+        let base = own.get().cloned().unwrap_or_default();
         async move {
             let path = request
                 .uri()
@@ -804,15 +805,17 @@ async fn scripted_arm(answer: fn(&str, &str) -> (u16, Value)) -> String {
                 .unwrap()
         }
     });
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    base
+    let server = HttpsServer::start(app).await;
+    base.set(server.url().to_string()).unwrap();
+    server
 }
 
 async fn list_against(answer: fn(&str, &str) -> (u16, Value)) -> DriverError {
-    let base = scripted_arm(answer).await;
+    let server = scripted_arm(answer).await;
     let d = AzureDriver::new(AzureDriverConfig {
-        arm_endpoint: Some(base.clone()),
-        authority_host: Some(base),
+        arm_endpoint: Some(server.url().to_string()),
+        authority_host: Some(server.url().to_string()),
+        extra_ca_pem: Some(server.ca_pem().to_string()),
         ..AzureDriverConfig::default()
     });
     tokio::time::timeout(
