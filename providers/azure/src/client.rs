@@ -340,14 +340,22 @@ pub fn next_page(current: &Url, next_link: &str) -> Result<Url, AzureError> {
 #[derive(Debug, Default)]
 pub struct Clients {
     http: Mutex<Option<Arc<dyn HttpClient>>>,
-    secrets: Mutex<HashMap<[u8; 32], KeptCredential>>,
+    secrets: Mutex<KeptCredentials>,
 }
 
-/// A client-secret credential and when a call last used it.
+/// The client-secret credentials kept, by [`secret_key`], at most [`MAX_CREDENTIALS`].
+#[derive(Debug, Default)]
+struct KeptCredentials {
+    by_key: HashMap<[u8; 32], KeptCredential>,
+    /// Counts the uses: the credential whose last use counted least goes first.
+    uses: u64,
+}
+
+/// A client-secret credential and the use that used it last.
 #[derive(Debug)]
 struct KeptCredential {
     credential: Arc<ClientSecretCredential>,
-    used: Instant,
+    used: u64,
 }
 
 /// Workload identity's client assertion: the federated token in the file the Secret names,
@@ -420,7 +428,11 @@ impl Clients {
 
     /// How many client-secret credentials are kept.
     pub fn kept_credentials(&self) -> usize {
-        self.secrets.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.secrets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .by_key
+            .len()
     }
 
     /// The credential of a service principal at `authority`: a client secret's shared while
@@ -455,8 +467,10 @@ impl Clients {
         };
         let key = secret_key(authority, c, secret);
         let mut kept = self.secrets.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(k) = kept.get_mut(&key) {
-            k.used = Instant::now();
+        kept.uses += 1;
+        let used = kept.uses;
+        if let Some(k) = kept.by_key.get_mut(&key) {
+            k.used = used;
             return Ok(k.credential.clone());
         }
         let credential = ClientSecretCredential::new(
@@ -471,16 +485,20 @@ impl Clients {
             what: format!("client secret credential of client {}", c.client_id),
             source: Box::new(e),
         })?;
-        if kept.len() >= MAX_CREDENTIALS
-            && let Some(oldest) = kept.iter().min_by_key(|(_, k)| k.used).map(|(key, _)| *key)
+        if kept.by_key.len() >= MAX_CREDENTIALS
+            && let Some(oldest) = kept
+                .by_key
+                .iter()
+                .min_by_key(|(_, k)| k.used)
+                .map(|(key, _)| *key)
         {
-            kept.remove(&oldest);
+            kept.by_key.remove(&oldest);
         }
-        kept.insert(
+        kept.by_key.insert(
             key,
             KeptCredential {
                 credential: credential.clone(),
-                used: Instant::now(),
+                used,
             },
         );
         Ok(credential)
@@ -608,6 +626,17 @@ impl Call {
         }
     }
 
+    /// A token for the call's ARM scope, from the credential (its cache, else the authority);
+    /// `call` names what it is for.
+    async fn bearer(&self, call: &str) -> Result<String, AzureError> {
+        let token = self
+            .credential
+            .get_token(&[&self.scope], None)
+            .await
+            .map_err(|e| self.unanswered(format!("{call} (token)"), e))?;
+        Ok(token.token.secret().to_string())
+    }
+
     /// The failure an ARM answer that is not a success describes.
     fn refused(call: impl Into<String>, response: &ArmResponse) -> AzureError {
         AzureError::Api {
@@ -633,15 +662,11 @@ impl Call {
         url: Url,
         body: Option<&serde_json::Value>,
     ) -> Result<ArmResponse, AzureError> {
-        let token = self
-            .credential
-            .get_token(&[&self.scope], None)
-            .await
-            .map_err(|e| self.unanswered(format!("{call} (token)"), e))?;
+        let token = self.bearer(call).await?;
         let mut request = Request::new(url, method);
         request.insert_header(
             azure_core::http::headers::AUTHORIZATION,
-            format!("Bearer {}", token.token.secret()),
+            format!("Bearer {token}"),
         );
         request.insert_header(CLIENT_REQUEST_ID, self.request_id.to_string());
         if let Some(body) = body {
@@ -841,6 +866,170 @@ impl Call {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use azure_core::http::{AsyncRawResponse, Body, StatusCode};
+
+    const TENANT: &str = "00000000-0000-0000-0000-00000000000b";
+    const CLIENT: &str = "00000000-0000-0000-0000-00000000000c";
+
+    /// An HTTP client that records every request (URL and body) and answers each with a
+    /// token.
+    #[derive(Debug, Default)]
+    struct Recorder(Mutex<Vec<(String, String)>>);
+
+    #[async_trait::async_trait]
+    impl HttpClient for Recorder {
+        async fn execute_request(&self, request: &Request) -> azure_core::Result<AsyncRawResponse> {
+            let body = match request.body() {
+                Body::Bytes(b) => String::from_utf8_lossy(b).into_owned(),
+                Body::SeekableStream(_) => String::new(),
+            };
+            self.0
+                .lock()
+                .unwrap()
+                .push((request.url().to_string(), body));
+            Ok(AsyncRawResponse::from_bytes(
+                StatusCode::Ok,
+                Headers::new(),
+                r#"{"token_type":"Bearer","expires_in":3599,"ext_expires_in":3599,"access_token":"t"}"#,
+            ))
+        }
+    }
+
+    impl Recorder {
+        fn last(&self) -> (String, String) {
+            self.0.lock().unwrap().last().cloned().expect("a request")
+        }
+    }
+
+    fn credentials(auth: Auth) -> Credentials {
+        Credentials {
+            subscription_id: "s".into(),
+            tenant_id: TENANT.into(),
+            client_id: CLIENT.into(),
+            auth,
+        }
+    }
+
+    fn secret(s: &str) -> Credentials {
+        credentials(Auth::ClientSecret(s.into()))
+    }
+
+    #[tokio::test]
+    async fn each_cloud_asks_its_own_authority_host_for_a_token_for_its_arm() {
+        let recorder = Arc::new(Recorder::default());
+        let clients = Clients::with_http_client(recorder.clone());
+        let dir = tempfile::tempdir().unwrap();
+        let token_file = dir.path().join("token");
+        std::fs::write(&token_file, "eyJ.federated").unwrap();
+        let workload_identity = credentials(Auth::WorkloadIdentity {
+            token_file: token_file.display().to_string(),
+        });
+        let config = AzureDriverConfig::default();
+        let id = RequestId::generate();
+        for (cloud, authority, arm) in [
+            (
+                None,
+                "https://login.microsoftonline.com",
+                "https://management.azure.com",
+            ),
+            (
+                Some(AZURE_CHINA),
+                "https://login.chinacloudapi.cn",
+                "https://management.chinacloudapi.cn",
+            ),
+            (
+                Some(AZURE_GOVERNMENT),
+                "https://login.microsoftonline.us",
+                "https://management.usgovcloudapi.net",
+            ),
+        ] {
+            for c in [secret("s3cret"), workload_identity.clone()] {
+                let call = clients.call(&config, cloud, &c, &id).unwrap();
+                call.bearer("test").await.unwrap();
+                let (url, form) = recorder.last();
+                assert_eq!(
+                    url,
+                    format!("{authority}/{TENANT}/oauth2/v2.0/token"),
+                    "{cloud:?}"
+                );
+                let scope = format!("scope={}", arm.replace(':', "%3A").replace('/', "%2F"));
+                assert!(form.contains(&scope), "{cloud:?}: {form}");
+            }
+        }
+        // AZURE_AUTHORITY_HOST wins over the cloud's.
+        let overridden = AzureDriverConfig {
+            authority_host: Some("https://login.example.test".into()),
+            ..AzureDriverConfig::default()
+        };
+        let call = clients
+            .call(&overridden, Some(AZURE_GOVERNMENT), &secret("s3cret"), &id)
+            .unwrap();
+        call.bearer("test").await.unwrap();
+        assert_eq!(
+            recorder.last().0,
+            format!("https://login.example.test/{TENANT}/oauth2/v2.0/token")
+        );
+        // azure_identity 1.x refuses a plain-http authority: a credential failure.
+        let plain = AzureDriverConfig {
+            authority_host: Some("http://127.0.0.1:1".into()),
+            ..AzureDriverConfig::default()
+        };
+        let e = clients
+            .call(&plain, None, &secret("other"), &id)
+            .err()
+            .expect("refused");
+        assert!(matches!(e, AzureError::Credential { .. }), "{e:?}");
+        assert_eq!(e.classification().code, mcm_driver::Code::Unauthenticated);
+    }
+
+    #[test]
+    fn client_secret_credentials_are_shared_and_the_least_recently_used_go_first() {
+        let clients = Clients::with_http_client(Arc::new(Recorder::default()));
+        let config = AzureDriverConfig::default();
+        let id = RequestId::generate();
+        let credential = |c: &Credentials| clients.call(&config, None, c, &id).unwrap().credential;
+        let first = credential(&secret("s-0"));
+        assert!(Arc::ptr_eq(&first, &credential(&secret("s-0"))), "shared");
+        // A rotated secret is another credential; the authority is part of it too.
+        assert!(!Arc::ptr_eq(&first, &credential(&secret("s-1"))));
+        let china = clients
+            .call(&config, Some(AZURE_CHINA), &secret("s-0"), &id)
+            .unwrap()
+            .credential;
+        assert!(!Arc::ptr_eq(&first, &china));
+        assert_eq!(clients.kept_credentials(), 3);
+        // One credential per Secret is never kept for ever: at most MAX_CREDENTIALS, and the
+        // one used last stays.
+        for i in 2..MAX_CREDENTIALS + 10 {
+            credential(&secret(&format!("s-{i}")));
+            assert!(Arc::ptr_eq(&first, &credential(&secret("s-0"))), "s-{i}");
+        }
+        assert_eq!(clients.kept_credentials(), MAX_CREDENTIALS);
+        assert!(
+            !Arc::ptr_eq(
+                &china,
+                &clients
+                    .call(&config, Some(AZURE_CHINA), &secret("s-0"), &id)
+                    .unwrap()
+                    .credential
+            ),
+            "the least recently used went"
+        );
+        // Workload identity keeps nothing.
+        let before = clients.kept_credentials();
+        credential(&credentials(Auth::WorkloadIdentity {
+            token_file: "/nonexistent".into(),
+        }));
+        assert_eq!(clients.kept_credentials(), before);
+    }
+
+    #[test]
+    fn extra_ca_certificates_must_be_pem_certificates() {
+        for pem in ["", "not a certificate"] {
+            let e = http_client(Some(pem)).expect_err("refused");
+            assert!(matches!(e, AzureError::HttpClient { .. }), "{e:?}");
+        }
+    }
 
     #[test]
     fn each_cloud_has_its_endpoints_and_the_overrides_win() {

@@ -350,6 +350,14 @@ impl FakeArm {
         self.server.failed_handshakes()
     }
 
+    /// Waits until at least `count` TLS handshakes failed ([`FakeArm::failed_tls_handshakes`]),
+    /// at most `deadline`; whether they did.
+    pub async fn wait_for_failed_tls_handshakes(&self, count: u64, deadline: Duration) -> bool {
+        self.server
+            .wait_for_failed_handshakes(count, deadline)
+            .await
+    }
+
     /// The subscription the fake serves.
     pub fn subscription(&self) -> &str {
         &self.shared.subscription

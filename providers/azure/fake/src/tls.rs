@@ -18,7 +18,7 @@ use rcgen::{
 use rustls::ServerConfig;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
@@ -90,11 +90,12 @@ pub struct HttpsServer {
     accept: JoinHandle<()>,
 }
 
-/// TLS handshakes of a server: completed and failed.
-#[derive(Debug, Default)]
+/// TLS handshakes of a server: completed and failed (a channel, so that a test can await a
+/// failure the server sees after the client gave up).
+#[derive(Debug)]
 struct Handshakes {
     completed: AtomicU64,
-    failed: AtomicU64,
+    failed: watch::Sender<u64>,
 }
 
 impl HttpsServer {
@@ -114,7 +115,10 @@ impl HttpsServer {
         let local = listener
             .local_addr()
             .expect("local address of the HTTPS listener");
-        let handshakes = Arc::new(Handshakes::default());
+        let handshakes = Arc::new(Handshakes {
+            completed: AtomicU64::new(0),
+            failed: watch::channel(0).0,
+        });
         let (tx, ready) = mpsc::channel(64);
         let acceptor = TlsAcceptor::from(certificates.server);
         let counts = Arc::clone(&handshakes);
@@ -136,7 +140,7 @@ impl HttpsServer {
                             let _ = tx.send((stream, peer)).await;
                         }
                         Ok(Err(_)) | Err(_) => {
-                            counts.failed.fetch_add(1, Ordering::SeqCst);
+                            counts.failed.send_modify(|n| *n += 1);
                         }
                     }
                 });
@@ -166,7 +170,16 @@ impl HttpsServer {
 
     /// How many TLS handshakes failed (e.g. a client that does not trust [`HttpsServer::ca_pem`]).
     pub fn failed_handshakes(&self) -> u64 {
-        self.handshakes.failed.load(Ordering::SeqCst)
+        *self.handshakes.failed.borrow()
+    }
+
+    /// Waits until at least `count` TLS handshakes failed, at most `deadline`; whether they did.
+    /// (The server sees a client's refusal after the client has given up.)
+    pub async fn wait_for_failed_handshakes(&self, count: u64, deadline: Duration) -> bool {
+        let mut failed = self.handshakes.failed.subscribe();
+        tokio::time::timeout(deadline, failed.wait_for(|n| *n >= count))
+            .await
+            .is_ok_and(|r| r.is_ok())
     }
 
     /// How many TLS handshakes completed.
