@@ -1,7 +1,8 @@
 //! `machine-controller-azure` end to end: the real control plane (mcm-testenv with
 //! kube-controller-manager and scheduler), the real binary with `--controllers=machine,manager`
 //! pointed at the fake ARM of the provider's tests (`MCM_AZURE_ARM_ENDPOINT` and
-//! `AZURE_AUTHORITY_HOST`, served from this test process), and a "VM player" that boots every
+//! `AZURE_AUTHORITY_HOST`, served over HTTPS from this test process, its CA in
+//! `MCM_AZURE_CA_FILE`), and a "VM player" that boots every
 //! provisioned VM of the cluster as a `local-node` hollow kubelet (Node name = VM name,
 //! providerID `azure:///<location>/<name>`, the VM's `customData` with its bootstrap token), and
 //! stops it when the VM is gone.
@@ -265,11 +266,15 @@ impl Env {
         Api::namespaced(self.client.clone(), &self.ns)
     }
 
-    /// Starts `machine-controller-azure --controllers=machine,manager` against the fake.
+    /// Starts `machine-controller-azure --controllers=machine,manager` against the fake, whose
+    /// CA only the controller's Azure client trusts (`MCM_AZURE_CA_FILE`).
     fn spawn_controller(&self) -> ProviderController {
+        let ca_file = self.logs.path().join("fake-arm-ca.pem");
+        std::fs::write(&ca_file, self.fake.ca_pem()).unwrap();
         let env: Vec<(String, String)> = vec![
             ("MCM_AZURE_ARM_ENDPOINT".into(), self.fake.url()),
             ("AZURE_AUTHORITY_HOST".into(), self.fake.url()),
+            ("MCM_AZURE_CA_FILE".into(), ca_file.display().to_string()),
             (
                 "RUST_LOG".into(),
                 "info,mcm_reconcilers=debug,mcm_provider_azure=debug".into(),

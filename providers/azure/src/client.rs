@@ -1,14 +1,47 @@
-//! ARM clients: credentials shared per service principal, and the requests of one driver call
-//! (each with the call's request id), sent as ARM's REST API defines them.
+//! ARM clients: the HTTP client, the credentials of a driver call, and the requests of one
+//! driver call (each with the call's request id), sent as ARM's REST API defines them.
 //!
 //! # HTTP and TLS
 //!
-//! Requests go through azure_core's reqwest client on rustls with ring (hyper 1, the stack kube
-//! uses), shared by every call. The driver writes its request bodies and reads ARM's JSON
-//! itself; the management crates (`azure_mgmt_compute`, `azure_mgmt_network`) are not used.
-//! Their API versions (the resource types' [`crate::resources::ResourceType::api_version`])
-//! and wire format are those of the golden requests, captured through those crates, and the
-//! fake ARM is checked against them on demand (`mcm-fake-arm`'s `sdk-conformance` feature).
+//! azure_core 1.x and azure_identity 1.x carry the transport and the credentials. Their
+//! default features are off: azure_core's `reqwest_rustls` turns on reqwest's `rustls`
+//! feature, which is rustls on aws-lc-rs, while this workspace's TLS is rustls on ring only.
+//! azure_core's `reqwest` feature is kept, for its `HttpClient` implementation of
+//! `reqwest::Client` (reqwest 0.13, the version google-cloud already brings, on hyper 1), and
+//! the driver builds that client itself ([`http_client`]): rustls on ring, with
+//! rustls-platform-verifier (the platform's roots, `SSL_CERT_FILE` included, as reqwest's own
+//! rustls setup has them) plus [`AzureDriverConfig::extra_ca_pem`], trusted by this client only,
+//! never added to the process's trust store. No HTTP client of azure_core's own making is
+//! used: every credential gets this one through its `ClientOptions::transport`. The driver's
+//! ARM requests are sent on the same client, without a pipeline (no retry policy: the
+//! controller retries a failed call).
+//!
+//! The driver writes its request bodies and reads ARM's JSON itself: there is no current
+//! Compute or Network management crate of the Azure SDK (`azure_resourcemanager_compute` is a
+//! placeholder), and the legacy `azure_mgmt_*` line is frozen at 0.21. The API versions (the
+//! resource types' [`crate::resources::ResourceType::api_version`]) and the wire format are
+//! those of the golden requests, captured through the legacy crates' default tags.
+//!
+//! # Credentials
+//!
+//! - A client secret: azure_identity's `ClientSecretCredential`, kept per authority host,
+//!   tenant, client id and a SHA-256 of the secret, so that its token cache serves the calls of
+//!   the service principal until the token is 300 s from its expiry. At most
+//!   [`MAX_CREDENTIALS`] are kept; the one unused longest goes first, so a rotated secret's
+//!   credential does not stay for ever.
+//! - Workload identity: azure_identity's `ClientAssertionCredential` (what its
+//!   `WorkloadIdentityCredential` wraps), made for each driver call, whose assertion is the
+//!   token file the Secret names, read for every token request and trimmed ([`TokenFile`]).
+//!   Nothing about it is kept between calls, so a token file gardenlet rewrote is what the
+//!   next call presents; the cost is one token request per driver call. azure_identity 1.0's
+//!   `WorkloadIdentityCredential` itself is not used: it reads its file again only at least
+//!   600 s after the last read (`workload_identity_credential.rs`), and sends the file as it
+//!   is, trailing newline included, which the driver has always trimmed.
+//!
+//! Token requests go to the authority host of the call's cloud (below), given to the credential
+//! as a custom `CloudConfiguration`, never from the environment by azure_identity itself. They
+//! are not retried (`RetryOptions::none()`, as the 0.21 credentials did not retry): a failure
+//! fails the driver call with [`CREDENTIAL_FAILED`], which maps to `Unauthenticated`.
 //!
 //! # Request ids
 //!
@@ -31,19 +64,25 @@
 //! principal gets one credential per authority.
 //! [`AzureDriverConfig::arm_endpoint`] (`MCM_AZURE_ARM_ENDPOINT` in the binaries) and
 //! [`AzureDriverConfig::authority_host`] (`AZURE_AUTHORITY_HOST`) override them for every
-//! cloud.
+//! cloud. azure_identity 1.x refuses an authority host that is not `https`.
 
-use std::collections::hash_map::DefaultHasher;
 use std::collections::{BTreeMap, HashMap};
-use std::hash::{Hash, Hasher};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use azure_core::auth::TokenCredential;
-use azure_core::headers::{CLIENT_REQUEST_ID, HeaderName, Headers};
-use azure_core::{HttpClient, Method, Request, Url};
-use azure_identity::{ClientSecretCredential, WorkloadIdentityCredential};
+use azure_core::cloud::{CloudConfiguration, CustomConfiguration};
+use azure_core::credentials::{Secret, TokenCredential};
+use azure_core::http::headers::{CLIENT_REQUEST_ID, HeaderName, Headers};
+use azure_core::http::{
+    ClientMethodOptions, ClientOptions, HttpClient, Method, Request, RetryOptions, Transport, Url,
+};
+use azure_identity::{
+    ClientAssertion, ClientAssertionCredential, ClientAssertionCredentialOptions,
+    ClientSecretCredential, ClientSecretCredentialOptions,
+};
 use mcm_driver::RequestId;
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
 
 use crate::errors::{ArmFailure, AzureError, error_of};
 use crate::spec::{Auth, Credentials};
@@ -101,8 +140,16 @@ impl CloudEndpoints {
 pub const ARM_ENDPOINT_ENV: &str = "MCM_AZURE_ARM_ENDPOINT";
 /// The environment variable of [`AzureDriverConfig::authority_host`] (azure_identity's).
 pub const AUTHORITY_HOST_ENV: &str = "AZURE_AUTHORITY_HOST";
-/// At most this many credentials (one per service principal) are kept.
-const MAX_CREDENTIALS: usize = 64;
+/// The environment variable naming the PEM file the binaries read
+/// [`AzureDriverConfig::extra_ca_pem`] from.
+pub const CA_FILE_ENV: &str = "MCM_AZURE_CA_FILE";
+/// At most this many client-secret credentials (one per service principal, authority and
+/// secret) are kept.
+pub const MAX_CREDENTIALS: usize = 64;
+/// How long the HTTP client waits for a connection (azure_core's own reqwest client's).
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(20);
+/// How long the HTTP client waits for a read (azure_core's own reqwest client's).
+const READ_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The code of a failure to get a token (not an ARM code).
 pub const CREDENTIAL_FAILED: &str = "CredentialUnavailable";
@@ -130,6 +177,10 @@ pub struct AzureDriverConfig {
     pub poll_interval: Duration,
     /// The longest pause between polls (also caps ARM's `Retry-After`).
     pub max_poll_interval: Duration,
+    /// CA certificates (PEM, one or more) the driver's HTTP client trusts besides the
+    /// platform's roots, for ARM and for Entra ID: e.g. the fake ARM's CA in tests. Only this
+    /// driver's client trusts them. `None`: the platform's roots only.
+    pub extra_ca_pem: Option<String>,
 }
 
 impl Default for AzureDriverConfig {
@@ -141,19 +192,29 @@ impl Default for AzureDriverConfig {
             operation_timeout: Duration::from_secs(600),
             poll_interval: Duration::from_secs(1),
             max_poll_interval: Duration::from_secs(15),
+            extra_ca_pem: None,
         }
     }
 }
 
 impl AzureDriverConfig {
-    /// The defaults, with the endpoints from [`ARM_ENDPOINT_ENV`] and [`AUTHORITY_HOST_ENV`].
-    pub fn from_env() -> Self {
+    /// The defaults, with the endpoints from [`ARM_ENDPOINT_ENV`] and [`AUTHORITY_HOST_ENV`],
+    /// and the extra CAs from the file [`CA_FILE_ENV`] names.
+    pub fn from_env() -> Result<Self, AzureError> {
         let var = |k: &str| std::env::var(k).ok().filter(|s| !s.is_empty());
-        AzureDriverConfig {
+        let extra_ca_pem = match var(CA_FILE_ENV) {
+            Some(path) => Some(
+                std::fs::read_to_string(&path)
+                    .map_err(|source| AzureError::CaFile { path, source })?,
+            ),
+            None => None,
+        };
+        Ok(AzureDriverConfig {
             arm_endpoint: var(ARM_ENDPOINT_ENV),
             authority_host: var(AUTHORITY_HOST_ENV),
+            extra_ca_pem,
             ..AzureDriverConfig::default()
-        }
+        })
     }
 
     /// The ARM endpoint and the authority host of `cloud` (`None`: public Azure). Pure.
@@ -185,11 +246,67 @@ fn parse_url(s: &str) -> Result<Url, AzureError> {
 
 /// The error of a URL that cannot be made: `what` it was, and why.
 fn invalid_url(e: impl std::error::Error + Send + Sync + 'static, what: String) -> AzureError {
-    AzureError::Client(Box::new(azure_core::Error::full(
+    AzureError::Client(Box::new(azure_core::Error::with_error(
         azure_core::error::ErrorKind::DataConversion,
         e,
         what,
     )))
+}
+
+/// The HTTP client of ARM and Entra ID requests: reqwest 0.13 on rustls with ring (no
+/// aws-lc-rs, whatever rustls provider the process has installed), HTTP/1.1, no redirects,
+/// azure_core's timeouts; its certificates are verified against the platform's roots and the
+/// CA certificates in `extra_ca_pem`.
+pub fn http_client(extra_ca_pem: Option<&str>) -> Result<Arc<dyn HttpClient>, AzureError> {
+    let failed = |what: &str| {
+        let what = what.to_string();
+        move |e: rustls::Error| AzureError::HttpClient {
+            what,
+            source: Box::new(e),
+        }
+    };
+    let extra: Vec<CertificateDer<'static>> = match extra_ca_pem {
+        Some(pem) => {
+            let certs = CertificateDer::pem_slice_iter(pem.as_bytes())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| AzureError::HttpClient {
+                    what: "the extra CA certificates are not PEM certificates".into(),
+                    source: Box::new(e),
+                })?;
+            if certs.is_empty() {
+                return Err(AzureError::HttpClient {
+                    what: "the extra CA certificates are not PEM certificates".into(),
+                    source: "no CERTIFICATE block".into(),
+                });
+            }
+            certs
+        }
+        None => Vec::new(),
+    };
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = if extra.is_empty() {
+        rustls_platform_verifier::Verifier::new(provider.clone())
+    } else {
+        rustls_platform_verifier::Verifier::new_with_extra_roots(extra, provider.clone())
+    }
+    .map_err(failed("the certificate verifier cannot be made"))?;
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(failed("no TLS version"))?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(verifier))
+        .with_no_client_auth();
+    let client = reqwest::Client::builder()
+        .tls_backend_preconfigured(tls)
+        .connect_timeout(CONNECT_TIMEOUT)
+        .read_timeout(READ_TIMEOUT)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .map_err(|e| AzureError::HttpClient {
+            what: "reqwest refused the client".into(),
+            source: Box::new(e),
+        })?;
+    Ok(Arc::new(client))
 }
 
 fn retry_after(headers: &Headers) -> Option<Duration> {
@@ -219,68 +336,172 @@ pub fn next_page(current: &Url, next_link: &str) -> Result<Url, AzureError> {
     Ok(next)
 }
 
-/// Credentials by service principal, and the shared HTTP client.
-#[derive(Debug)]
+/// The shared HTTP client (made on the first call) and the client-secret credentials.
+#[derive(Debug, Default)]
 pub struct Clients {
-    http: Arc<dyn HttpClient>,
-    credentials: Mutex<HashMap<u64, Arc<dyn TokenCredential>>>,
+    http: Mutex<Option<Arc<dyn HttpClient>>>,
+    secrets: Mutex<KeptCredentials>,
 }
 
-impl Default for Clients {
-    fn default() -> Self {
-        Clients {
-            http: azure_core::new_http_client(),
-            credentials: Mutex::default(),
+/// The client-secret credentials kept, by [`secret_key`], at most [`MAX_CREDENTIALS`].
+#[derive(Debug, Default)]
+struct KeptCredentials {
+    by_key: HashMap<[u8; 32], KeptCredential>,
+    /// Counts the uses: the credential whose last use counted least goes first.
+    uses: u64,
+}
+
+/// A client-secret credential and the use that used it last.
+#[derive(Debug)]
+struct KeptCredential {
+    credential: Arc<ClientSecretCredential>,
+    used: u64,
+}
+
+/// Workload identity's client assertion: the federated token in the file the Secret names,
+/// read for every token request azure_identity makes, surrounding whitespace trimmed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenFile(pub std::path::PathBuf);
+
+#[async_trait::async_trait]
+impl ClientAssertion for TokenFile {
+    async fn secret(&self, _: Option<ClientMethodOptions<'_>>) -> azure_core::Result<String> {
+        match tokio::fs::read_to_string(&self.0).await {
+            Ok(token) => Ok(token.trim().to_string()),
+            Err(e) => Err(azure_core::Error::with_error(
+                azure_core::error::ErrorKind::Credential,
+                e,
+                format!(
+                    "cannot read the workload identity token file {}",
+                    self.0.display()
+                ),
+            )),
         }
     }
 }
 
+/// The key of a client-secret credential: a SHA-256 of what makes it, the secret included (so
+/// that the secret is not kept as a key, and a rotated secret makes a new credential).
+fn secret_key(authority: &Url, c: &Credentials, secret: &str) -> [u8; 32] {
+    let mut h = ring::digest::Context::new(&ring::digest::SHA256);
+    for part in [authority.as_str(), &c.tenant_id, &c.client_id, secret] {
+        h.update(&(part.len() as u64).to_le_bytes());
+        h.update(part.as_bytes());
+    }
+    let mut key = [0; 32];
+    key.copy_from_slice(h.finish().as_ref());
+    key
+}
+
 impl Clients {
-    /// The credential of a service principal at `authority`, shared while nothing about it
-    /// changes: its secret, or for workload identity the token in its file (read on every call,
-    /// so a refreshed token makes a new credential).
+    /// Clients whose requests, token requests included, go through `http`.
+    pub fn with_http_client(http: Arc<dyn HttpClient>) -> Clients {
+        Clients {
+            http: Mutex::new(Some(http)),
+            secrets: Mutex::default(),
+        }
+    }
+
+    /// The HTTP client, made on first use from `config` ([`http_client`]); a failure is
+    /// returned, and the next call tries again.
+    fn http(&self, config: &AzureDriverConfig) -> Result<Arc<dyn HttpClient>, AzureError> {
+        let mut http = self.http.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(client) = &*http {
+            return Ok(client.clone());
+        }
+        let client = http_client(config.extra_ca_pem.as_deref())?;
+        *http = Some(client.clone());
+        Ok(client)
+    }
+
+    /// The options of a credential: the token requests go to `authority` on `http`, once.
+    fn credential_options(authority: &Url, http: Arc<dyn HttpClient>) -> ClientOptions {
+        let mut cloud = CustomConfiguration::default();
+        cloud.authority_host = authority.to_string();
+        ClientOptions {
+            transport: Some(Transport::new(http)),
+            retry: RetryOptions::none(),
+            cloud: Some(Arc::new(CloudConfiguration::Custom(cloud))),
+            ..ClientOptions::default()
+        }
+    }
+
+    /// How many client-secret credentials are kept.
+    pub fn kept_credentials(&self) -> usize {
+        self.secrets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .by_key
+            .len()
+    }
+
+    /// The credential of a service principal at `authority`: a client secret's shared while
+    /// nothing about it changes, a workload identity's made anew (its token file is read when
+    /// it asks for a token).
     fn credential(
         &self,
+        http: Arc<dyn HttpClient>,
         authority: &Url,
         c: &Credentials,
     ) -> Result<Arc<dyn TokenCredential>, AzureError> {
-        let proof = match &c.auth {
-            Auth::ClientSecret(secret) => secret.clone(),
-            Auth::WorkloadIdentity { token_file } => std::fs::read_to_string(token_file)
-                .map(|t| t.trim().to_string())
-                .map_err(|source| AzureError::TokenFile {
-                    path: token_file.clone(),
-                    source,
-                })?,
+        let secret = match &c.auth {
+            Auth::ClientSecret(secret) => secret,
+            Auth::WorkloadIdentity { token_file } => {
+                let credential = ClientAssertionCredential::new(
+                    c.tenant_id.clone(),
+                    c.client_id.clone(),
+                    TokenFile(token_file.into()),
+                    Some(ClientAssertionCredentialOptions {
+                        client_options: Self::credential_options(authority, http),
+                    }),
+                )
+                .map_err(|e| AzureError::Credential {
+                    what: format!(
+                        "workload identity credential of client {} with the token file {token_file}",
+                        c.client_id
+                    ),
+                    source: Box::new(e),
+                })?;
+                return Ok(credential);
+            }
         };
-        let mut h = DefaultHasher::new();
-        (authority.as_str(), &c.tenant_id, &c.client_id, &proof).hash(&mut h);
-        let key = h.finish();
-        let mut map = self.credentials.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(cred) = map.get(&key) {
-            return Ok(cred.clone());
+        let key = secret_key(authority, c, secret);
+        let mut kept = self.secrets.lock().unwrap_or_else(|e| e.into_inner());
+        kept.uses += 1;
+        let used = kept.uses;
+        if let Some(k) = kept.by_key.get_mut(&key) {
+            k.used = used;
+            return Ok(k.credential.clone());
         }
-        if map.len() >= MAX_CREDENTIALS {
-            map.clear();
+        let credential = ClientSecretCredential::new(
+            &c.tenant_id,
+            c.client_id.clone(),
+            Secret::new(secret.clone()),
+            Some(ClientSecretCredentialOptions {
+                client_options: Self::credential_options(authority, http),
+            }),
+        )
+        .map_err(|e| AzureError::Credential {
+            what: format!("client secret credential of client {}", c.client_id),
+            source: Box::new(e),
+        })?;
+        if kept.by_key.len() >= MAX_CREDENTIALS
+            && let Some(oldest) = kept
+                .by_key
+                .iter()
+                .min_by_key(|(_, k)| k.used)
+                .map(|(key, _)| *key)
+        {
+            kept.by_key.remove(&oldest);
         }
-        let cred: Arc<dyn TokenCredential> = match &c.auth {
-            Auth::ClientSecret(_) => Arc::new(ClientSecretCredential::new(
-                self.http.clone(),
-                authority.clone(),
-                c.tenant_id.clone(),
-                c.client_id.clone(),
-                proof,
-            )),
-            Auth::WorkloadIdentity { .. } => Arc::new(WorkloadIdentityCredential::new(
-                self.http.clone(),
-                authority.clone(),
-                c.tenant_id.clone(),
-                c.client_id.clone(),
-                proof,
-            )),
-        };
-        map.insert(key, cred.clone());
-        Ok(cred)
+        kept.by_key.insert(
+            key,
+            KeptCredential {
+                credential: credential.clone(),
+                used,
+            },
+        );
+        Ok(credential)
     }
 
     /// The clients of one driver call in `cloud` (the class's `cloudConfiguration.name`;
@@ -293,9 +514,10 @@ impl Clients {
         request_id: &RequestId,
     ) -> Result<Call, AzureError> {
         let (arm, authority) = config.endpoints(cloud)?;
-        let credential = self.credential(&authority, c)?;
+        let http = self.http(config)?;
+        let credential = self.credential(http.clone(), &authority, c)?;
         Ok(Call {
-            http: self.http.clone(),
+            http,
             credential,
             scope: arm_scope(&arm),
             arm,
@@ -381,22 +603,38 @@ impl Call {
     /// service principal: [`CREDENTIAL_FAILED`]), or the request could not be sent or its
     /// answer not read.
     fn unanswered(&self, call: impl Into<String>, e: azure_core::Error) -> AzureError {
-        let mut failure = ArmFailure::default();
-        if let Some(h) = e.as_http_error() {
-            failure.status = Some(u16::from(h.status()));
-            failure.code = h.error_code().map(str::to_string);
-            failure.message = h.error_message().unwrap_or_default().to_string();
-        } else if matches!(e.kind(), azure_core::error::ErrorKind::Credential) {
-            failure.code = Some(CREDENTIAL_FAILED.to_string());
-            failure.message = e.to_string();
-        } else {
-            failure.message = e.to_string();
+        let mut failure = ArmFailure {
+            message: e.to_string(),
+            ..ArmFailure::default()
+        };
+        match e.kind() {
+            azure_core::error::ErrorKind::HttpResponse {
+                status, error_code, ..
+            } => {
+                failure.status = Some(u16::from(*status));
+                failure.code = error_code.clone();
+            }
+            azure_core::error::ErrorKind::Credential => {
+                failure.code = Some(CREDENTIAL_FAILED.to_string());
+            }
+            _ => {}
         }
         AzureError::Api {
             call: call.into(),
             failure: Box::new(failure),
             source: Some(Box::new(e)),
         }
+    }
+
+    /// A token for the call's ARM scope, from the credential (its cache, else the authority);
+    /// `call` names what it is for.
+    async fn bearer(&self, call: &str) -> Result<String, AzureError> {
+        let token = self
+            .credential
+            .get_token(&[&self.scope], None)
+            .await
+            .map_err(|e| self.unanswered(format!("{call} (token)"), e))?;
+        Ok(token.token.secret().to_string())
     }
 
     /// The failure an ARM answer that is not a success describes.
@@ -424,19 +662,15 @@ impl Call {
         url: Url,
         body: Option<&serde_json::Value>,
     ) -> Result<ArmResponse, AzureError> {
-        let token = self
-            .credential
-            .get_token(&[&self.scope])
-            .await
-            .map_err(|e| self.unanswered(format!("{call} (token)"), e))?;
+        let token = self.bearer(call).await?;
         let mut request = Request::new(url, method);
         request.insert_header(
-            azure_core::headers::AUTHORIZATION,
-            format!("Bearer {}", token.token.secret()),
+            azure_core::http::headers::AUTHORIZATION,
+            format!("Bearer {token}"),
         );
         request.insert_header(CLIENT_REQUEST_ID, self.request_id.to_string());
         if let Some(body) = body {
-            request.insert_header(azure_core::headers::CONTENT_TYPE, "application/json");
+            request.insert_header(azure_core::http::headers::CONTENT_TYPE, "application/json");
             request.set_body(serde_json::to_vec(body).unwrap_or_default());
         }
         let response = self
@@ -632,6 +866,170 @@ impl Call {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use azure_core::http::{AsyncRawResponse, Body, StatusCode};
+
+    const TENANT: &str = "00000000-0000-0000-0000-00000000000b";
+    const CLIENT: &str = "00000000-0000-0000-0000-00000000000c";
+
+    /// An HTTP client that records every request (URL and body) and answers each with a
+    /// token.
+    #[derive(Debug, Default)]
+    struct Recorder(Mutex<Vec<(String, String)>>);
+
+    #[async_trait::async_trait]
+    impl HttpClient for Recorder {
+        async fn execute_request(&self, request: &Request) -> azure_core::Result<AsyncRawResponse> {
+            let body = match request.body() {
+                Body::Bytes(b) => String::from_utf8_lossy(b).into_owned(),
+                Body::SeekableStream(_) => String::new(),
+            };
+            self.0
+                .lock()
+                .unwrap()
+                .push((request.url().to_string(), body));
+            Ok(AsyncRawResponse::from_bytes(
+                StatusCode::Ok,
+                Headers::new(),
+                r#"{"token_type":"Bearer","expires_in":3599,"ext_expires_in":3599,"access_token":"t"}"#,
+            ))
+        }
+    }
+
+    impl Recorder {
+        fn last(&self) -> (String, String) {
+            self.0.lock().unwrap().last().cloned().expect("a request")
+        }
+    }
+
+    fn credentials(auth: Auth) -> Credentials {
+        Credentials {
+            subscription_id: "s".into(),
+            tenant_id: TENANT.into(),
+            client_id: CLIENT.into(),
+            auth,
+        }
+    }
+
+    fn secret(s: &str) -> Credentials {
+        credentials(Auth::ClientSecret(s.into()))
+    }
+
+    #[tokio::test]
+    async fn each_cloud_asks_its_own_authority_host_for_a_token_for_its_arm() {
+        let recorder = Arc::new(Recorder::default());
+        let clients = Clients::with_http_client(recorder.clone());
+        let dir = tempfile::tempdir().unwrap();
+        let token_file = dir.path().join("token");
+        std::fs::write(&token_file, "eyJ.federated").unwrap();
+        let workload_identity = credentials(Auth::WorkloadIdentity {
+            token_file: token_file.display().to_string(),
+        });
+        let config = AzureDriverConfig::default();
+        let id = RequestId::generate();
+        for (cloud, authority, arm) in [
+            (
+                None,
+                "https://login.microsoftonline.com",
+                "https://management.azure.com",
+            ),
+            (
+                Some(AZURE_CHINA),
+                "https://login.chinacloudapi.cn",
+                "https://management.chinacloudapi.cn",
+            ),
+            (
+                Some(AZURE_GOVERNMENT),
+                "https://login.microsoftonline.us",
+                "https://management.usgovcloudapi.net",
+            ),
+        ] {
+            for c in [secret("s3cret"), workload_identity.clone()] {
+                let call = clients.call(&config, cloud, &c, &id).unwrap();
+                call.bearer("test").await.unwrap();
+                let (url, form) = recorder.last();
+                assert_eq!(
+                    url,
+                    format!("{authority}/{TENANT}/oauth2/v2.0/token"),
+                    "{cloud:?}"
+                );
+                let scope = format!("scope={}", arm.replace(':', "%3A").replace('/', "%2F"));
+                assert!(form.contains(&scope), "{cloud:?}: {form}");
+            }
+        }
+        // AZURE_AUTHORITY_HOST wins over the cloud's.
+        let overridden = AzureDriverConfig {
+            authority_host: Some("https://login.example.test".into()),
+            ..AzureDriverConfig::default()
+        };
+        let call = clients
+            .call(&overridden, Some(AZURE_GOVERNMENT), &secret("s3cret"), &id)
+            .unwrap();
+        call.bearer("test").await.unwrap();
+        assert_eq!(
+            recorder.last().0,
+            format!("https://login.example.test/{TENANT}/oauth2/v2.0/token")
+        );
+        // azure_identity 1.x refuses a plain-http authority: a credential failure.
+        let plain = AzureDriverConfig {
+            authority_host: Some("http://127.0.0.1:1".into()),
+            ..AzureDriverConfig::default()
+        };
+        let e = clients
+            .call(&plain, None, &secret("other"), &id)
+            .err()
+            .expect("refused");
+        assert!(matches!(e, AzureError::Credential { .. }), "{e:?}");
+        assert_eq!(e.classification().code, mcm_driver::Code::Unauthenticated);
+    }
+
+    #[test]
+    fn client_secret_credentials_are_shared_and_the_least_recently_used_go_first() {
+        let clients = Clients::with_http_client(Arc::new(Recorder::default()));
+        let config = AzureDriverConfig::default();
+        let id = RequestId::generate();
+        let credential = |c: &Credentials| clients.call(&config, None, c, &id).unwrap().credential;
+        let first = credential(&secret("s-0"));
+        assert!(Arc::ptr_eq(&first, &credential(&secret("s-0"))), "shared");
+        // A rotated secret is another credential; the authority is part of it too.
+        assert!(!Arc::ptr_eq(&first, &credential(&secret("s-1"))));
+        let china = clients
+            .call(&config, Some(AZURE_CHINA), &secret("s-0"), &id)
+            .unwrap()
+            .credential;
+        assert!(!Arc::ptr_eq(&first, &china));
+        assert_eq!(clients.kept_credentials(), 3);
+        // One credential per Secret is never kept for ever: at most MAX_CREDENTIALS, and the
+        // one used last stays.
+        for i in 2..MAX_CREDENTIALS + 10 {
+            credential(&secret(&format!("s-{i}")));
+            assert!(Arc::ptr_eq(&first, &credential(&secret("s-0"))), "s-{i}");
+        }
+        assert_eq!(clients.kept_credentials(), MAX_CREDENTIALS);
+        assert!(
+            !Arc::ptr_eq(
+                &china,
+                &clients
+                    .call(&config, Some(AZURE_CHINA), &secret("s-0"), &id)
+                    .unwrap()
+                    .credential
+            ),
+            "the least recently used went"
+        );
+        // Workload identity keeps nothing.
+        let before = clients.kept_credentials();
+        credential(&credentials(Auth::WorkloadIdentity {
+            token_file: "/nonexistent".into(),
+        }));
+        assert_eq!(clients.kept_credentials(), before);
+    }
+
+    #[test]
+    fn extra_ca_certificates_must_be_pem_certificates() {
+        for pem in ["", "not a certificate"] {
+            let e = http_client(Some(pem)).expect_err("refused");
+            assert!(matches!(e, AzureError::HttpClient { .. }), "{e:?}");
+        }
+    }
 
     #[test]
     fn each_cloud_has_its_endpoints_and_the_overrides_win() {

@@ -12,7 +12,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use azure_core::Method;
+use azure_core::http::Method;
 use mcm_api::Machine;
 use mcm_driver::{
     CreateMachineRequest, CreateMachineResponse, DeleteMachineRequest, DeleteMachineResponse,
@@ -142,9 +142,10 @@ impl AzureDriver {
     }
 
     /// A driver with default settings; endpoints follow `MCM_AZURE_ARM_ENDPOINT` and
-    /// `AZURE_AUTHORITY_HOST`.
-    pub fn from_env() -> AzureDriver {
-        AzureDriver::new(AzureDriverConfig::from_env())
+    /// `AZURE_AUTHORITY_HOST`, and the HTTP client trusts the CA certificates of the file
+    /// `MCM_AZURE_CA_FILE` names besides the platform's ([`AzureDriverConfig::from_env`]).
+    pub fn from_env() -> Result<AzureDriver, AzureError> {
+        Ok(AzureDriver::new(AzureDriverConfig::from_env()?))
     }
 
     /// The settings of this driver.

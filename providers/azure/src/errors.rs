@@ -182,10 +182,30 @@ pub enum AzureError {
         #[source]
         source: Box<AzureError>,
     },
-    /// The federated token file of workload identity cannot be read.
-    #[error("cannot read the workload identity token file {path}")]
-    TokenFile {
-        /// The file the Secret names.
+    /// A credential cannot be made from the Secret (for workload identity: its token file
+    /// cannot be read, which azure_identity does when it makes the credential).
+    #[error("cannot make the {what}")]
+    Credential {
+        /// Which credential, e.g. `workload identity credential of client ... with the token
+        /// file ...` (never the secret).
+        what: String,
+        /// azure_identity's error.
+        #[source]
+        source: Box<azure_core::Error>,
+    },
+    /// The HTTP client cannot be built.
+    #[error("the Azure HTTP client cannot be built: {what}")]
+    HttpClient {
+        /// What failed.
+        what: String,
+        /// Why (rustls, reqwest or the PEM parser).
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The file of extra CA certificates ([`crate::client::CA_FILE_ENV`]) cannot be read.
+    #[error("cannot read the CA file {path}")]
+    CaFile {
+        /// The file.
         path: String,
         /// Why.
         #[source]
@@ -233,10 +253,11 @@ impl AzureError {
             AzureError::OperationTimeout { .. } => {
                 Classification::retry(Code::Unavailable, TRANSIENT_RETRY_AFTER)
             }
-            AzureError::Client(_) | AzureError::Answer { .. } => {
-                Classification::code(Code::Internal)
-            }
-            AzureError::TokenFile { .. } => Classification::code(Code::Unauthenticated),
+            AzureError::Client(_)
+            | AzureError::Answer { .. }
+            | AzureError::HttpClient { .. }
+            | AzureError::CaFile { .. } => Classification::code(Code::Internal),
+            AzureError::Credential { .. } => Classification::code(Code::Unauthenticated),
             AzureError::UnknownCloud(_) | AzureError::ImageNotFound { .. } => {
                 Classification::code(Code::InvalidArgument)
             }

@@ -18,10 +18,12 @@
 //!   `kubernetes.io-role-*` tags, and leftovers of a machine (a NIC without its VM) are listed as
 //!   that machine, so orphan collection removes them; provider ids are
 //!   `azure:///<location>/<name>`;
-//! - ARM errors map to MCM codes ([`errors`]), keeping the SDK's error or the operation's
+//! - ARM errors map to MCM codes ([`errors`]), keeping azure_core's error or the operation's
 //!   outcome as the source and naming `x-ms-request-id`;
 //! - every request carries the driver's request id as `x-ms-client-request-id` ([`client`]);
-//!   long-running operations are polled by the driver.
+//!   long-running operations are polled by the driver;
+//! - tokens come from azure_identity 1.x (client secret or workload identity), and requests go
+//!   through azure_core 1.x's HTTP client interface on reqwest with rustls on ring ([`client`]).
 #![warn(missing_docs)]
 
 pub mod client;
@@ -30,8 +32,11 @@ pub mod errors;
 pub mod resources;
 pub mod spec;
 
-pub use client::{ARM_ENDPOINT_ENV, AUTHORITY_HOST_ENV, AzureDriverConfig, CloudEndpoints};
+pub use client::{
+    ARM_ENDPOINT_ENV, AUTHORITY_HOST_ENV, AzureDriverConfig, CA_FILE_ENV, CloudEndpoints,
+};
 pub use driver::AzureDriver;
+pub use errors::AzureError;
 pub use errors::classify;
 pub use mcm_driver::{SpecError, SpecProblem};
 pub use spec::{ProviderSpec, parse_provider_spec};

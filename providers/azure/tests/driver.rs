@@ -5,7 +5,7 @@ use mcm_fake_arm as fake_arm;
 
 use std::time::Duration;
 
-use fake_arm::{FakeArm, allocation_failed_message, sku_not_available_message};
+use fake_arm::{FakeArm, HttpsServer, allocation_failed_message, sku_not_available_message};
 use mcm_api::{Machine, MachineClass};
 use mcm_driver::{
     Code, CreateMachineRequest, CreateMachineResponse, DeleteMachineRequest, Driver, DriverError,
@@ -37,6 +37,7 @@ fn config(fake: &FakeArm) -> AzureDriverConfig {
         operation_timeout: Duration::from_secs(20),
         poll_interval: Duration::from_millis(50),
         max_poll_interval: Duration::from_millis(200),
+        extra_ca_pem: Some(fake.ca_pem().to_string()),
         ..AzureDriverConfig::default()
     }
 }
@@ -202,6 +203,7 @@ async fn each_cloud_is_served_by_its_own_endpoints() {
         arm_endpoint: None,
         authority_host: None,
         clouds,
+        extra_ca_pem: Some(format!("{}{}", public.ca_pem(), china.ca_pem())),
         ..config(&public)
     });
     // No cloudConfiguration: public Azure.
@@ -453,6 +455,212 @@ async fn workload_identity_sends_the_federated_token_and_follows_its_refresh() {
     let e = create_wi("m-3").await.unwrap_err();
     assert_eq!(e.code, Code::Unauthenticated, "{e}");
     assert!(e.message.contains(&path), "{e}");
+}
+
+/// The Secret of workload identity with the token file `path`.
+fn workload_identity_secret(path: &str) -> SecretData {
+    SecretData::from_pairs([
+        ("clientID", CLIENT),
+        ("tenantID", TENANT),
+        ("subscriptionID", SUB),
+        ("workloadIdentityTokenFile", path),
+        ("userData", USER_DATA),
+    ])
+}
+
+/// The token requests the fake received: (path, scope, client_assertion).
+fn token_requests(f: &FakeArm) -> Vec<(String, String, Option<String>)> {
+    f.request_log()
+        .into_iter()
+        .filter(|r| r.is_token_request())
+        .map(|r| {
+            let body = r.body.unwrap_or_default();
+            let field = |k: &str| body[k].as_str().map(String::from);
+            (
+                r.path,
+                field("scope").unwrap_or_default(),
+                field("client_assertion"),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_token_file_rewritten_between_calls_is_read_again_by_the_next_call() {
+    let fake = fake().await;
+    let d = driver(&fake);
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    let path = token_file.display().to_string();
+    fake.trust_federated_token("eyJ.one");
+    fake.trust_federated_token("eyJ.two");
+    let list_wi = || {
+        d.list_machines(ListMachinesRequest {
+            machine_class: class(spec()),
+            secret: workload_identity_secret(&path),
+            request_id: RequestId::generate(),
+        })
+    };
+    let assertions = |f: &FakeArm| -> Vec<Option<String>> {
+        token_requests(f).into_iter().map(|(_, _, a)| a).collect()
+    };
+    std::fs::write(&token_file, "eyJ.one").unwrap();
+    list_wi().await.unwrap();
+    assert_eq!(assertions(&fake), vec![Some("eyJ.one".to_string())]);
+    // gardenlet rewrites the file; the token the first call got is still valid (nothing
+    // expired), and the next call presents the new one all the same.
+    std::fs::write(&token_file, "eyJ.two").unwrap();
+    list_wi().await.unwrap();
+    assert_eq!(
+        assertions(&fake),
+        vec![Some("eyJ.one".to_string()), Some("eyJ.two".to_string())]
+    );
+    // And a call with the same file again reads it again.
+    list_wi().await.unwrap();
+    assert_eq!(assertions(&fake).last(), Some(&Some("eyJ.two".to_string())));
+}
+
+#[tokio::test]
+async fn the_token_endpoint_is_https_and_only_the_drivers_client_trusts_the_fakes_ca() {
+    let fake = fake().await;
+    assert!(
+        fake.url().starts_with("https://127.0.0.1:"),
+        "{}",
+        fake.url()
+    );
+    let c = class(spec());
+    // A driver without the fake's CA: the platform's roots do not have it, so the token
+    // request fails its TLS handshake and nothing reaches the fake.
+    let untrusting = AzureDriver::new(AzureDriverConfig {
+        extra_ca_pem: None,
+        ..config(&fake)
+    });
+    let e = status(&untrusting, &c, "m-0").await.unwrap_err();
+    assert_eq!(e.code, Code::Unauthenticated, "{e}");
+    assert!(e.message.contains("(token) failed"), "{e}");
+    let full = e.full_message();
+    assert!(full.contains("certificate"), "{full}");
+    assert!(
+        fake.wait_for_failed_tls_handshakes(1, Duration::from_secs(10))
+            .await
+    );
+    assert!(fake.request_log().is_empty(), "{:?}", fake.request_log());
+
+    // The driver with it: the token request goes over TLS to the tenant's token path.
+    let d = driver(&fake);
+    create(&d, &c, "m-0").await.unwrap();
+    let tokens = token_requests(&fake);
+    assert_eq!(
+        tokens
+            .iter()
+            .map(|(path, scope, _)| (path.as_str(), scope.as_str()))
+            .collect::<Vec<_>>(),
+        vec![(
+            format!("/{TENANT}/oauth2/v2.0/token").as_str(),
+            format!("{}/.default", fake.url()).as_str()
+        )]
+    );
+    assert_eq!(fake.token_url(), format!("{}{}", fake.url(), tokens[0].0));
+
+    // Trusting the CA in one driver's client changed nothing for another's.
+    let failed = fake.failed_tls_handshakes();
+    let e = status(&untrusting, &c, "m-0").await.unwrap_err();
+    assert_eq!(e.code, Code::Unauthenticated, "{e}");
+    assert!(
+        fake.wait_for_failed_tls_handshakes(failed + 1, Duration::from_secs(10))
+            .await
+    );
+}
+
+#[tokio::test]
+async fn a_sovereign_cloud_asks_its_own_authority_host() {
+    let public = fake().await;
+    let government = fake().await;
+    let mut clouds = CloudEndpoints::known();
+    for (name, f) in [("AzurePublic", &public), ("AzureGovernment", &government)] {
+        clouds.insert(
+            name.to_string(),
+            CloudEndpoints {
+                arm: f.url(),
+                authority: f.url(),
+            },
+        );
+    }
+    // No AZURE_AUTHORITY_HOST / MCM_AZURE_ARM_ENDPOINT: the class's cloud decides.
+    let d = AzureDriver::new(AzureDriverConfig {
+        arm_endpoint: None,
+        authority_host: None,
+        clouds,
+        extra_ca_pem: Some(format!("{}{}", public.ca_pem(), government.ca_pem())),
+        ..config(&public)
+    });
+    let mut gov = spec();
+    gov["cloudConfiguration"] = json!({"name": "AzureGovernment"});
+    gov["location"] = json!("usgovvirginia");
+    create(&d, &class(gov), "m-gov").await.unwrap();
+    assert_eq!(
+        token_requests(&government)
+            .into_iter()
+            .map(|(path, scope, _)| (path, scope))
+            .collect::<Vec<_>>(),
+        vec![(
+            format!("/{TENANT}/oauth2/v2.0/token"),
+            format!("{}/.default", government.url())
+        )]
+    );
+    assert_eq!(names(government.vms(RG)), vec!["m-gov"]);
+    assert!(
+        public.request_log().is_empty(),
+        "public Azure was asked nothing: {:?}",
+        public.request_log()
+    );
+}
+
+#[tokio::test]
+async fn a_refused_client_secret_is_a_clear_unauthenticated_error() {
+    let fake = fake().await;
+    let d = driver(&fake);
+    let c = class(spec());
+    let status_with = |secret: SecretData| {
+        d.get_machine_status(GetMachineStatusRequest {
+            machine: machine("m-0"),
+            machine_class: c.clone(),
+            secret,
+            request_id: RequestId::generate(),
+        })
+    };
+    let e = status_with(secret_with("not-the-secret"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code, Code::Unauthenticated, "{e}");
+    assert_eq!(e.retry_after, None, "{e}");
+    for part in [
+        "GET virtualMachines m-0 (token) failed (CredentialUnavailable)",
+        "ClientSecretCredential authentication failed",
+        "AADSTS7000215: Invalid client secret provided",
+        "request id",
+    ] {
+        assert!(e.message.contains(part), "{part:?} in {e}");
+    }
+    assert!(!e.full_message().contains("not-the-secret"), "{e}");
+    // Entra ID answered 401 to the token request; ARM was never asked.
+    let log = fake.request_log();
+    assert_eq!(
+        log.iter()
+            .map(|r| (r.is_token_request(), r.status))
+            .collect::<Vec<_>>(),
+        vec![(true, 401)]
+    );
+
+    // An application the tenant does not know.
+    let mut unknown = secret();
+    unknown.0.insert(
+        "clientID".into(),
+        b"00000000-0000-0000-0000-0000000000ff".to_vec(),
+    );
+    let e = status_with(unknown).await.unwrap_err();
+    assert_eq!(e.code, Code::Unauthenticated, "{e}");
+    assert!(e.message.contains("AADSTS700016"), "{e}");
 }
 
 #[tokio::test]
@@ -776,14 +984,13 @@ async fn volume_ids_of_azure_disks() {
     );
 }
 
-/// A scripted ARM on 127.0.0.1 with a token endpoint of its own: a token for every token
-/// request, `answer(base URL, path and query)` for every other request.
-async fn scripted_arm(answer: fn(&str, &str) -> (u16, Value)) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
+/// A scripted ARM over HTTPS on 127.0.0.1 with a token endpoint of its own: a token for every
+/// token request, `answer(base URL, path and query)` for every other request.
+async fn scripted_arm(answer: fn(&str, &str) -> (u16, Value)) -> HttpsServer {
+    let base = std::sync::Arc::new(std::sync::OnceLock::<String>::new());
     let own = base.clone();
     let app = axum::Router::new().fallback(move |request: axum::extract::Request| {
-        let base = own.clone();
+        let base = own.get().cloned().unwrap_or_default();
         async move {
             let path = request
                 .uri()
@@ -804,15 +1011,17 @@ async fn scripted_arm(answer: fn(&str, &str) -> (u16, Value)) -> String {
                 .unwrap()
         }
     });
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    base
+    let server = HttpsServer::start(app).await;
+    base.set(server.url().to_string()).unwrap();
+    server
 }
 
 async fn list_against(answer: fn(&str, &str) -> (u16, Value)) -> DriverError {
-    let base = scripted_arm(answer).await;
+    let server = scripted_arm(answer).await;
     let d = AzureDriver::new(AzureDriverConfig {
-        arm_endpoint: Some(base.clone()),
-        authority_host: Some(base),
+        arm_endpoint: Some(server.url().to_string()),
+        authority_host: Some(server.url().to_string()),
+        extra_ca_pem: Some(server.ca_pem().to_string()),
         ..AzureDriverConfig::default()
     });
     tokio::time::timeout(

@@ -102,6 +102,7 @@ async fn creation_requests(pool: &str) -> Value {
         operation_timeout: Duration::from_secs(20),
         poll_interval: Duration::from_millis(20),
         max_poll_interval: Duration::from_millis(100),
+        extra_ca_pem: Some(fake.ca_pem().to_string()),
         ..AzureDriverConfig::default()
     });
     let secret = SecretData::from_pairs([

@@ -1,12 +1,13 @@
 //! A stateful fake of Azure Resource Manager (virtual machines, network interfaces, managed disks
 //! and their long-running operations) and of the Entra ID (AAD) token endpoint, for tests.
 //!
-//! [`FakeArm::start`] serves on 127.0.0.1 and a free port the paths of
+//! [`FakeArm::start`] serves on 127.0.0.1 and a free port, over HTTPS, the paths of
 //! `https://management.azure.com` and of the authority host `https://login.microsoftonline.com`.
-//! Point an ARM client at it (the Azure driver, or the legacy Azure SDK 0.21's
-//! `azure_mgmt_compute`, `azure_mgmt_network` and `azure_identity`, as
-//! `tests/sdk_conformance.rs` does with the `sdk-conformance` feature) with [`FakeArm::url`] as
-//! both the ARM endpoint and the authority host. The server stops when the handle is dropped.
+//! Its certificate (for `127.0.0.1` and `localhost`) is signed by a CA made for this fake,
+//! [`FakeArm::ca_pem`]: a client trusts it, and nothing else does. HTTPS because azure_identity
+//! 1.x refuses an authority host that is not `https`, and because ARM is HTTPS too. Point an
+//! ARM client (the Azure driver) at [`FakeArm::url`] as both the ARM endpoint and the authority
+//! host, trusting [`FakeArm::ca_pem`]. The server stops when the handle is dropped.
 //!
 //! # Endpoints
 //!
@@ -32,7 +33,7 @@
 //!
 //! - Authentication: the token endpoint checks tenant, `grant_type`, client id, secret and that
 //!   the scope ends in `/.default` and names a known resource (Azure Resource Manager, or the
-//!   fake's own URL, which is the resource the SDK asks for when its endpoint is the fake),
+//!   fake's own URL, which is the resource a client asks for when its ARM endpoint is the fake),
 //!   answering in Entra ID's error shape (`error`, `error_description` with the `AADSTS` code,
 //!   `error_codes`, `trace_id`, `correlation_id`, `error_uri`): 400 `invalid_request`
 //!   (AADSTS90002 unknown tenant, AADSTS900144 missing scope), 400 `unauthorized_client`
@@ -89,7 +90,7 @@
 //!   terms (400 `MarketplacePurchaseEligibilityFailed`), as Compute does.
 //! - References between resources: a VM references NICs by id; a referenced NIC must exist (404
 //!   `NotFound`), be provisioned (429 `RetryableError` / `ReferencedResourceNotProvisioned`, which
-//!   the SDK retries) and not be used by another VM (400 `NicInUse`). The NIC gets
+//!   Azure's SDKs retry) and not be used by another VM (400 `NicInUse`). The NIC gets
 //!   `properties.virtualMachine.id`, `primary` and a `macAddress` while a VM uses it and cannot be
 //!   deleted then (400 `NicInUse`, "Network Interface ... is used by existing resource ... In order
 //!   to delete the network interface, it must be dissociated from the resource. To learn more, see
@@ -135,6 +136,10 @@
 //!   error's construction).
 #![allow(dead_code)]
 
+mod tls;
+
+pub use tls::HttpsServer;
+
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -148,13 +153,13 @@ use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use serde_json::{Map, Value, json};
 use tokio::sync::watch;
-use tokio::task::{AbortHandle, JoinHandle};
+use tokio::task::AbortHandle;
 
-/// The `api-version` of `Microsoft.Compute/virtualMachines` in the SDK's default tag.
+/// The `api-version` of `Microsoft.Compute/virtualMachines` in the legacy SDK's default tag (the driver's).
 pub const COMPUTE_API_VERSION: &str = "2024-07-01";
-/// The `api-version` of `Microsoft.Compute/disks` in the SDK's default tag.
+/// The `api-version` of `Microsoft.Compute/disks` in the legacy SDK's default tag (the driver's).
 pub const DISK_API_VERSION: &str = "2024-03-02";
-/// The `api-version` of `Microsoft.Network` in the SDK's default tag.
+/// The `api-version` of `Microsoft.Network` in the legacy SDK's default tag (the driver's).
 pub const NETWORK_API_VERSION: &str = "2024-03-01";
 /// How long an operation takes by default.
 pub const DEFAULT_OPERATION_DELAY: Duration = Duration::from_millis(300);
@@ -287,12 +292,12 @@ impl RequestRecord {
 /// The running fake; the server and its operation tasks stop when this is dropped.
 pub struct FakeArm {
     shared: Arc<Shared>,
-    server: JoinHandle<()>,
+    server: HttpsServer,
 }
 
 impl Drop for FakeArm {
     fn drop(&mut self) {
-        self.server.abort();
+        // The server stops when `self.server` is dropped, after this.
         for task in lock(&self.shared.tasks).drain(..) {
             task.abort();
         }
@@ -319,21 +324,38 @@ impl FakeArm {
             tenant,
             client_id,
             client_secret,
-            format!("http://{addr}"),
+            format!("https://{addr}"),
         ));
         let app = Router::new()
             .fallback(handle)
             .with_state(Arc::clone(&shared));
-        let server = tokio::spawn(async move {
-            let _ = axum::serve(listener, app).await;
-        });
+        let server = HttpsServer::serve(listener, tls::Certificates::generate(), app);
         FakeArm { shared, server }
     }
 
-    /// The base URL (no trailing slash), e.g. `http://127.0.0.1:40123`: the ARM endpoint for
-    /// `ClientBuilder::endpoint` and the authority host for `ClientSecretCredential::new`.
+    /// The base URL (no trailing slash), e.g. `https://127.0.0.1:40123`: the ARM endpoint and
+    /// the authority host (tokens are asked for its `/.default` scope).
     pub fn url(&self) -> String {
         self.shared.base.clone()
+    }
+
+    /// The PEM of the CA that signed the certificate of [`FakeArm::url`], made for this fake.
+    pub fn ca_pem(&self) -> &str {
+        self.server.ca_pem()
+    }
+
+    /// How many TLS handshakes failed: clients that did not trust [`FakeArm::ca_pem`] (or
+    /// that spoke plain HTTP).
+    pub fn failed_tls_handshakes(&self) -> u64 {
+        self.server.failed_handshakes()
+    }
+
+    /// Waits until at least `count` TLS handshakes failed ([`FakeArm::failed_tls_handshakes`]),
+    /// at most `deadline`; whether they did.
+    pub async fn wait_for_failed_tls_handshakes(&self, count: u64, deadline: Duration) -> bool {
+        self.server
+            .wait_for_failed_handshakes(count, deadline)
+            .await
     }
 
     /// The subscription the fake serves.
@@ -392,20 +414,20 @@ impl FakeArm {
         self.shared.lock().page_size = size.max(1);
     }
 
-    /// The `Retry-After` seconds on operation responses (default 1). The SDK's own LRO loops
-    /// sleep this long between polls, and 30 s when the header is absent.
+    /// The `Retry-After` seconds on operation responses (default 1): how long a client is
+    /// asked to wait between polls.
     pub fn set_retry_after(&self, secs: u64) {
         self.shared.lock().retry_after = secs;
     }
 
-    /// The lifetime (`expires_in`) of tokens issued from now on (default 3599 s). The SDK's
-    /// token cache refreshes a token 20 s before it expires.
+    /// The lifetime (`expires_in`) of tokens issued from now on (default 3599 s).
+    /// azure_identity 1.x's token cache asks for a new token 300 s before one expires.
     pub fn set_token_lifetime(&self, lifetime: Duration) {
         self.shared.lock().token_lifetime = lifetime;
     }
 
     /// Expires every token issued so far (ARM answers 401 `ExpiredAuthenticationToken` to
-    /// them; the SDK's cache does not know and keeps sending them until its own expiry).
+    /// them; a client's token cache does not know and keeps sending them until their expiry).
     pub fn expire_tokens(&self) {
         let mut w = self.shared.lock();
         let past = unix_secs() - 1;
@@ -464,8 +486,9 @@ impl FakeArm {
     }
 
     /// Answers the next `n` authenticated ARM requests of any kind (not token requests) with 429
-    /// `TooManyRequests` and `Retry-After: retry_after_secs`. The SDK retries 429s by itself
-    /// (up to 8 times within a minute) unless built with `RetryOptions::none()`.
+    /// `TooManyRequests` and `Retry-After: retry_after_secs`. azure_core's pipelines retry 429s by
+    /// themselves unless built with `RetryOptions::none()`; the driver sends ARM requests
+    /// without a pipeline and leaves the retry to the controller.
     pub fn throttle_next(&self, n: usize, retry_after_secs: u64) {
         let mut w = self.shared.lock();
         w.throttles.extend(std::iter::repeat_n(retry_after_secs, n));
@@ -754,7 +777,7 @@ impl FakeArm {
     }
 
     /// How many `PUT`s created VM `name` (accepted requests for a VM that did not exist; the
-    /// re-`PUT`s of the SDK's LRO loop, rejected and invalid requests do not count).
+    /// re-`PUT`s of a client's retries, rejected and invalid requests do not count).
     pub fn creates_of(&self, name: &str) -> usize {
         let w = self.shared.lock();
         w.vm_creates.get(&name.to_lowercase()).copied().unwrap_or(0)
@@ -1368,7 +1391,7 @@ fn normalize_location(location: &str) -> String {
         .to_lowercase()
 }
 
-/// Removes `null`s recursively: ARM treats them as absent (and the SDK serialises some
+/// Removes `null`s recursively: ARM treats them as absent (and SDK models serialise some
 /// `Option`s, e.g. `timeCreated`, as `null`).
 fn strip_nulls(v: Value) -> Value {
     match v {
@@ -1920,11 +1943,11 @@ fn token_endpoint(s: &Shared, ctx: &Ctx) -> (Reply, Option<String>) {
         );
         return (aad_error(&mut w, 400, "invalid_scope", 1_002_012, &d), None);
     };
-    let own = s.base.as_str();
+    let resource_url = resource.trim_end_matches('/');
     let known = ARM_AUDIENCES
         .iter()
-        .any(|a| a.trim_end_matches('/') == resource.trim_end_matches('/'))
-        || resource.trim_end_matches('/') == own;
+        .any(|a| a.trim_end_matches('/') == resource_url)
+        || resource_url == s.base;
     if !known {
         let d = format!(
             "The resource principal named {resource} was not found in the tenant named \
