@@ -24,19 +24,21 @@
 //!
 //! # Credentials
 //!
-//! - A client secret: azure_identity's `ClientSecretCredential`, kept per authority host,
-//!   tenant, client id and a SHA-256 of the secret, so that its token cache serves the calls of
-//!   the service principal until the token is 300 s from its expiry. At most
-//!   [`MAX_CREDENTIALS`] are kept; the one unused longest goes first, so a rotated secret's
-//!   credential does not stay for ever.
+//! - A client secret: azure_identity's `ClientSecretCredential`.
 //! - Workload identity: azure_identity's `ClientAssertionCredential` (what its
-//!   `WorkloadIdentityCredential` wraps), made for each driver call, whose assertion is the
-//!   token file the Secret names, read for every token request and trimmed ([`TokenFile`]).
-//!   Nothing about it is kept between calls, so a token file gardenlet rewrote is what the
-//!   next call presents; the cost is one token request per driver call. azure_identity 1.0's
-//!   `WorkloadIdentityCredential` itself is not used: it reads its file again only at least
-//!   600 s after the last read (`workload_identity_credential.rs`), and sends the file as it
-//!   is, trailing newline included, which the driver has always trimmed.
+//!   `WorkloadIdentityCredential` wraps), whose assertion is the token file the Secret names,
+//!   read for every token request and trimmed ([`TokenFile`]). azure_identity 1.0's
+//!   `WorkloadIdentityCredential` itself is not used: it sends the file as it is, trailing
+//!   newline included (the driver has always trimmed it), and it reads the file again only
+//!   600 s after the last read.
+//!
+//! Either credential is kept per authority host, tenant, client id and a SHA-256 of the
+//! secret or of the token file's path, so that its token cache serves every call of the
+//! service principal until the token is 300 s from its expiry: one token request an hour, not
+//! one per call. A workload identity's next token request reads the file again, so a token
+//! gardenlet rewrote is presented from the next refresh on. At most [`MAX_CREDENTIALS`] are
+//! kept; the one unused longest goes first, so a rotated secret's credential does not stay
+//! for ever.
 //!
 //! Token requests go to the authority host of the call's cloud (below), given to the credential
 //! as a custom `CloudConfiguration`, never from the environment by azure_identity itself. They
@@ -343,7 +345,7 @@ pub struct Clients {
     secrets: Mutex<KeptCredentials>,
 }
 
-/// The client-secret credentials kept, by [`secret_key`], at most [`MAX_CREDENTIALS`].
+/// The credentials kept, by [`credential_key`], at most [`MAX_CREDENTIALS`].
 #[derive(Debug, Default)]
 struct KeptCredentials {
     by_key: HashMap<[u8; 32], KeptCredential>,
@@ -351,10 +353,10 @@ struct KeptCredentials {
     uses: u64,
 }
 
-/// A client-secret credential and the use that used it last.
+/// A credential and the use that used it last.
 #[derive(Debug)]
 struct KeptCredential {
-    credential: Arc<ClientSecretCredential>,
+    credential: Arc<dyn TokenCredential>,
     used: u64,
 }
 
@@ -380,11 +382,22 @@ impl ClientAssertion for TokenFile {
     }
 }
 
-/// The key of a client-secret credential: a SHA-256 of what makes it, the secret included (so
-/// that the secret is not kept as a key, and a rotated secret makes a new credential).
-fn secret_key(authority: &Url, c: &Credentials, secret: &str) -> [u8; 32] {
+/// The key of a credential: a SHA-256 of what makes it, the client secret or the token
+/// file's path included (so that the secret is not kept as a key, and a rotated secret makes
+/// a new credential).
+fn credential_key(authority: &Url, c: &Credentials) -> [u8; 32] {
+    let (kind, material) = match &c.auth {
+        Auth::ClientSecret(secret) => ("client-secret", secret.as_str()),
+        Auth::WorkloadIdentity { token_file } => ("workload-identity", token_file.as_str()),
+    };
     let mut h = ring::digest::Context::new(&ring::digest::SHA256);
-    for part in [authority.as_str(), &c.tenant_id, &c.client_id, secret] {
+    for part in [
+        authority.as_str(),
+        &c.tenant_id,
+        &c.client_id,
+        kind,
+        material,
+    ] {
         h.update(&(part.len() as u64).to_le_bytes());
         h.update(part.as_bytes());
     }
@@ -426,7 +439,7 @@ impl Clients {
         }
     }
 
-    /// How many client-secret credentials are kept.
+    /// How many credentials are kept.
     pub fn kept_credentials(&self) -> usize {
         self.secrets
             .lock()
@@ -435,37 +448,15 @@ impl Clients {
             .len()
     }
 
-    /// The credential of a service principal at `authority`: a client secret's shared while
-    /// nothing about it changes, a workload identity's made anew (its token file is read when
-    /// it asks for a token).
+    /// The credential of a service principal at `authority`: the kept one while nothing
+    /// about it changes, else a new one (kept).
     fn credential(
         &self,
         http: Arc<dyn HttpClient>,
         authority: &Url,
         c: &Credentials,
     ) -> Result<Arc<dyn TokenCredential>, AzureError> {
-        let secret = match &c.auth {
-            Auth::ClientSecret(secret) => secret,
-            Auth::WorkloadIdentity { token_file } => {
-                let credential = ClientAssertionCredential::new(
-                    c.tenant_id.clone(),
-                    c.client_id.clone(),
-                    TokenFile(token_file.into()),
-                    Some(ClientAssertionCredentialOptions {
-                        client_options: Self::credential_options(authority, http),
-                    }),
-                )
-                .map_err(|e| AzureError::Credential {
-                    what: format!(
-                        "workload identity credential of client {} with the token file {token_file}",
-                        c.client_id
-                    ),
-                    source: Box::new(e),
-                })?;
-                return Ok(credential);
-            }
-        };
-        let key = secret_key(authority, c, secret);
+        let key = credential_key(authority, c);
         let mut kept = self.secrets.lock().unwrap_or_else(|e| e.into_inner());
         kept.uses += 1;
         let used = kept.uses;
@@ -473,18 +464,7 @@ impl Clients {
             k.used = used;
             return Ok(k.credential.clone());
         }
-        let credential = ClientSecretCredential::new(
-            &c.tenant_id,
-            c.client_id.clone(),
-            Secret::new(secret.clone()),
-            Some(ClientSecretCredentialOptions {
-                client_options: Self::credential_options(authority, http),
-            }),
-        )
-        .map_err(|e| AzureError::Credential {
-            what: format!("client secret credential of client {}", c.client_id),
-            source: Box::new(e),
-        })?;
+        let credential = Self::new_credential(http, authority, c)?;
         if kept.by_key.len() >= MAX_CREDENTIALS
             && let Some(oldest) = kept
                 .by_key
@@ -502,6 +482,39 @@ impl Clients {
             },
         );
         Ok(credential)
+    }
+
+    fn new_credential(
+        http: Arc<dyn HttpClient>,
+        authority: &Url,
+        c: &Credentials,
+    ) -> Result<Arc<dyn TokenCredential>, AzureError> {
+        let client_options = Self::credential_options(authority, http);
+        match &c.auth {
+            Auth::WorkloadIdentity { token_file } => Ok(ClientAssertionCredential::new(
+                c.tenant_id.clone(),
+                c.client_id.clone(),
+                TokenFile(token_file.into()),
+                Some(ClientAssertionCredentialOptions { client_options }),
+            )
+            .map_err(|e| AzureError::Credential {
+                what: format!(
+                    "workload identity credential of client {} with the token file {token_file}",
+                    c.client_id
+                ),
+                source: Box::new(e),
+            })?),
+            Auth::ClientSecret(secret) => Ok(ClientSecretCredential::new(
+                &c.tenant_id,
+                c.client_id.clone(),
+                Secret::new(secret.clone()),
+                Some(ClientSecretCredentialOptions { client_options }),
+            )
+            .map_err(|e| AzureError::Credential {
+                what: format!("client secret credential of client {}", c.client_id),
+                source: Box::new(e),
+            })?),
+        }
     }
 
     /// The clients of one driver call in `cloud` (the class's `cloudConfiguration.name`;
@@ -983,7 +996,7 @@ mod tests {
     }
 
     #[test]
-    fn client_secret_credentials_are_shared_and_the_least_recently_used_go_first() {
+    fn credentials_are_shared_and_the_least_recently_used_go_first() {
         let clients = Clients::with_http_client(Arc::new(Recorder::default()));
         let config = AzureDriverConfig::default();
         let id = RequestId::generate();
@@ -1015,12 +1028,17 @@ mod tests {
             ),
             "the least recently used went"
         );
-        // Workload identity keeps nothing.
-        let before = clients.kept_credentials();
-        credential(&credentials(Auth::WorkloadIdentity {
-            token_file: "/nonexistent".into(),
-        }));
-        assert_eq!(clients.kept_credentials(), before);
+        // A workload identity's credential is shared too (its token cache serves every call;
+        // it reads the file when it asks for a token), one per token file.
+        let wi = |file: &str| {
+            credential(&credentials(Auth::WorkloadIdentity {
+                token_file: file.into(),
+            }))
+        };
+        let token_a = wi("/var/run/token-a");
+        assert!(Arc::ptr_eq(&token_a, &wi("/var/run/token-a")), "shared");
+        assert!(!Arc::ptr_eq(&token_a, &wi("/var/run/token-b")));
+        assert_eq!(clients.kept_credentials(), MAX_CREDENTIALS);
     }
 
     #[test]
