@@ -5,6 +5,7 @@ mod chaos;
 mod chart;
 mod crds;
 mod demo;
+mod deps;
 mod e2e;
 mod features;
 mod image;
@@ -116,6 +117,10 @@ enum Cmd {
         #[arg(long)]
         write: bool,
     },
+    /// Check the dependency tree: no workspace dependency declared and unused, no more crates
+    /// locked in several versions than `.ci/duplicate-crates-ceiling` allows, and every
+    /// member's rust-version at least what its locked dependencies need.
+    Deps,
     /// Package the library crates as `cargo publish` would (`--dry-run`) and check each one
     /// from its package alone, its dependencies' features resolved for it alone: what
     /// `cargo publish`'s own verification catches, without a debug build per crate.
@@ -146,6 +151,7 @@ fn main() -> Result<()> {
         Cmd::Chaos(plan) => chaos::run(&plan),
         Cmd::Image(args) => image::run(&args),
         Cmd::Features { write } => features::run(write),
+        Cmd::Deps => deps::run(),
         Cmd::PublishCheck => publish::run(),
     }
 }

@@ -393,6 +393,16 @@ mod tests {
     use super::*;
     use k8s_openapi::ByteString;
 
+    #[test]
+    fn a_creation_key_is_the_same_in_every_version() {
+        // SHA-256 of "mcm-rs/create/uid-1/2026-01-01T00:00:00Z", computed outside Rust: a
+        // machine whose creation a former version started finds its VM by the same key.
+        assert_eq!(
+            IdempotencyKey::for_creation("uid-1", "2026-01-01T00:00:00Z").as_str(),
+            "e68c2f59-5857-88b7-be46-32057fe76054"
+        );
+    }
+
     fn secret(pairs: &[(&str, &str)]) -> Secret {
         Secret {
             data: Some(
