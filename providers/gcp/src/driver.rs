@@ -6,13 +6,14 @@
 //! | `initialize_machine` | none (`Unimplemented`, as Gardener's provider) |
 //! | `get_machine_status` | `instances.get` in the providerID's zone (else the class's); not there or another cluster's → `NotFound` |
 //! | `delete_machine` | `instances.get`, `instances.delete` (with `requestId`) and `zoneOperations.get` until done; gone = success; an instance of another cluster is never deleted |
-//! | `list_machines` | `instances.aggregatedList` pages filtered by the class's `k8s-cluster-name` label when it has one, the zones of the class's region, instances with the cluster and role tags |
+//! | `list_machines` | `instances.aggregatedList` pages (the client's paginator) filtered by the class's `k8s-cluster-name` label when it has one, the zones of the class's region, instances with the cluster and role tags |
 //! | `get_volume_ids` | none (disk ids from the PersistentVolume specs) |
 
 use std::sync::Arc;
 
 use google_cloud_compute_v1::model::Instance;
 use google_cloud_gax::options::RequestOptionsBuilder;
+use google_cloud_gax::paginator::Paginator;
 use mcm_api::{Machine, MachineClass};
 use mcm_driver::{
     Code, CreateMachineRequest, CreateMachineResponse, DeleteMachineRequest, DeleteMachineResponse,
@@ -401,23 +402,22 @@ impl Driver for GcpDriver {
         let region_prefix = format!("zones/{}-", region_of(&spec));
         let filter = instance::list_filter(&spec);
         let mut out = ListMachinesResponse::default();
-        let mut page_token: Option<String> = None;
         let mut pages = 0usize;
-        loop {
-            let page = call
-                .client
-                .aggregated_list()
-                .set_project(&call.project)
-                .set_max_results(self.config.page_size.clamp(1, 500))
-                .set_or_clear_filter(filter.clone())
-                .set_or_clear_page_token(page_token.take())
-                .with_user_agent(call.user_agent())
-                .send()
-                .await
-                .map_err(|e| {
-                    GcpError::api("instances.aggregatedList", e)
-                        .into_driver_error("listing VMs", &req.request_id)
-                })?;
+        // The client's paginator: it asks for the next page with the last one's token until a
+        // page has none.
+        let mut paginator = call
+            .client
+            .aggregated_list()
+            .set_project(&call.project)
+            .set_max_results(self.config.page_size.clamp(1, 500))
+            .set_or_clear_filter(filter)
+            .with_user_agent(call.user_agent())
+            .by_page();
+        while let Some(page) = paginator.next().await {
+            let page = page.map_err(|e| {
+                GcpError::api("instances.aggregatedList", e)
+                    .into_driver_error("listing VMs", &req.request_id)
+            })?;
             pages += 1;
             for (scope, list) in &page.items {
                 let Some(zone) = scope.strip_prefix("zones/") else {
@@ -438,10 +438,6 @@ impl Driver for GcpDriver {
                         .insert(provider_id.clone(), instance::resources(i));
                     out.machines.insert(provider_id, name);
                 }
-            }
-            match page.next_page_token.filter(|t| !t.is_empty()) {
-                Some(t) => page_token = Some(t),
-                None => break,
             }
         }
         debug!(class = ?req.machine_class.metadata.name, count = out.machines.len(), pages, request_id = %req.request_id, "listed instances");
