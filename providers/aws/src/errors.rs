@@ -62,27 +62,13 @@ pub const EXHAUSTED_CODES: &[&str] = &[
     "Unsupported",
 ];
 
-/// Throttling and service-side unavailability (`Unavailable`, retry later): every throttling
-/// code of the SDK's retry classifier (which the SDK has retried already), and EC2's
-/// unavailability codes.
-pub const THROTTLING_CODES: &[&str] = &[
-    "Throttling",
-    "ThrottlingException",
-    "ThrottledException",
-    "RequestThrottledException",
-    "TooManyRequestsException",
-    "ProvisionedThroughputExceededException",
-    "TransactionInProgressException",
-    "RequestLimitExceeded",
-    "BandwidthLimitExceeded",
-    "LimitExceededException",
-    "RequestThrottled",
-    "SlowDown",
-    "PriorRequestNotComplete",
-    "EC2ThrottledException",
-    "ServiceUnavailable",
-    "Unavailable",
-];
+/// EC2's service-side unavailability (`Unavailable`, retry later), beside the throttling
+/// codes of the SDK's retry classifier ([`THROTTLING_CODES`]).
+pub const UNAVAILABLE_CODES: &[&str] = &["ServiceUnavailable", "Unavailable"];
+
+/// Every throttling code of the SDK's retry classifier (which has retried them already):
+/// `Unavailable`, retry later.
+pub const THROTTLING_CODES: &[&str] = aws_runtime::retries::classifiers::THROTTLING_ERRORS;
 
 /// A request signed at a time the service does not accept: this host's clock is off. The
 /// client has read the service's time from the answer and signs the next request with it,
@@ -118,7 +104,7 @@ pub fn classify(aws_code: &str) -> Classification {
     if EXHAUSTED_CODES.contains(&aws_code) {
         return Classification::code(Code::ResourceExhausted);
     }
-    if THROTTLING_CODES.contains(&aws_code) {
+    if THROTTLING_CODES.contains(&aws_code) || UNAVAILABLE_CODES.contains(&aws_code) {
         return Classification {
             code: Code::Unavailable,
             retry_after: Some(THROTTLE_RETRY_AFTER),

@@ -186,27 +186,15 @@ async fn status(d: &AwsDriver, name: &str) -> Result<(), mcm_driver::DriverError
     .map(drop)
 }
 
-/// Every throttling code of the SDK's classifier (aws-runtime's `THROTTLING_ERRORS`), EC2's
-/// own among them.
-const THROTTLING: &[&str] = &[
-    "Throttling",
-    "ThrottlingException",
-    "ThrottledException",
-    "RequestThrottledException",
-    "TooManyRequestsException",
-    "ProvisionedThroughputExceededException",
-    "TransactionInProgressException",
-    "RequestLimitExceeded",
-    "BandwidthLimitExceeded",
-    "LimitExceededException",
-    "RequestThrottled",
-    "SlowDown",
-    "PriorRequestNotComplete",
-    "EC2ThrottledException",
-];
+/// Every throttling code of the SDK's classifier, EC2's own among them.
+const THROTTLING: &[&str] = aws_runtime::retries::classifiers::THROTTLING_ERRORS;
 
 #[tokio::test]
 async fn every_throttling_code_is_retried_though_its_status_is_400() {
+    assert!(
+        THROTTLING.len() >= 14 && THROTTLING.contains(&"EC2ThrottledException"),
+        "{THROTTLING:?}"
+    );
     // Status 400: only the code says "throttled", so a classifier that does not know the
     // code gives up after the first attempt.
     let runs = THROTTLING.iter().map(|code| async move {

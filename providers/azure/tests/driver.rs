@@ -185,12 +185,12 @@ fn nothing_left(fake: &FakeArm) -> bool {
     fake.vms(RG).is_empty() && fake.nics(RG).is_empty() && fake.disks(RG).is_empty()
 }
 
-#[tokio::test]
-async fn each_cloud_is_served_by_its_own_endpoints() {
-    let public = fake().await;
-    let china = fake().await;
+/// A driver whose public cloud is the fake `public` and whose cloud `name` is the fake
+/// `other`, trusting both fakes' CAs, without the environment's overrides: the class's cloud
+/// decides where its requests go.
+fn two_cloud_driver(public: &FakeArm, name: &str, other: &FakeArm) -> AzureDriver {
     let mut clouds = CloudEndpoints::known();
-    for (name, f) in [("AzurePublic", &public), ("AzureChina", &china)] {
+    for (name, f) in [("AzurePublic", public), (name, other)] {
         clouds.insert(
             name.to_string(),
             CloudEndpoints {
@@ -199,13 +199,20 @@ async fn each_cloud_is_served_by_its_own_endpoints() {
             },
         );
     }
-    let d = AzureDriver::new(AzureDriverConfig {
+    AzureDriver::new(AzureDriverConfig {
         arm_endpoint: None,
         authority_host: None,
         clouds,
-        extra_ca_pem: Some(format!("{}{}", public.ca_pem(), china.ca_pem())),
-        ..config(&public)
-    });
+        extra_ca_pem: Some(format!("{}{}", public.ca_pem(), other.ca_pem())),
+        ..config(public)
+    })
+}
+
+#[tokio::test]
+async fn each_cloud_is_served_by_its_own_endpoints() {
+    let public = fake().await;
+    let china = fake().await;
+    let d = two_cloud_driver(&public, "AzureChina", &china);
     // No cloudConfiguration: public Azure.
     create(&d, &class(spec()), "m-pub").await.unwrap();
     // AzureChina: China's ARM and authority, a token for China's ARM (not the public one's,
@@ -605,24 +612,8 @@ async fn the_token_endpoint_is_https_and_only_the_drivers_client_trusts_the_fake
 async fn a_sovereign_cloud_asks_its_own_authority_host() {
     let public = fake().await;
     let government = fake().await;
-    let mut clouds = CloudEndpoints::known();
-    for (name, f) in [("AzurePublic", &public), ("AzureGovernment", &government)] {
-        clouds.insert(
-            name.to_string(),
-            CloudEndpoints {
-                arm: f.url(),
-                authority: f.url(),
-            },
-        );
-    }
     // No AZURE_AUTHORITY_HOST / MCM_AZURE_ARM_ENDPOINT: the class's cloud decides.
-    let d = AzureDriver::new(AzureDriverConfig {
-        arm_endpoint: None,
-        authority_host: None,
-        clouds,
-        extra_ca_pem: Some(format!("{}{}", public.ca_pem(), government.ca_pem())),
-        ..config(&public)
-    });
+    let d = two_cloud_driver(&public, "AzureGovernment", &government);
     let mut gov = spec();
     gov["cloudConfiguration"] = json!({"name": "AzureGovernment"});
     gov["location"] = json!("usgovvirginia");
