@@ -132,6 +132,8 @@ pub fn classify(aws_code: &str) -> Classification {
             code: Code::Internal,
             retry_after: Some(UNREACHABLE_RETRY_AFTER),
         },
+        // IAM's "not found" (an instance profile the class names that does not exist).
+        "NoSuchEntity" => Classification::code(Code::InvalidArgument),
         c if c.ends_with(".NotFound")
             || c.ends_with(".Malformed")
             || c.starts_with("InvalidParameter")
@@ -145,6 +147,20 @@ pub fn classify(aws_code: &str) -> Classification {
         }
         _ => Classification::code(Code::Internal),
     }
+}
+
+/// EC2's refusal of a request, as it answered it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct ServiceError {
+    /// EC2's error code (`InvalidAMIID.NotFound`, ...).
+    pub code: String,
+    /// EC2's message.
+    pub message: String,
+    /// The AWS request id of the answer (`-` when it had none).
+    pub aws_request_id: String,
+    /// The HTTP status of the answer.
+    pub status: u16,
 }
 
 /// Turns an SDK error of the EC2 operation `operation` into a [`DriverError`] keeping the
@@ -203,13 +219,23 @@ where
             "unexpected SDK error".to_string(),
         ),
     };
-    let mut e = DriverError::new(
-        class.code,
-        format!(
-            "EC2 {operation} failed: {what} (AWS request id {aws_request_id}, request id {request_id})"
-        ),
-    )
-    .with_source(err);
+    let message = format!(
+        "EC2 {operation} failed: {what} (AWS request id {aws_request_id}, request id {request_id})"
+    );
+    let mut e = match err {
+        // EC2's answer is all in the message; the SDK's wrappers of it ("service error:
+        // unhandled error (Code): Error { code: .. }") would only repeat it in Events.
+        SdkError::ServiceError(service) => {
+            DriverError::new(class.code, message).with_source(ServiceError {
+                code: service.err().code().unwrap_or("Unknown").to_string(),
+                message: service.err().message().unwrap_or("no message").to_string(),
+                aws_request_id,
+                status: service.raw().status().as_u16(),
+            })
+        }
+        // A connection's, a timeout's or an unreadable answer's causes tell what went wrong.
+        err => DriverError::new(class.code, message).with_source(err),
+    };
     if let Some(after) = class.retry_after {
         e = e.with_retry_after(after);
     }
@@ -244,6 +270,7 @@ mod tests {
             ("InvalidAMIID.NotFound", Code::InvalidArgument),
             ("InvalidAMIID.Malformed", Code::InvalidArgument),
             ("InvalidSubnetID.NotFound", Code::InvalidArgument),
+            ("NoSuchEntity", Code::InvalidArgument),
             ("InvalidParameterValue", Code::InvalidArgument),
             ("IdempotentParameterMismatch", Code::AlreadyExists),
             ("IncorrectInstanceState", Code::FailedPrecondition),
@@ -291,11 +318,21 @@ mod tests {
             assert!(e.message.contains(want), "{want} in {}", e.message);
         }
         let source = std::error::Error::source(&e).expect("a source");
-        assert!(
-            source
-                .downcast_ref::<SdkError<RunInstancesError, HttpResponse>>()
-                .is_some(),
-            "the SDK error is the source"
+        assert_eq!(
+            source.downcast_ref::<ServiceError>(),
+            Some(&ServiceError {
+                code: "InsufficientInstanceCapacity".into(),
+                message: "no m5.large in eu-west-1a".into(),
+                aws_request_id: "aws-req-1".into(),
+                status: 500,
+            }),
+            "EC2's answer is the source"
+        );
+        // An Event reads EC2's answer once, not the SDK's wrappers of it.
+        assert_eq!(
+            e.full_message(),
+            format!("ResourceExhausted: {}", e.message),
+            "nothing repeated after the message"
         );
     }
 }
