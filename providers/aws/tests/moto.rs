@@ -568,15 +568,16 @@ async fn errors_from_moto_and_from_validation_map_to_codes() {
         "{}",
         err.message
     );
-    let source = std::error::Error::source(&err).expect("the SDK error is the source");
+    let source = std::error::Error::source(&err).expect("EC2's answer is the source");
+    let answer = source
+        .downcast_ref::<mcm_provider_aws::errors::ServiceError>()
+        .unwrap_or_else(|| panic!("{source:?}"));
+    assert_eq!(answer.code, "InvalidSubnetID.NotFound");
+    assert_eq!(answer.status, 400);
     assert!(
-        source
-            .downcast_ref::<aws_sdk_ec2::error::SdkError<
-                aws_sdk_ec2::operation::run_instances::RunInstancesError,
-                aws_sdk_ec2::config::http::HttpResponse,
-            >>()
-            .is_some(),
-        "{source:?}"
+        err.message.contains(&answer.aws_request_id),
+        "{}",
+        err.message
     );
 
     // An invalid class and secret: InvalidArgument naming every field, before any EC2 call.
