@@ -245,18 +245,18 @@ pub fn machine_set() -> CustomResourceDefinition {
                 0,
             ),
             column(
-                "Available",
-                "integer",
-                ".status.availableReplicas",
-                "Number of available machines.",
-                0,
-            ),
-            column(
                 "Age",
                 "date",
                 ".metadata.creationTimestamp",
                 "Time since the machine set was created.",
                 0,
+            ),
+            column(
+                "Available",
+                "integer",
+                ".status.availableReplicas",
+                "Number of available machines.",
+                1,
             ),
         ],
     })
@@ -313,24 +313,17 @@ pub fn machine_deployment() -> CustomResourceDefinition {
         scale: true,
         columns: vec![
             column(
-                "Desired",
-                "integer",
-                ".spec.replicas",
-                "Number of desired machines.",
-                0,
-            ),
-            column(
-                "Current",
-                "integer",
-                ".status.replicas",
-                "Number of non-terminated machines.",
-                0,
-            ),
-            column(
                 "Ready",
                 "integer",
                 ".status.readyReplicas",
                 "Number of ready machines.",
+                0,
+            ),
+            column(
+                "Desired",
+                "integer",
+                ".spec.replicas",
+                "Number of desired machines.",
                 0,
             ),
             column(
@@ -353,6 +346,13 @@ pub fn machine_deployment() -> CustomResourceDefinition {
                 ".metadata.creationTimestamp",
                 "Time since the machine deployment was created.",
                 0,
+            ),
+            column(
+                "Current",
+                "integer",
+                ".status.replicas",
+                "Number of non-terminated machines.",
+                1,
             ),
         ],
     })

@@ -171,6 +171,66 @@ fn printer_columns() {
     }
 }
 
+/// `kubectl get` prints the Go CRDs' columns at their positions: the default columns are
+/// exactly Go's, in Go's order; Go's wide (`priority: 1`) columns follow in Go's order; ours
+/// come last, wide only. A script that reads a column by position reads the same field from
+/// either controller manager.
+#[test]
+fn printer_columns_are_the_go_crds_in_their_order() {
+    let path = format!(
+        "{}/tests/fixtures/upstream-printer-columns.json",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let upstream: Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("fixture")).unwrap();
+    type Column = (String, String, String, i32);
+    let ours = |plural: &str| -> Vec<Column> {
+        by_plural(plural).spec.versions[0]
+            .additional_printer_columns
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| (c.name, c.type_, c.json_path, c.priority.unwrap_or(0)))
+            .collect()
+    };
+    let mut wrong = Vec::new();
+    for (plural, columns) in upstream["columns"].as_object().expect("columns") {
+        let go: Vec<Column> = columns
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                (
+                    c["name"].as_str().unwrap().to_string(),
+                    c["type"].as_str().unwrap().to_string(),
+                    c["jsonPath"].as_str().unwrap().to_string(),
+                    c["priority"].as_i64().unwrap() as i32,
+                )
+            })
+            .collect();
+        let ours = ours(plural);
+        let default =
+            |cs: &[Column]| -> Vec<Column> { cs.iter().filter(|c| c.3 == 0).cloned().collect() };
+        if default(&ours) != default(&go) {
+            wrong.push(format!(
+                "{plural}: default columns {:?}, Go's {:?}",
+                default(&ours),
+                default(&go)
+            ));
+        }
+        // Go's columns first, in Go's order (its wide ones after its default ones, as they
+        // print); ours after all of them.
+        let mut go_printed = default(&go);
+        go_printed.extend(go.iter().filter(|c| c.3 != 0).cloned());
+        if ours.len() < go_printed.len() || ours[..go_printed.len()] != go_printed[..] {
+            wrong.push(format!(
+                "{plural}: columns {ours:?} do not start with Go's {go_printed:?}"
+            ));
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
 #[test]
 fn provider_spec_preserves_unknown_fields() {
     let s = schema("machineclasses");
