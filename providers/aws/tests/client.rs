@@ -7,15 +7,16 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
+#[path = "common/inputs.rs"]
+mod inputs;
+
+use inputs::{REGION, scripted_spec, secret};
 use mcm_api::{Machine, MachineClass};
 use mcm_driver::{
     Code, Driver, GetMachineStatusRequest, ListMachinesRequest, RequestId, SecretData,
 };
 use mcm_provider_aws::{AwsDriver, AwsDriverConfig};
-use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-const REGION: &str = "eu-west-1";
 
 /// One request as the endpoint saw it.
 #[derive(Debug, Clone)]
@@ -154,25 +155,7 @@ async fn driver(url: String, max_attempts: u32) -> AwsDriver {
 }
 
 fn class() -> MachineClass {
-    let spec: Value = json!({
-        "ami": "ami-1", "region": REGION, "machineType": "m5.large", "iam": { "name": "p" },
-        "networkInterfaces": [{ "subnetID": "subnet-1", "securityGroupIDs": ["sg-1"] }],
-        "tags": { "kubernetes.io/cluster/x": "1", "kubernetes.io/role/node": "1" },
-    });
-    serde_json::from_value(json!({
-        "metadata": { "name": "aws" },
-        "provider": "AWS",
-        "providerSpec": spec,
-    }))
-    .unwrap()
-}
-
-fn secret() -> SecretData {
-    SecretData::from_pairs([
-        ("providerAccessKeyId", "AKIDTEST"),
-        ("providerSecretAccessKey", "secret"),
-        ("userData", "#!/bin/sh\n"),
-    ])
+    inputs::class(scripted_spec())
 }
 
 async fn status(d: &AwsDriver, name: &str) -> Result<(), mcm_driver::DriverError> {

@@ -4,6 +4,8 @@
 
 #[path = "common/moto.rs"]
 mod common;
+#[path = "common/inputs.rs"]
+mod inputs;
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -11,6 +13,7 @@ use std::time::Duration;
 use aws_sdk_ec2::types::{Filter, ResourceType, Tag, TagSpecification};
 use base64::Engine as _;
 use common::{Moto, REGION, World, lagging_moto, moto};
+use inputs::{USER_DATA, class, scripted_spec, secret};
 use mcm_api::{Machine, MachineClass};
 use mcm_driver::{
     Code, CreateMachineRequest, DeleteMachineRequest, Driver, DriverError, GetMachineStatusRequest,
@@ -18,9 +21,7 @@ use mcm_driver::{
     ResourceKind, SecretData,
 };
 use mcm_provider_aws::{AwsDriver, AwsDriverConfig, REQUEST_ID_HEADER, decode_provider_id};
-use serde_json::{Value, json};
-
-const USER_DATA: &str = "#!/bin/bash\necho booting\n";
+use serde_json::json;
 
 async fn driver(page_size: i32) -> AwsDriver {
     AwsDriver::new(AwsDriverConfig {
@@ -30,23 +31,6 @@ async fn driver(page_size: i32) -> AwsDriver {
         ..Default::default()
     })
     .await
-}
-
-fn class(spec: Value) -> MachineClass {
-    serde_json::from_value(json!({
-        "metadata": { "name": "aws" },
-        "provider": "AWS",
-        "providerSpec": spec,
-    }))
-    .unwrap()
-}
-
-fn secret() -> SecretData {
-    SecretData::from_pairs([
-        ("providerAccessKeyId", "AKIDTEST"),
-        ("providerSecretAccessKey", "secret"),
-        ("userData", USER_DATA),
-    ])
 }
 
 fn machine(name: &str, provider_id: Option<&str>) -> Machine {
@@ -682,15 +666,6 @@ async fn scripted_endpoint(
         }
     });
     (url, seen)
-}
-
-/// A valid providerSpec for the scripted endpoints (nothing of it exists anywhere).
-fn scripted_spec() -> Value {
-    json!({
-        "ami": "ami-1", "region": REGION, "machineType": "m5.large", "iam": { "name": "p" },
-        "networkInterfaces": [{ "subnetID": "subnet-1", "securityGroupIDs": ["sg-1"] }],
-        "tags": { "kubernetes.io/cluster/x": "1", "kubernetes.io/role/node": "1" },
-    })
 }
 
 #[tokio::test]
