@@ -294,10 +294,7 @@ async fn scaling_events_carry_the_go_reasons() {
     // (3 changes: the first set up to 3, the new set up to 1, the old set down, by steps).
     let scaling = eventually(WAIT, "the deployment's scaling Events", || async {
         let events = events_of(&h, "ScalingMachineSet").await;
-        let count: i32 = events
-            .iter()
-            .map(|e| e.series.as_ref().map_or(1, |s| s.count))
-            .sum();
+        let count: i32 = events.iter().map(occurrences).sum();
         if count >= 3 {
             Ok(Some(events))
         } else {
@@ -334,6 +331,120 @@ async fn scaling_events_carry_the_go_reasons() {
         reasons_on(&new),
         BTreeSet::from(["SuccessfulCreate".to_string()])
     );
+    h.stop().await;
+}
+
+/// How many times an Event happened: an Event written as client-go writes it (`core/v1`)
+/// counts in `count` (`deprecatedCount` here), one of `events.k8s.io` in its series.
+fn occurrences(e: &Event) -> i32 {
+    e.series
+        .as_ref()
+        .map(|s| s.count)
+        .or(e.deprecated_count)
+        .unwrap_or(1)
+}
+
+/// The notes of `events`, oldest first (an Event's name ends in the time of its first
+/// occurrence in nanoseconds, in hexadecimal: finer than its timestamps).
+fn notes_in_order(mut events: Vec<Event>) -> Vec<String> {
+    let created = |e: &Event| {
+        let name = e.metadata.name.as_deref().unwrap_or_default();
+        i128::from_str_radix(name.rsplit('.').next().unwrap_or_default(), 16).unwrap_or(0)
+    };
+    events.sort_by_key(created);
+    events.into_iter().filter_map(|e| e.note).collect()
+}
+
+/// Scaling 3 → 5 → 4 → 6: each step is an Event of its own with its own target, as the Go
+/// MCM's recorder writes them, not a count on the first step's Event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_scaling_step_is_an_event_with_its_target() {
+    let h = Harness::start("md-scale-events").await;
+    start_with_3_c1(&h).await;
+    for replicas in [5, 4, 6] {
+        patch_deployment(&h, "md", json!({"spec": {"replicas": replicas}})).await;
+        wait_only(&h, replicas as usize, "c1").await;
+    }
+    let set = h
+        .sets()
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items
+        .into_iter()
+        .next()
+        .expect("the set")
+        .name_any();
+    let expected = [
+        format!("Scaled up machine set {set} to 3"),
+        format!("Scaled up machine set {set} to 5"),
+        format!("Scaled down machine set {set} to 4"),
+        format!("Scaled up machine set {set} to 6"),
+    ];
+    let seen = eventually(WAIT, "an Event per scaling step", || async {
+        let events = events_of(&h, "ScalingMachineSet").await;
+        let counts: Vec<i32> = events.iter().map(occurrences).collect();
+        let notes = notes_in_order(events);
+        if notes == expected && counts.iter().all(|c| *c == 1) {
+            Ok(Some(notes))
+        } else {
+            Err(format!(
+                "ScalingMachineSet notes {notes:?}, counts {counts:?}"
+            ))
+        }
+    })
+    .await;
+    assert_eq!(seen, expected);
+    // On the set: an Event per batch of creations, naming its machines, and one for the
+    // deletion.
+    let machines = h
+        .machines()
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items;
+    let on_set = |reason: &'static str| {
+        let h = &h;
+        let set = set.clone();
+        async move {
+            let events: Vec<Event> = Api::<Event>::namespaced(h.client.clone(), &h.ns)
+                .list(&ListParams::default())
+                .await
+                .expect("list events")
+                .items
+                .into_iter()
+                .filter(|e| {
+                    e.reason.as_deref() == Some(reason)
+                        && e.regarding.as_ref().and_then(|r| r.name.as_deref())
+                            == Some(set.as_str())
+                })
+                .collect();
+            notes_in_order(events)
+        }
+    };
+    let created = eventually(WAIT, "the set's creation Events", || async {
+        let notes = on_set("SuccessfulCreate").await;
+        let named = machines
+            .iter()
+            .all(|m| notes.iter().any(|n| n.contains(&m.name_any())));
+        if notes.len() >= 3 && named {
+            Ok(Some(notes))
+        } else {
+            Err(format!("SuccessfulCreate notes {notes:?}"))
+        }
+    })
+    .await;
+    assert!(created.len() >= 3, "{created:?}");
+    let deleted = eventually(WAIT, "the set's deletion Event", || async {
+        let notes = on_set("SuccessfulDelete").await;
+        if notes.len() == 1 {
+            Ok(Some(notes))
+        } else {
+            Err(format!("SuccessfulDelete notes {notes:?}"))
+        }
+    })
+    .await;
+    assert!(deleted[0].starts_with("Deleted machine"), "{deleted:?}");
     h.stop().await;
 }
 
@@ -949,8 +1060,9 @@ async fn invalid_strategy_is_a_condition_until_fixed() {
     assert_eq!(events.len(), 1, "one InvalidStrategy event: {events:#?}");
     assert_eq!(events[0].type_.as_deref(), Some("Warning"));
     assert_eq!(events[0].note.as_deref(), Some(message));
-    assert!(
-        events[0].series.is_none(),
+    assert_eq!(
+        occurrences(&events[0]),
+        1,
         "published once, not repeated: {:#?}",
         events[0]
     );
@@ -1905,18 +2017,12 @@ async fn in_place_without_a_target_cluster_is_refused() {
     // repeats) a series on the first.
     let events = consistently(Duration::from_secs(2), "a single Event", || async {
         let events = events_of(&h, "InvalidStrategy").await;
-        if events.len() == 1 && events[0].series.is_none() {
+        if events.len() == 1 && occurrences(&events[0]) == 1 {
             Ok(Some(events))
         } else {
             let seen: Vec<_> = events
                 .iter()
-                .map(|e| {
-                    (
-                        &e.metadata.name,
-                        &e.note,
-                        e.series.as_ref().map(|s| s.count),
-                    )
-                })
+                .map(|e| (&e.metadata.name, &e.note, occurrences(e)))
                 .collect();
             Err(format!("Events (name, note, series count): {seen:?}"))
         }

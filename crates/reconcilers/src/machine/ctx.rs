@@ -444,7 +444,7 @@ impl Ctx {
                 .len()
             + self.own_writes.len()
             + self.policy_warned.count()
-            + self.events.budgets();
+            + self.events.tracked();
         self.metrics
             .tracked
             .set(i64::try_from(entries).unwrap_or(i64::MAX));
