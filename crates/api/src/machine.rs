@@ -122,7 +122,7 @@ pub struct MachineSpec {
 pub struct NodeTemplateSpec {
     /// Labels and annotations to put on the Node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "crate::schema::preserved_object_meta")]
+    #[schemars(schema_with = "crate::schema::template_metadata")]
     pub metadata: Option<ObjectMeta>,
     /// Node spec attributes (taints, ...) to put on the Node.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1,6 +1,5 @@
 //! JSON-schema generation tuned for structural CRD schemas.
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use schemars::{JsonSchema, Schema, SchemaGenerator, generate::SchemaSettings, json_schema};
 use serde_json::Value;
 
@@ -27,14 +26,30 @@ pub(crate) fn quantity_map(_: &mut SchemaGenerator) -> Schema {
     })
 }
 
-/// Schema of an `ObjectMeta` that also keeps unknown fields (like the Go CRD's node template).
-pub(crate) fn preserved_object_meta(generator: &mut SchemaGenerator) -> Schema {
-    let mut schema = generator.subschema_for::<ObjectMeta>();
-    schema.insert(
-        "x-kubernetes-preserve-unknown-fields".into(),
-        Value::Bool(true),
-    );
-    schema
+/// Schema of the `metadata` of a template (a Machine's in a set's or deployment's template, a
+/// Node's in a node template): an object that keeps unknown fields, as the Go CRDs type it,
+/// so that what Go's `json.Marshal` writes there (`creationTimestamp: null`, `{}`) is
+/// accepted by a server-side apply as well as a POST. The two fields a template's metadata
+/// is for stay typed, maps of strings: a label value of another type is refused at
+/// admission, and the CEL rule that the selector matches the template's labels can read
+/// them.
+pub(crate) fn template_metadata(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+        "properties": {
+            "labels": {
+                "description": "Labels to set (a map of strings).",
+                "type": "object",
+                "additionalProperties": { "type": "string" },
+            },
+            "annotations": {
+                "description": "Annotations to set (a map of strings).",
+                "type": "object",
+                "additionalProperties": { "type": "string" },
+            },
+        },
+    })
 }
 
 /// The structural (CRD-ready) schema of `T`: subschemas inlined, no `$ref`, no `nullable`, no

@@ -41,6 +41,7 @@ impl ClassSpec {
 pub struct MachineTemplateSpec {
     /// Labels and annotations given to the created Machines.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "crate::schema::template_metadata")]
     pub metadata: Option<ObjectMeta>,
     /// Spec of the created Machines.
     #[serde(default, skip_serializing_if = "Option::is_none")]

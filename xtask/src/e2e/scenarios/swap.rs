@@ -42,9 +42,8 @@ fn fixture(kind: &str, vars: &[(&str, &str)]) -> Result<Value> {
     Ok(doc)
 }
 
-/// Creates `doc` (a deployment, set or machine) with a POST, as a Go client creates it: the
-/// API server drops the `null`s Go's marshalling writes (`creationTimestamp: null`) where a
-/// server-side apply would refuse them.
+/// Creates `doc` (a deployment, set or machine) with a POST, as a Go client creates it
+/// (with the `null`s Go's marshalling writes, `creationTimestamp: null`).
 async fn go_create(ctx: &Ctx<'_>, doc: &Value) -> Result<()> {
     use kube::api::{ApiResource, DynamicObject, PostParams};
     let resource = match doc["kind"].as_str() {
@@ -279,7 +278,9 @@ pub async fn swap_back(ctx: &mut Ctx<'_>) -> Result<String> {
 /// numeric template hash, two machines with Go's finalizer and priority, Nodes with the Node
 /// finalizer and Go's last-applied record, Go's statuses) is handed to mcm-rs: nothing is
 /// rolled out or replaced; then a scale-down, a rollout and the deletion of the deployment
-/// complete, nothing left behind or stuck.
+/// complete, nothing left behind or stuck. The fleet is created with POSTs, as the Go MCM
+/// creates it, and its Go-marshalled documents are server-side applied again after the swap,
+/// as a GitOps tool re-applies them.
 pub async fn swap_in(ctx: &mut Ctx<'_>) -> Result<String> {
     let began = Instant::now();
     let mut class = ctx.class_body(CLASS, json!({}));
@@ -296,7 +297,7 @@ pub async fn swap_in(ctx: &mut Ctx<'_>) -> Result<String> {
         )
         .await
         .context("the Secret's Go finalizer")?;
-    let md_uid = create_go_fleet(ctx).await?;
+    let (md_uid, go_documents) = create_go_fleet(ctx).await?;
     // The machines' VMs: the machine controller alone stands in for the Go one that created
     // them (a VM is the provider's, the same under either).
     let timings = Timings::default();
@@ -337,6 +338,23 @@ pub async fn swap_in(ctx: &mut Ctx<'_>) -> Result<String> {
         ctx.vm_records() == vms_before,
         "VMs changed: {vms_before:?} -> {:?}",
         ctx.vm_records()
+    );
+
+    // A GitOps tool applies the same Go manifests again, server-side: accepted, and nothing
+    // rolls out or is replaced.
+    reapply_go_fleet(ctx, &go_documents).await?;
+    let fleet = ctx.await_fleet(2, Some(CLASS)).await?;
+    let reapplied: BTreeSet<String> = fleet.iter().filter_map(|m| m.uid()).collect();
+    let names: Vec<String> = sets
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(|s| s.name_any())
+        .collect();
+    ensure!(
+        reapplied == before && names == [GO_SET],
+        "after the server-side apply: sets {names:?}, machines {before:?} -> {reapplied:?}"
     );
 
     // Scale down: the Go-held machine, its VM and its Node go.
@@ -381,26 +399,29 @@ pub async fn swap_in(ctx: &mut Ctx<'_>) -> Result<String> {
     })
     .await?;
     Ok(format!(
-        "Go fleet of 2 taken over without a rollout or replacement; scaled to 1, rolled out, deleted: nothing left ({:.0}s)",
+        "Go fleet of 2 (POSTed) taken over without a rollout or replacement; its Go manifests server-side applied again without a change; scaled to 1, rolled out, deleted: nothing left ({:.0}s)",
         began.elapsed().as_secs_f64()
     ))
 }
 
 /// Creates the deployment, the Go-named set and its two machines from the fixture (the
-/// machines without VM yet); returns the deployment's uid.
-async fn create_go_fleet(ctx: &Ctx<'_>) -> Result<String> {
+/// machines without VM yet), with a POST each as the Go MCM creates them; returns the
+/// deployment's uid and the documents created.
+async fn create_go_fleet(ctx: &Ctx<'_>) -> Result<(String, Vec<Value>)> {
     let base = [
         ("${MD}", MD),
         ("${CLASS}", CLASS),
         ("${SET}", GO_SET),
         ("${HASH}", GO_HASH),
     ];
-    go_create(ctx, &fixture("MachineDeployment", &base)?).await?;
+    let mut created = vec![fixture("MachineDeployment", &base)?];
+    go_create(ctx, &created[0]).await?;
     let mds: Api<MachineDeployment> = Api::namespaced(ctx.client.clone(), &ctx.ns);
     let md_uid = mds.get(MD).await?.uid().context("the deployment's uid")?;
     let mut vars = base.to_vec();
     vars.push(("${MD_UID}", &md_uid));
-    go_create(ctx, &fixture("MachineSet", &vars)?).await?;
+    created.push(fixture("MachineSet", &vars)?);
+    go_create(ctx, &created[1]).await?;
     let sets: Api<MachineSet> = Api::namespaced(ctx.client.clone(), &ctx.ns);
     let set_uid = sets.get(GO_SET).await?.uid().context("the set's uid")?;
     for suffix in GO_MACHINES {
@@ -419,8 +440,33 @@ async fn create_go_fleet(ctx: &Ctx<'_>) -> Result<String> {
             .context("the Machine's labels")?
             .remove("node");
         go_create(ctx, &m).await?;
+        created.push(m);
     }
-    Ok(md_uid)
+    Ok((md_uid, created))
+}
+
+/// Server-side applies the Go fleet's documents as a GitOps tool re-applies the manifests a
+/// Go program wrote (`creationTimestamp: null` in the templates, `spec: {}`): each is
+/// accepted, and the deployment gets no new generation (the template is the same).
+async fn reapply_go_fleet(ctx: &Ctx<'_>, documents: &[Value]) -> Result<()> {
+    let mds: Api<MachineDeployment> = Api::namespaced(ctx.client.clone(), &ctx.ns);
+    let generation = mds.get(MD).await?.metadata.generation;
+    for doc in documents {
+        crate::e2e::env::apply(&ctx.client, &ctx.ns, doc)
+            .await
+            .with_context(|| {
+                format!(
+                    "a server-side apply of the Go-marshalled {} {}",
+                    doc["kind"], doc["metadata"]["name"]
+                )
+            })?;
+    }
+    let after = mds.get(MD).await?.metadata.generation;
+    ensure!(
+        after == generation,
+        "the apply of the same Go manifest changed the deployment: generation {generation:?} -> {after:?}"
+    );
+    Ok(())
 }
 
 /// What the Go MCM writes that the stand-in did not, or wrote otherwise: Go's last-applied
