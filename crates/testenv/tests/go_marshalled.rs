@@ -273,3 +273,30 @@ async fn read_back(t: &TestNamespace) {
     );
     assert_eq!(class.provider_spec["ami"], serde_json::json!("ami-0123"));
 }
+
+/// What the template's metadata still refuses: a label that is not a string (the
+/// deployment's selector rule reads the labels, and the machines get them), and a selector
+/// that the template's labels do not match.
+#[tokio::test]
+async fn a_template_label_that_is_not_a_string_is_refused() {
+    let t = TestNamespace::new(Components::API_SERVER, "go-bad").await;
+    let mut doc = corpus()
+        .into_iter()
+        .find(|d| d["metadata"]["name"] == "zero-md")
+        .expect("zero-md");
+    let api = api(&t.client, &t.ns, "MachineDeployment");
+    let params = PatchParams::apply("go-client").force();
+    let refusal = |r: Result<DynamicObject, kube::Error>| match r {
+        Err(kube::Error::Api(s)) => s.message,
+        other => panic!("accepted: {other:?}"),
+    };
+    doc["spec"]["template"]["metadata"]["labels"]["size"] = serde_json::json!(3);
+    let message = refusal(api.patch("zero-md", &params, &Patch::Apply(&doc)).await);
+    assert!(
+        message.contains("spec.template.metadata.labels.size"),
+        "{message}"
+    );
+    doc["spec"]["template"]["metadata"]["labels"] = serde_json::json!({"name": "other"});
+    let message = refusal(api.patch("zero-md", &params, &Patch::Apply(&doc)).await);
+    assert!(message.contains("selector"), "{message}");
+}
