@@ -1,5 +1,5 @@
-//! `cargo xtask testenv`: builds etcd, kube-apiserver, kube-controller-manager and
-//! kube-scheduler from their Go modules into the cache `mcm-testenv` looks in.
+//! `cargo xtask testenv`: builds etcd, kube-apiserver, kube-controller-manager,
+//! kube-scheduler and the kubelet from their Go modules into the cache `mcm-testenv` looks in.
 //!
 //! `k8s.io/kubernetes` pins its staging modules (`k8s.io/api`, `k8s.io/client-go`, ...) at
 //! `v0.0.0` with `replace` directives into its own `staging/` tree, so `go install
@@ -234,6 +234,7 @@ fn build_all(bin_dir: &Path) -> Result<()> {
             "k8s.io/kubernetes/cmd/kube-apiserver",
             "k8s.io/kubernetes/cmd/kube-controller-manager",
             "k8s.io/kubernetes/cmd/kube-scheduler",
+            "k8s.io/kubernetes/cmd/kubelet",
         ],
         |_| staging_version.clone(),
     )?;
@@ -264,6 +265,7 @@ fn build_all(bin_dir: &Path) -> Result<()> {
             "k8s.io/kubernetes/cmd/kube-apiserver",
             "k8s.io/kubernetes/cmd/kube-controller-manager",
             "k8s.io/kubernetes/cmd/kube-scheduler",
+            "k8s.io/kubernetes/cmd/kubelet",
         ],
     )?;
 

@@ -50,15 +50,18 @@ pub enum Binary {
     KubeControllerManager,
     /// `kube-scheduler`
     KubeScheduler,
+    /// `kubelet` (for a [`crate::node`] that runs pods in containers)
+    Kubelet,
 }
 
 impl Binary {
     /// Every binary `cargo xtask testenv` provides.
-    pub const ALL: [Binary; 4] = [
+    pub const ALL: [Binary; 5] = [
         Binary::Etcd,
         Binary::KubeApiserver,
         Binary::KubeControllerManager,
         Binary::KubeScheduler,
+        Binary::Kubelet,
     ];
 
     /// The file name of the binary.
@@ -68,6 +71,7 @@ impl Binary {
             Binary::KubeApiserver => "kube-apiserver",
             Binary::KubeControllerManager => "kube-controller-manager",
             Binary::KubeScheduler => "kube-scheduler",
+            Binary::Kubelet => "kubelet",
         }
     }
 }

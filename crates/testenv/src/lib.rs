@@ -26,6 +26,7 @@
 
 pub mod binaries;
 pub mod kit;
+pub mod node;
 pub mod pki;
 pub mod process;
 
@@ -136,6 +137,9 @@ pub enum TestEnvError {
     /// Rendering a generated CRD failed.
     #[error("failed to serialize a CRD")]
     CrdSerialize(#[source] serde_json::Error),
+    /// A [`node::KubeletNode`] could not be set up: what is missing or what failed.
+    #[error("node: {0}")]
+    Node(String),
 }
 
 impl TestEnvError {
@@ -579,6 +583,9 @@ impl ControlPlane {
                 ),
                 "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
                 "--service-cluster-ip-range=10.0.0.0/24".into(),
+                // No kube-proxy routes Service addresses: webhooks and aggregated APIs are
+                // called at their Services' endpoints.
+                "--enable-aggregator-routing=true".into(),
                 "--authorization-mode=RBAC".into(),
                 "--enable-bootstrap-token-auth=true".into(),
                 "--allow-privileged=true".into(),

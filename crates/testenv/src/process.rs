@@ -231,6 +231,8 @@ pub fn sweep_stale_runs(base: &Path) -> usize {
             None => continue,
             Some(_) => {}
         }
+        // A node's shims and containers leave its process groups: swept by its record.
+        crate::node::sweep_run_dir(&dir);
         let groups = std::fs::read_to_string(dir.join(GROUPS_FILE)).unwrap_or_default();
         let marker = dir.to_string_lossy().into_owned();
         for pid in groups.lines().filter_map(|l| l.trim().parse::<u32>().ok()) {
