@@ -198,6 +198,11 @@ pub struct Options {
     /// With [`Options::audit_writes`]: log reads (get, list, watch) too, to count every
     /// request a client makes.
     pub audit_reads: bool,
+    /// Run the `ServiceAccount` admission plugin, which gives pods their ServiceAccount's
+    /// token volume (what a [`node::KubeletNode`]'s pods need for in-cluster credentials).
+    /// Off by default: tests create pods in fresh namespaces before kube-controller-manager
+    /// (if it runs at all) has made their `default` ServiceAccount, which the plugin refuses.
+    pub service_account_admission: bool,
 }
 
 impl Default for Options {
@@ -210,6 +215,7 @@ impl Default for Options {
             ready_timeout: Duration::from_secs(120),
             audit_writes: false,
             audit_reads: false,
+            service_account_admission: false,
         }
     }
 }
@@ -589,11 +595,14 @@ impl ControlPlane {
                 "--authorization-mode=RBAC".into(),
                 "--enable-bootstrap-token-auth=true".into(),
                 "--allow-privileged=true".into(),
-                // Tests create pods in fresh namespaces before any service account exists.
-                "--disable-admission-plugins=ServiceAccount".into(),
                 "--v=1".into(),
             ]
             .into_iter()
+            // Tests create pods in fresh namespaces before any service account exists.
+            .chain(
+                (!self.options.service_account_admission)
+                    .then(|| "--disable-admission-plugins=ServiceAccount".to_string()),
+            )
             .chain(audit)
             .collect(),
         )?;

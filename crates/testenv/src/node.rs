@@ -658,40 +658,74 @@ impl KubeletNode {
     }
 
     /// Imports an image archive (an `oci-archive`, as `cargo xtask image` writes) into the
-    /// node's containerd under exactly the name `name` (the archive's own names removed, so
-    /// the kubelet finds it by that name alone), as a cluster without a registry needs.
+    /// node's containerd under the name `name` alone, as a cluster without a registry needs.
+    ///
+    /// The archive is imported from a copy whose index names the image `name`: the same
+    /// manifest and blobs (the same digests). A name given after the import (`ctr images
+    /// tag`) is not enough: containerd's CRI plugin keeps resolving the image by the name it
+    /// was imported under until it restarts.
     ///
     /// # Errors
-    /// The archive does not import (with `ctr`'s message).
+    /// The archive cannot be read or does not import (with `ctr`'s message).
     pub fn import_image(&self, archive: &Path, name: &str) -> Result<(), TestEnvError> {
-        let path = archive.to_string_lossy();
-        let out = self.ctr(&["images", "import", "--all-platforms", path.as_ref()])?;
+        let bytes =
+            std::fs::read(archive).map_err(|e| TestEnvError::io("read an image archive", e))?;
+        let renamed = rename_archive(&bytes, name)
+            .map_err(|e| node_error(format!("{}: {e}", archive.display())))?;
+        let copy = self
+            .dir
+            .join(format!("import-{}.tar", name.replace(['/', ':'], "_")));
+        std::fs::write(&copy, renamed)
+            .map_err(|e| TestEnvError::io("write an image archive", e))?;
+        let path = copy.to_string_lossy();
+        let out = self.ctr(&["images", "import", path.as_ref()])?;
+        let _ = std::fs::remove_file(&copy);
         let imported = imported_names(&out);
-        if imported.is_empty() {
+        if imported != [name] {
             return Err(node_error(format!(
-                "{} holds no named image (ctr: {})",
+                "{} imported as {imported:?}, not {name} (ctr: {})",
                 archive.display(),
                 out.trim()
             )));
         }
-        for original in &imported {
-            if original != name {
-                self.ctr(&["images", "tag", "--force", original, name])?;
-                self.ctr(&["images", "rm", original])?;
-            }
-        }
         Ok(())
     }
 
-    /// The logs of the containers of the pods of `namespace` (by `<pod>/<container>`), as the
-    /// kubelet keeps them.
+    /// An admin kubeconfig as the node's pods reach the API server (at the `kubernetes`
+    /// Service's address), e.g. for processes a pod starts.
+    pub fn pod_kubeconfig(&self) -> Result<String, TestEnvError> {
+        std::fs::read_to_string(self.dir.join("kubelet/kubeconfig"))
+            .map_err(|e| TestEnvError::io("read the node's kubeconfig", e))
+    }
+
+    /// The host pid of a container's first process (`containerID` of a pod's status, with or
+    /// without its `containerd://`).
+    pub fn container_pid(&self, container_id: &str) -> Option<u32> {
+        let id = container_id.trim_start_matches("containerd://");
+        self.ctr(&["tasks", "ls"])
+            .ok()?
+            .lines()
+            .filter_map(|l| {
+                let mut f = l.split_whitespace();
+                Some((f.next()?, f.next()?))
+            })
+            .find(|(task, _)| *task == id)
+            .and_then(|(_, pid)| pid.parse().ok())
+    }
+
+    /// The logs of the containers of the pods of `namespace` (every namespace: `""`), by
+    /// `<pod>/<container>`, as the kubelet keeps them.
     pub fn container_logs(&self, namespace: &str) -> BTreeMap<String, String> {
         let mut logs = BTreeMap::new();
         let root = self.dir.join("kubelet/pod-logs");
         let prefix = format!("{namespace}_");
         for pod in std::fs::read_dir(&root).into_iter().flatten().flatten() {
             let pod_dir = pod.file_name().to_string_lossy().into_owned();
-            let Some(rest) = pod_dir.strip_prefix(&prefix) else {
+            let rest = if namespace.is_empty() {
+                pod_dir.as_str()
+            } else if let Some(rest) = pod_dir.strip_prefix(&prefix) {
+                rest
+            } else {
                 continue;
             };
             let pod_name = rest.rsplit_once('_').map_or(rest, |(n, _)| n);
@@ -722,6 +756,22 @@ impl KubeletNode {
         logs
     }
 
+    /// Copies the node's logs (containerd's, the kubelet's, every container's) to `dest`.
+    pub fn copy_logs(&self, dest: &Path) -> std::io::Result<()> {
+        std::fs::create_dir_all(dest)?;
+        for f in ["containerd.log", "kubelet.log"] {
+            let from = self.dir.join(f);
+            if from.is_file() {
+                std::fs::copy(&from, dest.join(f))?;
+            }
+        }
+        for (container, log) in self.container_logs("") {
+            let name = container.replace('/', "_");
+            std::fs::write(dest.join(format!("container-{name}.log")), log)?;
+        }
+        Ok(())
+    }
+
     /// Stops the node and removes what it made (also done on drop).
     pub fn stop(mut self) {
         self.clean_up();
@@ -749,6 +799,49 @@ impl Drop for KubeletNode {
     fn drop(&mut self) {
         self.clean_up();
     }
+}
+
+/// An `oci-archive` with every manifest of its index named `name`: the other entries as
+/// they are. Pure.
+fn rename_archive(archive: &[u8], name: &str) -> Result<Vec<u8>, String> {
+    let mut entries: Vec<(String, Vec<u8>, u32)> = Vec::new();
+    let mut reader = tar::Archive::new(archive);
+    for entry in reader.entries().map_err(|e| e.to_string())? {
+        let mut entry = entry.map_err(|e| e.to_string())?;
+        if !entry.header().entry_type().is_file() {
+            continue;
+        }
+        let path = entry
+            .path()
+            .map_err(|e| e.to_string())?
+            .to_string_lossy()
+            .into_owned();
+        let mode = entry.header().mode().unwrap_or(0o644);
+        let mut bytes = Vec::new();
+        entry.read_to_end(&mut bytes).map_err(|e| e.to_string())?;
+        entries.push((path, bytes, mode));
+    }
+    let index = entries
+        .iter_mut()
+        .find(|(p, _, _)| p.trim_start_matches("./") == "index.json")
+        .ok_or("not an OCI archive: no index.json")?;
+    let mut json: serde_json::Value =
+        serde_json::from_slice(&index.1).map_err(|e| format!("index.json: {e}"))?;
+    let manifests = json["manifests"]
+        .as_array_mut()
+        .filter(|m| !m.is_empty())
+        .ok_or("index.json lists no manifest")?;
+    for m in manifests {
+        m["annotations"]["org.opencontainers.image.ref.name"] = name.into();
+    }
+    index.1 = json.to_string().into_bytes();
+    tar_of(
+        &entries
+            .iter()
+            .map(|(p, b, m)| (p.as_str(), b.as_slice(), *m))
+            .collect::<Vec<_>>(),
+    )
+    .map_err(|e| e.to_string())
 }
 
 /// The names `ctr images import` reported (`unpacking <name> (sha256:...)...done`). Pure.
@@ -1328,6 +1421,35 @@ mod tests {
             let hex = d["digest"].as_str().unwrap().trim_start_matches("sha256:");
             assert_eq!(sha256_hex(&files[&format!("blobs/sha256/{hex}")]), hex);
         }
+    }
+
+    #[test]
+    fn an_archive_is_renamed_in_its_index_only() {
+        let archive = oci_archive("short:1", "/pause", &[("pause", b"x")]).unwrap();
+        let renamed = rename_archive(&archive, "mcm-rs.local/short:1").unwrap();
+        let read = |a: &[u8]| -> BTreeMap<String, Vec<u8>> {
+            let mut files = BTreeMap::new();
+            for e in tar::Archive::new(a).entries().unwrap() {
+                let mut e = e.unwrap();
+                let mut b = Vec::new();
+                e.read_to_end(&mut b).unwrap();
+                files.insert(e.path().unwrap().to_string_lossy().into_owned(), b);
+            }
+            files
+        };
+        let (before, after) = (read(&archive), read(&renamed));
+        assert_eq!(before.len(), after.len());
+        for (path, bytes) in &before {
+            if path != "index.json" {
+                assert_eq!(&after[path], bytes, "{path} unchanged");
+            }
+        }
+        let index: serde_json::Value = serde_json::from_slice(&after["index.json"]).unwrap();
+        assert_eq!(
+            index["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"],
+            "mcm-rs.local/short:1"
+        );
+        assert!(rename_archive(b"not a tar", "x").is_err());
     }
 
     #[test]

@@ -190,11 +190,17 @@ fn scenario_dir(logs: &Path, s: Scenario) -> PathBuf {
 /// Sets up the scenario's world, runs it within [`SCENARIO_TIMEOUT`], and cleans up.
 async fn run_one(cp: &ControlPlane, bins: &Binaries, s: Scenario, logs: &Path) -> Result<String> {
     let mut ctx = Ctx::new(cp, bins, s.name(), logs).await?;
-    let result = tokio::time::timeout(SCENARIO_TIMEOUT, s.run(&mut ctx)).await;
+    // The chart scenario builds two container images first (minutes on a cold target).
+    let limit = if s == Scenario::Chart {
+        SCENARIO_TIMEOUT * 3
+    } else {
+        SCENARIO_TIMEOUT
+    };
+    let result = tokio::time::timeout(limit, s.run(&mut ctx)).await;
     ctx.cleanup().await;
     match result {
         Ok(r) => r,
-        Err(_) => bail!("timed out after {SCENARIO_TIMEOUT:?}"),
+        Err(_) => bail!("timed out after {limit:?}"),
     }
 }
 

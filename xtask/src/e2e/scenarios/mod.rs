@@ -1,6 +1,7 @@
 //! The scenarios of `cargo xtask e2e`.
 
 mod budget;
+mod chart;
 mod faults;
 mod fleet;
 mod inplace;
@@ -65,11 +66,16 @@ pub enum Scenario {
     SwapIn,
     /// After mcm-rs ran, every object carries what the Go MCM needs to finish it.
     SwapBack,
+    /// The Helm chart and the images on a real node (containerd, runc, a kubelet): probes,
+    /// non-root read-only containers, the webhook through its Service, machines whose VMs run
+    /// in the pod, metrics through the Service, RBAC without a refusal, a pod deletion, an
+    /// upgrade and an uninstall that replace no machine.
+    Chart,
 }
 
 impl Scenario {
     /// Every scenario, in the order the suite runs them.
-    pub const ALL: [Scenario; 20] = [
+    pub const ALL: [Scenario; 21] = [
         Scenario::Scale,
         Scenario::RollingUpdate,
         Scenario::VmCrash,
@@ -90,6 +96,7 @@ impl Scenario {
         Scenario::DisruptionBudget,
         Scenario::SwapIn,
         Scenario::SwapBack,
+        Scenario::Chart,
     ];
 
     /// The name used on the command line and in reports.
@@ -115,6 +122,7 @@ impl Scenario {
             Scenario::DisruptionBudget => "disruption-budget",
             Scenario::SwapIn => "swap-in",
             Scenario::SwapBack => "swap-back",
+            Scenario::Chart => "chart",
         }
     }
 
@@ -141,6 +149,7 @@ impl Scenario {
             Scenario::DisruptionBudget => budget::disruption_budget(ctx).await,
             Scenario::SwapIn => swap::swap_in(ctx).await,
             Scenario::SwapBack => swap::swap_back(ctx).await,
+            Scenario::Chart => chart::chart(ctx).await,
         }
     }
 }
