@@ -406,21 +406,7 @@ async fn every_scaling_step_is_an_event_with_its_target() {
     let on_set = |reason: &'static str| {
         let h = &h;
         let set = set.clone();
-        async move {
-            let events: Vec<Event> = Api::<Event>::namespaced(h.client.clone(), &h.ns)
-                .list(&ListParams::default())
-                .await
-                .expect("list events")
-                .items
-                .into_iter()
-                .filter(|e| {
-                    e.reason.as_deref() == Some(reason)
-                        && e.regarding.as_ref().and_then(|r| r.name.as_deref())
-                            == Some(set.as_str())
-                })
-                .collect();
-            notes_in_order(events)
-        }
+        async move { notes_in_order(events_about(h, &set, reason).await) }
     };
     let created = eventually(WAIT, "the set's creation Events", || async {
         let notes = on_set("SuccessfulCreate").await;
@@ -1046,17 +1032,7 @@ async fn invalid_strategy_is_a_condition_until_fixed() {
     .await;
 
     // One Warning Event for the whole episode (the generation-2 reconcile is long over).
-    let events: Vec<Event> = Api::<Event>::namespaced(h.client.clone(), &h.ns)
-        .list(&ListParams::default())
-        .await
-        .expect("list events")
-        .items
-        .into_iter()
-        .filter(|e| {
-            e.reason.as_deref() == Some("InvalidStrategy")
-                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("md")
-        })
-        .collect();
+    let events = events_of(&h, "InvalidStrategy").await;
     assert_eq!(events.len(), 1, "one InvalidStrategy event: {events:#?}");
     assert_eq!(events[0].type_.as_deref(), Some("Warning"));
     assert_eq!(events[0].note.as_deref(), Some(message));
@@ -1071,6 +1047,11 @@ async fn invalid_strategy_is_a_condition_until_fixed() {
 
 /// The Events of `reason` about the deployment `md`.
 async fn events_of(h: &Harness, reason: &str) -> Vec<Event> {
+    events_about(h, "md", reason).await
+}
+
+/// The Events of `reason` about the object `name` of the harness's namespace.
+async fn events_about(h: &Harness, name: &str, reason: &str) -> Vec<Event> {
     Api::<Event>::namespaced(h.client.clone(), &h.ns)
         .list(&ListParams::default())
         .await
@@ -1079,7 +1060,7 @@ async fn events_of(h: &Harness, reason: &str) -> Vec<Event> {
         .into_iter()
         .filter(|e| {
             e.reason.as_deref() == Some(reason)
-                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("md")
+                && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
         })
         .collect()
 }

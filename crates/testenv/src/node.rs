@@ -538,21 +538,13 @@ impl KubeletNode {
             cni_config(&self.network, &cni.join("ipam")),
         )
         .map_err(|e| TestEnvError::io("write the CNI config", e))?;
-        let target = self.holder_pid()?.to_string();
-        let process = ManagedProcess::spawn(
+        let process = self.spawn_inside(
+            cp,
             "containerd",
-            &which("nsenter").unwrap_or_else(|| "nsenter".into()),
-            &[
-                "-t".into(),
-                target,
-                "-m".into(),
-                "-n".into(),
-                "--".into(),
+            vec![
                 "containerd".into(),
                 format!("--config={}", config.display()),
             ],
-            self.dir.join("containerd.log"),
-            cp.run_dir(),
         )?;
         self.containerd = Some(process);
         let deadline = Instant::now() + Duration::from_secs(30);
@@ -565,6 +557,31 @@ impl KubeletNode {
             std::thread::sleep(Duration::from_millis(100));
         }
         Ok(())
+    }
+
+    /// Starts `command` (program and arguments) in the node's namespaces, its output in
+    /// `<name>.log` of the node's directory.
+    fn spawn_inside(
+        &self,
+        cp: &ControlPlane,
+        name: &str,
+        command: Vec<String>,
+    ) -> Result<ManagedProcess, TestEnvError> {
+        let mut args: Vec<String> = vec![
+            "-t".into(),
+            self.holder_pid()?.to_string(),
+            "-m".into(),
+            "-n".into(),
+            "--".into(),
+        ];
+        args.extend(command);
+        ManagedProcess::spawn(
+            name,
+            &which("nsenter").unwrap_or_else(|| "nsenter".into()),
+            &args,
+            self.dir.join(format!("{name}.log")),
+            cp.run_dir(),
+        )
     }
 
     fn not_ready(&self, component: &str, reason: &str) -> TestEnvError {
@@ -603,16 +620,10 @@ impl KubeletNode {
         )
         .map_err(|e| TestEnvError::io("write the kubelet's config", e))?;
         let kubelet = cp.bin_dir().join(Binary::Kubelet.file_name());
-        let target = self.holder_pid()?.to_string();
-        let process = ManagedProcess::spawn(
+        let process = self.spawn_inside(
+            cp,
             "kubelet",
-            &which("nsenter").unwrap_or_else(|| "nsenter".into()),
-            &[
-                "-t".into(),
-                target,
-                "-m".into(),
-                "-n".into(),
-                "--".into(),
+            vec![
                 kubelet.to_string_lossy().into_owned(),
                 format!("--config={}", config.display()),
                 format!("--kubeconfig={}", k.join("kubeconfig").display()),
@@ -621,8 +632,6 @@ impl KubeletNode {
                 format!("--node-ip={}", self.network.node_ip()),
                 "--v=1".into(),
             ],
-            self.dir.join("kubelet.log"),
-            cp.run_dir(),
         )?;
         self.kubelet = Some(process);
         Ok(())
@@ -791,6 +800,9 @@ impl KubeletNode {
         if let Some(h) = self.holder.take() {
             h.kill();
         }
+        // The pair would go with the namespace, but the kernel tears a namespace down later:
+        // deleting the host's end removes both now.
+        let _ = run("ip", &["link", "delete", &self.network.host_link()]);
         let _ = std::fs::remove_file(self.dir.join(CLEANUP_RECORD));
     }
 }

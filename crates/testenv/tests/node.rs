@@ -105,14 +105,17 @@ async fn pods_run_in_containers_and_the_node_leaves_nothing_behind() {
         "cgroups left: {:?}",
         cgroup_root_dirs()
     );
+    let link = format!("mcm{}h", network.node_ip().octets()[2]);
     let links = std::process::Command::new("ip")
         .args(["-br", "link"])
         .output()
         .expect("ip link");
     let links = String::from_utf8_lossy(&links.stdout).into_owned();
     assert!(
-        !links.contains(&format!("mcm{}h", network.node_ip().octets()[2])),
-        "the veth pair is gone: {links}"
+        !links
+            .lines()
+            .any(|l| l.split(['@', ' ']).next() == Some(link.as_str())),
+        "the veth pair {link} is gone: {links}"
     );
     let processes: Vec<String> = std::fs::read_dir("/proc")
         .into_iter()

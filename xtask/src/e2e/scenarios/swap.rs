@@ -317,13 +317,7 @@ pub async fn swap_in(ctx: &mut Ctx<'_>) -> Result<String> {
     ctx.start_controllers(&timings, None).await?;
     await_reconciled(ctx).await?;
     let sets: Api<MachineSet> = Api::namespaced(ctx.client.clone(), &ctx.ns);
-    let names: Vec<String> = sets
-        .list(&ListParams::default())
-        .await?
-        .items
-        .iter()
-        .map(|s| s.name_any())
-        .collect();
+    let names = set_names(&sets).await?;
     ensure!(
         names == [GO_SET],
         "sets after the swap: {names:?} (a rollout?)"
@@ -345,13 +339,7 @@ pub async fn swap_in(ctx: &mut Ctx<'_>) -> Result<String> {
     reapply_go_fleet(ctx, &go_documents).await?;
     let fleet = ctx.await_fleet(2, Some(CLASS)).await?;
     let reapplied: BTreeSet<String> = fleet.iter().filter_map(|m| m.uid()).collect();
-    let names: Vec<String> = sets
-        .list(&ListParams::default())
-        .await?
-        .items
-        .iter()
-        .map(|s| s.name_any())
-        .collect();
+    let names = set_names(&sets).await?;
     ensure!(
         reapplied == before && names == [GO_SET],
         "after the server-side apply: sets {names:?}, machines {before:?} -> {reapplied:?}"
@@ -402,6 +390,17 @@ pub async fn swap_in(ctx: &mut Ctx<'_>) -> Result<String> {
         "Go fleet of 2 (POSTed) taken over without a rollout or replacement; its Go manifests server-side applied again without a change; scaled to 1, rolled out, deleted: nothing left ({:.0}s)",
         began.elapsed().as_secs_f64()
     ))
+}
+
+/// The names of the namespace's MachineSets.
+async fn set_names(sets: &Api<MachineSet>) -> Result<Vec<String>> {
+    Ok(sets
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .map(|s| s.name_any())
+        .collect())
 }
 
 /// Creates the deployment, the Go-named set and its two machines from the fixture (the
