@@ -9,9 +9,14 @@ mod deps;
 mod e2e;
 mod features;
 mod image;
+// The moto server and VM player of the AWS provider's tests, for the chart scenario's AWS part.
+#[path = "../../providers/aws/tests/common/moto.rs"]
+mod moto;
 mod publish;
 mod test;
 mod testenv;
+#[path = "../../providers/aws/tests/common/vm_player.rs"]
+mod vm_player;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};

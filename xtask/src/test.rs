@@ -110,35 +110,36 @@ pub fn run(args: &[String], jobs: usize) -> Result<()> {
     // control plane, both controllers as processes; they mostly wait on the timeouts they
     // exercise, and one after another they were the suite's longest job by far. Through
     // cargo: the build above replaced this very binary.
-    for shard in crate::e2e::Shard::all(E2E_SHARDS) {
-        queue.push(Job {
-            label: format!("end-to-end scenarios {shard}"),
-            program: cargo.clone(),
-            args: [
-                "run",
-                "--quiet",
-                "--locked",
-                "--package",
-                "xtask",
-                "--",
-                "e2e",
-                "--shard",
-                &shard.to_string(),
-            ]
+    // A scenario that runs alone (the chart's, the longest) is a job of its own.
+    let e2e = |label: String, selection: [&str; 2]| Job {
+        label,
+        program: cargo.clone(),
+        args: ["run", "--quiet", "--locked", "--package", "xtask", "--", "e2e"]
+            .into_iter()
+            .chain(selection)
             .map(String::from)
-            .to_vec(),
-            dir: crate::crds::workspace_root(),
-            package: None,
-            verbose: true,
-        });
+            .collect(),
+        dir: crate::crds::workspace_root(),
+        package: None,
+        verbose: true,
+    };
+    for shard in crate::e2e::Shard::all(E2E_SHARDS) {
+        let label = format!("end-to-end scenarios {shard}");
+        queue.push(e2e(label, ["--shard", &shard.to_string()]));
+    }
+    let alone = crate::e2e::alone();
+    for s in &alone {
+        let label = format!("end-to-end scenario {}", s.name());
+        queue.push(e2e(label, ["--scenario", s.name()]));
     }
     let history = durations_file();
     let before = read_durations(&history);
     order_slowest_first(&mut queue, &before);
     let jobs = jobs.max(1);
     println!(
-        "running {} test binaries, the doc tests and the end-to-end scenarios ({E2E_SHARDS} parts), {jobs} at a time",
-        queue.len() - 1 - E2E_SHARDS
+        "running {} test binaries, the doc tests and the end-to-end scenarios ({E2E_SHARDS} parts and {} alone), {jobs} at a time",
+        queue.len() - 1 - E2E_SHARDS - alone.len(),
+        alone.len()
     );
     let queue = Mutex::new(VecDeque::from(queue));
     let outcomes = Mutex::new(Vec::new());

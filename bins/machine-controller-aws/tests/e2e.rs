@@ -11,14 +11,14 @@
 
 #[path = "../../../providers/aws/tests/common/moto.rs"]
 mod moto;
+#[path = "../../../providers/aws/tests/common/vm_player.rs"]
+mod vm_player;
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
-use aws_sdk_ec2::types::{Filter, InstanceStateName, ResourceType, Tag, TagSpecification};
-use base64::Engine as _;
+use aws_sdk_ec2::types::{InstanceStateName, ResourceType, Tag, TagSpecification};
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use mcm_api::{Machine, MachineDeployment, MachinePhase};
@@ -26,9 +26,9 @@ use mcm_testenv::kit::{
     MachineClassBuilder, MachineDeploymentBuilder, ProviderController, TestNamespace,
     binary_beside, create_class_with_secret, eventually, secret,
 };
-use mcm_testenv::process::ManagedProcess;
 use mcm_testenv::{Components, ControlPlane};
 use moto::{REGION, World, lagging_moto, moto};
+use vm_player::VmPlayer;
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(120);
@@ -41,128 +41,6 @@ fn node_binary() -> PathBuf {
         "local-node",
         "mcm-provider-local",
     )
-}
-
-/// Plays the booted VMs: one `local-node` per live instance of the cluster in moto.
-struct VmPlayer {
-    task: tokio::task::JoinHandle<()>,
-    agents: Arc<Mutex<BTreeMap<String, ManagedProcess>>>,
-    dir: tempfile::TempDir,
-}
-
-impl VmPlayer {
-    fn start(world: &World, kubeconfig: PathBuf) -> VmPlayer {
-        let dir = tempfile::tempdir().unwrap();
-        let agents: Arc<Mutex<BTreeMap<String, ManagedProcess>>> = Default::default();
-        let (a, d, cluster_tag, binary) = (
-            agents.clone(),
-            dir.path().to_path_buf(),
-            world.cluster_tag.clone(),
-            node_binary(),
-        );
-        std::fs::write(d.join("spec.json"), r#"{"heartbeatInterval":"1s"}"#).unwrap();
-        let task = tokio::spawn(async move {
-            let ec2 = moto().ec2();
-            loop {
-                if let Ok(out) = ec2
-                    .describe_instances()
-                    .filters(
-                        Filter::builder()
-                            .name("tag-key")
-                            .values(&cluster_tag)
-                            .build(),
-                    )
-                    .send()
-                    .await
-                {
-                    for i in out.reservations().iter().flat_map(|r| r.instances()) {
-                        let id = i.instance_id().unwrap_or_default().to_string();
-                        let live = matches!(
-                            i.state().and_then(|s| s.name()),
-                            Some(InstanceStateName::Pending | InstanceStateName::Running)
-                        );
-                        let known = a.lock().unwrap().contains_key(&id);
-                        if live && !known {
-                            if let Some(agent) = boot(&ec2, i, &d, &binary, &kubeconfig).await {
-                                a.lock().unwrap().insert(id, agent);
-                            }
-                        } else if !live && known {
-                            // Terminated: the VM is gone (dropping kills its process group).
-                            a.lock().unwrap().remove(&id);
-                        }
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(300)).await;
-            }
-        });
-        VmPlayer { task, agents, dir }
-    }
-
-    fn running(&self) -> usize {
-        self.agents.lock().unwrap().len()
-    }
-}
-
-impl Drop for VmPlayer {
-    fn drop(&mut self) {
-        self.task.abort();
-        let agents = std::mem::take(&mut *self.agents.lock().unwrap());
-        if std::thread::panicking() {
-            for (id, agent) in &agents {
-                eprintln!("--- agent of {id} ---\n{}", agent.log_tail(20));
-            }
-        }
-        drop(agents);
-        let _ = self.dir.path();
-    }
-}
-
-/// Boots one instance: its user data (with the bootstrap token the controller put there) and
-/// a `local-node` registering the Node under the private DNS name.
-async fn boot(
-    ec2: &aws_sdk_ec2::Client,
-    i: &aws_sdk_ec2::types::Instance,
-    dir: &Path,
-    binary: &Path,
-    kubeconfig: &Path,
-) -> Option<ManagedProcess> {
-    let id = i.instance_id()?;
-    let name = i
-        .tags()
-        .iter()
-        .find(|t| t.key() == Some("Name"))
-        .and_then(|t| t.value())?;
-    let node_name = i.private_dns_name().filter(|n| !n.is_empty())?;
-    let attr = ec2
-        .describe_instance_attribute()
-        .instance_id(id)
-        .attribute(aws_sdk_ec2::types::InstanceAttributeName::UserData)
-        .send()
-        .await
-        .ok()?;
-    let user_data = attr
-        .user_data()
-        .and_then(|u| u.value())
-        .and_then(|v| base64::engine::general_purpose::STANDARD.decode(v).ok())
-        .unwrap_or_default();
-    let user_data_file = dir.join(format!("{id}.user-data"));
-    std::fs::write(&user_data_file, user_data).ok()?;
-    let args: Vec<String> = vec![
-        "--machine-name".into(),
-        name.into(),
-        "--node-name".into(),
-        node_name.into(),
-        "--provider-id".into(),
-        format!("aws:///{REGION}/{id}"),
-        "--kubeconfig".into(),
-        kubeconfig.display().to_string(),
-        "--user-data".into(),
-        user_data_file.display().to_string(),
-        "--spec".into(),
-        dir.join("spec.json").display().to_string(),
-    ];
-    let log = dir.join(format!("{id}.log"));
-    ManagedProcess::spawn(&format!("vm-{id}"), binary, &args, log, dir).ok()
 }
 
 /// The world of the test: control plane, namespace, class and secret.
@@ -255,7 +133,11 @@ fn provider_ids_of(instances: &[aws_sdk_ec2::types::Instance]) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_machine_deployment_runs_on_moto_scales_down_and_orphans_are_collected() {
     let env = Env::new("aws-e2e").await;
-    let player = VmPlayer::start(&env.world, env.cp.kubeconfig_path().to_path_buf());
+    let player = VmPlayer::start(
+        &env.world,
+        node_binary(),
+        env.cp.kubeconfig_path().to_path_buf(),
+    );
     let controller = env.spawn_controller();
 
     let md = MachineDeploymentBuilder::new("workers")

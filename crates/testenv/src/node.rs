@@ -71,56 +71,89 @@ const KERNEL_TUNABLES: [(&str, &str); 6] = [
 /// The file of a node's run directory from which a later run sweeps what it left.
 const CLEANUP_RECORD: &str = "node-cleanup";
 
+/// The programs a node runs (from the packages [`DEBIAN_PACKAGES`]).
+const PROGRAMS: [&str; 7] = [
+    "containerd",
+    "containerd-shim-runc-v2",
+    "ctr",
+    "runc",
+    "unshare",
+    "nsenter",
+    "ip",
+];
+/// The CNI plugins a node's pods are bridged with.
+const CNI_PLUGINS: [&str; 3] = ["bridge", "host-local", "loopback"];
+
+/// What [`preflight`] found on the host.
+struct HostFacts {
+    /// The [`PROGRAMS`] not found.
+    missing_programs: Vec<&'static str>,
+    /// The [`CNI_PLUGINS`] not found.
+    missing_plugins: Vec<&'static str>,
+    /// Where the kubelet is looked for, and whether it is there.
+    kubelet: (PathBuf, bool),
+    /// The cgroup mounts, or why they could not be read.
+    cgroups: Result<Cgroups, String>,
+    root: bool,
+}
+
 /// What a node needs from the host that is missing: one line each, with the fix.
 pub fn preflight(bin_dir: &Path) -> Vec<String> {
-    let mut missing = Vec::new();
-    for program in [
-        "containerd",
-        "containerd-shim-runc-v2",
-        "ctr",
-        "runc",
-        "unshare",
-        "nsenter",
-        "ip",
-    ] {
-        if which(program).is_none() {
-            missing.push(format!(
-                "`{program}` is not on the PATH (apt-get install {DEBIAN_PACKAGES})"
-            ));
-        }
-    }
-    for plugin in ["bridge", "host-local", "loopback"] {
-        if !Path::new(CNI_BIN_DIR).join(plugin).is_file() {
-            missing.push(format!(
-                "the CNI plugin {CNI_BIN_DIR}/{plugin} is missing (apt-get install containernetworking-plugins)"
-            ));
-        }
-    }
-    if !bin_dir.join(Binary::Kubelet.file_name()).is_file() {
+    let kubelet = bin_dir.join(Binary::Kubelet.file_name());
+    let found = kubelet.is_file();
+    missing_on(&HostFacts {
+        missing_programs: PROGRAMS
+            .into_iter()
+            .filter(|p| which(p).is_none())
+            .collect(),
+        missing_plugins: CNI_PLUGINS
+            .into_iter()
+            .filter(|p| !Path::new(CNI_BIN_DIR).join(p).is_file())
+            .collect(),
+        kubelet: (bin_dir.to_path_buf(), found),
+        cgroups: cgroups().map_err(|e| e.to_string()),
+        root: nix::unistd::Uid::effective().is_root(),
+    })
+}
+
+/// The lines of [`preflight`] for what `host` lacks. Pure.
+fn missing_on(host: &HostFacts) -> Vec<String> {
+    let mut missing: Vec<String> = host
+        .missing_programs
+        .iter()
+        .map(|program| {
+            format!("`{program}` is not on the PATH (apt-get install {DEBIAN_PACKAGES})")
+        })
+        .collect();
+    missing.extend(host.missing_plugins.iter().map(|plugin| {
+        format!(
+            "the CNI plugin {CNI_BIN_DIR}/{plugin} is missing (apt-get install containernetworking-plugins)"
+        )
+    }));
+    if !host.kubelet.1 {
         missing.push(format!(
             "no kubelet in {} (cargo xtask testenv builds it)",
-            bin_dir.display()
+            host.kubelet.0.display()
         ));
     }
-    match cgroups() {
+    match &host.cgroups {
         Ok(c) if c.is_empty() => missing.push(
             "no cgroup file system is mounted under /sys/fs/cgroup (the kubelet needs cgroups)"
                 .into(),
         ),
-        Ok(c) => {
-            if let Cgroups::V1(h) = &c {
-                for needed in ["cpu", "cpuacct", "cpuset", "memory", "pids"] {
-                    if !h.iter().any(|p| hierarchy_has(p, needed)) {
-                        missing.push(format!(
-                            "the cgroup v1 controller `{needed}` is not mounted under /sys/fs/cgroup"
-                        ));
-                    }
+        Ok(Cgroups::V1(h)) => {
+            for needed in ["cpu", "cpuacct", "cpuset", "memory", "pids"] {
+                if !h.iter().any(|p| hierarchy_has(p, needed)) {
+                    missing.push(format!(
+                        "the cgroup v1 controller `{needed}` is not mounted under /sys/fs/cgroup"
+                    ));
                 }
             }
         }
+        Ok(Cgroups::V2(_)) => {}
         Err(e) => missing.push(format!("cannot read the mounts: {e}")),
     }
-    if !nix::unistd::Uid::effective().is_root() {
+    if !host.root {
         missing.push("a node needs root (namespaces, mounts, cgroups)".into());
     }
     missing
@@ -1351,6 +1384,70 @@ fn pipe(a: TcpStream, b: TcpStream) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A host with everything a node needs (cgroup v1, as this project's CI host).
+    fn complete_host() -> HostFacts {
+        HostFacts {
+            missing_programs: Vec::new(),
+            missing_plugins: Vec::new(),
+            kubelet: ("/cache/bin".into(), true),
+            cgroups: Ok(Cgroups::V1(
+                ["cpu,cpuacct", "cpuset", "memory", "pids"]
+                    .iter()
+                    .map(|h| Path::new("/sys/fs/cgroup").join(h))
+                    .collect(),
+            )),
+            root: true,
+        }
+    }
+
+    #[test]
+    fn preflight_names_each_missing_part_with_its_fix() {
+        assert_eq!(missing_on(&complete_host()), Vec::<String>::new());
+        let v2 = HostFacts {
+            cgroups: Ok(Cgroups::V2("/sys/fs/cgroup".into())),
+            ..complete_host()
+        };
+        assert_eq!(missing_on(&v2), Vec::<String>::new());
+
+        let bare = HostFacts {
+            missing_programs: vec!["containerd", "runc"],
+            missing_plugins: vec!["bridge"],
+            kubelet: ("/cache/bin".into(), false),
+            cgroups: Ok(Cgroups::V1(vec!["/sys/fs/cgroup/cpu,cpuacct".into()])),
+            root: false,
+        };
+        let lines = missing_on(&bare);
+        assert_eq!(
+            lines,
+            [
+                format!("`containerd` is not on the PATH (apt-get install {DEBIAN_PACKAGES})"),
+                format!("`runc` is not on the PATH (apt-get install {DEBIAN_PACKAGES})"),
+                "the CNI plugin /usr/lib/cni/bridge is missing (apt-get install containernetworking-plugins)".to_string(),
+                "no kubelet in /cache/bin (cargo xtask testenv builds it)".to_string(),
+                "the cgroup v1 controller `cpuset` is not mounted under /sys/fs/cgroup".to_string(),
+                "the cgroup v1 controller `memory` is not mounted under /sys/fs/cgroup".to_string(),
+                "the cgroup v1 controller `pids` is not mounted under /sys/fs/cgroup".to_string(),
+                "a node needs root (namespaces, mounts, cgroups)".to_string(),
+            ]
+        );
+        let no_cgroups = HostFacts {
+            cgroups: Ok(Cgroups::V1(Vec::new())),
+            ..complete_host()
+        };
+        assert_eq!(
+            missing_on(&no_cgroups),
+            ["no cgroup file system is mounted under /sys/fs/cgroup (the kubelet needs cgroups)"]
+        );
+        let unreadable = HostFacts {
+            cgroups: Err("permission denied".into()),
+            ..complete_host()
+        };
+        assert_eq!(
+            missing_on(&unreadable),
+            ["cannot read the mounts: permission denied"]
+        );
+    }
 
     #[test]
     fn cgroup_mounts_are_read_from_the_mount_table() {

@@ -58,6 +58,18 @@ async fn pods_run_in_containers_and_the_node_leaves_nothing_behind() {
     let network = node.network();
     let dir = node.dir().to_path_buf();
     let client = cp.client().await.expect("client");
+
+    // An image that does not import fails at once, naming the archive.
+    let bad = dir.join("not-an-archive.tar");
+    std::fs::write(&bad, "not a tar").expect("write");
+    let refused = node
+        .import_image(&bad, "mcm-rs.local/bad:1")
+        .expect_err("a file that is no archive does not import");
+    assert!(
+        refused.to_string().contains("not-an-archive.tar"),
+        "{refused}"
+    );
+
     let pods: Api<Pod> = Api::namespaced(client, "default");
     for (name, host) in [("bridged", false), ("host-network", true)] {
         pods.create(&PostParams::default(), &pod(name, node.name(), host))

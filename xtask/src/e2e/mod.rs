@@ -62,16 +62,29 @@ impl Shard {
     }
 }
 
-/// The scenarios a run takes: one by name, a shard's, or all of them.
+/// The scenarios a run takes: one by name, a shard's, or all of them. Shards share the
+/// scenarios that do not run [alone](Scenario::alone) among them.
 fn selection(only: Option<Scenario>, shard: Option<Shard>) -> Vec<Scenario> {
-    Scenario::ALL
-        .iter()
-        .enumerate()
-        .filter(|&(i, s)| {
-            only.is_none_or(|o| o == *s) && shard.is_none_or(|sh| i % sh.count == sh.index - 1)
-        })
-        .map(|(_, s)| *s)
-        .collect()
+    let in_shard = |i: usize, sh: Shard| i % sh.count == sh.index - 1;
+    match shard {
+        None => Scenario::ALL
+            .iter()
+            .filter(|s| only.is_none_or(|o| o == **s))
+            .copied()
+            .collect(),
+        Some(sh) => Scenario::ALL
+            .iter()
+            .filter(|s| !s.alone())
+            .enumerate()
+            .filter(|&(i, s)| only.is_none_or(|o| o == *s) && in_shard(i, sh))
+            .map(|(_, s)| *s)
+            .collect(),
+    }
+}
+
+/// The scenarios that run as jobs of their own, beside the shards.
+pub fn alone() -> Vec<Scenario> {
+    Scenario::ALL.into_iter().filter(|s| s.alone()).collect()
 }
 
 /// Runs the suite, one scenario, or a shard of the suite.
@@ -209,11 +222,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn shards_take_every_scenario_once() {
+    fn shards_and_the_scenarios_run_alone_take_every_scenario_once() {
+        assert_eq!(alone(), vec![Scenario::Chart]);
         for count in 1..=4 {
             let mut taken: Vec<Scenario> = Shard::all(count)
                 .into_iter()
                 .flat_map(|sh| selection(None, Some(sh)))
+                .chain(alone())
                 .collect();
             taken.sort_by_key(|s| s.name());
             let mut all = Scenario::ALL.to_vec();

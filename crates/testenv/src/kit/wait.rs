@@ -91,14 +91,22 @@ where
     Fut: Future<Output = R>,
 {
     let deadline = tokio::time::Instant::now() + timeout;
+    let mut seen: Option<String> = None;
     loop {
         let last = match tokio::time::timeout_at(deadline, check()).await {
             Ok(outcome) => match outcome.judge() {
                 Ok(v) => return Ok(v),
                 Err(observed) => observed,
             },
-            Err(_) => "the check itself did not finish in time".into(),
+            // The check hung until the deadline: what the one before saw is still news.
+            Err(_) => match &seen {
+                Some(before) => {
+                    format!("the check itself did not finish in time; the one before saw: {before}")
+                }
+                None => "the check itself did not finish in time".into(),
+            },
         };
+        seen = Some(last.clone());
         let now = tokio::time::Instant::now();
         if now >= deadline {
             return Err(Timeout {
@@ -335,6 +343,26 @@ mod tests {
         .unwrap_err();
         assert!(began.elapsed() < Duration::from_secs(2));
         assert!(err.last.contains("did not finish"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_check_that_hangs_at_the_end_still_reports_what_the_one_before_saw() {
+        let mut n = 0;
+        let err = try_eventually(Duration::from_millis(500), "a late hang", || {
+            n += 1;
+            let first = n == 1;
+            async move {
+                if first {
+                    Err("holders [old-pod]")
+                } else {
+                    std::future::pending::<Result<(), &str>>().await
+                }
+            }
+        })
+        .await
+        .unwrap_err();
+        assert!(err.last.contains("did not finish"), "{err}");
+        assert!(err.last.contains("holders [old-pod]"), "{err}");
     }
 
     #[tokio::test]

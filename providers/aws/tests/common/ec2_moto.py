@@ -13,8 +13,13 @@ few EC2 internals (moto 5.2.x) so that:
 5. Inspection endpoints for tests (not EC2): `GET /_ec2/instances` (every instance, never
    hidden), `GET /_ec2/stats` (counters); `POST /moto-api/reset` also clears this state.
 
+With `--tls-host`, `--tls-port`, `--tls-cert` and `--tls-key` the same server (one state) also
+listens with TLS there: for a client that must reach EC2 over HTTPS, as a cloud provider's
+container does.
+
 Usage:
     python3 ec2_moto.py -H 127.0.0.1 -p PORT [--hide-seconds S] [--run-instances-delay-ms D]
+        [--tls-host H --tls-port P --tls-cert CERT.pem --tls-key KEY.pem]
 
 Needs `pip install 'moto[server]'` (stdlib + moto + werkzeug only).
 """
@@ -27,7 +32,7 @@ import sys
 import threading
 import time
 
-from werkzeug.serving import run_simple
+from werkzeug.serving import make_server, run_simple
 
 from moto.core.responses import ActionResult
 from moto.ec2.exceptions import EC2ClientError, InvalidInstanceIdError
@@ -263,7 +268,14 @@ def main():
     parser.add_argument("-p", "--port", type=int, default=int(os.environ.get("MOTO_PORT", 5000)))
     parser.add_argument("--hide-seconds", type=float, default=0.0)
     parser.add_argument("--run-instances-delay-ms", type=float, default=0.0)
+    parser.add_argument("--tls-host")
+    parser.add_argument("--tls-port", type=int)
+    parser.add_argument("--tls-cert")
+    parser.add_argument("--tls-key")
     args = parser.parse_args()
+    tls = [args.tls_host, args.tls_port, args.tls_cert, args.tls_key]
+    if any(v is not None for v in tls) and not all(v is not None for v in tls):
+        parser.error("--tls-host, --tls-port, --tls-cert and --tls-key go together")
     HIDE_SECONDS = args.hide_seconds
     RUN_INSTANCES_DELAY = args.run_instances_delay_ms / 1000.0
     os.environ.setdefault("MOTO_PORT", str(args.port))  # as moto.server does
@@ -276,6 +288,15 @@ def main():
 
     app = DomainDispatcherApplication(create_backend_app)  # as moto.server builds it
     app.debug = True
+    if args.tls_host is not None:
+        server = make_server(
+            args.tls_host,
+            args.tls_port,
+            Middleware(app),
+            threaded=True,
+            ssl_context=(args.tls_cert, args.tls_key),
+        )
+        threading.Thread(target=server.serve_forever, daemon=True).start()
     run_simple(args.host, args.port, Middleware(app), threaded=True)
 
 

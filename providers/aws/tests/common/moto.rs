@@ -27,10 +27,22 @@ pub const REGION: &str = "eu-west-1";
 /// What to install when moto is missing.
 pub const INSTALL_HINT: &str = "pip install 'moto[server]'";
 
+/// A TLS listener of a [`Moto`] besides its plain one on 127.0.0.1 (the same server state).
+#[derive(Debug, Clone)]
+pub struct TlsListener {
+    /// The address it listens on (and the host of [`Moto::tls_url`]).
+    pub host: std::net::IpAddr,
+    /// Its serving certificate and key (PEM files).
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
 /// A running moto server.
 pub struct Moto {
     /// Its base URL, e.g. `http://127.0.0.1:40123`.
     pub url: String,
+    /// With a [`TlsListener`]: its base URL, e.g. `https://10.250.0.1:40124`.
+    pub tls_url: Option<String>,
     /// Its port.
     pub port: u16,
     /// The process (killed with its group on drop, and by the kernel with the test process).
@@ -144,12 +156,17 @@ impl std::fmt::Debug for Moto {
 
 impl Moto {
     fn start(lag: Lag) -> Moto {
+        Moto::start_with(lag, None)
+    }
+
+    /// A moto server with `lag`, listening with TLS too when `tls` is given.
+    pub fn start_with(lag: Lag, tls: Option<&TlsListener>) -> Moto {
         let dir = tempfile::tempdir().unwrap();
         let script = dir.path().join("ec2_moto.py");
         std::fs::write(&script, EC2_MOTO_PY).unwrap();
         let program = python();
         let port = free_port();
-        let args: Vec<String> = vec![
+        let mut args: Vec<String> = vec![
             script.display().to_string(),
             "-H".into(),
             "127.0.0.1".into(),
@@ -161,6 +178,16 @@ impl Moto {
                 lag.run_instances_delay.as_millis()
             ),
         ];
+        let tls_addr = tls.map(|t| {
+            let addr = std::net::SocketAddr::new(t.host, free_port());
+            args.extend([
+                format!("--tls-host={}", t.host),
+                format!("--tls-port={}", addr.port()),
+                format!("--tls-cert={}", t.cert.display()),
+                format!("--tls-key={}", t.key.display()),
+            ]);
+            addr
+        });
         let log = dir.path().join("moto.log");
         let process = ManagedProcess::spawn("moto_server", &program, &args, log, dir.path())
             .unwrap_or_else(|e| {
@@ -168,7 +195,9 @@ impl Moto {
             });
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            if http(port, "GET", "/moto-api/data.json", &[], "").is_some_and(|(s, _)| s == 200) {
+            if http(port, "GET", "/moto-api/data.json", &[], "").is_some_and(|(s, _)| s == 200)
+                && tls_addr.is_none_or(|a| TcpStream::connect(a).is_ok())
+            {
                 break;
             }
             assert!(
@@ -185,6 +214,7 @@ impl Moto {
         }
         Moto {
             url: format!("http://127.0.0.1:{port}"),
+            tls_url: tls_addr.map(|a| format!("https://{a}")),
             port,
             process,
             _dir: dir,
