@@ -319,7 +319,10 @@ fn build(specs: &[&ImageSpec], profile: &str) -> Result<()> {
         TARGET,
     ];
     let mut packages: Vec<&str> = Vec::new();
-    for p in specs.iter().flat_map(|s| s.binaries.iter().map(|b| b.package)) {
+    for p in specs
+        .iter()
+        .flat_map(|s| s.binaries.iter().map(|b| b.package))
+    {
         if !packages.contains(&p) {
             packages.push(p);
         }

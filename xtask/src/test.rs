@@ -114,11 +114,19 @@ pub fn run(args: &[String], jobs: usize) -> Result<()> {
     let e2e = |label: String, selection: [&str; 2]| Job {
         label,
         program: cargo.clone(),
-        args: ["run", "--quiet", "--locked", "--package", "xtask", "--", "e2e"]
-            .into_iter()
-            .chain(selection)
-            .map(String::from)
-            .collect(),
+        args: [
+            "run",
+            "--quiet",
+            "--locked",
+            "--package",
+            "xtask",
+            "--",
+            "e2e",
+        ]
+        .into_iter()
+        .chain(selection)
+        .map(String::from)
+        .collect(),
         dir: crate::crds::workspace_root(),
         package: None,
         verbose: true,

@@ -28,8 +28,8 @@ use mcm_testenv::kit::{
 };
 use mcm_testenv::{Components, ControlPlane};
 use moto::{REGION, World, lagging_moto, moto};
-use vm_player::VmPlayer;
 use serde_json::json;
+use vm_player::VmPlayer;
 
 const WAIT: Duration = Duration::from_secs(120);
 const USER_DATA: &str = "#cloud-config\nbootstrapToken: <<BOOTSTRAP_TOKEN>>\n";

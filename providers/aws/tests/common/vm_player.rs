@@ -140,4 +140,3 @@ async fn boot(
     let log = dir.join(format!("{id}.log"));
     ManagedProcess::spawn(&format!("vm-{id}"), binary, &args, log, dir).ok()
 }
-

@@ -57,7 +57,9 @@ fn build_images() -> Result<Vec<(PathBuf, String)>> {
         fast_build: false,
         dev_build: true,
     })
-    .context("building the images (cargo xtask image --provider local --provider aws --dev-build)")?;
+    .context(
+        "building the images (cargo xtask image --provider local --provider aws --dev-build)",
+    )?;
     let version = env!("CARGO_PKG_VERSION");
     Ok([
         "machine-controller-manager",
@@ -471,7 +473,13 @@ async fn uninstall(
     granted.uninstalling(release);
     helm(
         cluster.cp.kubeconfig_path(),
-        &["uninstall", release.name, "-n", release.ns.as_str(), "--wait"],
+        &[
+            "uninstall",
+            release.name,
+            "-n",
+            release.ns.as_str(),
+            "--wait",
+        ],
     )?;
     let crds: Api<CustomResourceDefinition> = Api::all(cluster.client.clone());
     for crd in [
