@@ -24,8 +24,8 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use mcm_api::{Machine, MachineDeployment, MachinePhase};
 use mcm_testenv::kit::{
-    MachineClassBuilder, MachineDeploymentBuilder, ProviderController, TestNamespace, await_event,
-    binary_beside, create_class_with_secret, eventually, secret,
+    LocalNodeVm, MachineClassBuilder, MachineDeploymentBuilder, ProviderController, TestNamespace,
+    await_event, binary_beside, boot_local_node, create_class_with_secret, eventually, secret,
 };
 use mcm_testenv::process::ManagedProcess;
 use mcm_testenv::{Components, ControlPlane};
@@ -168,24 +168,15 @@ fn boot(
     binary: &Path,
     kubeconfig: &Path,
 ) -> Option<ManagedProcess> {
-    let user_data_file = dir.join(format!("{name}.user-data"));
-    std::fs::write(&user_data_file, user_data).ok()?;
-    let args: Vec<String> = vec![
-        "--machine-name".into(),
-        name.into(),
-        "--node-name".into(),
-        name.into(),
-        "--provider-id".into(),
-        format!("azure:///{LOCATION}/{name}"),
-        "--kubeconfig".into(),
-        kubeconfig.display().to_string(),
-        "--user-data".into(),
-        user_data_file.display().to_string(),
-        "--spec".into(),
-        dir.join("spec.json").display().to_string(),
-    ];
-    let log = dir.join(format!("{name}.log"));
-    ManagedProcess::spawn(&format!("vm-{name}"), binary, &args, log, dir).ok()
+    let provider_id = format!("azure:///{LOCATION}/{name}");
+    let vm = LocalNodeVm {
+        key: name,
+        machine: name,
+        node: name,
+        provider_id: &provider_id,
+        user_data,
+    };
+    boot_local_node(binary, kubeconfig, dir, &vm)
 }
 
 fn provider_spec() -> Value {

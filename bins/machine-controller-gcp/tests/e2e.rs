@@ -22,8 +22,8 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use mcm_api::{Machine, MachineDeployment, MachinePhase};
 use mcm_testenv::kit::{
-    MachineClassBuilder, MachineDeploymentBuilder, ProviderController, TestNamespace, await_event,
-    binary_beside, create_class_with_secret, eventually, secret,
+    LocalNodeVm, MachineClassBuilder, MachineDeploymentBuilder, ProviderController, TestNamespace,
+    await_event, binary_beside, boot_local_node, create_class_with_secret, eventually, secret,
 };
 use mcm_testenv::process::ManagedProcess;
 use mcm_testenv::{Components, ControlPlane};
@@ -129,24 +129,15 @@ fn boot(i: &Value, dir: &Path, binary: &Path, kubeconfig: &Path) -> Option<Manag
         .find(|m| m["key"] == "user-data")
         .and_then(|m| m["value"].as_str())
         .unwrap_or_default();
-    let user_data_file = dir.join(format!("{name}.user-data"));
-    std::fs::write(&user_data_file, user_data).ok()?;
-    let args: Vec<String> = vec![
-        "--machine-name".into(),
-        name.into(),
-        "--node-name".into(),
-        name.into(),
-        "--provider-id".into(),
-        format!("gce:///{PROJECT}/{zone}/{name}"),
-        "--kubeconfig".into(),
-        kubeconfig.display().to_string(),
-        "--user-data".into(),
-        user_data_file.display().to_string(),
-        "--spec".into(),
-        dir.join("spec.json").display().to_string(),
-    ];
-    let log = dir.join(format!("{name}.log"));
-    ManagedProcess::spawn(&format!("vm-{name}"), binary, &args, log, dir).ok()
+    let provider_id = format!("gce:///{PROJECT}/{zone}/{name}");
+    let vm = LocalNodeVm {
+        key: name,
+        machine: name,
+        node: name,
+        provider_id: &provider_id,
+        user_data: user_data.as_bytes(),
+    };
+    boot_local_node(binary, kubeconfig, dir, &vm)
 }
 
 fn provider_spec() -> Value {

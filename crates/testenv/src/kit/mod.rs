@@ -48,8 +48,8 @@ pub use fixtures::{
 pub use golden::{GOLDEN_UPDATE_ENV, assert_golden};
 pub use metrics::{metric, metric_with, sample, scrape};
 pub use process::{
-    ProviderController, ServedProcess, binary_beside, free_port, http_get, http_status,
-    process_alive, sigkill,
+    LocalNodeVm, ProviderController, ServedProcess, binary_beside, boot_local_node, free_port,
+    http_get, http_status, process_alive, sigkill,
 };
 pub use proxy::Proxy;
 pub use wait::{

@@ -246,3 +246,49 @@ impl Drop for ProviderController {
         }
     }
 }
+
+/// One booted VM of a cloud test, played by a `local-node` hollow kubelet (see
+/// [`boot_local_node`]).
+#[derive(Debug, Clone, Copy)]
+pub struct LocalNodeVm<'a> {
+    /// What names the VM's files in the directory (`<key>.user-data`, `<key>.log`) and its
+    /// process (`vm-<key>`): the instance id, or the VM's name.
+    pub key: &'a str,
+    /// The Machine the VM belongs to.
+    pub machine: &'a str,
+    /// The Node it registers.
+    pub node: &'a str,
+    /// The Node's providerID, as the cloud's provider writes it.
+    pub provider_id: &'a str,
+    /// The user data the controller gave the VM (with its bootstrap token).
+    pub user_data: &'a [u8],
+}
+
+/// Starts `binary` (`local-node`) for `vm` through `kubeconfig`, its user data, spec
+/// (`<dir>/spec.json`) and log in `dir`; `None` when it cannot start (a VM player tries
+/// again on its next look).
+pub fn boot_local_node(
+    binary: &Path,
+    kubeconfig: &Path,
+    dir: &Path,
+    vm: &LocalNodeVm<'_>,
+) -> Option<crate::process::ManagedProcess> {
+    let user_data_file = dir.join(format!("{}.user-data", vm.key));
+    std::fs::write(&user_data_file, vm.user_data).ok()?;
+    let args: Vec<String> = vec![
+        "--machine-name".into(),
+        vm.machine.into(),
+        "--node-name".into(),
+        vm.node.into(),
+        "--provider-id".into(),
+        vm.provider_id.into(),
+        "--kubeconfig".into(),
+        kubeconfig.display().to_string(),
+        "--user-data".into(),
+        user_data_file.display().to_string(),
+        "--spec".into(),
+        dir.join("spec.json").display().to_string(),
+    ];
+    let log = dir.join(format!("{}.log", vm.key));
+    crate::process::ManagedProcess::spawn(&format!("vm-{}", vm.key), binary, &args, log, dir).ok()
+}

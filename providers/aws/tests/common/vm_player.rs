@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use aws_sdk_ec2::types::{Filter, InstanceStateName};
 use base64::Engine as _;
+use mcm_testenv::kit::{LocalNodeVm, boot_local_node};
 use mcm_testenv::process::ManagedProcess;
 
 use crate::moto::{REGION, World};
@@ -121,22 +122,13 @@ async fn boot(
         .and_then(|u| u.value())
         .and_then(|v| base64::engine::general_purpose::STANDARD.decode(v).ok())
         .unwrap_or_default();
-    let user_data_file = dir.join(format!("{id}.user-data"));
-    std::fs::write(&user_data_file, user_data).ok()?;
-    let args: Vec<String> = vec![
-        "--machine-name".into(),
-        name.into(),
-        "--node-name".into(),
-        node_name.into(),
-        "--provider-id".into(),
-        format!("aws:///{REGION}/{id}"),
-        "--kubeconfig".into(),
-        kubeconfig.display().to_string(),
-        "--user-data".into(),
-        user_data_file.display().to_string(),
-        "--spec".into(),
-        dir.join("spec.json").display().to_string(),
-    ];
-    let log = dir.join(format!("{id}.log"));
-    ManagedProcess::spawn(&format!("vm-{id}"), binary, &args, log, dir).ok()
+    let provider_id = format!("aws:///{REGION}/{id}");
+    let vm = LocalNodeVm {
+        key: id,
+        machine: name,
+        node: node_name,
+        provider_id: &provider_id,
+        user_data: &user_data,
+    };
+    boot_local_node(binary, kubeconfig, dir, &vm)
 }
