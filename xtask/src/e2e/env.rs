@@ -387,6 +387,14 @@ pub struct ProcessInfo {
 }
 
 /// Live processes (not this one, not zombies) whose command line mentions one of `needles`.
+/// Whether a process's arguments name the directory `dir` or a path in it (as a path: the
+/// directory `/e2e/run-1` is not mentioned by `/e2e/run-1-shard-1-of-2/x`, a job's beside it).
+fn mentions(args: &[String], dir: &str) -> bool {
+    let inside = format!("{}/", dir.trim_end_matches('/'));
+    args.iter()
+        .any(|a| a == dir || a.contains(&inside) || a.ends_with(&format!("={dir}")))
+}
+
 pub fn processes_mentioning(needles: &[&Path]) -> Vec<ProcessInfo> {
     let me = std::process::id() as i32;
     let needles: Vec<String> = needles
@@ -402,15 +410,17 @@ pub fn processes_mentioning(needles: &[&Path]) -> Vec<ProcessInfo> {
         .filter(|pid| *pid != me && process_alive(*pid as u32))
         .filter_map(|pid| {
             let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
-            let cmdline = raw
+            let args: Vec<String> = raw
                 .split(|b| *b == 0)
                 .map(|a| String::from_utf8_lossy(a).into_owned())
-                .collect::<Vec<_>>()
-                .join(" ");
+                .collect();
             needles
                 .iter()
-                .any(|n| cmdline.contains(n.as_str()))
-                .then_some(ProcessInfo { pid, cmdline })
+                .any(|n| mentions(&args, n))
+                .then(|| ProcessInfo {
+                    pid,
+                    cmdline: args.join(" "),
+                })
         })
         .collect();
     found.sort_by_key(|p| p.pid);
@@ -564,6 +574,27 @@ pub fn yaml_documents(text: &str) -> Result<Vec<Value>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_mentions_a_directory_by_path_not_by_a_longer_name() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let dir = "/t/e2e/run-17";
+        assert!(mentions(
+            &args(&["local-node", "--spec", "/t/e2e/run-17/vm/spec.json"]),
+            dir
+        ));
+        assert!(mentions(&args(&["x", "/t/e2e/run-17"]), dir));
+        assert!(mentions(&args(&["x", "--state=/t/e2e/run-17"]), dir));
+        assert!(!mentions(
+            &args(&[
+                "local-node",
+                "--spec",
+                "/t/e2e/run-17-shard-1-of-2/vm/spec.json"
+            ]),
+            dir
+        ));
+        assert!(!mentions(&args(&["x", "/t/e2e/run-170/a"]), dir));
+    }
     use serde_json::json;
 
     #[test]

@@ -99,10 +99,12 @@ pub fn run(only: Option<Scenario>, shard: Option<Shard>, keep_logs: bool) -> Res
     }
     let bins = env::prepare_binaries()?;
     let stamp = jiff::Timestamp::now().as_second();
-    // Shards run at once: each its own directory, which the process check looks in.
-    let name = match shard {
-        Some(sh) => format!("run-{stamp}-shard-{}-of-{}", sh.index, sh.count),
-        None => format!("run-{stamp}"),
+    // Shards and the scenarios run alone run at once: each its own directory, which the
+    // process check looks in.
+    let name = match (shard, only) {
+        (Some(sh), _) => format!("run-{stamp}-shard-{}-of-{}", sh.index, sh.count),
+        (None, Some(s)) => format!("run-{stamp}-{}", s.name()),
+        (None, None) => format!("run-{stamp}"),
     };
     let logs = env::target_dir().join("e2e").join(name);
     std::fs::create_dir_all(&logs)?;
