@@ -24,6 +24,7 @@ use mcm_api::{Machine, MachineDeployment, MachinePhase};
 use mcm_testenv::kit::{
     LocalNodeVm, MachineClassBuilder, MachineDeploymentBuilder, ProviderController, TestNamespace,
     await_event, binary_beside, boot_local_node, create_class_with_secret, eventually, secret,
+    stop_agents,
 };
 use mcm_testenv::process::ManagedProcess;
 use mcm_testenv::{Components, ControlPlane};
@@ -107,13 +108,7 @@ impl VmPlayer {
 impl Drop for VmPlayer {
     fn drop(&mut self) {
         self.task.abort();
-        let agents = std::mem::take(&mut *self.agents.lock().unwrap());
-        if std::thread::panicking() {
-            for (name, agent) in &agents {
-                eprintln!("--- agent of {name} ---\n{}", agent.log_tail(20));
-            }
-        }
-        drop(agents);
+        stop_agents(&self.agents);
         let _ = self.dir.path();
     }
 }

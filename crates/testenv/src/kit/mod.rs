@@ -49,7 +49,7 @@ pub use golden::{GOLDEN_UPDATE_ENV, assert_golden};
 pub use metrics::{metric, metric_with, sample, scrape};
 pub use process::{
     LocalNodeVm, ProviderController, ServedProcess, binary_beside, boot_local_node, free_port,
-    http_get, http_status, process_alive, sigkill,
+    http_get, http_status, process_alive, sigkill, stop_agents,
 };
 pub use proxy::Proxy;
 pub use wait::{

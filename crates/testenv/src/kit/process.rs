@@ -292,3 +292,16 @@ pub fn boot_local_node(
     let log = dir.join(format!("{}.log", vm.key));
     crate::process::ManagedProcess::spawn(&format!("vm-{}", vm.key), binary, &args, log, dir).ok()
 }
+
+/// Stops a VM player's agents (the `local-node` processes by VM key, killed when dropped),
+/// printing the end of each one's log first when the test is panicking.
+pub fn stop_agents(
+    agents: &std::sync::Mutex<std::collections::BTreeMap<String, crate::process::ManagedProcess>>,
+) {
+    let agents = std::mem::take(&mut *agents.lock().unwrap_or_else(|e| e.into_inner()));
+    if std::thread::panicking() {
+        for (key, agent) in &agents {
+            eprintln!("--- agent of {key} ---\n{}", agent.log_tail(20));
+        }
+    }
+}

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use aws_sdk_ec2::types::{Filter, InstanceStateName};
 use base64::Engine as _;
-use mcm_testenv::kit::{LocalNodeVm, boot_local_node};
+use mcm_testenv::kit::{LocalNodeVm, boot_local_node, stop_agents};
 use mcm_testenv::process::ManagedProcess;
 
 use crate::moto::{REGION, World};
@@ -83,13 +83,7 @@ impl VmPlayer {
 impl Drop for VmPlayer {
     fn drop(&mut self) {
         self.task.abort();
-        let agents = std::mem::take(&mut *self.agents.lock().unwrap());
-        if std::thread::panicking() {
-            for (id, agent) in &agents {
-                eprintln!("--- agent of {id} ---\n{}", agent.log_tail(20));
-            }
-        }
-        drop(agents);
+        stop_agents(&self.agents);
         let _ = self.dir.path();
     }
 }
