@@ -6,6 +6,8 @@
 //! - [`manager`]: the provider-independent side: MachineSets and MachineDeployments with
 //!   Kubernetes Deployment semantics, the overshooting guard and the MachineDisruptionBudgets.
 //! - [`informers`]: the process's shared stores (one watch per kind, whichever halves run).
+//! - [`clock`]: where the controllers take time from (a [`clock::ManualClock`] steps it in
+//!   tests).
 //! - [`settings`]: what the command line configures; [`ReconcileMetrics`] and
 //!   [`MachineMetrics`] what the controllers record.
 //! - [`class_problems`], [`bootstrap_token`] and [`in_place`]: the few rules other crates
@@ -19,7 +21,7 @@
 #![warn(missing_docs)]
 
 pub(crate) mod announce;
-pub(crate) mod clock;
+pub mod clock;
 pub(crate) mod decode;
 pub(crate) mod disruptionbudget;
 pub(crate) mod events;

@@ -16,6 +16,7 @@ use mcm_driver::Driver;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
+use crate::clock::SharedClock;
 use crate::informers::{Informers, changed_only, notifications};
 use crate::machine::{self, Ctx, Freeze, MachineMetrics, Settings};
 use crate::machineclass::{self, ClassCtx};
@@ -24,7 +25,7 @@ use crate::safety::orphans::{self, OrphanCtx};
 use crate::safety::{SafetySettings, apiserver};
 
 /// Handles to a running machine controller.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Handles {
     /// True once every store has synced (readiness).
     pub ready: Arc<AtomicBool>,
@@ -32,6 +33,20 @@ pub struct Handles {
     pub orphan_trigger: Arc<Notify>,
     /// The freeze flag of the safety controller.
     pub freeze: Freeze,
+    /// Where every controller of the side takes time from (the system's clocks unless a
+    /// test steps a [`ManualClock`](crate::clock::ManualClock)).
+    pub clock: SharedClock,
+}
+
+impl Default for Handles {
+    fn default() -> Self {
+        Handles {
+            ready: Arc::default(),
+            orphan_trigger: Arc::default(),
+            freeze: Freeze::default(),
+            clock: crate::clock::system(),
+        }
+    }
 }
 
 /// Settings of the whole machine-controller side.
@@ -155,6 +170,7 @@ pub fn prepare(
             .with_pods(stores.pods.clone()),
         handles.freeze.clone(),
         metrics,
+        handles.clock.clone(),
     );
     ctx.orphan_trigger = handles.orphan_trigger.clone();
     let ctx = Arc::new(ctx);

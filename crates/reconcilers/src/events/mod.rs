@@ -26,7 +26,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::EventType;
 use serde_json::json;
 
-use crate::clock::{Clock, SystemClock};
+use crate::clock::SharedClock;
 use correlate::{Correlator, Occurrence, Write, WriteKind};
 use spam::SpamFilter;
 
@@ -71,7 +71,7 @@ pub struct EventPublisher {
     controller: String,
     /// The reporting instance (the pod's name), if known.
     instance: Option<String>,
-    clock: Arc<dyn Clock>,
+    clock: SharedClock,
     state: Arc<Mutex<State>>,
 }
 
@@ -90,14 +90,13 @@ impl EventPublisher {
             client,
             controller: controller.into(),
             instance: std::env::var("POD_NAME").ok().filter(|p| !p.is_empty()),
-            clock: Arc::new(SystemClock),
+            clock: crate::clock::system(),
             state: Arc::default(),
         }
     }
 
     /// The same publisher taking the time from `clock`.
-    #[cfg(test)]
-    pub(crate) fn with_clock(mut self, clock: Arc<dyn Clock>) -> Self {
+    pub(crate) fn with_clock(mut self, clock: SharedClock) -> Self {
         self.clock = clock;
         self
     }

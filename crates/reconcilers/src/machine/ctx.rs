@@ -55,7 +55,7 @@ pub struct Ctx {
     /// has not listed yet).
     pub synced: tokio::sync::watch::Sender<bool>,
     /// Where a reconcile takes "now" from (once, when it gathers).
-    pub clock: Arc<dyn crate::clock::Clock>,
+    pub clock: crate::clock::SharedClock,
     failures: Mutex<HashMap<String, u32>>,
     /// When a machine whose last attempt failed may be tried again (by uid). A failed
     /// attempt writes to the Machine, and that write wakes the machine at once; this keeps
@@ -99,10 +99,13 @@ impl Ctx {
         drain_stores: mcm_drain::Stores,
         freeze: Freeze,
         metrics: MachineMetrics,
+        clock: crate::clock::SharedClock,
     ) -> Self {
         Ctx {
-            events: EventPublisher::new(control.clone(), "machine-controller"),
-            node_events: EventPublisher::new(target.clone(), "machine-controller"),
+            events: EventPublisher::new(control.clone(), "machine-controller")
+                .with_clock(clock.clone()),
+            node_events: EventPublisher::new(target.clone(), "machine-controller")
+                .with_clock(clock.clone()),
             control,
             target,
             evictions,
@@ -115,7 +118,7 @@ impl Ctx {
             metrics,
             orphan_trigger: Arc::new(tokio::sync::Notify::new()),
             synced: tokio::sync::watch::Sender::new(false),
-            clock: Arc::new(crate::clock::SystemClock),
+            clock,
             failures: Mutex::new(HashMap::new()),
             retry_at: Mutex::new(HashMap::new()),
             unmanaged_gone: Mutex::new(HashSet::new()),

@@ -80,6 +80,9 @@ pub struct ManagerConfig {
     /// When a zone counts as partitioned (`--machine-zone-partition-*`): the
     /// MachineDeployments' `ZonePartition` condition counts as the machine controller does.
     pub zone_partition: crate::machine::partition::PartitionRule,
+    /// Where the manager's controllers take time from (the system's clocks unless a test
+    /// steps a [`ManualClock`](crate::clock::ManualClock)).
+    pub clock: crate::clock::SharedClock,
 }
 
 impl Default for ManagerConfig {
@@ -96,6 +99,7 @@ impl Default for ManagerConfig {
             target_cluster: true,
             creation_timeouts: Default::default(),
             zone_partition: Default::default(),
+            clock: crate::clock::system(),
         }
     }
 }
