@@ -616,9 +616,16 @@ where
             if s.ended && due.is_none() {
                 return None;
             }
+            // Without a held item there is nothing to wake for but the input.
+            let until_due = async {
+                match due {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
             let wake = tokio::select! {
                 biased;
-                () = tokio::time::sleep_until(due.unwrap_or_else(Instant::now)), if due.is_some() => Wake::Due,
+                () = until_due => Wake::Due,
                 item = s.input.next(), if !s.ended => Wake::Item(item),
             };
             let now = Instant::now();

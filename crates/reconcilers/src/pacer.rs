@@ -12,6 +12,8 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::clock::SharedClock;
+
 /// The least time between two counter-only status writes of one object.
 pub const STATUS_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -20,6 +22,7 @@ pub const STATUS_INTERVAL: Duration = Duration::from_secs(1);
 pub struct StatusPacer {
     interval: Duration,
     last: Mutex<HashMap<String, Instant>>,
+    clock: SharedClock,
 }
 
 impl Default for StatusPacer {
@@ -65,13 +68,20 @@ impl StatusPacer {
         StatusPacer {
             interval,
             last: Mutex::new(HashMap::new()),
+            clock: crate::clock::system(),
         }
+    }
+
+    /// The same pacer taking time from `clock`.
+    pub fn with_clock(mut self, clock: SharedClock) -> Self {
+        self.clock = clock;
+        self
     }
 
     /// How long a write to the object `uid` must wait (`None`: write now, and the write is
     /// noted). `significant`: the write changes more than counters.
     pub fn hold_back(&self, uid: &str, significant: bool) -> Option<Duration> {
-        let now = Instant::now();
+        let now = self.clock.instant();
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         let wait = hold_back_for(last.get(uid).copied(), now, self.interval, significant);
         if wait.is_none() {

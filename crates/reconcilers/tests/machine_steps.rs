@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, DeleteParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 use mcm_api::constants::annotations::progress;
 use mcm_api::constants::{finalizers, labels};
@@ -14,6 +14,7 @@ use mcm_api::{Machine, MachineClass, MachinePhase};
 use mcm_driver::{
     Code, Driver, DriverError, FakeDriver, FaultInjecting, FaultSpec, IdempotencyKey, Operation,
 };
+use mcm_reconcilers::clock::ManualClock;
 use mcm_reconcilers::machine_controller::{self, Handles, MachineControllerConfig};
 use mcm_reconcilers::settings::{Defaults, SafetySettings, Settings};
 use mcm_reconcilers::{MachineMetrics, ReconcileMetrics};
@@ -57,6 +58,16 @@ static ONE_WORLD_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_n
 
 impl World {
     async fn start(prefix: &str) -> World {
+        World::start_with(prefix, |_| {}, None).await
+    }
+
+    /// [`World::start`] with the settings `configure` changes, and the controller's time from
+    /// `clock` when one is given.
+    async fn start_with(
+        prefix: &str,
+        configure: impl FnOnce(&mut MachineControllerConfig),
+        clock: Option<Arc<ManualClock>>,
+    ) -> World {
         let alone = ONE_WORLD_AT_A_TIME.lock().await;
         let TestNamespace { client, ns, env } =
             TestNamespace::new(Components::API_SERVER, prefix).await;
@@ -80,13 +91,18 @@ impl World {
         let reconciles = ReconcileMetrics::register(&mut registry);
         let metrics = MachineMetrics::register(&mut registry, reconciles);
         let cancel = CancellationToken::new();
-        let handles = Handles::default();
+        let mut handles = Handles::default();
+        if let Some(clock) = clock {
+            handles.clock = clock;
+        }
+        let mut config = config(&ns);
+        configure(&mut config);
         let side = machine_controller::MachineSide {
             control: client.clone(),
             target: client.clone(),
             evictions,
             driver,
-            config: config(&ns),
+            config,
             metrics,
             handles: handles.clone(),
         };
@@ -121,6 +137,33 @@ impl World {
 
     async fn create_machine(&self, machine: Machine) {
         create(&self.machines(), &machine).await;
+    }
+
+    /// Changes an annotation of the machine nobody reads: its watch event wakes the
+    /// controller at once (a test that stepped the clock does not wait for a requeue).
+    async fn poke(&self, name: &str) {
+        let patch = serde_json::json!({ "metadata": { "annotations": {
+            "test.mcm-rs.io/poke": jiff::Timestamp::now().to_string()
+        }}});
+        self.machines()
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .expect("poke the machine");
+    }
+
+    /// Creates machine `name` and its Ready Node, and waits until it is Running.
+    async fn running_machine(&self, name: &str) {
+        self.create_machine(MachineBuilder::new(name).class(CLASS).build())
+            .await;
+        self.await_machine(name, "the VM to be recorded", |m| {
+            m.spec.provider_id.is_some()
+        })
+        .await;
+        create_ready_node(&self.client, name, &format!("fake:///{name}"), &[]).await;
+        self.await_machine(name, "the machine to run", |m| {
+            m.phase() == Some(&MachinePhase::Running)
+        })
+        .await;
     }
 
     /// Waits until the machine satisfies `pred`.
@@ -924,5 +967,195 @@ async fn a_vm_that_cannot_be_deleted_is_reported_and_retried() {
     await_gone(w.machines(), "stuck", WAIT).await;
     assert_eq!(w.fake().call_count(Operation::DeleteMachine), 2);
     assert!(w.fake().vms().is_empty());
+    w.stop().await;
+}
+
+// Timeouts, stepped by a ManualClock: each runs out in a step of the clock, not in real
+// time (the timeouts are set to [`LONG`] and more, far beyond any wait of these tests).
+
+/// A timeout no test waits for in real time.
+const LONG: Duration = Duration::from_secs(3600);
+
+/// The test settings with the creation, health and drain timeouts at [`LONG`].
+fn long_timeouts(c: &mut MachineControllerConfig) {
+    c.machine.defaults.creation_timeout = LONG;
+    c.machine.defaults.health_timeout = LONG;
+    c.machine.defaults.drain_timeout = LONG;
+}
+
+/// The last operation's description.
+fn last_description(m: &Machine) -> String {
+    m.status
+        .as_ref()
+        .and_then(|s| s.last_operation.as_ref())
+        .and_then(|o| o.description.clone())
+        .unwrap_or_default()
+}
+
+/// A VM whose Node never joins: Pending until the creation timeout has passed on the clock,
+/// then Failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_creation_timeout_runs_on_the_clock() {
+    let clock = Arc::new(ManualClock::starting_now());
+    let w = World::start_with("clock-create", long_timeouts, Some(clock.clone())).await;
+    w.create_machine(MachineBuilder::new("ct1").class(CLASS).build())
+        .await;
+    w.await_machine("ct1", "Pending", |m| {
+        m.phase() == Some(&MachinePhase::Pending)
+    })
+    .await;
+    // Just before the timeout: still Pending.
+    clock.advance(LONG - Duration::from_secs(10));
+    w.poke("ct1").await;
+    let m = w
+        .await_machine("ct1", "the poke seen", |m| {
+            m.annotations().contains_key("test.mcm-rs.io/poke")
+        })
+        .await;
+    assert_eq!(m.phase(), Some(&MachinePhase::Pending));
+    clock.advance(Duration::from_secs(11));
+    w.poke("ct1").await;
+    let m = w
+        .await_machine("ct1", "Failed after the creation timeout", |m| {
+            m.phase() == Some(&MachinePhase::Failed)
+        })
+        .await;
+    let d = last_description(&m);
+    assert!(d.contains("failed"), "{d}");
+    w.stop().await;
+}
+
+/// A Running machine whose Node stops being Ready: Unknown, and Failed once the health
+/// timeout has passed on the clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_health_timeout_runs_on_the_clock() {
+    let clock = Arc::new(ManualClock::starting_now());
+    let w = World::start_with("clock-health", long_timeouts, Some(clock.clone())).await;
+    w.running_machine("ht1").await;
+    let nodes: Api<Node> = Api::all(w.client.clone());
+    let not_ready = serde_json::json!({ "status": { "conditions": [{
+        "type": "Ready", "status": "False", "reason": "KubeletNotReady",
+        "message": "stopped by the test",
+        "lastHeartbeatTime": clock_now(&clock), "lastTransitionTime": clock_now(&clock),
+    }]}});
+    nodes
+        .patch_status(
+            "ht1",
+            &PatchParams::default(),
+            &Patch::Strategic(&not_ready),
+        )
+        .await
+        .expect("Node NotReady");
+    w.await_machine("ht1", "Unknown", |m| {
+        m.phase() == Some(&MachinePhase::Unknown)
+    })
+    .await;
+    clock.advance(LONG + Duration::from_secs(1));
+    w.poke("ht1").await;
+    let m = w
+        .await_machine("ht1", "Failed after the health timeout", |m| {
+            m.phase() == Some(&MachinePhase::Failed)
+        })
+        .await;
+    assert!(last_description(&m).contains("failed"), "{m:?}");
+    let _ = nodes.delete("ht1", &DeleteParams::default()).await;
+    w.stop().await;
+}
+
+/// The wall time of `clock`, as the API writes it.
+fn clock_now(clock: &ManualClock) -> String {
+    mcm_reconcilers::clock::Clock::now(clock).to_string()
+}
+
+/// A machine preserved `now` keeps its preservation until the preserve timeout has passed on
+/// the clock; then the preservation stops and its annotation goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_preservation_expires_on_the_clock() {
+    let clock = Arc::new(ManualClock::starting_now());
+    let w = World::start_with("clock-preserve", |_| {}, Some(clock.clone())).await;
+    w.running_machine("pe1").await;
+    let preserve = serde_json::json!({ "metadata": { "annotations": {
+        mcm_api::constants::annotations::PRESERVE: "now"
+    }}});
+    w.machines()
+        .patch("pe1", &PatchParams::default(), &Patch::Merge(&preserve))
+        .await
+        .expect("preserve the machine");
+    let expiry = |m: &Machine| {
+        m.status
+            .as_ref()
+            .and_then(|s| s.current_status.as_ref())
+            .and_then(|c| c.preserve_expiry_time.clone())
+    };
+    let m = w
+        .await_machine("pe1", "the preserve expiry", |m| expiry(m).is_some())
+        .await;
+    // The expiry is the clock's now plus the preserve timeout (an hour).
+    let until = expiry(&m).expect("expiry").0;
+    let want = mcm_reconcilers::clock::Clock::now(&*clock) + jiff::SignedDuration::from_secs(3600);
+    assert_eq!(until.as_second(), want.as_second());
+    clock.advance(Duration::from_secs(3601));
+    w.poke("pe1").await;
+    w.await_machine("pe1", "the preservation to stop", |m| {
+        expiry(m).is_none()
+            && !m
+                .annotations()
+                .contains_key(mcm_api::constants::annotations::PRESERVE)
+    })
+    .await;
+    let nodes: Api<Node> = Api::all(w.client.clone());
+    let _ = nodes.delete("pe1", &DeleteParams::default()).await;
+    w.stop().await;
+}
+
+/// A deletion whose drain a PodDisruptionBudget blocks waits while the drain timeout runs on
+/// the clock; past it, the pod is deleted and the deletion finishes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_drain_timeout_runs_on_the_clock() {
+    use k8s_openapi::api::core::v1::Pod;
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    let clock = Arc::new(ManualClock::starting_now());
+    // Evictions are retried for longer than the drain timeout: only the timeout ends them.
+    let w = World::start_with(
+        "clock-drain",
+        |c| {
+            long_timeouts(c);
+            c.machine.defaults.max_evict_retries = 100_000;
+        },
+        Some(clock.clone()),
+    )
+    .await;
+    w.running_machine("dt1").await;
+    let pods: Api<Pod> = Api::namespaced(w.client.clone(), &w.ns);
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "guarded", "labels": { "app": "guarded" } },
+        "spec": { "nodeName": "dt1", "containers": [{ "name": "c", "image": "pause" }] },
+    }))
+    .unwrap();
+    create(&pods, &pod).await;
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(w.client.clone(), &w.ns);
+    let pdb: PodDisruptionBudget = serde_json::from_value(serde_json::json!({
+        "metadata": { "name": "guarded" },
+        "spec": { "maxUnavailable": 0, "selector": { "matchLabels": { "app": "guarded" } } },
+    }))
+    .unwrap();
+    create(&pdbs, &pdb).await;
+    w.machines()
+        .delete("dt1", &DeleteParams::default())
+        .await
+        .expect("delete the machine");
+    let m = w
+        .await_machine("dt1", "the drain blocked by the budget", |m| {
+            last_description(m).contains("Drain of node dt1")
+        })
+        .await;
+    assert_eq!(m.phase(), Some(&MachinePhase::Terminating));
+    assert!(pods.get_opt("guarded").await.expect("read").is_some());
+    // Past the drain timeout: the pod is deleted, the deletion finishes.
+    clock.advance(LONG + Duration::from_secs(1));
+    w.poke("dt1").await;
+    await_gone(w.machines(), "dt1", WAIT).await;
+    assert!(pods.get_opt("guarded").await.expect("read").is_none());
+    assert!(w.fake().vms().is_empty(), "VM left: {:?}", w.fake().vms());
     w.stop().await;
 }

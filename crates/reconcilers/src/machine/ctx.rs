@@ -189,7 +189,7 @@ impl Ctx {
         let (Some(uid), Some(rv)) = (written.uid(), resource_version(&written.metadata)) else {
             return;
         };
-        self.own_writes.note(uid, rv);
+        self.own_writes.note(uid, rv, self.clock.instant());
         self.publish_tracked();
     }
 
@@ -197,7 +197,8 @@ impl Ctx {
     /// Node store holds it, a write planned from the store's copy would repeat it.
     pub(crate) fn note_node_write(&self, written: &Node) {
         if let Some(rv) = resource_version(&written.metadata) {
-            self.node_writes.note(written.name_any(), rv);
+            self.node_writes
+                .note(written.name_any(), rv, self.clock.instant());
         }
     }
 
@@ -228,9 +229,11 @@ impl Ctx {
     /// Whether the Node store's `copy` predates our own last write of that Node (for at most
     /// [`OWN_WRITE_WAIT`]): planning a write from it would write again what was just written.
     pub(crate) fn node_store_is_behind(&self, copy: &Node) -> bool {
-        self.node_writes
-            .is_behind(&copy.name_any(), resource_version(&copy.metadata))
-            == Some(true)
+        self.node_writes.is_behind(
+            &copy.name_any(),
+            resource_version(&copy.metadata),
+            self.clock.instant(),
+        ) == Some(true)
     }
 
     /// Notes that this controller finished `m` (removed its finalizer): the Machine is about
@@ -247,7 +250,7 @@ impl Ctx {
             self.publish_tracked();
             return;
         }
-        self.own_writes.note(uid, u64::MAX);
+        self.own_writes.note(uid, u64::MAX, self.clock.instant());
         self.publish_tracked();
     }
 
@@ -261,7 +264,7 @@ impl Ctx {
         let Some(uid) = m.uid() else { return false };
         match self
             .own_writes
-            .is_behind(&uid, resource_version(&m.metadata))
+            .is_behind(&uid, resource_version(&m.metadata), self.clock.instant())
         {
             Some(behind) => {
                 if !behind {
@@ -325,7 +328,7 @@ impl Ctx {
         self.retry_at
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .insert(m.uid().unwrap_or_default(), Instant::now() + delay);
+            .insert(m.uid().unwrap_or_default(), self.clock.instant() + delay);
         if !self.in_store(m) {
             // Deleted between the look above and the record: the deletion's forgetting may
             // have run before the record was made.
@@ -342,7 +345,7 @@ impl Ctx {
         let retry_at = self.retry_at.lock().unwrap_or_else(|e| e.into_inner());
         let left = retry_at
             .get(&m.uid().unwrap_or_default())?
-            .checked_duration_since(Instant::now())?;
+            .checked_duration_since(self.clock.instant())?;
         (!left.is_zero()).then_some(left)
     }
 
@@ -571,8 +574,7 @@ impl RecentWrites {
 
     /// Notes a write of version `rv` to `key`, and forgets writes whose copy never caught up
     /// in time (their objects were deleted meanwhile).
-    fn note(&self, key: String, rv: u64) {
-        let now = Instant::now();
+    fn note(&self, key: String, rv: u64, now: Instant) {
         let mut writes = self.lock();
         writes.retain(|_, (_, at)| now.duration_since(*at) < OWN_WRITE_WAIT);
         writes.insert(key, (rv, now));
@@ -581,10 +583,10 @@ impl RecentWrites {
     /// Whether a store copy of version `copy` predates our last write to `key`: `None` when
     /// there is no such write, `Some(false)` when the copy has caught up (the write is then
     /// forgotten).
-    fn is_behind(&self, key: &str, copy: Option<u64>) -> Option<bool> {
+    fn is_behind(&self, key: &str, copy: Option<u64>, now: Instant) -> Option<bool> {
         let mut writes = self.lock();
         let &(written, at) = writes.get(key)?;
-        let behind = copy_is_behind(copy, written, at.elapsed());
+        let behind = copy_is_behind(copy, written, now.saturating_duration_since(at));
         if !behind {
             writes.remove(key);
         }
@@ -638,14 +640,27 @@ mod tests {
     #[test]
     fn a_write_is_forgotten_once_the_store_has_caught_up() {
         let writes = RecentWrites::default();
-        assert_eq!(writes.is_behind("n", Some(1)), None, "nothing written");
-        writes.note("n".into(), 42);
-        assert_eq!(writes.is_behind("n", Some(41)), Some(true));
+        let clock = crate::clock::ManualClock::starting_now();
+        let now = || crate::clock::Clock::instant(&clock);
+        assert_eq!(
+            writes.is_behind("n", Some(1), now()),
+            None,
+            "nothing written"
+        );
+        writes.note("n".into(), 42, now());
+        assert_eq!(writes.is_behind("n", Some(41), now()), Some(true));
         assert_eq!(writes.len(), 1, "kept while the copy is behind");
-        assert_eq!(writes.is_behind("n", Some(42)), Some(false));
+        clock.advance(OWN_WRITE_WAIT);
+        assert_eq!(
+            writes.is_behind("n", Some(41), now()),
+            Some(false),
+            "awaited long enough"
+        );
+        writes.note("n".into(), 42, now());
+        assert_eq!(writes.is_behind("n", Some(42), now()), Some(false));
         assert_eq!(writes.len(), 0, "forgotten once caught up");
-        writes.note("a".into(), 1);
-        writes.note("b".into(), 1);
+        writes.note("a".into(), 1, now());
+        writes.note("b".into(), 1, now());
         writes.retain(|k| k == "a");
         writes.remove("a");
         assert_eq!(writes.len(), 0);

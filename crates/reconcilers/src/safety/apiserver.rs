@@ -4,13 +4,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use jiff::Timestamp;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
 use mcm_api::{Machine, MachinePhase};
 use serde_json::json;
-use tokio::time::Instant;
+use std::time::Instant;
 
 use super::SafetySettings;
 use crate::machine::Ctx;
@@ -34,7 +33,7 @@ async fn reachable(client: &kube::Client, timeout: Duration) -> bool {
 /// the store, would mark the machine Failed at once.
 async fn reset_health_timers(ctx: &Ctx) {
     let api: Api<Machine> = Api::namespaced(ctx.control.clone(), &ctx.settings.namespace);
-    let now = Timestamp::now().to_string();
+    let now = ctx.clock.now().to_string();
     let mut written = Vec::new();
     for m in ctx.machines.state() {
         if m.phase() == Some(&MachinePhase::Unknown) {
@@ -103,8 +102,8 @@ pub async fn run_apiserver_check(
             tick.tick().await;
             let ok = reachable(&ctx.control, probe_timeout).await
                 && (!ctx.settings.target_cluster || reachable(&ctx.target, probe_timeout).await);
-            let now = Instant::now();
-            let wall = Timestamp::now();
+            let now = ctx.clock.instant();
+            let wall = ctx.clock.now();
             unreachable_since = if ok {
                 None
             } else {

@@ -189,7 +189,7 @@ async fn release_unclaimed_nodes(ctx: &Ctx) -> Result<(), Error> {
     let nodes = ctx.nodes.state();
     let machines = ctx.machines.state();
     let timeout = ctx.settings.defaults.creation_timeout;
-    for node in nodefinalizer::unclaimed(&nodes, &machines, timeout, jiff::Timestamp::now()) {
+    for node in nodefinalizer::unclaimed(&nodes, &machines, timeout, ctx.clock.now()) {
         let name = node.name_any();
         if let Some(machine) = node
             .labels()

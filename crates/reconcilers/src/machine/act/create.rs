@@ -51,7 +51,7 @@ pub(super) async fn ensure_bootstrap_token(
         &id,
         &token::random_secret(),
         &name(m),
-        token::expiry(Timestamp::now(), cfg.creation_timeout),
+        token::expiry(ctx.clock.now(), cfg.creation_timeout),
         &ctx.settings.bootstrap_token_auth_extra_groups,
     );
     let created = match api.create(&PostParams::default(), &secret).await {
@@ -159,7 +159,7 @@ pub(super) async fn try_create_vm(
     // every retry of it, also after a restart, sends the cloud the same idempotency key.
     let recorded_request = m.annotations().get(progress::VM_REQUESTED).cloned();
     let first_request = recorded_request.is_none();
-    let requested_at = recorded_request.unwrap_or_else(|| Timestamp::now().to_string());
+    let requested_at = recorded_request.unwrap_or_else(|| ctx.clock.now().to_string());
     let key = creation_key(m, &requested_at);
     let request_id = RequestId::generate();
     tracing::info!(%request_id, "looking for the machine's VM");
@@ -194,7 +194,7 @@ pub(super) async fn try_create_vm(
                     return Err(Error::driver("create_machine", source));
                 }
             };
-            let created_after = since(m.metadata.creation_timestamp.as_ref());
+            let created_after = since(ctx, m.metadata.creation_timestamp.as_ref());
             record_duration(ctx, m, Timed::Create, created_after);
             (FoundVm::from(created), false, false)
         }
@@ -413,7 +413,7 @@ pub(super) async fn initialize(
     secret: &SecretData,
     request_id: &RequestId,
 ) -> Result<(), Error> {
-    let started = std::time::Instant::now();
+    let started = ctx.clock.instant();
     match ctx
         .driver
         .initialize_machine(InitializeMachineRequest {
@@ -425,7 +425,12 @@ pub(super) async fn initialize(
         .await
     {
         Ok(_) => {
-            record_duration(ctx, m, Timed::Initialize, started.elapsed());
+            record_duration(
+                ctx,
+                m,
+                Timed::Initialize,
+                ctx.clock.instant().saturating_duration_since(started),
+            );
             Ok(())
         }
         Err(e) if e.code == Code::Unimplemented => Ok(()),

@@ -110,7 +110,7 @@ pub async fn delete_vm(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
         ctx,
         m,
         Timed::Delete,
-        since(m.metadata.deletion_timestamp.as_ref()),
+        since(ctx, m.metadata.deletion_timestamp.as_ref()),
     );
     ctx.reset_backoff(m);
     // The Node and the finalizer go in the same reconcile, with no record of the VM's

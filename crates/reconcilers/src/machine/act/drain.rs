@@ -137,7 +137,7 @@ pub async fn drain_pass(
     node_name: &str,
     plan: PassPlan<'_>,
 ) -> Result<DeletionDrain, Error> {
-    let pass_started = std::time::Instant::now();
+    let pass_started = ctx.clock.instant();
     let mut options = drain_options(ctx, m, cfg, plan.force);
     options.cordon = plan.cordon;
     if let Some(why) = plan.force_reason {
@@ -183,8 +183,10 @@ pub async fn drain_pass(
     }
     if let mcm_drain::PassState::Done | mcm_drain::PassState::NodeGone = state {
         if let Some(labels) = deployment_labels(m) {
-            ctx.metrics
-                .drained(&labels, plan.elapsed + pass_started.elapsed());
+            ctx.metrics.drained(
+                &labels,
+                plan.elapsed + ctx.clock.instant().saturating_duration_since(pass_started),
+            );
         }
         let acted =
             !report.evicted.is_empty() || !report.deleted.is_empty() || !report.released.is_empty();
@@ -392,7 +394,7 @@ pub async fn set_node_terminating(ctx: &Ctx, node: &Node, m: &Machine) -> Result
     } else {
         node_conditions::REASON_SCALE_DOWN
     };
-    let now = Timestamp::now().to_string();
+    let now = ctx.clock.now().to_string();
     let condition = json!({
         "type": node_conditions::TERMINATING,
         "status": "True",
@@ -445,9 +447,10 @@ mod tests {
             }))
             .unwrap();
             if deleting {
-                n.metadata.deletion_timestamp = Some(
-                    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(Timestamp::UNIX_EPOCH),
-                );
+                n.metadata.deletion_timestamp =
+                    Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                        jiff::Timestamp::UNIX_EPOCH,
+                    ));
             }
             n
         };

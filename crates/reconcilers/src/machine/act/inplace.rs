@@ -5,7 +5,6 @@ use crate::machine::decide::MachineConfig;
 use crate::machine::inplace::*;
 use crate::machine::status::{self, Operation};
 use crate::machine::{Ctx, Error};
-use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
@@ -31,7 +30,7 @@ pub async fn inplace_step(
             .map(|()| Action::requeue(NEXT_STEP)),
         InPlaceStep::Drain { force, elapsed } => drain(ctx, m, cfg, node, force, elapsed).await,
         InPlaceStep::Phase { phase, op } => {
-            let patch = status::status_patch(m, Some(&phase), &op, Timestamp::now());
+            let patch = status::status_patch(m, Some(&phase), &op, ctx.clock.now());
             match super::patch_status(ctx, m, patch).await {
                 Ok(()) => {
                     let warning = op.state == mcm_api::MachineState::Failed;
@@ -57,7 +56,7 @@ pub async fn inplace_step(
 
 /// Writes the Node's `InPlaceUpdate` condition (status `True`, as upstream).
 async fn set_condition(ctx: &Ctx, node: &Node, reason: &str, message: &str) -> Result<(), Error> {
-    let now = Timestamp::now().to_string();
+    let now = ctx.clock.now().to_string();
     let condition = json!({
         "type": node_conditions::IN_PLACE_UPDATE,
         "status": "True",
@@ -99,7 +98,7 @@ async fn drain(
             );
             let phase = MachinePhase::InPlaceUpdating;
             if m.phase() != Some(&phase) {
-                let patch = status::status_patch(m, Some(&phase), &op, Timestamp::now());
+                let patch = status::status_patch(m, Some(&phase), &op, ctx.clock.now());
                 super::patch_status(ctx, m, patch).await?;
             }
             set_condition(
@@ -127,7 +126,7 @@ async fn drain(
                     crate::error_chain(e)
                 ),
             );
-            let patch = status::status_patch(m, None, &op, Timestamp::now());
+            let patch = status::status_patch(m, None, &op, ctx.clock.now());
             super::patch_status(ctx, m, patch).await?;
             Ok(Action::requeue(retry))
         }

@@ -9,7 +9,6 @@
 
 use std::time::Duration;
 
-use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, Secret};
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};

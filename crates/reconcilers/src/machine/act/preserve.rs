@@ -136,7 +136,7 @@ async fn node_work(
                     value: None,
                     effect: "NoSchedule".into(),
                     time_added: Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
-                        Timestamp::now(),
+                        ctx.clock.now(),
                     )),
                 });
                 list
@@ -186,7 +186,7 @@ async fn write_condition(
     }) {
         return Ok(());
     }
-    let now = Timestamp::now().to_string();
+    let now = ctx.clock.now().to_string();
     let transition = match existing {
         Some(c) if c.status == status => c
             .last_transition_time

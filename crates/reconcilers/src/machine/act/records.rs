@@ -50,10 +50,11 @@ pub(super) fn deployment_labels(m: &Machine) -> Option<DeploymentLabels> {
 
 /// Time since `since` (zero for a time in the future).
 pub(super) fn since(
+    ctx: &Ctx,
     since: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
 ) -> Duration {
     since
-        .and_then(|t| Timestamp::now().duration_since(t.0).try_into().ok())
+        .and_then(|t| ctx.clock.now().duration_since(t.0).try_into().ok())
         .unwrap_or(Duration::ZERO)
 }
 
@@ -96,7 +97,7 @@ pub(super) async fn record(
     if status::already_recorded(m, phase, op) {
         return Ok(());
     }
-    patch_status(ctx, m, status::status_patch(m, phase, op, Timestamp::now())).await
+    patch_status(ctx, m, status::status_patch(m, phase, op, ctx.clock.now())).await
 }
 
 /// The Event that announces a recorded operation: its type, reason and action.
@@ -249,7 +250,7 @@ pub(super) const DRAIN_WAIT_RECHECK: Duration = Duration::from_secs(5);
 
 /// Writes a progress annotation (`key` = now) on the Machine.
 pub(super) async fn set_progress(ctx: &Ctx, m: &Machine, key: &str) -> Result<(), Error> {
-    let patch = json!({ "metadata": { "annotations": { key: Timestamp::now().to_string() } } });
+    let patch = json!({ "metadata": { "annotations": { key: ctx.clock.now().to_string() } } });
     patch_machine(ctx, m, &patch, "record the machine's progress").await
 }
 
@@ -259,7 +260,7 @@ pub(super) async fn set_progress_keys(ctx: &Ctx, m: &Machine, keys: &[&str]) -> 
     if keys.is_empty() {
         return Ok(());
     }
-    let now = Timestamp::now().to_string();
+    let now = ctx.clock.now().to_string();
     let annotations: serde_json::Map<String, serde_json::Value> =
         keys.iter().map(|k| (k.to_string(), json!(now))).collect();
     let patch = json!({ "metadata": { "annotations": annotations } });

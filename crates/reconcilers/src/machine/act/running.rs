@@ -29,7 +29,7 @@ pub async fn mark_running(ctx: &Ctx, m: &Machine, node: Option<&Node>) -> Result
         m.phase(),
         Some(MachinePhase::Unknown | MachinePhase::Failed)
     );
-    let joined_after = since(m.metadata.creation_timestamp.as_ref());
+    let joined_after = since(ctx, m.metadata.creation_timestamp.as_ref());
     let (kind, description) = if from_unknown {
         (
             MachineOperationType::HealthCheck,
@@ -53,7 +53,7 @@ pub async fn mark_running(ctx: &Ctx, m: &Machine, node: Option<&Node>) -> Result
     }
     let op = Operation::successful(kind, description);
     // Running, the operation and the node's conditions and addresses in one status write.
-    let mut patch = status::status_patch(m, Some(&MachinePhase::Running), &op, Timestamp::now());
+    let mut patch = status::status_patch(m, Some(&MachinePhase::Running), &op, ctx.clock.now());
     if let Some(node) = node {
         let addresses = node
             .status
