@@ -10,11 +10,6 @@ use std::sync::Mutex;
 pub struct Announced(Mutex<HashMap<String, String>>);
 
 impl Announced {
-    /// An empty record.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
     /// Records `note` for `uid`; whether it differs from the note last announced for it
     /// (then it is to be announced). An empty note is nothing to announce: the record of
     /// `uid` is forgotten (so the next problem is new) and the answer is `false`.
@@ -25,6 +20,15 @@ impl Announced {
         }
         let mut notes = self.0.lock().unwrap_or_else(|e| e.into_inner());
         notes.insert(uid.to_owned(), note.to_owned()).as_deref() != Some(note)
+    }
+
+    /// What was last announced for `uid`.
+    pub fn last(&self, uid: &str) -> Option<String> {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(uid)
+            .cloned()
     }
 
     /// Forgets what was announced for `uid` (the object is gone, or all is well again);
@@ -61,7 +65,7 @@ mod tests {
 
     #[test]
     fn a_note_is_new_once_until_it_changes_or_is_forgotten() {
-        let a = Announced::new();
+        let a = Announced::default();
         assert!(a.is_new("u1", "bad value x"));
         assert!(!a.is_new("u1", "bad value x"));
         assert!(a.is_new("u2", "bad value x"), "per object");

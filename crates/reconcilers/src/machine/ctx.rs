@@ -13,6 +13,7 @@ use mcm_api::{Machine, MachineClass, MachineDeployment, MachineSet};
 use mcm_driver::{Code, Driver, DriverError};
 use mcm_permits::PermitGiver;
 
+use super::model::{Topic, TopicRecords};
 use super::policy::{backoff_delay, controller_owner, max_replacements, rollout_protection};
 use super::remediation;
 use super::{Freeze, MachineMetrics, Settings, observe};
@@ -69,8 +70,8 @@ pub struct Ctx {
     /// The resourceVersion of this controller's last write to each Machine (by uid) and when
     /// it was written: see [`Ctx::store_is_behind`].
     own_writes: RecentWrites,
-    /// The health-annotation problem last announced per machine (by uid).
-    policy_warned: crate::announce::Announced,
+    /// The warning last announced per machine (by uid), per topic.
+    announced: TopicRecords,
     /// Machines held by a zone partition: UID -> zone.
     partition_holds: Mutex<HashMap<String, String>>,
     /// Machines forgotten so far (every [`SWEEP_EVERY`]th sweeps the records).
@@ -124,7 +125,7 @@ impl Ctx {
             unmanaged_gone: Mutex::new(HashSet::new()),
             node_writes: RecentWrites::default(),
             own_writes: RecentWrites::default(),
-            policy_warned: crate::announce::Announced::new(),
+            announced: TopicRecords::default(),
             partition_holds: Mutex::new(HashMap::new()),
             forgotten: std::sync::atomic::AtomicU64::new(0),
         }
@@ -244,7 +245,7 @@ impl Ctx {
     pub(crate) fn note_finished(&self, m: &Machine) {
         let Some(uid) = m.uid() else { return };
         // Nothing more is announced for it.
-        self.policy_warned.forget(&uid);
+        self.announced.forget(&uid);
         if !self.in_store(m) {
             // Gone already (its deletion was seen): no copy is left to hold back.
             self.publish_tracked();
@@ -276,22 +277,23 @@ impl Ctx {
         }
     }
 
-    /// Whether `problem` (a health annotation of `m` that does not parse) is new for `m`:
-    /// it is announced once per machine and problem, not on every reconcile.
-    pub(crate) fn policy_problem_is_new(&self, m: &Machine, problem: Option<&str>) -> bool {
+    /// What was last announced under `topic` for `m`.
+    pub(crate) fn last_announced(&self, m: &Machine, topic: Topic) -> Option<String> {
+        self.announced.of(topic).last(&m.uid().unwrap_or_default())
+    }
+
+    /// Remembers `text` as announced under `topic` for `m` (empty: forgets it).
+    pub(crate) fn remember_announced(&self, m: &Machine, topic: Topic, text: &str) {
         let uid = m.uid().unwrap_or_default();
-        // Called by every reconcile: the gauge is set only when the record changed.
-        let (new, changed) = match problem {
-            None => (false, self.policy_warned.forget(&uid)),
-            Some(p) => {
-                let new = self.policy_warned.is_new(&uid, p);
-                (new, new)
-            }
+        let record = self.announced.of(topic);
+        let changed = if text.is_empty() {
+            record.forget(&uid)
+        } else {
+            record.is_new(&uid, text)
         };
         if changed {
             self.publish_tracked();
         }
-        new
     }
 
     pub(crate) fn node(&self, name: &str) -> Option<Arc<Node>> {
@@ -383,7 +385,7 @@ impl Ctx {
             .unwrap_or_else(|e| e.into_inner())
             .remove(&uid);
         self.own_writes.remove(&uid);
-        self.policy_warned.forget(&uid);
+        self.announced.forget(&uid);
         self.note_partition_hold(m, None);
         self.events.forget(&uid);
         // And, every so many deletions, any record of another machine the store no longer
@@ -449,7 +451,7 @@ impl Ctx {
                 .unwrap_or_else(|e| e.into_inner())
                 .len()
             + self.own_writes.len()
-            + self.policy_warned.count()
+            + self.announced.count()
             + self.events.tracked();
         self.metrics
             .tracked

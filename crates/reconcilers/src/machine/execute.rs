@@ -14,11 +14,8 @@ use super::{Ctx, Error, act, observe, plan};
 /// Carries out `decision` for the machine of `s`.
 pub async fn execute(ctx: &Ctx, s: &Snapshot, decision: Decision) -> Result<Action, Error> {
     let m = &*s.machine;
-    if let Some(problem) = &decision.warn_policy {
-        act::warn_policy_problem(ctx, m, problem).await;
-    }
-    if let Some(value) = &decision.warn_preserve_value {
-        act::warn_invalid_node_value(ctx, m, value).await;
+    for announcement in decision.announcements {
+        act::announce(ctx, m, announcement).await?;
     }
     let node = s.node.as_deref();
     match decision.plan {
@@ -142,7 +139,7 @@ async fn lifecycle_step(ctx: &Ctx, s: &Snapshot, step: Step) -> Result<Action, E
                 // The deletion goes on at once when its next step needs no wait.
                 act::DeletionDrain::Drained(drained) => match plan::after_drain(s, &ctx.settings) {
                     Step::DeleteVm if !drained.without_eviction => {
-                        act::drained_and_going_on(ctx, m, &drained).await;
+                        act::drained_and_going_on(ctx, m, &drained).await?;
                         act::delete_vm(ctx, m).await
                     }
                     _ => act::record_drained(ctx, m, drained).await,

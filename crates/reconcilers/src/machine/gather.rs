@@ -27,11 +27,6 @@ pub async fn gather(ctx: &Ctx, m: &Arc<Machine>) -> Option<Snapshot> {
             .and_then(|d| d.metadata.annotations.as_ref()),
         &ctx.settings.defaults,
     );
-    // Announced once per machine and problem; a fixed problem is forgotten.
-    let new_policy_problem = ctx
-        .policy_problem_is_new(m, policy_problem.as_deref())
-        .then_some(policy_problem)
-        .flatten();
     let class = match observe::class_name(m) {
         Err(p) => Err(p),
         Ok(name) => match ctx.class(name) {
@@ -53,7 +48,7 @@ pub async fn gather(ctx: &Ctx, m: &Arc<Machine>) -> Option<Snapshot> {
         frozen,
         node_state: node_state(ctx, m),
         cfg,
-        new_policy_problem,
+        policy_problem,
         class,
         node,
         protection: decide::protection_matters(m.phase())

@@ -14,6 +14,7 @@
 //! machine keeps on its Node.
 
 pub mod act;
+pub mod announcement;
 pub mod ctx;
 pub mod decide;
 pub mod error;

@@ -53,6 +53,45 @@ pub struct RuleMatch {
     pub since: Timestamp,
 }
 
+/// What a warning announced once per machine is about (see the announcements of
+/// [`act`](super::act)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Topic {
+    /// A health annotation of the Machine or its deployment that does not parse.
+    HealthPolicy,
+    /// A preserve value on the Node that upstream does not allow.
+    PreserveValue,
+}
+
+impl Topic {
+    fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// One record per [`Topic`] of what was last announced per machine.
+#[derive(Debug, Default)]
+pub struct TopicRecords([crate::announce::Announced; 2]);
+
+impl TopicRecords {
+    /// The record of `topic`.
+    pub fn of(&self, topic: Topic) -> &crate::announce::Announced {
+        &self.0[topic.index()]
+    }
+
+    /// Entries over all topics.
+    pub fn count(&self) -> usize {
+        self.0.iter().map(crate::announce::Announced::count).sum()
+    }
+
+    /// Forgets `uid` under every topic.
+    pub fn forget(&self, uid: &str) {
+        for r in &self.0 {
+            r.forget(uid);
+        }
+    }
+}
+
 /// What the driver said of the VM of an unhealthy machine (the fast path).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum VmReport {
@@ -376,7 +415,7 @@ pub struct Snapshot {
     /// deployment's annotations).
     pub cfg: MachineConfig,
     /// A health annotation that does not parse and has not been announced for this machine.
-    pub new_policy_problem: Option<String>,
+    pub policy_problem: Option<String>,
     /// Whether the class exists (its secrets are read when a step needs them).
     pub class: Result<(), ClassProblem>,
     /// The machine's Node, when it exists and MCM manages it.

@@ -11,8 +11,10 @@
 
 use mcm_api::{Machine, MachinePhase};
 
+use super::announcement::{Announcement, Note};
 use super::decide::{self, Probe, Step};
 use super::inplace::{self, InPlaceStep};
+use super::model::Topic;
 use super::model::{NodeState, Snapshot};
 use super::preserve::{self, PreserveStep};
 use super::{Settings, nodefinalizer, observe};
@@ -39,11 +41,11 @@ pub enum Plan {
 /// A [`Plan`] and the warnings announced whatever it is.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Decision {
-    /// A health annotation that does not parse (announced once per machine and problem).
-    pub warn_policy: Option<String>,
-    /// The preserve value the Node carries is not one upstream allows (preservation is left
-    /// as it is; the other deciders go on).
-    pub warn_preserve_value: Option<String>,
+    /// The warnings, one per [`Topic`], each announced once per machine and problem (a
+    /// fixed problem is forgotten): a health annotation that does not parse; a preserve value
+    /// on the Node that upstream does not allow (preservation is left as it is; the other
+    /// deciders go on).
+    pub announcements: Vec<Announcement>,
     /// What to do.
     pub plan: Plan,
 }
@@ -63,10 +65,42 @@ pub fn plan(s: &Snapshot, settings: &Settings) -> Decision {
         }
     });
     Decision {
-        warn_policy: s.new_policy_problem.clone(),
-        warn_preserve_value,
+        announcements: vec![
+            health_policy_warning(s.policy_problem.as_deref()),
+            preserve_value_warning(&s.machine, warn_preserve_value.as_deref()),
+        ],
         plan,
     }
+}
+
+/// The warning about a health annotation that does not parse (none: forgotten). Pure.
+fn health_policy_warning(problem: Option<&str>) -> Announcement {
+    let note = problem.map(|p| {
+        Note::warning(
+            "InvalidHealthPolicy",
+            "HealthCheck",
+            format!("{p}; the flags' health rules apply instead"),
+        )
+    });
+    Announcement::remembered(Topic::HealthPolicy, note)
+}
+
+/// The warning about a preserve value on the Node of `m` that upstream does not allow (none:
+/// forgotten). Pure.
+fn preserve_value_warning(m: &Machine, value: Option<&str>) -> Announcement {
+    let note = value.map(|value| {
+        Note::warning(
+            "InvalidPreserveValue",
+            "Preserve",
+            format!(
+                "annotation {}={value:?} on node {} is not one of now, when-failed, \
+                 auto-preserved, false: preservation is left as it is",
+                mcm_api::constants::annotations::PRESERVE,
+                m.node_name().unwrap_or_default()
+            ),
+        )
+    });
+    Announcement::remembered(Topic::PreserveValue, note)
 }
 
 /// The driver question the plan of `s` depends on: none when a decider before the lifecycle
@@ -183,6 +217,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+    use crate::machine::announcement::Novelty;
     use crate::machine::decide::{MachineConfig, VmReport};
     use crate::machine::observe::Defaults;
 
@@ -284,7 +319,7 @@ mod tests {
             frozen,
             node_state,
             cfg,
-            new_policy_problem: None,
+            policy_problem: None,
             class: Ok(()),
             node: node.map(Arc::new),
             protection: None,
@@ -428,7 +463,7 @@ mod tests {
         );
         let d = plan(&s, &settings());
         assert_eq!(decider(&d.plan), "in-place", "{:?}", d.plan);
-        assert_eq!(d.warn_preserve_value.as_deref(), Some("sometimes"));
+        assert_preserve_warning(&d, "sometimes");
         let s = snapshot(
             machine("Running", false, false),
             Some(node(true, false, true)),
@@ -437,7 +472,37 @@ mod tests {
         );
         let d = plan(&s, &settings());
         assert_eq!(decider(&d.plan), "lifecycle", "{:?}", d.plan);
-        assert_eq!(d.warn_preserve_value.as_deref(), Some("sometimes"));
+        assert_preserve_warning(&d, "sometimes");
+    }
+
+    /// `d` warns about the preserve value `value`.
+    fn assert_preserve_warning(d: &Decision, value: &str) {
+        let warning = d
+            .announcements
+            .iter()
+            .find(|a| a.novelty == Novelty::Remembered(Topic::PreserveValue))
+            .expect("a preserve value announcement");
+        let text = &warning.notes.first().expect("a warning").text;
+        assert!(text.contains(&format!("{value:?}")), "{text}");
+    }
+
+    #[test]
+    fn a_health_problem_is_warned_about_and_no_problem_forgets_the_last() {
+        let mut s = snapshot(
+            machine("Running", false, false),
+            Some(node(true, false, false)),
+            NodeState::Present,
+            false,
+        );
+        let warning = |d: &Decision| {
+            d.announcements
+                .iter()
+                .find(|a| a.novelty == Novelty::Remembered(Topic::HealthPolicy))
+                .map(|a| a.notes.len())
+        };
+        assert_eq!(warning(&plan(&s, &settings())), Some(0), "forgets");
+        s.policy_problem = Some("bad value".into());
+        assert_eq!(warning(&plan(&s, &settings())), Some(1), "warns");
     }
 
     #[test]

@@ -94,6 +94,14 @@ pub fn status_patch(
     json!({ "status": status })
 }
 
+/// The description of the Machine's `lastOperation`.
+pub fn last_description(m: &Machine) -> Option<&str> {
+    m.status
+        .as_ref()
+        .and_then(|s| s.last_operation.as_ref())
+        .and_then(|o| o.description.as_deref())
+}
+
 /// Whether the Machine already shows `op` (ignoring its time) and `phase`.
 pub fn already_recorded(machine: &Machine, phase: Option<&MachinePhase>, op: &Operation) -> bool {
     let Some(last) = machine

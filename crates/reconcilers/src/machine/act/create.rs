@@ -2,7 +2,32 @@
 //! call with its durable `vm-requested` record, the providerID recorded before
 //! `initialize_machine`, and the first phase of the new machine.
 
-use super::*;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, PostParams};
+use kube::runtime::controller::Action;
+use kube::{Resource, ResourceExt};
+use mcm_api::constants::annotations::progress;
+use mcm_api::constants::{annotations, labels};
+use mcm_api::{Machine, MachineClass, MachineOperationType, MachinePhase};
+use mcm_driver::{
+    Code, CreateMachineRequest, DriverError, GetMachineStatusRequest, GetMachineStatusResponse,
+    IdempotencyKey, InitializeMachineRequest, RequestId, SecretData, USER_DATA_KEY,
+};
+use serde_json::json;
+
+use crate::kube_api::{self, ApiErrorExt};
+use crate::machine::decide::{ClassProblem, MachineConfig};
+use crate::machine::metrics::Timed;
+use crate::machine::status::{self, Operation};
+use crate::machine::{Ctx, Error, FINALIZER, LEGACY_FINALIZERS, token};
+
+use super::announce::announce;
+use super::records::{
+    RECHECK, class_and_secret, clear_progress, name, patch_machine, patch_machine_for,
+    patch_status_for, record, record_duration, since,
+};
+use super::running::{mark_available, mark_running};
+use crate::machine::announcement::{Announcement, Note};
 
 /// Records why the class cannot be used; retries with backoff (class changes also wake us).
 pub async fn report_class_problem(
@@ -16,24 +41,9 @@ pub async fn report_class_problem(
         MachineOperationType::Create
     };
     let description = format!("cannot use the machine class: {problem}");
-    let unchanged = last_description(m) == Some(description.as_str());
-    record(
-        ctx,
-        m,
-        None,
-        &Operation::failed(kind, description.clone(), None),
-    )
-    .await?;
-    if !unchanged {
-        ctx.events
-            .warning(
-                &m.object_ref(&()),
-                "MachineClassProblem",
-                "Validate",
-                description,
-            )
-            .await;
-    }
+    let note = Note::warning("MachineClassProblem", "Validate", description.clone());
+    let op = Operation::failed(kind, description, None);
+    announce(ctx, m, Announcement::record(None, op, vec![note])).await?;
     Ok(Action::requeue(ctx.backoff(m, None)))
 }
 
@@ -81,15 +91,9 @@ pub(super) async fn warn_no_token_placeholder(ctx: &Ctx, m: &Machine, class: &Ma
         class.metadata.name.as_deref().unwrap_or_default(),
         mcm_api::constants::placeholders::BOOTSTRAP_TOKEN,
     );
-    ctx.events
-        .publish(
-            &m.object_ref(&()),
-            EventType::Warning,
-            NO_TOKEN_PLACEHOLDER,
-            "Create",
-            note,
-        )
-        .await;
+    let note = Note::warning(NO_TOKEN_PLACEHOLDER, "Create", note);
+    // Events only: it cannot fail.
+    let _ = announce(ctx, m, Announcement::events(vec![note])).await;
 }
 
 /// Reason of the Event of an adopted VM (one found by `get_machine_status` before any
@@ -452,8 +456,9 @@ pub(super) async fn creation_failed(
         description,
         Some(err.code.as_str().to_string()),
     );
-    let notice = Notice::warning("CreationFailed", "Create");
-    announce(ctx, m, Some(&MachinePhase::CrashLoopBackOff), op, notice).await?;
+    let note = Note::warning("CreationFailed", "Create", op.description.clone());
+    let failure = Announcement::every(Some(MachinePhase::CrashLoopBackOff), op, vec![note]);
+    announce(ctx, m, failure).await?;
     Ok(Action::requeue(ctx.backoff(m, Some(&err))))
 }
 

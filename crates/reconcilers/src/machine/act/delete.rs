@@ -1,7 +1,27 @@
 //! Deletion after the drain: VolumeAttachments, the VM, the Node, the bootstrap token and
 //! the finalizer.
 
-use super::*;
+use k8s_openapi::api::core::v1::{Node, Secret};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
+use kube::api::{Api, DeleteParams};
+use kube::runtime::controller::Action;
+use kube::{Resource, ResourceExt};
+use mcm_api::constants::annotations::progress;
+use mcm_api::{Machine, MachineOperationType, MachinePhase};
+use mcm_driver::{Code, DeleteMachineRequest, DriverError, RequestId};
+
+use crate::kube_api;
+use crate::machine::decide::ClassProblem;
+use crate::machine::metrics::Timed;
+use crate::machine::status::{self, Operation};
+use crate::machine::{Ctx, Error, token};
+
+use super::announce::announce;
+use super::records::{
+    DELETION_STEP_REQUEUE, class_and_secret, machine_api, name, patch_status, record,
+    record_duration, remove_finalizer, since,
+};
+use crate::machine::announcement::{Announcement, Note};
 
 /// Deletes the machine's bootstrap token (its Node joined, or the machine goes away and
 /// may have one left). Gone already is as good as deleted.
@@ -138,14 +158,8 @@ async fn deletion_failed(ctx: &Ctx, m: &Machine, err: DriverError) -> Result<Act
         description,
         Some(err.code.as_str().to_string()),
     );
-    announce(
-        ctx,
-        m,
-        None,
-        op,
-        Notice::warning("DeletionFailed", "Delete"),
-    )
-    .await?;
+    let note = Note::warning("DeletionFailed", "Delete", op.description.clone());
+    announce(ctx, m, Announcement::every(None, op, vec![note])).await?;
     Ok(Action::requeue(ctx.backoff(m, Some(&err))))
 }
 
@@ -172,19 +186,9 @@ pub async fn deletion_blocked(
          until the class is fixed",
         vm_description(m)
     );
-    let unchanged = last_description(m) == Some(description.as_str());
-    record(
-        ctx,
-        m,
-        None,
-        &Operation::failed(MachineOperationType::Delete, description.clone(), None),
-    )
-    .await?;
-    if !unchanged {
-        ctx.events
-            .warning(&m.object_ref(&()), "DeletionBlocked", "Delete", description)
-            .await;
-    }
+    let note = Note::warning("DeletionBlocked", "Delete", description.clone());
+    let op = Operation::failed(MachineOperationType::Delete, description, None);
+    announce(ctx, m, Announcement::record(None, op, vec![note])).await?;
     Ok(Action::requeue(ctx.backoff(m, None)))
 }
 

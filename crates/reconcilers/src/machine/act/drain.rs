@@ -1,7 +1,26 @@
 //! The drain: one pass per reconcile, its outcome recorded in the progress annotations; the
 //! Node marked terminating before the first pass.
 
-use super::*;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use mcm_api::constants::annotations::progress;
+use mcm_api::constants::node_conditions;
+use mcm_api::{Machine, MachinePhase};
+use serde_json::json;
+
+use crate::kube_api::ApiErrorExt;
+use crate::machine::decide::MachineConfig;
+use crate::machine::{Ctx, Error};
+
+use super::announce::announce;
+use super::records::{
+    DRAIN_WAIT_RECHECK, RECHECK, deletion_step, deployment_labels, name, set_progress_keys,
+};
+use crate::machine::announcement::{Announcement, Note, Target};
 
 /// What a drain pass is told by the decision.
 #[derive(Debug, Clone)]
@@ -125,6 +144,8 @@ pub struct Drained {
     pub without_eviction: bool,
     description: String,
     summary: String,
+    /// Warnings about drain rules that do not parse, for the node.
+    invalid: Vec<Note>,
 }
 
 /// One pass of the drain: this round's evictions (or deletions); a pass that leaves pods or
@@ -168,19 +189,13 @@ pub async fn drain_pass(
     let state = report.state();
     let blocked = !report.blocked.is_empty() || !report.misconfigured.is_empty();
     // An unknown drain rule value is in the summary; a Warning per pod and value goes to the
-    // node when the description changes (not at every pass).
-    if last_description(m) != Some(description.as_str()) {
-        for bad in &report.invalid_rules {
-            node_event(
-                ctx,
-                node_name,
-                EventType::Warning,
-                "DrainRuleInvalid",
-                bad.to_string(),
-            )
-            .await;
-        }
-    }
+    // node with the pass's record (when that is new, not at every pass).
+    let on_node = Target::Node(node_name.to_string());
+    let invalid: Vec<Note> = report
+        .invalid_rules
+        .iter()
+        .map(|bad| Note::warning("DrainRuleInvalid", "Delete", bad.to_string()).on(on_node.clone()))
+        .collect();
     if let mcm_drain::PassState::Done | mcm_drain::PassState::NodeGone = state {
         if let Some(labels) = deployment_labels(m) {
             ctx.metrics.drained(
@@ -198,6 +213,7 @@ pub async fn drain_pass(
             without_eviction,
             description,
             summary,
+            invalid,
         }));
     }
     // The progress this pass makes, written in one patch: the start of the drain (first
@@ -214,37 +230,26 @@ pub async fn drain_pass(
         // One Event on the node says why it is cordoned and pods leave it; the Machine's
         // lastOperation has every step.
         let note = format!("cordoned; draining for the deletion of machine {}", name(m));
-        node_event(ctx, node_name, EventType::Normal, "DrainStarted", note).await;
+        let started = Note::normal("DrainStarted", "Delete", note).on(on_node.clone());
+        announce(ctx, m, Announcement::events(vec![started])).await?;
     }
+    let mut notes = invalid;
+    if state == mcm_drain::PassState::Pods && blocked {
+        ctx.metrics.drain_blocked();
+        notes.push(Note::warning(
+            "DrainBlockedByPDB",
+            "Drain",
+            description.clone(),
+        ));
+        notes.push(Note::warning("DrainBlockedByPDB", "Delete", summary).on(on_node));
+    }
+    announce(ctx, m, deletion_step(description, notes)).await?;
     Ok(DeletionDrain::Wait(match state {
-        mcm_drain::PassState::Volumes => {
-            record_deletion_step(ctx, m, description).await?;
-            Action::requeue(ctx.settings.eviction_retry_interval.min(DRAIN_WAIT_RECHECK))
+        mcm_drain::PassState::Pods if blocked => {
+            Action::requeue(ctx.settings.eviction_retry_interval)
         }
-        mcm_drain::PassState::Pods => {
-            if blocked {
-                ctx.metrics.drain_blocked();
-            }
-            let changed = last_description(m) != Some(description.as_str());
-            if blocked && changed {
-                let notice = Notice::warning("DrainBlockedByPDB", "Drain");
-                announce_deletion_step(ctx, m, description, notice).await?;
-                node_event(
-                    ctx,
-                    node_name,
-                    EventType::Warning,
-                    "DrainBlockedByPDB",
-                    summary,
-                )
-                .await;
-            } else {
-                record_deletion_step(ctx, m, description).await?;
-            }
-            if blocked {
-                Action::requeue(ctx.settings.eviction_retry_interval)
-            } else {
-                Action::requeue(ctx.settings.eviction_retry_interval.min(DRAIN_WAIT_RECHECK))
-            }
+        mcm_drain::PassState::Volumes | mcm_drain::PassState::Pods => {
+            Action::requeue(ctx.settings.eviction_retry_interval.min(DRAIN_WAIT_RECHECK))
         }
         mcm_drain::PassState::Done | mcm_drain::PassState::NodeGone => {
             return Err(Error::Invariant("a finished drain left to wait".into()));
@@ -259,48 +264,43 @@ impl Drained {
     fn tells(&self) -> bool {
         self.acted || !self.first
     }
-}
 
-/// The Events of a drain that finished: `Drained` on the Machine and the node, and when it
-/// finished in its first pass after moving pods, the node's `DrainStarted` (which a drain
-/// that waits publishes with its first pass).
-async fn announce_drained(ctx: &Ctx, m: &Machine, d: &Drained) {
-    if d.first && d.acted {
-        let note = format!(
-            "cordoned and drained for the deletion of machine {}: {}",
-            name(m),
-            d.summary
-        );
-        node_event(ctx, &d.node, EventType::Normal, "DrainStarted", note).await;
-    }
-    if d.node_drained {
-        node_event(
-            ctx,
-            &d.node,
-            EventType::Normal,
-            "Drained",
-            d.summary.clone(),
-        )
-        .await;
+    /// The Events of a drain that finished, besides the one on the Machine: the warnings
+    /// about drain rules; when it tells, `Drained` on the node, and when it finished in its
+    /// first pass after moving pods, the node's `DrainStarted` (which a drain that waits
+    /// publishes with its first pass).
+    fn node_notes(&self, m: &Machine) -> Vec<Note> {
+        let on_node = Target::Node(self.node.clone());
+        let mut notes = self.invalid.clone();
+        if !self.tells() {
+            return notes;
+        }
+        if self.first && self.acted {
+            let note = format!(
+                "cordoned and drained for the deletion of machine {}: {}",
+                name(m),
+                self.summary
+            );
+            notes.push(Note::normal("DrainStarted", "Delete", note).on(on_node.clone()));
+        }
+        if self.node_drained {
+            notes.push(Note::normal("Drained", "Delete", self.summary.clone()).on(on_node));
+        }
+        notes
     }
 }
 
 /// A drain finished and the deletion goes on in this reconcile: nothing is recorded (a crash
 /// before the VM is deleted repeats a pass that finds the node drained). A drain that moved
 /// pods says so on the Machine and the node (`Drained`).
-pub async fn drained_and_going_on(ctx: &Ctx, m: &Machine, d: &Drained) {
-    if !d.tells() {
-        return;
+pub async fn drained_and_going_on(ctx: &Ctx, m: &Machine, d: &Drained) -> Result<(), Error> {
+    let mut notes = Vec::new();
+    if d.tells() {
+        notes.push(Note::normal("Drained", "Drain", d.description.clone()));
     }
-    ctx.events
-        .normal(
-            &m.object_ref(&()),
-            "Drained",
-            "Drain",
-            d.description.clone(),
-        )
-        .await;
-    announce_drained(ctx, m, d).await;
+    notes.extend(d.node_notes(m));
+    announce(ctx, m, Announcement::events(notes)).await?;
+    Ok(())
 }
 
 /// A drain finished but the deletion's next step waits (VolumeAttachments, pre-terminate
@@ -313,18 +313,12 @@ pub async fn record_drained(ctx: &Ctx, m: &Machine, d: Drained) -> Result<Action
     }
     progress_keys.push(progress::DRAINED);
     set_progress_keys(ctx, m, &progress_keys).await?;
+    let mut notes = Vec::new();
     if d.tells() {
-        announce_deletion_step(
-            ctx,
-            m,
-            d.description.clone(),
-            Notice::normal("Drained", "Drain"),
-        )
-        .await?;
-        announce_drained(ctx, m, &d).await;
-    } else {
-        record_deletion_step(ctx, m, d.description).await?;
+        notes.push(Note::normal("Drained", "Drain", d.description.clone()));
     }
+    notes.extend(d.node_notes(m));
+    announce(ctx, m, deletion_step(d.description, notes)).await?;
     Ok(Action::requeue(RECHECK))
 }
 

@@ -7,31 +7,7 @@
 //! all), `create`, `running` (the phases of a machine that exists and the driver probes),
 //! `drain` and `delete`.
 
-use std::time::Duration;
-
-use k8s_openapi::api::core::v1::{Node, Secret};
-use k8s_openapi::api::storage::v1::VolumeAttachment;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
-use kube::runtime::controller::Action;
-use kube::runtime::events::EventType;
-use kube::{Resource, ResourceExt};
-use mcm_api::constants::annotations::progress;
-use mcm_api::constants::{annotations, labels, node_conditions};
-use mcm_api::{Machine, MachineClass, MachineOperationType, MachinePhase};
-use mcm_driver::{
-    Code, CreateMachineRequest, DeleteMachineRequest, DriverError, GetMachineStatusRequest,
-    GetMachineStatusResponse, IdempotencyKey, InitializeMachineRequest, RequestId, SecretData,
-    USER_DATA_KEY,
-};
-use serde_json::json;
-
-use super::{Ctx, Error, FINALIZER, LEGACY_FINALIZERS, token};
-use crate::kube_api::{self, ApiErrorExt};
-use crate::machine::decide::{ClassProblem, MachineConfig, VmReport};
-use crate::machine::hooks::HookStage;
-use crate::machine::metrics::{DeploymentLabels, PlacementLabels, Timed};
-use crate::machine::status::{self, Operation};
-
+mod announce;
 mod create;
 mod delete;
 mod drain;
@@ -40,11 +16,23 @@ mod preserve;
 mod records;
 mod running;
 
-pub use create::*;
-pub use delete::*;
-pub use drain::*;
+pub(crate) use announce::announce;
+pub(crate) use create::{create_vm, finish_creation, report_class_problem};
+pub(crate) use delete::{
+    attachments_of, delete_node, delete_vm, delete_volume_attachments, deletion_blocked,
+    finish_deletion, machine_exists, mark_terminating,
+};
+pub(crate) use drain::{
+    DeletionDrain, PassPlan, PodsDrain, cordon_for_deletion, drain_node_pass, drain_options,
+    drain_pass, drained_and_going_on, patch_node_condition, pods_drain, record_drained,
+    set_node_terminating,
+};
 pub use inplace::inplace_step;
 pub use preserve::preserve_step;
-pub(crate) use preserve::warn_invalid_node_value;
-pub use records::*;
-pub use running::*;
+pub(crate) use records::{
+    add_finalizer, await_hooks, class_and_secret, expire_hooks, patch_machine, patch_status,
+};
+pub(crate) use running::{
+    hold, hold_for_partition, keep_running, mark_available, mark_failed, mark_running,
+    mark_unknown, vm_report,
+};

@@ -26,11 +26,8 @@ pub async fn preserve_step(
     step: PreserveStep,
 ) -> Option<Result<Action, Error>> {
     let result = match step {
-        PreserveStep::Nothing => return None,
-        PreserveStep::InvalidNodeValue(value) => {
-            warn_invalid_node_value(ctx, m, &value).await;
-            return None;
-        }
+        // An invalid value is a warning of the plan, never a preservation step.
+        PreserveStep::Nothing | PreserveStep::InvalidNodeValue(_) => return None,
         PreserveStep::Start { until, value } => start(ctx, m, until, value).await,
         PreserveStep::Node(work) => match node {
             Some(node) => {
@@ -60,19 +57,6 @@ pub async fn preserve_step(
         }
     };
     Some(result.map(|()| Action::requeue(NEXT_STEP)))
-}
-
-/// Warns that the Node carries a preserve value upstream does not allow.
-pub(crate) async fn warn_invalid_node_value(ctx: &Ctx, m: &Machine, value: &str) {
-    let note = format!(
-        "annotation {}={value:?} on node {} is not one of now, when-failed, auto-preserved, \
-         false: preservation is left as it is",
-        annotations::PRESERVE,
-        m.node_name().unwrap_or_default()
-    );
-    ctx.events
-        .warning(&m.object_ref(&()), "InvalidPreserveValue", "Preserve", note)
-        .await;
 }
 
 async fn start(

@@ -2,7 +2,25 @@
 //! deletion progress record, announcements (lastOperation plus one Event per change), the
 //! finalizer, hooks and the Node Events.
 
-use super::*;
+use std::time::Duration;
+
+use kube::ResourceExt;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use mcm_api::constants::labels;
+use mcm_api::{Machine, MachineClass, MachineOperationType, MachinePhase};
+use mcm_driver::SecretData;
+use serde_json::json;
+
+use crate::kube_api::{self, ApiErrorExt};
+use crate::machine::decide::{ClassProblem, MachineConfig};
+use crate::machine::hooks::HookStage;
+use crate::machine::metrics::{DeploymentLabels, PlacementLabels, Timed};
+use crate::machine::status::{self, Operation};
+use crate::machine::{Ctx, Error, FINALIZER, LEGACY_FINALIZERS};
+
+use super::announce::announce;
+use crate::machine::announcement::{Announcement, Note};
 
 pub(super) const RECHECK: Duration = Duration::from_secs(30);
 
@@ -100,72 +118,10 @@ pub(super) async fn record(
     patch_status(ctx, m, status::status_patch(m, phase, op, ctx.clock.now())).await
 }
 
-/// The Event that announces a recorded operation: its type, reason and action.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Notice {
-    event: EventType,
-    reason: &'static str,
-    action: &'static str,
-}
-
-impl Notice {
-    pub(super) const fn normal(reason: &'static str, action: &'static str) -> Self {
-        Notice {
-            event: EventType::Normal,
-            reason,
-            action,
-        }
-    }
-
-    pub(super) const fn warning(reason: &'static str, action: &'static str) -> Self {
-        Notice {
-            event: EventType::Warning,
-            reason,
-            action,
-        }
-    }
-}
-
-/// Records `op` (and `phase`) on the Machine and publishes the same text as an Event.
-pub(super) async fn announce(
-    ctx: &Ctx,
-    m: &Machine,
-    phase: Option<&MachinePhase>,
-    op: Operation,
-    notice: Notice,
-) -> Result<(), Error> {
-    record(ctx, m, phase, &op).await?;
-    let Notice {
-        event,
-        reason,
-        action,
-    } = notice;
-    let reference = m.object_ref(&());
-    ctx.events
-        .publish(&reference, event, reason, action, op.description)
-        .await;
-    Ok(())
-}
-
-/// Records a step of the deletion (the phase stays) as `description`.
-pub(super) async fn record_deletion_step(
-    ctx: &Ctx,
-    m: &Machine,
-    description: String,
-) -> Result<(), Error> {
+/// A step of the deletion (the phase stays) told by `notes` when it is new.
+pub(super) fn deletion_step(description: String, notes: Vec<Note>) -> Announcement {
     let op = Operation::processing(MachineOperationType::Delete, description);
-    record(ctx, m, None, &op).await
-}
-
-/// Records a step of the deletion (the phase stays) and announces it with `notice`.
-pub(super) async fn announce_deletion_step(
-    ctx: &Ctx,
-    m: &Machine,
-    description: String,
-    notice: Notice,
-) -> Result<(), Error> {
-    let op = Operation::processing(MachineOperationType::Delete, description);
-    announce(ctx, m, None, op, notice).await
+    Announcement::record(None, op, notes)
 }
 
 /// Adds our finalizer (replacing a legacy name), guarded by the resource version. A Machine
@@ -204,13 +160,6 @@ pub(super) async fn remove_finalizer(ctx: &Ctx, m: &Machine) -> Result<(), Error
         .await
         .map_err(|e| Error::kube("remove the machine finalizer", e))?;
     Ok(())
-}
-
-pub(super) fn last_description(m: &Machine) -> Option<&str> {
-    m.status
-        .as_ref()
-        .and_then(|s| s.last_operation.as_ref())
-        .and_then(|o| o.description.as_deref())
 }
 
 /// Reads the class and its secrets for a driver call.
@@ -296,43 +245,6 @@ pub(super) async fn patch_machine_for(
         .map_err(|e| Error::kube(action, e))
 }
 
-/// Publishes an Event on the Node too: an operator reading `kubectl describe node` sees why
-/// the node goes away.
-pub(super) async fn node_event(
-    ctx: &Ctx,
-    node: &str,
-    type_: EventType,
-    reason: &str,
-    note: String,
-) {
-    let reference = k8s_openapi::api::core::v1::ObjectReference {
-        api_version: Some("v1".into()),
-        kind: Some("Node".into()),
-        name: Some(node.to_string()),
-        // Node events are looked up by the node's name as uid (as the kubelet does).
-        uid: Some(node.to_string()),
-        ..Default::default()
-    };
-    ctx.node_events
-        .publish(&reference, type_, reason, "Delete", note)
-        .await;
-}
-
-/// A health annotation of the Machine or its deployment does not parse: a Warning Event
-/// (the flags apply in its place; the admission webhook refuses such values).
-pub async fn warn_policy_problem(ctx: &Ctx, m: &Machine, problem: &str) {
-    let reference = m.object_ref(&());
-    ctx.events
-        .publish(
-            &reference,
-            EventType::Warning,
-            "InvalidHealthPolicy",
-            "HealthCheck",
-            format!("{problem}; the flags' health rules apply instead"),
-        )
-        .await;
-}
-
 /// Deletion waits for the lifecycle hooks of `stage`: said once in the status and an Event,
 /// then looked at again when the Machine changes (the owner removes its annotation) or the
 /// hook timeout passes.
@@ -348,9 +260,8 @@ pub async fn await_hooks(
         name(m),
         hooks.join(", ")
     );
-    if last_description(m) != Some(description.as_str()) {
-        let notice = Notice::normal("WaitingForHook", "Delete");
-        announce_deletion_step(ctx, m, description, notice).await?;
+    let note = Note::normal("WaitingForHook", "Delete", description.clone());
+    if announce(ctx, m, deletion_step(description, vec![note])).await? {
         ctx.metrics.hook_wait();
     }
     Ok(remaining.map_or_else(Action::await_change, |r| {
@@ -374,15 +285,7 @@ pub async fn expire_hooks(
         hooks.join(", "),
         mcm_api::duration::format_go_duration(cfg.hook_timeout.unwrap_or_default())
     );
-    let reference = m.object_ref(&());
-    ctx.events
-        .publish(
-            &reference,
-            EventType::Warning,
-            "HookTimedOut",
-            "Delete",
-            description,
-        )
-        .await;
+    let note = Note::warning("HookTimedOut", "Delete", description);
+    announce(ctx, m, Announcement::events(vec![note])).await?;
     Ok(Action::await_change())
 }

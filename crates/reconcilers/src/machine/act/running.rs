@@ -1,7 +1,26 @@
 //! The phases of a machine that exists: Available, Running, Unknown, Failed, and the
 //! driver probes the health decisions ask for.
 
-use super::*;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Node;
+use kube::Resource;
+use kube::runtime::controller::Action;
+use mcm_api::{Machine, MachineOperationType, MachinePhase};
+use mcm_driver::{Code, GetMachineStatusResponse, RequestId};
+
+use crate::machine::decide::VmReport;
+use crate::machine::metrics::Timed;
+use crate::machine::status::{self, Operation};
+use crate::machine::{Ctx, Error};
+
+use super::announce::announce;
+use super::create::vm_status;
+use super::delete::delete_bootstrap_token;
+use super::records::{
+    RECHECK, class_and_secret, name, patch_status, placement_labels, record, record_duration, since,
+};
+use crate::machine::announcement::{Announcement, Note, Target};
 
 /// The VM exists and there is no target cluster to join: `Available` (upstream's phase for
 /// this mode), announced once.
@@ -130,8 +149,9 @@ pub async fn mark_unknown(
         name(m)
     );
     let op = Operation::processing(MachineOperationType::HealthCheck, description);
-    let notice = Notice::warning("Unhealthy", "HealthCheck");
-    announce(ctx, m, Some(&MachinePhase::Unknown), op, notice).await?;
+    let note = Note::warning("Unhealthy", "HealthCheck", op.description.clone());
+    let unhealthy = Announcement::every(Some(MachinePhase::Unknown), op, vec![note]);
+    announce(ctx, m, unhealthy).await?;
     Ok(Action::requeue(RECHECK))
 }
 
@@ -144,11 +164,10 @@ async fn throttle_replacement(
     reason: &str,
 ) -> Result<Action, Error> {
     let description = format!("replacement throttled: {throttled}; {reason}");
-    if last_description(m) != Some(description.as_str()) {
+    let note = Note::warning("ReplacementThrottled", "HealthCheck", description.clone());
+    let op = Operation::processing(MachineOperationType::HealthCheck, description);
+    if announce(ctx, m, Announcement::record(None, op, vec![note])).await? {
         ctx.metrics.remediation_held();
-        let op = Operation::processing(MachineOperationType::HealthCheck, description);
-        let notice = Notice::warning("ReplacementThrottled", "HealthCheck");
-        announce(ctx, m, None, op, notice).await?;
     }
     Ok(Action::requeue(RECHECK))
 }
@@ -179,8 +198,13 @@ pub async fn mark_failed(ctx: &Ctx, m: &Machine, reason: &str) -> Result<Action,
     };
     let description = format!("Machine {} failed: {reason}", name(m));
     let op = Operation::failed(kind, description, None);
-    let notice = Notice::warning("Failed", "HealthCheck");
-    announce(ctx, m, Some(&MachinePhase::Failed), op, notice).await?;
+    let note = Note::warning("Failed", "HealthCheck", op.description.clone());
+    announce(
+        ctx,
+        m,
+        Announcement::every(Some(MachinePhase::Failed), op, vec![note]),
+    )
+    .await?;
     ctx.metrics.failed();
     // A VM that never joined within the creation timeout.
     if m.node_name().is_some()
@@ -215,49 +239,38 @@ pub async fn hold_for_partition(
         partition.describe(),
         mcm_api::duration::format_go_duration(max_hold)
     );
-    if last_description(m) != Some(why.as_str()) {
-        record(
-            ctx,
-            m,
-            None,
-            &Operation::processing(MachineOperationType::HealthCheck, &why),
-        )
-        .await?;
-        if let (_, Some(deployment)) = ctx.owners(m) {
-            let note = format!(
-                "zone {} is partitioned: remediation of its machines is held while their VMs \
+    let mut notes = Vec::new();
+    if let (_, Some(deployment)) = ctx.owners(m) {
+        let note = format!(
+            "zone {} is partitioned: remediation of its machines is held while their VMs \
                  run (at most {} past the health timeout); {} of its {} machines unreachable, \
                  {} of {} healthy in the other zones",
-                partition.zone,
-                mcm_api::duration::format_go_duration(max_hold),
-                partition.unreachable,
-                partition.machines,
-                partition.healthy_elsewhere,
-                partition.elsewhere
-            );
-            ctx.events
-                .warning(
-                    &deployment.object_ref(&()),
-                    "ZonePartitionHold",
-                    "HealthCheck",
-                    note,
-                )
-                .await;
-        }
+            partition.zone,
+            mcm_api::duration::format_go_duration(max_hold),
+            partition.unreachable,
+            partition.machines,
+            partition.healthy_elsewhere,
+            partition.elsewhere
+        );
+        notes.push(
+            Note::warning("ZonePartitionHold", "HealthCheck", note)
+                .on(Target::Object(deployment.object_ref(&()))),
+        );
     }
+    let op = Operation::processing(MachineOperationType::HealthCheck, why);
+    announce(ctx, m, Announcement::record(None, op, notes)).await?;
     Ok(Action::requeue(remaining.min(RECHECK)))
 }
 
 /// Records that a step is held back (frozen, protected) without changing the phase.
 pub async fn hold(ctx: &Ctx, m: &Machine, why: &str) -> Result<Action, Error> {
-    if last_description(m) != Some(why) {
-        let kind = if m.metadata.deletion_timestamp.is_some() {
-            MachineOperationType::Delete
-        } else {
-            MachineOperationType::HealthCheck
-        };
-        record(ctx, m, None, &Operation::processing(kind, why)).await?;
-    }
+    let kind = if m.metadata.deletion_timestamp.is_some() {
+        MachineOperationType::Delete
+    } else {
+        MachineOperationType::HealthCheck
+    };
+    let op = Operation::processing(kind, why);
+    announce(ctx, m, Announcement::record(None, op, vec![])).await?;
     Ok(Action::requeue(RECHECK))
 }
 
