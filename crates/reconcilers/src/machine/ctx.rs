@@ -540,6 +540,27 @@ impl Ctx {
         remediation::census(deployment.spec.replicas(), members)
     }
 
+    /// The verdict of the machine's deployment on replacing `m`, with the deployment's permit
+    /// when it was taken (held while the failure is written).
+    pub(crate) fn replacement(
+        &self,
+        m: &Machine,
+    ) -> (super::model::Replacement, Option<mcm_permits::Permit>) {
+        use super::model::Replacement;
+        let permit = match self.replacement_permit(m) {
+            Ok(Some(permit)) => permit,
+            Ok(None) => return (Replacement::NotAsked, None),
+            Err(busy) => {
+                tracing::debug!(%busy, "replacement permit busy");
+                return (Replacement::Busy, None);
+            }
+        };
+        match self.replacement_throttle(m) {
+            Some(throttled) => (Replacement::Throttled(throttled), Some(permit)),
+            None => (Replacement::Allowed, Some(permit)),
+        }
+    }
+
     /// The permit of the machine's deployment, taken without waiting (`Err` when another
     /// reconcile holds it). `None` for machines without a deployment.
     pub(crate) fn replacement_permit(

@@ -7,15 +7,19 @@ use mcm_api::Machine;
 
 use super::decide::Step;
 use super::gather::Snapshot;
-use super::plan::{Decision, Plan};
-
-use super::{Ctx, Error, act, observe, plan};
+use super::plan::{Decision, PartitionHold, Plan, WhenDrained};
+use super::{Ctx, Error, act, nodetemplate, observe};
 
 /// Carries out `decision` for the machine of `s`.
 pub async fn execute(ctx: &Ctx, s: &Snapshot, decision: Decision) -> Result<Action, Error> {
     let m = &*s.machine;
     for announcement in decision.announcements {
         act::announce(ctx, m, announcement).await?;
+    }
+    match &decision.partition_hold {
+        PartitionHold::Unchanged => {}
+        PartitionHold::Held(zone) => ctx.note_partition_hold(m, Some(zone)),
+        PartitionHold::Released => ctx.note_partition_hold(m, None),
     }
     let node = s.node.as_deref();
     match decision.plan {
@@ -37,26 +41,27 @@ pub async fn execute(ctx: &Ctx, s: &Snapshot, decision: Decision) -> Result<Acti
         }
         Plan::Lifecycle {
             step,
-            hold_node_finalizer,
+            node_write,
+            when_drained,
         } => {
-            // The Node finalizer, in one write with the node template and the machine-name
-            // label (which a Running machine would write next).
-            if let Some(node) = node
-                && hold_node_finalizer
-            {
-                crate::machine::nodetemplate::sync(ctx, m, node).await?;
+            // The node template, with the Node finalizer and the machine-name label when the
+            // Node misses them, in one write.
+            if let (Some(node), Some(write)) = (node, &node_write) {
+                nodetemplate::write(ctx, m, node, write).await?;
             }
-            lifecycle_step(ctx, s, step).await
+            lifecycle_step(ctx, s, step, when_drained).await
         }
     }
 }
 
 /// Carries out a lifecycle [`Step`].
-async fn lifecycle_step(ctx: &Ctx, s: &Snapshot, step: Step) -> Result<Action, Error> {
+async fn lifecycle_step(
+    ctx: &Ctx,
+    s: &Snapshot,
+    step: Step,
+    when_drained: WhenDrained,
+) -> Result<Action, Error> {
     let (m, cfg, node) = (&*s.machine, &s.cfg, s.node.as_deref());
-    if !matches!(step, Step::HeldByPartition { .. }) {
-        ctx.note_partition_hold(m, None);
-    }
     match step {
         Step::AddFinalizer => act::add_finalizer(ctx, m).await,
         Step::ReportClassProblem(p) => act::report_class_problem(ctx, m, &p).await,
@@ -72,6 +77,10 @@ async fn lifecycle_step(ctx: &Ctx, s: &Snapshot, step: Step) -> Result<Action, E
                 .min(ctx.settings.resync),
         )),
         Step::MarkFailed { reason } => act::mark_failed(ctx, m, &reason).await,
+        Step::ThrottleReplacement { throttled, reason } => {
+            act::throttle_replacement(ctx, m, &throttled, &reason).await
+        }
+        Step::AwaitReplacementPermit => Ok(Action::requeue(act::PERMIT_BUSY_RECHECK)),
         Step::Frozen => {
             act::hold(
                 ctx,
@@ -137,13 +146,15 @@ async fn lifecycle_step(ctx: &Ctx, s: &Snapshot, step: Step) -> Result<Action, E
             match act::drain_pass(ctx, m, cfg, node_name, pass).await? {
                 act::DeletionDrain::Wait(action) => Ok(action),
                 // The deletion goes on at once when its next step needs no wait.
-                act::DeletionDrain::Drained(drained) => match plan::after_drain(s, &ctx.settings) {
-                    Step::DeleteVm if !drained.without_eviction => {
-                        act::drained_and_going_on(ctx, m, &drained).await?;
-                        act::delete_vm(ctx, m).await
+                act::DeletionDrain::Drained(drained) => {
+                    match when_drained.after(drained.without_eviction) {
+                        WhenDrained::DeleteVm => {
+                            act::drained_and_going_on(ctx, m, &drained).await?;
+                            act::delete_vm(ctx, m).await
+                        }
+                        WhenDrained::Record => act::record_drained(ctx, m, drained).await,
                     }
-                    _ => act::record_drained(ctx, m, drained).await,
-                },
+                }
             }
         }
         Step::DeleteVolumeAttachments => act::delete_volume_attachments(ctx, m).await,

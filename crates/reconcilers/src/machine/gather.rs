@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Node;
 use mcm_api::{Machine, MachinePhase};
 
 use super::decide::{self, ClassProblem, Probe, VmReport};
-pub use super::model::{NodeState, Snapshot};
+pub use super::model::{NodeState, Replacement, Snapshot};
 use super::partition::{self, ZoneMember, ZonePartition};
 use super::{Ctx, act, observe, plan};
 
@@ -54,14 +54,28 @@ pub async fn gather(ctx: &Ctx, m: &Arc<Machine>) -> Option<Snapshot> {
         protection: decide::protection_matters(m.phase())
             .then(|| ctx.failure_protection(m))
             .flatten(),
+        replacement: Replacement::NotAsked,
+        permit: None,
+        node_copy_behind: false,
         attachments_left,
         vm: VmReport::NotAsked,
         zone_partition: None,
     };
+    snapshot.node_copy_behind = snapshot
+        .node
+        .as_deref()
+        .is_some_and(|n| ctx.node_store_is_behind(n));
     snapshot.zone_partition = zone_partition(ctx, m, snapshot.node.as_deref());
     match plan::probe(&snapshot, &ctx.settings) {
         Probe::None => {}
         Probe::VmStatus => snapshot.vm = act::vm_report(ctx, m).await,
+    }
+    // Counted under the deployment's permit, held until the reconcile ends: it serialises
+    // concurrent failures of its machines, so each counts the failures written before it.
+    if plan::asks_replacement(&snapshot, &ctx.settings) {
+        let (replacement, permit) = ctx.replacement(m);
+        snapshot.replacement = replacement;
+        snapshot.permit = permit.map(Arc::new);
     }
     Some(snapshot)
 }

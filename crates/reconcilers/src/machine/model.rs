@@ -334,6 +334,19 @@ pub enum Step {
         /// The hooks left.
         hooks: Vec<String>,
     },
+    /// The machine would fail, but its deployment's replacement budget is used up (why, and
+    /// the reason it would fail): recorded, and looked at again later. Chosen by the plan
+    /// from [`Snapshot::replacement`].
+    ThrottleReplacement {
+        /// Why the replacement is throttled.
+        throttled: String,
+        /// Why the machine would fail.
+        reason: String,
+    },
+    /// The machine would fail, but another reconcile holds its deployment's replacement
+    /// permit: look again shortly (the permit serialises the failures of a deployment, so
+    /// each counts those written before it).
+    AwaitReplacementPermit,
     /// The machine would fail, but it is protected (see [`Observed::failure_protected`]).
     Protected {
         /// Why.
@@ -386,6 +399,21 @@ pub enum Step {
     RemoveFinalizer,
 }
 
+/// The verdict of a machine's deployment on one more replacement, taken under the
+/// deployment's permit (see [`gather`](super::gather::gather)).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Replacement {
+    /// Not asked (the machine is not about to fail), or the machine has no deployment.
+    #[default]
+    NotAsked,
+    /// Another reconcile holds the deployment's permit.
+    Busy,
+    /// The budget allows it: the permit is held for this reconcile.
+    Allowed,
+    /// The budget is used up, or the remediation policy holds (why).
+    Throttled(String),
+}
+
 /// What the Node store says about the Node a Machine records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum NodeState {
@@ -416,6 +444,14 @@ pub struct Snapshot {
     pub cfg: MachineConfig,
     /// A health annotation that does not parse and has not been announced for this machine.
     pub policy_problem: Option<String>,
+    /// The deployment's verdict on replacing the machine, when it is about to fail.
+    pub replacement: Replacement,
+    /// The deployment's replacement permit, held until the reconcile ends when
+    /// [`Replacement::Allowed`].
+    pub permit: Option<Arc<mcm_permits::Permit>>,
+    /// The Node store's copy predates our own last write of the Node: a node write planned
+    /// from it would repeat that write.
+    pub node_copy_behind: bool,
     /// Whether the class exists (its secrets are read when a step needs them).
     pub class: Result<(), ClassProblem>,
     /// The machine's Node, when it exists and MCM manages it.

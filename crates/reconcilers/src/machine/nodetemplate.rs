@@ -174,44 +174,71 @@ pub fn plan(node: &Node, want: &Applied, machine: &str) -> Option<serde_json::Va
     Some(patch)
 }
 
-/// Applies the machine's node template to its Node when it differs, and the Node finalizer
-/// with it when the Node misses it ([`super::nodefinalizer`]): one write for both. Planned
-/// from the store's copy; when the taints stay as they are, the write is a strategic merge
-/// patch of labels, annotations and the finalizer alone ([`unguarded`]), which cannot
-/// conflict; otherwise it replaces the taint list, guarded by the copy's version and planned
+/// Writes the node template (and the Node finalizer) as the plan chose ([`planned_write`],
+/// from the store's copy): an unguarded strategic merge patch when the taints stay as they
+/// are, else a patch that replaces the taint list, guarded by the copy's version and planned
 /// again from a read after a conflict.
-pub async fn sync(ctx: &Ctx, machine: &Machine, node: &Node) -> Result<(), Error> {
-    let desired = desired(machine);
-    let name = machine.name_any();
-    let patch_of = |node: &Node| {
-        let patch = plan(node, &desired, &name);
-        if super::nodefinalizer::to_add(machine, node) {
-            super::nodefinalizer::add_to_patch(patch, node)
+pub async fn write(
+    ctx: &Ctx,
+    machine: &Machine,
+    node: &Node,
+    planned: &NodeWrite,
+) -> Result<(), Error> {
+    let patch = match planned {
+        NodeWrite::Unguarded(patch) => {
+            return ctx
+                .patch_node_unguarded(&node.name_any(), patch, "apply the node template")
+                .await;
+        }
+        NodeWrite::Guarded(patch) => patch,
+    };
+    // Planned again from a fresh read after a conflict (the store's copy may be behind):
+    // the outcome of the write decides the next, with the same pure rule. A vanished node
+    // (Gone) and a lasting conflict are retried by the next reconcile.
+    let nodes: Api<Node> = Api::all(ctx.target.clone());
+    let replan = |copy: &Node| {
+        if copy.resource_version() == node.resource_version() {
+            Some(patch.clone())
         } else {
-            patch
+            patch_for(machine, copy)
         }
     };
-    let nodes: Api<Node> = Api::all(ctx.target.clone());
-    // Our last write is not in the store yet: what is planned from it was written already
-    // (the write's own watch event brings the next reconcile).
-    if ctx.node_store_is_behind(node) {
-        return Ok(());
-    }
-    let Some(planned) = patch_of(node) else {
-        return Ok(());
-    };
-    if let Some(patch) = unguarded(&planned, node) {
-        return ctx
-            .patch_node_unguarded(&node.name_any(), &patch, "apply the node template")
-            .await;
-    }
-    // Planned again from a fresh read after a conflict (the store's copy may be behind); a
-    // vanished node (Gone) and a lasting conflict are retried by the next reconcile.
-    match kube_api::patch_from_copy(&nodes, node, patch_of).await {
+    match kube_api::patch_from_copy(&nodes, node, replan).await {
         Ok(_) => Ok(()),
         Err(e) if e.is_conflict() => Ok(()),
         Err(e) => Err(Error::kube("apply the node template", e)),
     }
+}
+
+/// A node write as the plan chose it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum NodeWrite {
+    /// Labels, annotations and the finalizer only: a strategic merge patch without a
+    /// resourceVersion guard ([`unguarded`]), which cannot conflict.
+    Unguarded(serde_json::Value),
+    /// The taints change too: a merge patch guarded by the copy's version.
+    Guarded(serde_json::Value),
+}
+
+/// The patch that brings `node` in line with the node template of `machine`, with the Node
+/// finalizer when the Node misses it; `None` when nothing is to change. Pure.
+pub fn patch_for(machine: &Machine, node: &Node) -> Option<serde_json::Value> {
+    let patch = plan(node, &desired(machine), &machine.name_any());
+    if super::nodefinalizer::to_add(machine, node) {
+        super::nodefinalizer::add_to_patch(patch, node)
+    } else {
+        patch
+    }
+}
+
+/// The write that brings `node` in line ([`patch_for`]): unguarded when it leaves the taints
+/// as they are. Pure.
+pub fn planned_write(machine: &Machine, node: &Node) -> Option<NodeWrite> {
+    let planned = patch_for(machine, node)?;
+    Some(match unguarded(&planned, node) {
+        Some(patch) => NodeWrite::Unguarded(patch),
+        None => NodeWrite::Guarded(planned),
+    })
 }
 
 /// `planned` (a guarded merge patch of [`plan`] and the Node finalizer) as a strategic merge

@@ -14,8 +14,9 @@ use mcm_api::{Machine, MachinePhase};
 use super::announcement::{Announcement, Note};
 use super::decide::{self, Probe, Step};
 use super::inplace::{self, InPlaceStep};
-use super::model::Topic;
 use super::model::{NodeState, Snapshot};
+use super::model::{Replacement, Topic};
+use super::nodetemplate::{self, NodeWrite};
 use super::preserve::{self, PreserveStep};
 use super::{Settings, nodefinalizer, observe};
 
@@ -33,9 +34,46 @@ pub enum Plan {
     Lifecycle {
         /// The step.
         step: Step,
-        /// Put the Node finalizer on the Node first.
-        hold_node_finalizer: bool,
+        /// The node template (and the Node finalizer, when the Node misses it) to write to
+        /// the Node first.
+        node_write: Option<NodeWrite>,
+        /// What follows a drain pass that finishes the drain (a [`Step::DrainPass`] only).
+        when_drained: WhenDrained,
     },
+}
+
+/// What follows a drain pass that finishes the drain, as the plan saw the deletion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WhenDrained {
+    /// The deletion's next step needs no wait: the VM is deleted in the same reconcile.
+    DeleteVm,
+    /// The next step waits (VolumeAttachments, hooks, a class to fix): record the drain.
+    Record,
+}
+
+impl WhenDrained {
+    /// What follows given how the drain ended: a drain that deleted pods without evicting
+    /// them (their VM is dead) is recorded and announced before the VM goes, so that the
+    /// Machine says why no budget was asked. Pure.
+    pub fn after(self, without_eviction: bool) -> WhenDrained {
+        if without_eviction {
+            WhenDrained::Record
+        } else {
+            self
+        }
+    }
+}
+
+/// The machine's place among those a zone partition holds
+/// (`mcm_machine_zone_partition_held_machines`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PartitionHold {
+    /// Not a lifecycle decision: as it was.
+    Unchanged,
+    /// Held by the partition of this zone.
+    Held(String),
+    /// Not held.
+    Released,
 }
 
 /// A [`Plan`] and the warnings announced whatever it is.
@@ -46,6 +84,8 @@ pub struct Decision {
     /// on the Node that upstream does not allow (preservation is left as it is; the other
     /// deciders go on).
     pub announcements: Vec<Announcement>,
+    /// Whether a zone partition holds the machine.
+    pub partition_hold: PartitionHold,
     /// What to do.
     pub plan: Plan,
 }
@@ -55,21 +95,72 @@ pub fn plan(s: &Snapshot, settings: &Settings) -> Decision {
     let (early, warn_preserve_value) = early_decider(s, settings);
     let plan = early.unwrap_or_else(|| {
         let observed = observed(s, settings);
-        let step = decide::next_step(&observed, &s.cfg, s.now);
-        let hold_node_finalizer = s.node.as_deref().is_some_and(|node| {
-            !s.frozen && step != Step::KeepRunning && nodefinalizer::to_add(&s.machine, node)
-        });
+        let step = replacement_step(decide::next_step(&observed, &s.cfg, s.now), &s.replacement);
+        let when_drained = match step {
+            Step::DrainPass { .. } if after_drain(s, settings) == Step::DeleteVm => {
+                WhenDrained::DeleteVm
+            }
+            _ => WhenDrained::Record,
+        };
         Plan::Lifecycle {
+            node_write: node_write(s, &step),
+            when_drained,
             step,
-            hold_node_finalizer,
         }
     });
+    let partition_hold = match &plan {
+        Plan::Lifecycle {
+            step: Step::HeldByPartition { partition, .. },
+            ..
+        } => PartitionHold::Held(partition.zone.clone()),
+        Plan::Lifecycle { .. } => PartitionHold::Released,
+        _ => PartitionHold::Unchanged,
+    };
     Decision {
         announcements: vec![
             health_policy_warning(s.policy_problem.as_deref()),
             preserve_value_warning(&s.machine, warn_preserve_value.as_deref()),
         ],
+        partition_hold,
         plan,
+    }
+}
+
+/// A failure the deployment's replacement budget does not allow is held: throttled, or
+/// waiting for the permit another reconcile holds. Pure.
+fn replacement_step(step: Step, replacement: &Replacement) -> Step {
+    match (step, replacement) {
+        (Step::MarkFailed { .. }, Replacement::Busy) => Step::AwaitReplacementPermit,
+        (Step::MarkFailed { reason }, Replacement::Throttled(throttled)) => {
+            Step::ThrottleReplacement {
+                throttled: throttled.clone(),
+                reason,
+            }
+        }
+        (step, _) => step,
+    }
+}
+
+/// The node template (and the Node finalizer) to write before `step`: a Running machine
+/// keeps its Node in line; any other step puts the finalizer on a Node that misses it
+/// (unless frozen), with the template in the same write. Nothing while the store's copy of
+/// the Node predates our own last write of it. Pure.
+fn node_write(s: &Snapshot, step: &Step) -> Option<NodeWrite> {
+    let node = s.node.as_deref().filter(|_| !s.node_copy_behind)?;
+    let due = *step == Step::KeepRunning || (!s.frozen && nodefinalizer::to_add(&s.machine, node));
+    due.then(|| nodetemplate::planned_write(&s.machine, node))
+        .flatten()
+}
+
+/// Whether gather must ask the machine's deployment about a replacement: the lifecycle is
+/// about to mark the machine Failed. `s` is taken without the verdict. Pure.
+pub fn asks_replacement(s: &Snapshot, settings: &Settings) -> bool {
+    match early_decider(s, settings) {
+        (Some(_), _) => false,
+        (None, _) => matches!(
+            decide::next_step(&observed(s, settings), &s.cfg, s.now),
+            Step::MarkFailed { .. }
+        ),
     }
 }
 
@@ -115,7 +206,7 @@ pub fn probe(s: &Snapshot, settings: &Settings) -> Probe {
 /// The lifecycle step that follows a drain of the machine of `s` that has just finished
 /// (`s` was gathered before it): the deletion's next step as if the drain were recorded.
 /// Pure.
-pub fn after_drain(s: &Snapshot, settings: &Settings) -> Step {
+fn after_drain(s: &Snapshot, settings: &Settings) -> Step {
     let mut observed = observed(s, settings);
     observed.deletion.drained = true;
     observed.deletion.drained_at = Some(s.now);
@@ -213,6 +304,7 @@ mod tests {
     use jiff::Timestamp;
     use k8s_openapi::api::core::v1::Node;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    use mcm_api::constants::annotations::progress;
     use mcm_api::constants::{annotations, labels};
     use serde_json::json;
 
@@ -323,6 +415,9 @@ mod tests {
             class: Ok(()),
             node: node.map(Arc::new),
             protection: None,
+            replacement: Replacement::NotAsked,
+            permit: None,
+            node_copy_behind: false,
             attachments_left: 0,
             vm: VmReport::NotAsked,
             zone_partition: None,
@@ -543,6 +638,197 @@ mod tests {
             false,
         );
         assert_eq!(probe(&node_deleted, &settings()), Probe::None);
+    }
+
+    /// The lifecycle step of a decision.
+    fn step(d: &Decision) -> &Step {
+        match &d.plan {
+            Plan::Lifecycle { step, .. } => step,
+            other => panic!("not a lifecycle plan: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_failure_waits_for_the_deployments_verdict() {
+        // Unknown for an hour on a Node that is not Ready: past the health timeout.
+        let failing = || {
+            snapshot(
+                machine("Unknown", false, false),
+                Some(node(false, false, false)),
+                NodeState::Present,
+                false,
+            )
+        };
+        assert!(asks_replacement(&failing(), &settings()));
+        let running = snapshot(
+            machine("Running", false, false),
+            Some(node(true, false, false)),
+            NodeState::Present,
+            false,
+        );
+        assert!(!asks_replacement(&running, &settings()));
+        // (verdict) -> step
+        let cases = [
+            (Replacement::NotAsked, "MarkFailed"),
+            (Replacement::Allowed, "MarkFailed"),
+            (Replacement::Busy, "AwaitReplacementPermit"),
+            (
+                Replacement::Throttled("budget used up".into()),
+                "ThrottleReplacement",
+            ),
+        ];
+        for (verdict, want) in cases {
+            let mut s = failing();
+            s.replacement = verdict.clone();
+            let d = plan(&s, &settings());
+            let got = format!("{:?}", step(&d));
+            assert!(got.starts_with(want), "{verdict:?}: {got}");
+            if let Step::ThrottleReplacement { throttled, reason } = step(&d) {
+                assert_eq!(throttled, "budget used up");
+                assert!(!reason.is_empty());
+            }
+        }
+        // Any other step stays as it is.
+        let mut s = running;
+        s.replacement = Replacement::Throttled("x".into());
+        assert_eq!(*step(&plan(&s, &settings())), Step::KeepRunning);
+    }
+
+    #[test]
+    fn a_finished_drain_goes_on_to_the_vm_unless_pods_went_without_eviction() {
+        assert_eq!(WhenDrained::DeleteVm.after(false), WhenDrained::DeleteVm);
+        assert_eq!(WhenDrained::DeleteVm.after(true), WhenDrained::Record);
+        assert_eq!(WhenDrained::Record.after(false), WhenDrained::Record);
+        // A deletion whose drain runs: the VM goes next (no attachments, no hooks).
+        let mut m = machine("Terminating", true, false);
+        m.metadata.annotations.get_or_insert_default().insert(
+            progress::DRAIN_STARTED.into(),
+            (now() - jiff::SignedDuration::from_secs(5)).to_string(),
+        );
+        let mut s = snapshot(m, Some(node(true, false, false)), NodeState::Present, false);
+        s.vm = VmReport::Present;
+        let d = plan(&s, &settings());
+        assert!(matches!(step(&d), Step::DrainPass { .. }), "{:?}", d.plan);
+        assert!(
+            matches!(
+                d.plan,
+                Plan::Lifecycle {
+                    when_drained: WhenDrained::DeleteVm,
+                    ..
+                }
+            ),
+            "{:?}",
+            d.plan
+        );
+        // VolumeAttachments left: the drain is recorded, the attachments go next.
+        s.attachments_left = 1;
+        let d = plan(&s, &settings());
+        assert!(
+            matches!(
+                d.plan,
+                Plan::Lifecycle {
+                    when_drained: WhenDrained::Record,
+                    ..
+                }
+            ),
+            "{:?}",
+            d.plan
+        );
+    }
+
+    #[test]
+    fn the_node_is_written_for_its_template_or_finalizer_unless_its_copy_is_behind() {
+        let with_template = || {
+            let mut m = machine("Running", false, false);
+            m.spec.node_template = Some(
+                serde_json::from_value(json!({
+                    "metadata": { "labels": { "pool": "a" } }
+                }))
+                .unwrap(),
+            );
+            m
+        };
+        // (case, machine, frozen, copy behind) -> a write
+        let cases = [
+            (
+                "a Running machine's template differs",
+                with_template(),
+                false,
+                false,
+                true,
+            ),
+            (
+                "the copy predates our write",
+                with_template(),
+                false,
+                true,
+                false,
+            ),
+            (
+                "frozen, Running: its Node is still kept in line",
+                with_template(),
+                true,
+                false,
+                true,
+            ),
+            (
+                "frozen, Pending: the finalizer waits",
+                machine("Pending", false, false),
+                true,
+                false,
+                false,
+            ),
+            (
+                "nothing differs, the finalizer missing",
+                machine("Running", false, false),
+                false,
+                false,
+                true,
+            ),
+        ];
+        for (case, m, frozen, behind, want) in cases {
+            let mut s = snapshot(
+                m,
+                Some(node(true, false, false)),
+                NodeState::Present,
+                frozen,
+            );
+            s.node_copy_behind = behind;
+            let d = plan(&s, &settings());
+            let wrote = matches!(
+                d.plan,
+                Plan::Lifecycle {
+                    node_write: Some(_),
+                    ..
+                }
+            );
+            assert_eq!(wrote, want, "{case}: {:?}", d.plan);
+        }
+    }
+
+    #[test]
+    fn a_lifecycle_decision_says_whether_a_partition_holds_the_machine() {
+        let s = snapshot(
+            machine("Running", false, false),
+            Some(node(true, false, false)),
+            NodeState::Present,
+            false,
+        );
+        assert_eq!(
+            plan(&s, &settings()).partition_hold,
+            PartitionHold::Released
+        );
+        let s = snapshot(
+            machine("Running", false, true),
+            Some(node(true, false, false)),
+            NodeState::Present,
+            false,
+        );
+        assert_eq!(
+            plan(&s, &settings()).partition_hold,
+            PartitionHold::Unchanged,
+            "preservation acts"
+        );
     }
 
     fn bare(phase: Option<&str>, deleting: bool) -> Machine {

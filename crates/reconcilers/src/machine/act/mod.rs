@@ -33,6 +33,6 @@ pub(crate) use records::{
     add_finalizer, await_hooks, class_and_secret, expire_hooks, patch_machine, patch_status,
 };
 pub(crate) use running::{
-    hold, hold_for_partition, keep_running, mark_available, mark_failed, mark_running,
-    mark_unknown, vm_report,
+    PERMIT_BUSY_RECHECK, hold, hold_for_partition, keep_running, mark_available, mark_failed,
+    mark_running, mark_unknown, throttle_replacement, vm_report,
 };

@@ -110,7 +110,6 @@ pub async fn mark_running(ctx: &Ctx, m: &Machine, node: Option<&Node>) -> Result
 pub async fn keep_running(ctx: &Ctx, m: &Machine, node: Option<&Node>) -> Result<Action, Error> {
     if let Some(node) = node {
         copy_node_status(ctx, m, node, false).await?;
-        crate::machine::nodetemplate::sync(ctx, m, node).await?;
     }
     Ok(Action::requeue(ctx.settings.resync))
 }
@@ -157,7 +156,7 @@ pub async fn mark_unknown(
 
 /// The machine would fail, but the replacement budget of its deployment is used up:
 /// record why (once, with an Event) and check again later.
-async fn throttle_replacement(
+pub async fn throttle_replacement(
     ctx: &Ctx,
     m: &Machine,
     throttled: &str,
@@ -173,23 +172,11 @@ async fn throttle_replacement(
 }
 
 /// How soon a machine whose failure lost the race for its deployment's permit looks again.
-pub(super) const PERMIT_BUSY_RECHECK: Duration = Duration::from_secs(1);
+pub const PERMIT_BUSY_RECHECK: Duration = Duration::from_secs(1);
 
-/// The machine is beyond repair: Failed, unless its deployment's replacement budget is used
-/// up (then the failure is held and recorded). The budget is counted here, under the
-/// deployment's permit (taken without waiting): it serialises concurrent failures of its
-/// machines, so each counts the failures written before it.
+/// The machine is beyond repair: Failed (its deployment's budget allowed it, see
+/// [`Replacement`](crate::machine::model::Replacement)).
 pub async fn mark_failed(ctx: &Ctx, m: &Machine, reason: &str) -> Result<Action, Error> {
-    let _permit = match ctx.replacement_permit(m) {
-        Ok(permit) => permit,
-        Err(busy) => {
-            tracing::debug!(%busy, "replacement permit busy");
-            return Ok(Action::requeue(PERMIT_BUSY_RECHECK));
-        }
-    };
-    if let Some(throttled) = ctx.replacement_throttle(m) {
-        return throttle_replacement(ctx, m, &throttled, reason).await;
-    }
     let kind = match m.phase() {
         Some(MachinePhase::Unknown) | Some(MachinePhase::Running) => {
             MachineOperationType::HealthCheck
@@ -232,7 +219,6 @@ pub async fn hold_for_partition(
     max_hold: Duration,
     remaining: Duration,
 ) -> Result<Action, Error> {
-    ctx.note_partition_hold(m, Some(&partition.zone));
     let why = format!(
         "not marked Failed: {}; its VM runs, so its remediation is held (at most {} past the \
          health timeout)",
