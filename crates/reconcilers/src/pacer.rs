@@ -73,6 +73,7 @@ impl StatusPacer {
     }
 
     /// The same pacer taking time from `clock`.
+    #[cfg_attr(not(test), allow(dead_code))]
     pub fn with_clock(mut self, clock: SharedClock) -> Self {
         self.clock = clock;
         self
@@ -137,9 +138,32 @@ mod tests {
     }
 
     #[test]
+    fn the_pace_follows_the_pacers_clock() {
+        let clock = std::sync::Arc::new(crate::clock::ManualClock::starting_now());
+        let pacer = StatusPacer::new(Duration::from_secs(1)).with_clock(clock.clone());
+        let strip = |s: &(u32, &'static str)| (0, s.1);
+        assert_eq!(pacer.admit("a", None, &(1, "ok"), strip), Admission::Write);
+        assert_eq!(
+            pacer.admit("a", Some(&(1, "ok")), &(2, "ok"), strip),
+            Admission::Wait(Duration::from_secs(1)),
+            "the clock stood still"
+        );
+        clock.advance(Duration::from_millis(400));
+        assert_eq!(
+            pacer.admit("a", Some(&(1, "ok")), &(2, "ok"), strip),
+            Admission::Wait(Duration::from_millis(600))
+        );
+        clock.advance(Duration::from_millis(600));
+        assert_eq!(
+            pacer.admit("a", Some(&(1, "ok")), &(2, "ok"), strip),
+            Admission::Write
+        );
+    }
+
+    #[test]
     fn counter_only_writes_wait_for_the_interval_significant_ones_do_not() {
         let second = Duration::from_secs(1);
-        let t0 = Instant::now();
+        let t0 = crate::clock::Clock::instant(&crate::clock::SystemClock);
         // Never written: at once.
         assert_eq!(hold_back_for(None, t0, second, false), None);
         // Written 300 ms ago: the rest of the second.

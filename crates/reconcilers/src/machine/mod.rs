@@ -17,6 +17,7 @@ pub mod act;
 pub mod announcement;
 pub mod ctx;
 pub mod decide;
+pub mod drainplan;
 pub mod error;
 pub mod execute;
 pub mod freeze;

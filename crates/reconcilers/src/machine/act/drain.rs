@@ -7,7 +7,6 @@ use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
-use mcm_api::constants::annotations::progress;
 use mcm_api::constants::node_conditions;
 use mcm_api::{Machine, MachinePhase};
 use serde_json::json;
@@ -17,10 +16,8 @@ use crate::machine::decide::MachineConfig;
 use crate::machine::{Ctx, Error};
 
 use super::announce::announce;
-use super::records::{
-    DRAIN_WAIT_RECHECK, RECHECK, deletion_step, deployment_labels, name, set_progress_keys,
-};
-use crate::machine::announcement::{Announcement, Note, Target};
+use super::records::{RECHECK, deployment_labels, name, set_progress_keys};
+use crate::machine::drainplan::{self, DrainVerdict, Drained};
 
 /// What a drain pass is told by the decision.
 #[derive(Debug, Clone)]
@@ -43,41 +40,6 @@ pub struct PassPlan<'a> {
     /// The pass cordons the node (the first pass of a deletion finds it cordoned by
     /// [`cordon_for_deletion`]).
     pub cordon: bool,
-}
-
-/// Where a pass of a drain that does not wait for volumes (preservation and in-place
-/// updates: the VM stays) leaves its caller.
-#[derive(Debug)]
-pub(crate) enum PodsDrain<'a> {
-    /// No pod is left to move (or the Node is gone).
-    Drained,
-    /// Pods are left: come back after this long (the eviction retry interval when a
-    /// PodDisruptionBudget refused an eviction, or can never allow one until the drain
-    /// deletes the pod; the next step's pace otherwise).
-    Draining(Duration),
-    /// A request failed (retried after the eviction retry interval): the first failure.
-    Failed(&'a mcm_drain::DrainError),
-}
-
-/// How preservation and in-place updates read a drain pass (pure). `next`: the pace of
-/// their steps; `retry`: the eviction retry interval.
-pub(crate) fn pods_drain(
-    report: &mcm_drain::PassReport,
-    next: Duration,
-    retry: Duration,
-) -> PodsDrain<'_> {
-    match report.state() {
-        mcm_drain::PassState::Done
-        | mcm_drain::PassState::Volumes
-        | mcm_drain::PassState::NodeGone => PodsDrain::Drained,
-        mcm_drain::PassState::Pods => match report.failed.first() {
-            Some(e) => PodsDrain::Failed(e),
-            None if !report.blocked.is_empty() || !report.misconfigured.is_empty() => {
-                PodsDrain::Draining(retry)
-            }
-            None => PodsDrain::Draining(next),
-        },
-    }
 }
 
 /// One pass of the drain of `node` (deletion, preservation and in-place updates drain through
@@ -129,25 +91,6 @@ pub enum DeletionDrain {
     Drained(Drained),
 }
 
-/// A finished drain, as the pass that finished it saw it.
-#[derive(Debug)]
-pub struct Drained {
-    node: String,
-    first: bool,
-    /// Pods were evicted, deleted or released on the way (else there is nothing to tell).
-    acted: bool,
-    /// The node was drained (not gone).
-    node_drained: bool,
-    /// Pods were deleted without an eviction because the node's VM is dead: the drain is
-    /// recorded in `lastOperation` (and announced) before the deletion goes on, so that the
-    /// Machine says why no budget was asked.
-    pub without_eviction: bool,
-    description: String,
-    summary: String,
-    /// Warnings about drain rules that do not parse, for the node.
-    invalid: Vec<Note>,
-}
-
 /// One pass of the drain: this round's evictions (or deletions); a pass that leaves pods or
 /// volumes records where it stands. Never waits for pods or volumes inside the reconcile. The
 /// first pass of a deletion's drain finds the node cordoned already ([`cordon_for_deletion`]).
@@ -171,122 +114,45 @@ pub async fn drain_pass(
         vm_dead: plan.vm_dead.is_some(),
     };
     let report = drain_node_pass(ctx, node_name, &options, &input).await?;
-    let mut summary = report.summary();
-    let without_eviction = plan.vm_dead.is_some()
-        && report
-            .deleted
-            .iter()
-            .any(|d| d.reason == mcm_drain::DeleteReason::VmDead);
-    if let Some(why) = plan.vm_dead {
-        summary.push_str(&format!(
-            " (pods deleted, not evicted: {why}, so they run nowhere; a PodDisruptionBudget \
-             guards running pods only)"
-        ));
-    } else if let Some(why) = plan.force_reason {
-        summary.push_str(&format!(" (forced: {why})"));
-    }
-    let description = format!("Drain of node {node_name}: {summary}");
-    let state = report.state();
-    let blocked = !report.blocked.is_empty() || !report.misconfigured.is_empty();
-    // An unknown drain rule value is in the summary; a Warning per pod and value goes to the
-    // node with the pass's record (when that is new, not at every pass).
-    let on_node = Target::Node(node_name.to_string());
-    let invalid: Vec<Note> = report
-        .invalid_rules
-        .iter()
-        .map(|bad| Note::warning("DrainRuleInvalid", "Delete", bad.to_string()).on(on_node.clone()))
-        .collect();
-    if let mcm_drain::PassState::Done | mcm_drain::PassState::NodeGone = state {
-        if let Some(labels) = deployment_labels(m) {
-            ctx.metrics.drained(
-                &labels,
-                plan.elapsed + ctx.clock.instant().saturating_duration_since(pass_started),
-            );
-        }
-        let acted =
-            !report.evicted.is_empty() || !report.deleted.is_empty() || !report.released.is_empty();
-        return Ok(DeletionDrain::Drained(Drained {
+    let verdict = drainplan::verdict(
+        &drainplan::PassFacts {
+            machine: m.name_any(),
             node: node_name.to_string(),
             first: plan.first,
-            acted,
-            node_drained: state == mcm_drain::PassState::Done,
-            without_eviction,
-            description,
-            summary,
-            invalid,
-        }));
-    }
-    // The progress this pass makes, written in one patch: the start of the drain (first
-    // pass), all pods gone (the volume wait counts from there).
-    let mut progress_keys = Vec::new();
-    if plan.first {
-        progress_keys.push(progress::DRAIN_STARTED);
-    }
-    if state == mcm_drain::PassState::Volumes && plan.pods_gone_for.is_none() {
-        progress_keys.push(progress::PODS_DRAINED);
-    }
-    set_progress_keys(ctx, m, &progress_keys).await?;
-    if plan.first {
-        // One Event on the node says why it is cordoned and pods leave it; the Machine's
-        // lastOperation has every step.
-        let note = format!("cordoned; draining for the deletion of machine {}", name(m));
-        let started = Note::normal("DrainStarted", "Delete", note).on(on_node.clone());
-        announce(ctx, m, Announcement::events(vec![started])).await?;
-    }
-    let mut notes = invalid;
-    if state == mcm_drain::PassState::Pods && blocked {
-        ctx.metrics.drain_blocked();
-        notes.push(Note::warning(
-            "DrainBlockedByPDB",
-            "Drain",
-            description.clone(),
-        ));
-        notes.push(Note::warning("DrainBlockedByPDB", "Delete", summary).on(on_node));
-    }
-    announce(ctx, m, deletion_step(description, notes)).await?;
-    Ok(DeletionDrain::Wait(match state {
-        mcm_drain::PassState::Pods if blocked => {
-            Action::requeue(ctx.settings.eviction_retry_interval)
+            vm_dead: plan.vm_dead,
+            force_reason: plan.force_reason,
+            pods_gone_for: plan.pods_gone_for,
+            eviction_retry_interval: ctx.settings.eviction_retry_interval,
+        },
+        &report,
+    );
+    match verdict {
+        DrainVerdict::Drained(drained) => {
+            if let Some(labels) = deployment_labels(m) {
+                ctx.metrics.drained(
+                    &labels,
+                    plan.elapsed + ctx.clock.instant().saturating_duration_since(pass_started),
+                );
+            }
+            Ok(DeletionDrain::Drained(*drained))
         }
-        mcm_drain::PassState::Volumes | mcm_drain::PassState::Pods => {
-            Action::requeue(ctx.settings.eviction_retry_interval.min(DRAIN_WAIT_RECHECK))
+        DrainVerdict::Wait {
+            progress_keys,
+            started,
+            record,
+            blocked,
+            requeue,
+        } => {
+            set_progress_keys(ctx, m, &progress_keys).await?;
+            if let Some(started) = started {
+                announce(ctx, m, started).await?;
+            }
+            if blocked {
+                ctx.metrics.drain_blocked();
+            }
+            announce(ctx, m, record).await?;
+            Ok(DeletionDrain::Wait(Action::requeue(requeue)))
         }
-        mcm_drain::PassState::Done | mcm_drain::PassState::NodeGone => {
-            return Err(Error::Invariant("a finished drain left to wait".into()));
-        }
-    }))
-}
-
-impl Drained {
-    /// Whether the drain has something to tell: pods were moved (in this pass, or in earlier
-    /// ones: a drain that took more than one pass). An empty node's drain tells nothing the
-    /// deletion's own Event does not.
-    fn tells(&self) -> bool {
-        self.acted || !self.first
-    }
-
-    /// The Events of a drain that finished, besides the one on the Machine: the warnings
-    /// about drain rules; when it tells, `Drained` on the node, and when it finished in its
-    /// first pass after moving pods, the node's `DrainStarted` (which a drain that waits
-    /// publishes with its first pass).
-    fn node_notes(&self, m: &Machine) -> Vec<Note> {
-        let on_node = Target::Node(self.node.clone());
-        let mut notes = self.invalid.clone();
-        if !self.tells() {
-            return notes;
-        }
-        if self.first && self.acted {
-            let note = format!(
-                "cordoned and drained for the deletion of machine {}: {}",
-                name(m),
-                self.summary
-            );
-            notes.push(Note::normal("DrainStarted", "Delete", note).on(on_node.clone()));
-        }
-        if self.node_drained {
-            notes.push(Note::normal("Drained", "Delete", self.summary.clone()).on(on_node));
-        }
-        notes
     }
 }
 
@@ -294,12 +160,7 @@ impl Drained {
 /// before the VM is deleted repeats a pass that finds the node drained). A drain that moved
 /// pods says so on the Machine and the node (`Drained`).
 pub async fn drained_and_going_on(ctx: &Ctx, m: &Machine, d: &Drained) -> Result<(), Error> {
-    let mut notes = Vec::new();
-    if d.tells() {
-        notes.push(Note::normal("Drained", "Drain", d.description.clone()));
-    }
-    notes.extend(d.node_notes(m));
-    announce(ctx, m, Announcement::events(notes)).await?;
+    announce(ctx, m, d.going_on()).await?;
     Ok(())
 }
 
@@ -307,18 +168,8 @@ pub async fn drained_and_going_on(ctx: &Ctx, m: &Machine, d: &Drained) -> Result
 /// hooks, a class to fix): record the drain (its start too, when it finished in its first
 /// pass), announce it when pods were moved, and come back.
 pub async fn record_drained(ctx: &Ctx, m: &Machine, d: Drained) -> Result<Action, Error> {
-    let mut progress_keys = Vec::new();
-    if d.first {
-        progress_keys.push(progress::DRAIN_STARTED);
-    }
-    progress_keys.push(progress::DRAINED);
-    set_progress_keys(ctx, m, &progress_keys).await?;
-    let mut notes = Vec::new();
-    if d.tells() {
-        notes.push(Note::normal("Drained", "Drain", d.description.clone()));
-    }
-    notes.extend(d.node_notes(m));
-    announce(ctx, m, deletion_step(d.description, notes)).await?;
+    set_progress_keys(ctx, m, &d.recorded_keys()).await?;
+    announce(ctx, m, d.recorded()).await?;
     Ok(Action::requeue(RECHECK))
 }
 
@@ -474,46 +325,5 @@ mod tests {
         );
         assert_eq!(cordon_and_release(&node(true, false, false)), None);
         assert_eq!(cordon_and_release(&node(true, true, true)), None);
-    }
-
-    #[test]
-    fn a_pass_without_the_volume_wait_is_drained_draining_or_failed() {
-        let next = Duration::from_secs(2);
-        let retry = Duration::from_secs(20);
-        let report = |state, f: &dyn Fn(&mut mcm_drain::PassReport)| {
-            let mut r = mcm_drain::PassReport {
-                state: Some(state),
-                ..Default::default()
-            };
-            f(&mut r);
-            r
-        };
-        use mcm_drain::PassState::*;
-        for state in [Done, Volumes, NodeGone] {
-            let r = report(state, &|_| {});
-            assert!(
-                matches!(pods_drain(&r, next, retry), PodsDrain::Drained),
-                "{state:?}"
-            );
-        }
-        let moving = report(Pods, &|r| r.terminating.push("ns/p".into()));
-        assert!(matches!(pods_drain(&moving, next, retry), PodsDrain::Draining(d) if d == next));
-        let refused = report(Pods, &|r| {
-            r.misconfigured.push(mcm_drain::MisconfiguredBudget {
-                pod: "ns/p".into(),
-                pdb: "ns/budget".into(),
-                reason: mcm_drain::MisconfiguredReason::MultipleBudgets,
-            })
-        });
-        assert!(matches!(pods_drain(&refused, next, retry), PodsDrain::Draining(d) if d == retry));
-        let failed = report(Pods, &|r| {
-            r.failed.push(mcm_drain::DrainError::CacheNotReady {
-                what: "VolumeAttachment",
-            })
-        });
-        assert!(matches!(
-            pods_drain(&failed, next, retry),
-            PodsDrain::Failed(_)
-        ));
     }
 }

@@ -2,6 +2,7 @@
 //! condition, the drain, the machine's phase.
 
 use crate::machine::decide::MachineConfig;
+use crate::machine::drainplan;
 use crate::machine::inplace::*;
 use crate::machine::status::{self, Operation};
 use crate::machine::{Ctx, Error};
@@ -90,8 +91,8 @@ async fn drain(
     };
     let report = super::drain_node_pass(ctx, &name, &options, &input).await?;
     let retry = ctx.settings.eviction_retry_interval;
-    match super::pods_drain(&report, NEXT_STEP, retry) {
-        super::PodsDrain::Drained => {
+    match drainplan::pods_drain(&report, NEXT_STEP, retry) {
+        drainplan::PodsDrain::Drained => {
             let op = Operation::processing(
                 MachineOperationType::InPlaceUpdate,
                 format!("Machine {} is undergoing an in-place update", m.name_any()),
@@ -118,7 +119,7 @@ async fn drain(
                 .await;
             Ok(Action::requeue(NEXT_STEP))
         }
-        super::PodsDrain::Failed(e) => {
+        drainplan::PodsDrain::Failed(e) => {
             let op = Operation::processing(
                 MachineOperationType::DrainNode,
                 format!(
@@ -130,6 +131,6 @@ async fn drain(
             super::patch_status(ctx, m, patch).await?;
             Ok(Action::requeue(retry))
         }
-        super::PodsDrain::Draining(again) => Ok(Action::requeue(again)),
+        drainplan::PodsDrain::Draining(again) => Ok(Action::requeue(again)),
     }
 }

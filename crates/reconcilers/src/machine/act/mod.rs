@@ -23,9 +23,8 @@ pub(crate) use delete::{
     finish_deletion, machine_exists, mark_terminating,
 };
 pub(crate) use drain::{
-    DeletionDrain, PassPlan, PodsDrain, cordon_for_deletion, drain_node_pass, drain_options,
-    drain_pass, drained_and_going_on, patch_node_condition, pods_drain, record_drained,
-    set_node_terminating,
+    DeletionDrain, PassPlan, cordon_for_deletion, drain_node_pass, drain_options, drain_pass,
+    drained_and_going_on, patch_node_condition, record_drained, set_node_terminating,
 };
 pub use inplace::inplace_step;
 pub use preserve::preserve_step;

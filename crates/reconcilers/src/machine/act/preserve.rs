@@ -3,6 +3,7 @@
 
 use crate::kube_api::{self, Part};
 use crate::machine::decide::MachineConfig;
+use crate::machine::drainplan;
 use crate::machine::preserve::*;
 use crate::machine::{Ctx, Error};
 use jiff::Timestamp;
@@ -137,10 +138,10 @@ async fn node_work(
         };
         let report = super::drain_node_pass(ctx, &name, &options, &input).await?;
         let retry = ctx.settings.eviction_retry_interval;
-        match super::pods_drain(&report, NEXT_STEP, retry) {
-            super::PodsDrain::Drained => {}
-            super::PodsDrain::Draining(again) => return Ok(again),
-            super::PodsDrain::Failed(_) => drain_failed = true,
+        match drainplan::pods_drain(&report, NEXT_STEP, retry) {
+            drainplan::PodsDrain::Drained => {}
+            drainplan::PodsDrain::Draining(again) => return Ok(again),
+            drainplan::PodsDrain::Failed(_) => drain_failed = true,
         }
     }
     write_condition(

@@ -8,7 +8,7 @@ use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use mcm_api::constants::labels;
-use mcm_api::{Machine, MachineClass, MachineOperationType, MachinePhase};
+use mcm_api::{Machine, MachineClass, MachinePhase};
 use mcm_driver::SecretData;
 use serde_json::json;
 
@@ -21,6 +21,7 @@ use crate::machine::{Ctx, Error, FINALIZER, LEGACY_FINALIZERS};
 
 use super::announce::announce;
 use crate::machine::announcement::{Announcement, Note};
+use crate::machine::drainplan::deletion_step;
 
 pub(super) const RECHECK: Duration = Duration::from_secs(30);
 
@@ -118,12 +119,6 @@ pub(super) async fn record(
     patch_status(ctx, m, status::status_patch(m, phase, op, ctx.clock.now())).await
 }
 
-/// A step of the deletion (the phase stays) told by `notes` when it is new.
-pub(super) fn deletion_step(description: String, notes: Vec<Note>) -> Announcement {
-    let op = Operation::processing(MachineOperationType::Delete, description);
-    Announcement::record(None, op, notes)
-}
-
 /// Adds our finalizer (replacing a legacy name), guarded by the resource version. A Machine
 /// gone meanwhile needs nothing more.
 pub async fn add_finalizer(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
@@ -194,8 +189,6 @@ pub async fn class_and_secret(ctx: &Ctx, m: &Machine) -> Result<(MachineClass, S
 /// Pause before the next deletion step where no watch event of the Machine will come (after
 /// deleting VolumeAttachments or the Node).
 pub(super) const DELETION_STEP_REQUEUE: Duration = Duration::from_millis(200);
-/// Longest pause between drain passes while pods terminate or volumes detach.
-pub(super) const DRAIN_WAIT_RECHECK: Duration = Duration::from_secs(5);
 
 /// Writes a progress annotation (`key` = now) on the Machine.
 pub(super) async fn set_progress(ctx: &Ctx, m: &Machine, key: &str) -> Result<(), Error> {
