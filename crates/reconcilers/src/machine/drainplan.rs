@@ -71,9 +71,13 @@ pub struct PassFacts<'a> {
 
 /// Where a pass of a deletion's drain leaves the machine.
 #[derive(Debug, Clone, PartialEq)]
+#[allow(
+    clippy::large_enum_variant,
+    reason = "one value per drain pass, carried out at once"
+)]
 pub enum DrainVerdict {
     /// The node is drained (or gone); nothing is recorded yet.
-    Drained(Box<Drained>),
+    Drained(Drained),
     /// Pods or volumes are left: write the progress, tell the start, record where the drain
     /// stands, come back after `requeue`.
     Wait {
@@ -141,7 +145,7 @@ pub fn verdict(f: &PassFacts<'_>, report: &mcm_drain::PassReport) -> DrainVerdic
     if let PassState::Done | PassState::NodeGone = state {
         let acted =
             !report.evicted.is_empty() || !report.deleted.is_empty() || !report.released.is_empty();
-        return DrainVerdict::Drained(Box::new(Drained {
+        return DrainVerdict::Drained(Drained {
             machine: f.machine.clone(),
             node: f.node.clone(),
             first: f.first,
@@ -151,7 +155,7 @@ pub fn verdict(f: &PassFacts<'_>, report: &mcm_drain::PassReport) -> DrainVerdic
             description,
             summary,
             invalid,
-        }));
+        });
     }
     // The progress this pass makes, written in one patch: the start of the drain (first
     // pass), all pods gone (the volume wait counts from there).

@@ -30,6 +30,7 @@ pub mod model;
 pub mod nodefinalizer;
 pub mod nodetemplate;
 pub mod observe;
+pub mod outcome;
 pub mod partition;
 pub mod plan;
 pub mod policy;

@@ -167,7 +167,17 @@ pub fn node_not_managed(node: &Node) -> bool {
         .is_some_and(|a| a.contains_key(annotations::NOT_MANAGED_BY_MCM))
 }
 
-/// The health of a Node under the configured bad conditions.
+/// The health of a machine's Node under the machine's configuration: `Ready`, the bad
+/// conditions and the per-condition rules. The one health every decision about a machine
+/// reads ([`NodeHealth::healthy`]): the lifecycle, preservation, in-place updates and what a
+/// created VM settles into. (The remediation census counts otherwise, see
+/// [`super::remediation::Member`].)
+pub fn health(node: &Node, cfg: &MachineConfig) -> NodeHealth {
+    node_health_with(node, &cfg.bad_conditions, &cfg.unhealthy_conditions)
+}
+
+/// The health of `node` as far as `Ready` and the `bad_conditions` tell (no per-condition
+/// rules): for callers without a machine's configuration.
 pub fn node_health(node: &Node, bad_conditions: &[String]) -> NodeHealth {
     node_health_with(node, bad_conditions, &[])
 }
@@ -302,9 +312,7 @@ pub fn observe(machine: &Machine, cfg: &MachineConfig, ctx: Context<'_>) -> Obse
         provider_id: machine.spec.provider_id.clone().filter(|p| !p.is_empty()),
         node_name: machine.node_name().map(String::from),
         class: ctx.class.clone(),
-        node: ctx
-            .node
-            .map(|n| node_health_with(n, &cfg.bad_conditions, &cfg.unhealthy_conditions)),
+        node: ctx.node.map(|n| health(n, cfg)),
         frozen: ctx.frozen,
         force_deletion: m
             .labels

@@ -225,7 +225,7 @@ fn early_decider(s: &Snapshot, settings: &Settings) -> (Option<Plan>, Option<Str
         return (None, None);
     }
     let node = s.node.as_deref();
-    let health = node.map(|n| observe::node_health(n, &s.cfg.bad_conditions));
+    let health = node.map(|n| observe::health(n, &s.cfg));
     let facts = preserve::facts(
         m,
         node,

@@ -28,6 +28,8 @@ use super::records::{
 };
 use super::running::{mark_available, mark_running};
 use crate::machine::announcement::{Announcement, Note};
+use crate::machine::observe;
+use crate::machine::outcome::{self, Lookup, Settled, takes_back_request};
 
 /// Records why the class cannot be used; retries with backoff (class changes also wake us).
 pub async fn report_class_problem(
@@ -168,12 +170,12 @@ pub(super) async fn try_create_vm(
     let request_id = RequestId::generate();
     tracing::info!(%request_id, "looking for the machine's VM");
     let found = vm_status(ctx, m, &class, &secret, &request_id).await;
-    let (vm, adopted, initialized) = match found {
-        Ok(s) => {
+    let (vm, adopted, initialized) = match (Lookup::of(&found), found) {
+        (Lookup::Found, Ok(s)) => {
             record_vm_request(ctx, m, None).await?;
             (FoundVm::from(s), true, true)
         }
-        Err(e) if matches!(e.code, Code::NotFound | Code::Unimplemented) => {
+        (Lookup::Absent, _) => {
             record_vm_request(ctx, m, first_request.then_some(requested_at.as_str())).await?;
             tracing::info!(%request_id, idempotency_key = %key, "creating the VM");
             let created = match ctx
@@ -192,7 +194,7 @@ pub(super) async fn try_create_vm(
                     // `InvalidArgument`: the driver refused the request, nothing was created
                     // (the SPI's contract). Only the record this request wrote is taken back:
                     // an earlier request may have made a VM.
-                    if first_request && source.code == Code::InvalidArgument {
+                    if takes_back_request(first_request, &source) {
                         clear_progress(ctx, m, progress::VM_REQUESTED).await?;
                     }
                     return Err(Error::driver("create_machine", source));
@@ -202,7 +204,7 @@ pub(super) async fn try_create_vm(
             record_duration(ctx, m, Timed::Create, created_after);
             (FoundVm::from(created), false, false)
         }
-        Err(e) if e.code == Code::Uninitialized => {
+        (Lookup::Uninitialized, _) => {
             // A VM found by the driver's own lookup (no providerID yet) that still needs its
             // initialization, which also tells its providerID.
             record_vm_request(ctx, m, None).await?;
@@ -212,7 +214,12 @@ pub(super) async fn try_create_vm(
                 .map_err(|source| Error::driver("get_machine_status", source))?;
             (FoundVm::from(s), true, true)
         }
-        Err(e) => return Err(Error::driver("get_machine_status", e)),
+        (_, Err(e)) => return Err(Error::driver("get_machine_status", e)),
+        (_, Ok(_)) => {
+            return Err(Error::Invariant(
+                "a lookup answered Ok read as failed".into(),
+            ));
+        }
     };
 
     // The providerID is recorded before the VM is initialized: from here on the driver finds
@@ -309,19 +316,15 @@ pub(super) async fn settle_created(
     m: &Machine,
     cfg: &MachineConfig,
 ) -> Result<Action, Error> {
-    if !ctx.settings.target_cluster {
-        return mark_available(ctx, m).await;
-    }
+    // The Node of the name the driver just reported, if it joined already.
     let node = crate::machine::observe::node_name(m)
         .and_then(|n| ctx.node(n))
         .filter(|n| !crate::machine::observe::node_not_managed(n));
-    match node {
-        Some(node)
-            if crate::machine::observe::node_health(&node, &cfg.bad_conditions).healthy() =>
-        {
-            mark_running(ctx, m, Some(&node)).await
-        }
-        _ => mark_pending(ctx, m).await,
+    let health = node.as_deref().map(|n| observe::health(n, cfg));
+    match outcome::settled(ctx.settings.target_cluster, health.as_ref()) {
+        Settled::Available => mark_available(ctx, m).await,
+        Settled::Running => mark_running(ctx, m, node.as_deref()).await,
+        Settled::Pending => mark_pending(ctx, m).await,
     }
 }
 
@@ -351,14 +354,21 @@ pub(super) async fn try_finish_creation(
 ) -> Result<Action, Error> {
     let (class, secret) = class_and_secret(ctx, m).await?;
     let request_id = RequestId::generate();
-    match vm_status(ctx, m, &class, &secret, &request_id).await {
-        Ok(_) => {}
-        Err(e) if e.code == Code::Unimplemented => {}
-        Err(e) if e.code == Code::Uninitialized => {
+    let found = vm_status(ctx, m, &class, &secret, &request_id).await;
+    match (Lookup::of(&found), found) {
+        // Found, or a driver that cannot look (the VM is recorded: it was made).
+        (Lookup::Found | Lookup::Absent, Ok(_)) => {}
+        (Lookup::Absent, Err(e)) if e.code == Code::Unimplemented => {}
+        (Lookup::Uninitialized, _) => {
             tracing::info!(%request_id, "initializing the recorded VM");
             initialize(ctx, m, &class, &secret, &request_id).await?;
         }
-        Err(e) => return Err(Error::driver("get_machine_status", e)),
+        (_, Err(e)) => return Err(Error::driver("get_machine_status", e)),
+        (Lookup::Failed, Ok(_)) => {
+            return Err(Error::Invariant(
+                "a lookup answered Ok read as failed".into(),
+            ));
+        }
     }
     settle_created(ctx, m, cfg).await
 }

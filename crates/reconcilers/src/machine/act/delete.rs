@@ -8,7 +8,7 @@ use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use mcm_api::constants::annotations::progress;
 use mcm_api::{Machine, MachineOperationType, MachinePhase};
-use mcm_driver::{Code, DeleteMachineRequest, DriverError, RequestId};
+use mcm_driver::{DeleteMachineRequest, DriverError, RequestId};
 
 use crate::kube_api;
 use crate::machine::decide::ClassProblem;
@@ -22,6 +22,7 @@ use super::records::{
     record_duration, remove_finalizer, since,
 };
 use crate::machine::announcement::{Announcement, Note};
+use crate::machine::outcome::VmDeletion;
 
 /// Deletes the machine's bootstrap token (its Node joined, or the machine goes away and
 /// may have one left). Gone already is as good as deleted.
@@ -108,22 +109,27 @@ pub async fn delete_vm(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
             request_id: request_id.clone(),
         })
         .await;
-    match deleted {
-        Ok(response) => {
+    match (VmDeletion::of(&deleted), deleted) {
+        (VmDeletion::Deleted, Ok(response)) => {
             let state = response.last_known_state.as_deref();
             if let Some(p) = status::driver_state_patch(m, state, None) {
                 patch_status(ctx, m, p).await?;
             }
         }
-        Err(e) if e.is_not_found() => {}
-        Err(e) if e.code == Code::InvalidArgument => {
+        (VmDeletion::Deleted, Err(_)) => {}
+        (VmDeletion::Blocked(message), _) => {
             let problem = ClassProblem::Invalid {
                 class: class_name,
-                message: e.full_message(),
+                message,
             };
             return deletion_blocked(ctx, m, &problem).await;
         }
-        Err(source) => return deletion_failed(ctx, m, source).await,
+        (VmDeletion::Failed, Ok(_)) => {
+            return Err(Error::Invariant(
+                "a deletion answered Ok read as failed".into(),
+            ));
+        }
+        (VmDeletion::Failed, Err(source)) => return deletion_failed(ctx, m, source).await,
     }
     tracing::info!(%request_id, "VM deleted");
     record_duration(

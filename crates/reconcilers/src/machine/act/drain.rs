@@ -134,7 +134,7 @@ pub async fn drain_pass(
                     plan.elapsed + ctx.clock.instant().saturating_duration_since(pass_started),
                 );
             }
-            Ok(DeletionDrain::Drained(*drained))
+            Ok(DeletionDrain::Drained(drained))
         }
         DrainVerdict::Wait {
             progress_keys,

@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::Resource;
 use kube::runtime::controller::Action;
 use mcm_api::{Machine, MachineOperationType, MachinePhase};
-use mcm_driver::{Code, GetMachineStatusResponse, RequestId};
+use mcm_driver::RequestId;
 
 use crate::machine::decide::VmReport;
 use crate::machine::metrics::Timed;
@@ -21,6 +21,7 @@ use super::records::{
     RECHECK, class_and_secret, name, patch_status, placement_labels, record, record_duration, since,
 };
 use crate::machine::announcement::{Announcement, Note, Target};
+use crate::machine::outcome;
 
 /// The VM exists and there is no target cluster to join: `Available` (upstream's phase for
 /// this mode), announced once.
@@ -267,30 +268,9 @@ pub async fn vm_report(ctx: &Ctx, m: &Machine) -> VmReport {
     let Ok((class, secret)) = class_and_secret(ctx, m).await else {
         return VmReport::NotAsked;
     };
-    match vm_status(ctx, m, &class, &secret, &RequestId::generate()).await {
-        Err(e) if e.code == Code::NotFound => VmReport::Gone,
-        Err(e) => {
-            tracing::debug!(error = %e, "the driver could not tell the VM's state");
-            VmReport::NotAsked
-        }
-        Ok(status) => report_of(&status),
+    let answer = vm_status(ctx, m, &class, &secret, &RequestId::generate()).await;
+    if let Err(e) = &answer {
+        tracing::debug!(error = %e, "the driver's answer about the VM");
     }
-}
-
-/// The fast path's reading of a status response. Pure.
-pub fn report_of(status: &GetMachineStatusResponse) -> VmReport {
-    use mcm_driver::{ResourceKind, ResourceState};
-    status
-        .resources
-        .iter()
-        .find(|r| r.kind == ResourceKind::Vm)
-        .map_or(VmReport::Present, |vm| match vm.state {
-            ResourceState::Stopped | ResourceState::Failed => VmReport::Stopped {
-                message: vm
-                    .message
-                    .clone()
-                    .unwrap_or_else(|| format!("{:?}", vm.state).to_lowercase()),
-            },
-            _ => VmReport::Present,
-        })
+    outcome::vm_report(&answer)
 }
