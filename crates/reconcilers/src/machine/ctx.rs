@@ -1,21 +1,23 @@
 //! What a machine reconcile reads and uses: clients, driver, stores, permits, backoff.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Node, Secret};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
-use mcm_api::{Machine, MachineClass, MachineDeployment, MachineSet};
-use mcm_driver::{Code, Driver, DriverError};
+use mcm_api::{Machine, MachineClass};
+use mcm_driver::{Driver, DriverError};
 use mcm_permits::PermitGiver;
 
-use super::model::{Topic, TopicRecords};
-use super::policy::{backoff_delay, controller_owner, max_replacements, rollout_protection};
-use super::remediation;
+use super::memory::{
+    Backoff, PartitionHolds, RecentWrites, TopicRecords, UnmanagedNodes, asked_delay,
+    resource_version,
+};
+use super::model::Topic;
+use super::policy::backoff_delay;
 use super::{Freeze, MachineMetrics, Settings, observe};
 use crate::events::EventPublisher;
 pub use crate::informers::Stores;
@@ -34,7 +36,7 @@ pub struct Ctx {
     pub driver: Arc<dyn Driver>,
     /// Settings.
     pub settings: Settings,
-    /// The stores it reads (also reachable through `Deref`: `ctx.machines`).
+    /// The stores it reads (also reachable through `Deref`: `ctx.stores.machines`).
     pub stores: Stores,
     /// VolumeAttachments of the target cluster, shared with drain.
     pub drain_stores: mcm_drain::Stores,
@@ -57,13 +59,10 @@ pub struct Ctx {
     pub synced: tokio::sync::watch::Sender<bool>,
     /// Where a reconcile takes "now" from (once, when it gathers).
     pub clock: crate::clock::SharedClock,
-    failures: Mutex<HashMap<String, u32>>,
-    /// When a machine whose last attempt failed may be tried again (by uid). A failed
-    /// attempt writes to the Machine, and that write wakes the machine at once; this keeps
-    /// such wake-ups from retrying before the backoff is over.
-    retry_at: Mutex<HashMap<String, Instant>>,
-    /// Names of deleted Nodes that were not managed by MCM (their Machines stay).
-    unmanaged_gone: Mutex<HashSet<String>>,
+    /// The backoff of machines whose last attempt failed.
+    backoff: Backoff,
+    /// Nodes last seen not managed by MCM (their deletion leaves their Machines).
+    unmanaged: UnmanagedNodes,
     /// Our last write of a Node (by name): its resourceVersion and when, until the Node
     /// store holds it (see [`Ctx::node_store_is_behind`]).
     node_writes: RecentWrites,
@@ -72,8 +71,8 @@ pub struct Ctx {
     own_writes: RecentWrites,
     /// The warning last announced per machine (by uid), per topic.
     announced: TopicRecords,
-    /// Machines held by a zone partition: UID -> zone.
-    partition_holds: Mutex<HashMap<String, String>>,
+    /// Machines held by a zone partition.
+    partition_holds: PartitionHolds,
     /// Machines forgotten so far (every [`SWEEP_EVERY`]th sweeps the records).
     forgotten: std::sync::atomic::AtomicU64,
 }
@@ -81,11 +80,6 @@ pub struct Ctx {
 /// How many deleted machines are forgotten one by one between two sweeps of every record
 /// of machines the store no longer has.
 const SWEEP_EVERY: u64 = 64;
-
-/// How long a write of our own is awaited in the store before a reconcile goes on without
-/// it (a watch that does not deliver it for this long has bigger problems; the reconcile
-/// then acts on what the store holds, as it would without this guard).
-pub const OWN_WRITE_WAIT: Duration = Duration::from_secs(30);
 
 impl Ctx {
     /// Builds a context.
@@ -120,13 +114,12 @@ impl Ctx {
             orphan_trigger: Arc::new(tokio::sync::Notify::new()),
             synced: tokio::sync::watch::Sender::new(false),
             clock,
-            failures: Mutex::new(HashMap::new()),
-            retry_at: Mutex::new(HashMap::new()),
-            unmanaged_gone: Mutex::new(HashSet::new()),
+            backoff: Backoff::default(),
+            unmanaged: UnmanagedNodes::default(),
             node_writes: RecentWrites::default(),
             own_writes: RecentWrites::default(),
             announced: TopicRecords::default(),
-            partition_holds: Mutex::new(HashMap::new()),
+            partition_holds: PartitionHolds::default(),
             forgotten: std::sync::atomic::AtomicU64::new(0),
         }
     }
@@ -134,13 +127,16 @@ impl Ctx {
     /// A class of the namespace from the store (shared with it: a reconcile that only asks
     /// whether the class exists copies nothing).
     pub fn class(&self, name: &str) -> Option<Arc<MachineClass>> {
-        self.classes
+        self.stores
+            .classes
             .get(&ObjectRef::new(name).within(&self.settings.namespace))
     }
 
     /// A Secret from the store of class-referenced Secrets.
     pub fn secret(&self, namespace: &str, name: &str) -> Option<Arc<Secret>> {
-        self.secrets.get(&ObjectRef::new(name).within(namespace))
+        self.stores
+            .secrets
+            .get(&ObjectRef::new(name).within(namespace))
     }
 
     /// A Secret a class references: from the store, or, for one the store does not hold yet
@@ -165,23 +161,13 @@ impl Ctx {
     /// (not only the deletion) matters: a reconcile may see the Node gone from the store before
     /// the deletion tap ran, and then only the annotated update it saw earlier tells.
     pub fn note_node(&self, node: &Node) {
-        let mut gone = self
-            .unmanaged_gone
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        if observe::node_not_managed(node) {
-            gone.insert(node.name_any());
-        } else {
-            gone.remove(&node.name_any());
-        }
+        self.unmanaged
+            .note(node.name_any(), observe::node_not_managed(node));
     }
 
     /// Whether the Node `name` was last seen not managed by MCM (asked when it is gone).
     pub fn unmanaged_node_deleted(&self, name: &str) -> bool {
-        self.unmanaged_gone
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .contains(name)
+        self.unmanaged.contains(name)
     }
 
     /// Notes a write of this controller to a Machine: `written` is the object the API server
@@ -228,7 +214,7 @@ impl Ctx {
     }
 
     /// Whether the Node store's `copy` predates our own last write of that Node (for at most
-    /// [`OWN_WRITE_WAIT`]): planning a write from it would write again what was just written.
+    /// [`OWN_WRITE_WAIT`](super::memory::OWN_WRITE_WAIT)): planning a write from it would write again what was just written.
     pub(crate) fn node_store_is_behind(&self, copy: &Node) -> bool {
         self.node_writes.is_behind(
             &copy.name_any(),
@@ -241,7 +227,7 @@ impl Ctx {
     /// to disappear, and every copy the store still holds predates that (a reconcile queued
     /// meanwhile would start the deletion's last step again and delete the VM a second time).
     /// Such copies count as behind ([`Ctx::store_is_behind`]) until the store drops the
-    /// Machine, or for [`OWN_WRITE_WAIT`] at most.
+    /// Machine, or for [`OWN_WRITE_WAIT`](super::memory::OWN_WRITE_WAIT) at most.
     pub(crate) fn note_finished(&self, m: &Machine) {
         let Some(uid) = m.uid() else { return };
         // Nothing more is announced for it.
@@ -297,7 +283,7 @@ impl Ctx {
     }
 
     pub(crate) fn node(&self, name: &str) -> Option<Arc<Node>> {
-        self.nodes.get(&ObjectRef::new(name))
+        self.stores.nodes.get(&ObjectRef::new(name))
     }
 
     /// The retry delay after a failure of `m`: what the cloud asked for, or the
@@ -305,32 +291,16 @@ impl Ctx {
     /// machine's next attempt (see [`Self::backoff_left`]) whichever it is: the failure's own
     /// status write wakes the machine at once, and must not make it try again before then.
     pub(crate) fn backoff(&self, m: &Machine, err: Option<&DriverError>) -> Duration {
-        let asked = err.and_then(|e| e.retry_after).or_else(|| {
-            err.is_some_and(|e| e.code == Code::ResourceExhausted)
-                .then_some(self.settings.resource_exhausted_retry)
-        });
         if !self.in_store(m) {
             // Deleted meanwhile: nothing will read a record of it.
-            return asked.unwrap_or_else(|| {
+            return asked_delay(err, &self.settings).unwrap_or_else(|| {
                 backoff_delay(self.settings.backoff_initial, self.settings.backoff_max, 1)
             });
         }
-        let delay = match asked {
-            Some(after) => after,
-            None => {
-                let n = {
-                    let mut f = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-                    let n = f.entry(m.uid().unwrap_or_default()).or_insert(0);
-                    *n = n.saturating_add(1);
-                    *n
-                };
-                backoff_delay(self.settings.backoff_initial, self.settings.backoff_max, n)
-            }
-        };
-        self.retry_at
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(m.uid().unwrap_or_default(), self.clock.instant() + delay);
+        let uid = m.uid().unwrap_or_default();
+        let delay = self
+            .backoff
+            .after_failure(&uid, err, &self.settings, self.clock.instant());
         if !self.in_store(m) {
             // Deleted between the look above and the record: the deletion's forgetting may
             // have run before the record was made.
@@ -344,28 +314,20 @@ impl Ctx {
     /// How long `m` must still wait before its next attempt after a failure (`None`: it may
     /// go on now).
     pub(crate) fn backoff_left(&self, m: &Machine) -> Option<Duration> {
-        let retry_at = self.retry_at.lock().unwrap_or_else(|e| e.into_inner());
-        let left = retry_at
-            .get(&m.uid().unwrap_or_default())?
-            .checked_duration_since(self.clock.instant())?;
-        (!left.is_zero()).then_some(left)
+        self.backoff
+            .left(&m.uid().unwrap_or_default(), self.clock.instant())
     }
 
+    /// Forgets the backoff of `m` (its step succeeded).
     pub(crate) fn reset_backoff(&self, m: &Machine) {
-        let uid = m.uid().unwrap_or_default();
-        let mut f = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-        f.remove(&uid);
-        drop(f);
-        self.retry_at
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&uid);
+        self.backoff.reset(&m.uid().unwrap_or_default());
         self.publish_tracked();
     }
 
     /// Whether the Machines store holds `m` (this very object: same uid).
     fn in_store(&self, m: &Machine) -> bool {
-        self.machines
+        self.stores
+            .machines
             .get(&ObjectRef::from_obj(m))
             .is_some_and(|stored| stored.uid() == m.uid())
     }
@@ -376,14 +338,7 @@ impl Ctx {
     /// by hand) would otherwise stay in these maps until a restart.
     pub fn forget_machine(&self, m: &Machine) {
         let Some(uid) = m.uid() else { return };
-        self.failures
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&uid);
-        self.retry_at
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&uid);
+        self.backoff.reset(&uid);
         self.own_writes.remove(&uid);
         self.announced.forget(&uid);
         self.note_partition_hold(m, None);
@@ -404,35 +359,21 @@ impl Ctx {
     /// `mcm_machine_zone_partition_held_machines` when that changes.
     pub(crate) fn note_partition_hold(&self, m: &Machine, zone: Option<&str>) {
         let Some(uid) = m.uid() else { return };
-        let mut holds = self
-            .partition_holds
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        let changed = match zone {
-            Some(z) => holds.insert(uid, z.to_string()).as_deref() != Some(z),
-            None => holds.remove(&uid).is_some(),
-        };
-        if changed {
-            self.metrics.partition_holds(holds.values());
+        if let Some(zones) = self.partition_holds.note(uid, zone) {
+            self.metrics.partition_holds(zones.iter());
         }
     }
 
     /// Forgets the records of every machine the store no longer has.
     fn sweep_gone(&self) {
         let live: HashSet<String> = self
+            .stores
             .machines
             .state()
             .iter()
             .filter_map(|m| m.uid())
             .collect();
-        self.failures
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|uid, _| live.contains(uid));
-        self.retry_at
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .retain(|uid, _| live.contains(uid));
+        self.backoff.retain(|uid| live.contains(uid));
         self.own_writes.retain(|uid| live.contains(uid));
         self.events.retain(&live);
     }
@@ -440,252 +381,12 @@ impl Ctx {
     /// Sets `mcm_machine_controller_tracked_entries`: the entries of the per-machine records
     /// (a machine can have one in several), the Machines' Event budgets among them.
     fn publish_tracked(&self) {
-        let entries = self
-            .failures
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .len()
-            + self
-                .retry_at
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .len()
+        let entries = self.backoff.len()
             + self.own_writes.len()
             + self.announced.count()
             + self.events.tracked();
         self.metrics
             .tracked
             .set(i64::try_from(entries).unwrap_or(i64::MAX));
-    }
-
-    /// The MachineSet and MachineDeployment that own a Machine, from the stores.
-    pub(crate) fn owners(
-        &self,
-        m: &Machine,
-    ) -> (Option<Arc<MachineSet>>, Option<Arc<MachineDeployment>>) {
-        let ns = &self.settings.namespace;
-        let set = controller_owner(m.owner_references(), "MachineSet")
-            .and_then(|n| self.sets.get(&ObjectRef::new(n).within(ns)));
-        let deployment = set.as_ref().and_then(|s| {
-            controller_owner(s.owner_references(), "MachineDeployment")
-                .and_then(|n| self.deployments.get(&ObjectRef::new(n).within(ns)))
-        });
-        (set, deployment)
-    }
-
-    /// Why `m` must not be marked Failed now: it belongs to an old MachineSet of a
-    /// MachineDeployment that is rolling out (failing it would leave pods unschedulable
-    /// while the new machines are not ready yet).
-    pub(crate) fn failure_protection(&self, m: &Machine) -> Option<String> {
-        let (set, deployment) = self.owners(m);
-        let (set, deployment) = (set?, deployment?);
-        let owned: Vec<Arc<MachineSet>> = self
-            .sets
-            .state()
-            .into_iter()
-            .filter(|s| {
-                controller_owner(s.owner_references(), "MachineDeployment")
-                    == Some(deployment.name_any().as_str())
-            })
-            .collect();
-        rollout_protection(&set, &deployment, &owned)
-    }
-
-    /// Whether the machine's deployment allows no further failure now: its remediation
-    /// short-circuit holds (too many of its machines are unhealthy at once), or its budget
-    /// of machines in flight is used up (the `remediation.mcm-rs.io/max-in-flight`
-    /// annotation, else maxSurge, at least 1). `Some` says why; machines without a
-    /// deployment are not limited. A remediation annotation that does not resolve holds all
-    /// remediation and says so. Reads the stores only.
-    pub fn replacement_throttle(&self, m: &Machine) -> Option<String> {
-        let (_, Some(deployment)) = self.owners(m) else {
-            return None;
-        };
-        let name = deployment.name_any();
-        let policy = match remediation::policy_of(deployment.metadata.annotations.as_ref()) {
-            Ok(p) => p,
-            Err(e) => {
-                return Some(format!(
-                    "remediation of MachineDeployment {name} is held until its annotation is fixed: {e}"
-                ));
-            }
-        };
-        let census = self.census(m, &deployment);
-        remediation::verdict(&policy, max_replacements(&deployment), census)
-            .map(|t| t.describe(&name))
-    }
-
-    /// Counts the machines of `deployment` for its remediation decision about `m` (counted
-    /// as unhealthy: it is about to fail), as [`remediation::Member`] defines them, with
-    /// their Nodes from the store.
-    fn census(&self, m: &Machine, deployment: &MachineDeployment) -> remediation::Census {
-        let members = self
-            .machines
-            .state()
-            .into_iter()
-            .filter(|other| {
-                self.owners(other)
-                    .1
-                    .is_some_and(|d| d.uid() == deployment.uid())
-            })
-            .map(|other| {
-                let node = observe::node_name(&other).and_then(|n| self.node(n));
-                let member = remediation::Member::of(&other, node.as_deref());
-                if other.uid() == m.uid() {
-                    member.deciding()
-                } else {
-                    member
-                }
-            });
-        remediation::census(deployment.spec.replicas(), members)
-    }
-
-    /// The verdict of the machine's deployment on replacing `m`, with the deployment's permit
-    /// when it was taken (held while the failure is written).
-    pub(crate) fn replacement(
-        &self,
-        m: &Machine,
-    ) -> (super::model::Replacement, Option<mcm_permits::Permit>) {
-        use super::model::Replacement;
-        let permit = match self.replacement_permit(m) {
-            Ok(Some(permit)) => permit,
-            Ok(None) => return (Replacement::NotAsked, None),
-            Err(busy) => {
-                tracing::debug!(%busy, "replacement permit busy");
-                return (Replacement::Busy, None);
-            }
-        };
-        match self.replacement_throttle(m) {
-            Some(throttled) => (Replacement::Throttled(throttled), Some(permit)),
-            None => (Replacement::Allowed, Some(permit)),
-        }
-    }
-
-    /// The permit of the machine's deployment, taken without waiting (`Err` when another
-    /// reconcile holds it). `None` for machines without a deployment.
-    pub(crate) fn replacement_permit(
-        &self,
-        m: &Machine,
-    ) -> Result<Option<mcm_permits::Permit>, String> {
-        let (_, Some(deployment)) = self.owners(m) else {
-            return Ok(None);
-        };
-        let key = format!("{}/{}", self.settings.namespace, deployment.name_any());
-        self.permits.register(&key, 1);
-        self.permits
-            .try_acquire_now(&key)
-            .map(Some)
-            .map_err(|e| e.to_string())
-    }
-}
-
-/// The resourceVersion of `m` as the integer the API server issues.
-fn resource_version(meta: &ObjectMeta) -> Option<u64> {
-    meta.resource_version.as_deref()?.parse().ok()
-}
-
-/// This controller's recent writes, by object key: the resourceVersion the API server
-/// answered with and when, for [`OWN_WRITE_WAIT`] at most (a store copy older than the write
-/// is behind; see [`copy_is_behind`]).
-#[derive(Debug, Default)]
-struct RecentWrites(Mutex<HashMap<String, (u64, Instant)>>);
-
-impl RecentWrites {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, (u64, Instant)>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Notes a write of version `rv` to `key`, and forgets writes whose copy never caught up
-    /// in time (their objects were deleted meanwhile).
-    fn note(&self, key: String, rv: u64, now: Instant) {
-        let mut writes = self.lock();
-        writes.retain(|_, (_, at)| now.duration_since(*at) < OWN_WRITE_WAIT);
-        writes.insert(key, (rv, now));
-    }
-
-    /// Whether a store copy of version `copy` predates our last write to `key`: `None` when
-    /// there is no such write, `Some(false)` when the copy has caught up (the write is then
-    /// forgotten).
-    fn is_behind(&self, key: &str, copy: Option<u64>, now: Instant) -> Option<bool> {
-        let mut writes = self.lock();
-        let &(written, at) = writes.get(key)?;
-        let behind = copy_is_behind(copy, written, now.saturating_duration_since(at));
-        if !behind {
-            writes.remove(key);
-        }
-        Some(behind)
-    }
-
-    fn remove(&self, key: &str) {
-        self.lock().remove(key);
-    }
-
-    fn retain(&self, keep: impl Fn(&str) -> bool) {
-        self.lock().retain(|key, _| keep(key));
-    }
-
-    fn len(&self) -> usize {
-        self.lock().len()
-    }
-}
-
-/// Whether a store copy of version `copy` predates our write of version `written`, made
-/// `since` ago. Pure.
-pub fn copy_is_behind(copy: Option<u64>, written: u64, since: Duration) -> bool {
-    since < OWN_WRITE_WAIT && copy.is_some_and(|c| c < written)
-}
-
-impl std::ops::Deref for Ctx {
-    type Target = Stores;
-
-    fn deref(&self) -> &Stores {
-        &self.stores
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_copy_is_held_back_only_while_it_predates_our_write() {
-        let recent = Duration::from_millis(10);
-        assert!(copy_is_behind(Some(41), 42, recent));
-        // The store has our write, or a later one of someone else.
-        assert!(!copy_is_behind(Some(42), 42, recent));
-        assert!(!copy_is_behind(Some(50), 42, recent));
-        // Not an integer: never held back.
-        assert!(!copy_is_behind(None, 42, recent));
-        // Awaited long enough: the reconcile goes on with what the store holds.
-        assert!(!copy_is_behind(Some(41), 42, OWN_WRITE_WAIT));
-    }
-
-    #[test]
-    fn a_write_is_forgotten_once_the_store_has_caught_up() {
-        let writes = RecentWrites::default();
-        let clock = crate::clock::ManualClock::starting_now();
-        let now = || crate::clock::Clock::instant(&clock);
-        assert_eq!(
-            writes.is_behind("n", Some(1), now()),
-            None,
-            "nothing written"
-        );
-        writes.note("n".into(), 42, now());
-        assert_eq!(writes.is_behind("n", Some(41), now()), Some(true));
-        assert_eq!(writes.len(), 1, "kept while the copy is behind");
-        clock.advance(OWN_WRITE_WAIT);
-        assert_eq!(
-            writes.is_behind("n", Some(41), now()),
-            Some(false),
-            "awaited long enough"
-        );
-        writes.note("n".into(), 42, now());
-        assert_eq!(writes.is_behind("n", Some(42), now()), Some(false));
-        assert_eq!(writes.len(), 0, "forgotten once caught up");
-        writes.note("a".into(), 1, now());
-        writes.note("b".into(), 1, now());
-        writes.retain(|k| k == "a");
-        writes.remove("a");
-        assert_eq!(writes.len(), 0);
     }
 }

@@ -93,8 +93,9 @@ async fn lifecycle_step(
             partition,
             remaining,
         } => {
-            act::hold_for_partition(ctx, m, &partition, cfg.zone_partition_max_hold, remaining)
-                .await
+            let deployment = s.deployment.as_deref();
+            let max_hold = cfg.zone_partition_max_hold;
+            act::hold_for_partition(ctx, m, deployment, &partition, max_hold, remaining).await
         }
         Step::Protected { reason } => {
             act::hold(ctx, m, &format!("not marked Failed: {reason}")).await

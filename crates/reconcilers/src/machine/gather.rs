@@ -10,7 +10,7 @@ use mcm_api::{Machine, MachinePhase};
 use super::decide::{self, ClassProblem, Probe, VmReport};
 pub use super::model::{NodeState, Replacement, Snapshot};
 use super::partition::{self, ZoneMember, ZonePartition};
-use super::{Ctx, act, observe, plan};
+use super::{Ctx, act, fleet, observe, plan};
 
 /// Reads what a reconcile of `m` decides from; `None` while the store's copy of `m` predates
 /// this controller's own last write (deciding on it would repeat that write's step).
@@ -19,7 +19,8 @@ pub async fn gather(ctx: &Ctx, m: &Arc<Machine>) -> Option<Snapshot> {
         return None;
     }
     let frozen = ctx.freeze.is_frozen();
-    let (_, deployment) = ctx.owners(m);
+    let ns = &ctx.settings.namespace;
+    let (_, deployment) = fleet::owners(&ctx.stores, ns, m);
     let (cfg, policy_problem) = observe::machine_config_in(
         m,
         deployment
@@ -49,10 +50,11 @@ pub async fn gather(ctx: &Ctx, m: &Arc<Machine>) -> Option<Snapshot> {
         node_state: node_state(ctx, m),
         cfg,
         policy_problem,
+        deployment,
         class,
         node,
         protection: decide::protection_matters(m.phase())
-            .then(|| ctx.failure_protection(m))
+            .then(|| fleet::failure_protection(&ctx.stores, ns, m))
             .flatten(),
         replacement: Replacement::NotAsked,
         permit: None,
@@ -73,7 +75,7 @@ pub async fn gather(ctx: &Ctx, m: &Arc<Machine>) -> Option<Snapshot> {
     // Counted under the deployment's permit, held until the reconcile ends: it serialises
     // concurrent failures of its machines, so each counts the failures written before it.
     if plan::asks_replacement(&snapshot, &ctx.settings) {
-        let (replacement, permit) = ctx.replacement(m);
+        let (replacement, permit) = fleet::replacement(&ctx.permits, &ctx.stores, ns, m);
         snapshot.replacement = replacement;
         snapshot.permit = permit.map(Arc::new);
     }
@@ -92,6 +94,7 @@ fn zone_partition(ctx: &Ctx, m: &Machine, node: Option<&Node>) -> Option<ZonePar
     }
     let zone = zone_of(node)?;
     let members: Vec<ZoneMember> = ctx
+        .stores
         .machines
         .state()
         .iter()

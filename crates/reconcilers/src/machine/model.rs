@@ -64,31 +64,9 @@ pub enum Topic {
 }
 
 impl Topic {
-    fn index(self) -> usize {
+    /// Its place in a record per topic.
+    pub(crate) fn index(self) -> usize {
         self as usize
-    }
-}
-
-/// One record per [`Topic`] of what was last announced per machine.
-#[derive(Debug, Default)]
-pub struct TopicRecords([crate::announce::Announced; 2]);
-
-impl TopicRecords {
-    /// The record of `topic`.
-    pub fn of(&self, topic: Topic) -> &crate::announce::Announced {
-        &self.0[topic.index()]
-    }
-
-    /// Entries over all topics.
-    pub fn count(&self) -> usize {
-        self.0.iter().map(crate::announce::Announced::count).sum()
-    }
-
-    /// Forgets `uid` under every topic.
-    pub fn forget(&self, uid: &str) {
-        for r in &self.0 {
-            r.forget(uid);
-        }
     }
 }
 
@@ -444,6 +422,8 @@ pub struct Snapshot {
     pub cfg: MachineConfig,
     /// A health annotation that does not parse and has not been announced for this machine.
     pub policy_problem: Option<String>,
+    /// The machine's MachineDeployment (through its MachineSet), from the store.
+    pub deployment: Option<Arc<mcm_api::MachineDeployment>>,
     /// The deployment's verdict on replacing the machine, when it is about to fail.
     pub replacement: Replacement,
     /// The deployment's replacement permit, held until the reconcile ends when

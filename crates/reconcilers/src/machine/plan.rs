@@ -297,7 +297,7 @@ pub fn node_gone(m: &Machine, node: NodeState, frozen: bool) -> bool {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use std::sync::Arc;
     use std::time::Duration;
 
@@ -317,7 +317,8 @@ mod tests {
         "2026-11-26T10:00:00Z".parse().unwrap()
     }
 
-    fn settings() -> Settings {
+    /// Settings of these tests.
+    pub(crate) fn settings() -> Settings {
         Settings {
             namespace: "ns".into(),
             defaults: Defaults {
@@ -415,6 +416,7 @@ mod tests {
             class: Ok(()),
             node: node.map(Arc::new),
             protection: None,
+            deployment: None,
             replacement: Replacement::NotAsked,
             permit: None,
             node_copy_behind: false,

@@ -35,7 +35,7 @@ async fn reset_health_timers(ctx: &Ctx) {
     let api: Api<Machine> = Api::namespaced(ctx.control.clone(), &ctx.settings.namespace);
     let now = ctx.clock.now().to_string();
     let mut written = Vec::new();
-    for m in ctx.machines.state() {
+    for m in ctx.stores.machines.state() {
         if m.phase() == Some(&MachinePhase::Unknown) {
             let patch = json!({ "status": { "currentStatus": {
                 "phase": "Unknown", "timeoutActive": true, "lastUpdateTime": now
@@ -59,7 +59,12 @@ async fn reset_health_timers(ctx: &Ctx) {
     // (ours, or a later phase change), or the machine is gone.
     let reflected = async {
         for (r, before) in &written {
-            while ctx.machines.get(r).is_some_and(|m| timer_of(&m) == *before) {
+            while ctx
+                .stores
+                .machines
+                .get(r)
+                .is_some_and(|m| timer_of(&m) == *before)
+            {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         }
@@ -138,7 +143,7 @@ pub async fn run_apiserver_check(
             }
             ctx.metrics
                 .items
-                .set(i64::try_from(ctx.machines.state().len()).unwrap_or(i64::MAX));
+                .set(i64::try_from(ctx.stores.machines.state().len()).unwrap_or(i64::MAX));
         }
     };
     tokio::select! {

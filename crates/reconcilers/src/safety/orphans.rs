@@ -101,7 +101,13 @@ pub async fn collect(ctx: &Ctx, class: &MachineClass) -> Result<usize, Error> {
     // per candidate, and none in the usual pass that finds every VM owned: a list of all
     // Machines after every deletion cost a LIST of the whole namespace per deleted machine,
     // and its memory, during a scale-down of a thousand.)
-    let in_store: BTreeSet<String> = ctx.machines.state().iter().map(|m| m.name_any()).collect();
+    let in_store: BTreeSet<String> = ctx
+        .stores
+        .machines
+        .state()
+        .iter()
+        .map(|m| m.name_any())
+        .collect();
     let mut deleted = 0;
     for (provider_id, machine_name) in orphans(&listed.machines, &in_store) {
         if act::machine_exists(ctx, machine_name).await? {
@@ -155,8 +161,8 @@ async fn delete_orphan_node(
     class: &MachineClass,
     provider_id: &str,
 ) -> Result<(), Error> {
-    let nodes = ctx.nodes.state();
-    let Some(node) = orphan_node(&nodes, &ctx.machines.state(), provider_id) else {
+    let nodes = ctx.stores.nodes.state();
+    let Some(node) = orphan_node(&nodes, &ctx.stores.machines.state(), provider_id) else {
         return Ok(());
     };
     let name = node.name_any();
@@ -186,8 +192,8 @@ async fn delete_orphan_node(
 /// Node held, and `kubectl delete node` would wait for ever. Each candidate's Machine (named by
 /// the Node's label) is confirmed absent on the API server first.
 async fn release_unclaimed_nodes(ctx: &Ctx) -> Result<(), Error> {
-    let nodes = ctx.nodes.state();
-    let machines = ctx.machines.state();
+    let nodes = ctx.stores.nodes.state();
+    let machines = ctx.stores.machines.state();
     let timeout = ctx.settings.defaults.creation_timeout;
     for node in nodefinalizer::unclaimed(&nodes, &machines, timeout, ctx.clock.now()) {
         let name = node.name_any();

@@ -6,7 +6,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Node;
 use kube::Resource;
 use kube::runtime::controller::Action;
-use mcm_api::{Machine, MachineOperationType, MachinePhase};
+use mcm_api::{Machine, MachineDeployment, MachineOperationType, MachinePhase};
 use mcm_driver::RequestId;
 
 use crate::machine::decide::VmReport;
@@ -216,6 +216,7 @@ pub async fn mark_failed(ctx: &Ctx, m: &Machine, reason: &str) -> Result<Action,
 pub async fn hold_for_partition(
     ctx: &Ctx,
     m: &Machine,
+    deployment: Option<&MachineDeployment>,
     partition: &crate::machine::partition::ZonePartition,
     max_hold: Duration,
     remaining: Duration,
@@ -227,7 +228,7 @@ pub async fn hold_for_partition(
         mcm_api::duration::format_go_duration(max_hold)
     );
     let mut notes = Vec::new();
-    if let (_, Some(deployment)) = ctx.owners(m) {
+    if let Some(deployment) = deployment {
         let note = format!(
             "zone {} is partitioned: remediation of its machines is held while their VMs \
                  run (at most {} past the health timeout); {} of its {} machines unreachable, \
