@@ -29,4 +29,6 @@ pub struct Context {
     /// The last Event note announced per budget uid, so an Event is published on a
     /// transition, not on every reconcile.
     pub announced: crate::announce::Announced,
+    /// Where the controller takes time from (also the gate's ledger times).
+    pub clock: crate::clock::SharedClock,
 }

@@ -103,6 +103,7 @@ impl BudgetGate {
         machine: &Machine,
         reason: &DisruptionReason,
         now: Timestamp,
+        instant: Instant,
     ) -> Result<(), Refusal> {
         match self.state.load(Ordering::SeqCst) {
             ABSENT => return Ok(()),
@@ -112,7 +113,7 @@ impl BudgetGate {
         let ns = machine.namespace().unwrap_or_default();
         let key = format!("{ns}/{}", machine.name_any());
         let mut ledger = self.ledger.lock().unwrap_or_else(|e| e.into_inner());
-        prune(&mut ledger.in_flight, machines);
+        prune(&mut ledger.in_flight, machines, instant);
         let in_flight = in_flight_of(&ledger.in_flight, &ns);
         let refs: Vec<&Machine> = machines
             .iter()
@@ -129,7 +130,7 @@ impl BudgetGate {
             &in_flight,
         ) {
             Ok(()) => {
-                ledger.in_flight.insert(key, Instant::now());
+                ledger.in_flight.insert(key, instant);
                 for waits in ledger.waiting.values_mut() {
                     waits.retain(|w| w.machine != machine.name_any());
                 }
@@ -143,7 +144,7 @@ impl BudgetGate {
                 waits.push(Waiting {
                     machine: blocked.machine.clone(),
                     reason: reason.clone(),
-                    since: Instant::now(),
+                    since: instant,
                 });
                 if new {
                     let _ = self
@@ -161,23 +162,28 @@ impl BudgetGate {
         ledger.in_flight.remove(&format!("{namespace}/{machine}"));
     }
 
-    /// The deletions in flight in `namespace` (names), after dropping those the store
-    /// shows.
-    pub fn in_flight(&self, namespace: &str, machines: &[Arc<Machine>]) -> HashSet<String> {
+    /// The deletions in flight in `namespace` (names) at `now`, after dropping those that
+    /// timed out.
+    pub fn in_flight(
+        &self,
+        namespace: &str,
+        machines: &[Arc<Machine>],
+        now: Instant,
+    ) -> HashSet<String> {
         let mut ledger = self.ledger.lock().unwrap_or_else(|e| e.into_inner());
-        prune(&mut ledger.in_flight, machines);
+        prune(&mut ledger.in_flight, machines, now);
         in_flight_of(&ledger.in_flight, namespace)
     }
 
     /// The disruptions waiting for the budget `namespace/name` (refused within
-    /// [`WAIT_TIMEOUT`]).
-    pub fn waiting(&self, namespace: &str, name: &str) -> Vec<Waiting> {
+    /// [`WAIT_TIMEOUT`] before `now`).
+    pub fn waiting(&self, namespace: &str, name: &str, now: Instant) -> Vec<Waiting> {
         let mut ledger = self.ledger.lock().unwrap_or_else(|e| e.into_inner());
         let key = format!("{namespace}/{name}");
         let Some(waits) = ledger.waiting.get_mut(&key) else {
             return Vec::new();
         };
-        waits.retain(|w| w.since.elapsed() < WAIT_TIMEOUT);
+        waits.retain(|w| now.saturating_duration_since(w.since) < WAIT_TIMEOUT);
         let out = waits.clone();
         if out.is_empty() {
             ledger.waiting.remove(&key);
@@ -192,8 +198,8 @@ impl BudgetGate {
 /// record it would count that machine as available. Keeping it is free: a machine counts as
 /// deleting when its store copy says so *or* its name is in flight, and a machine that is
 /// gone is not counted at all.
-fn prune(in_flight: &mut HashMap<String, Instant>, _machines: &[Arc<Machine>]) {
-    in_flight.retain(|_, since| since.elapsed() <= IN_FLIGHT_TIMEOUT);
+fn prune(in_flight: &mut HashMap<String, Instant>, _machines: &[Arc<Machine>], now: Instant) {
+    in_flight.retain(|_, since| now.saturating_duration_since(*since) <= IN_FLIGHT_TIMEOUT);
 }
 
 fn in_flight_of(in_flight: &HashMap<String, Instant>, namespace: &str) -> HashSet<String> {

@@ -38,8 +38,9 @@ impl Observed {
 pub(crate) fn observe(ctx: &Context, budget: &MachineDisruptionBudget) -> Observed {
     let ns = budget.namespace().unwrap_or_default();
     let machines = ctx.machines.state();
-    let in_flight = ctx.gate.in_flight(&ns, &machines);
-    let waiting = ctx.gate.waiting(&ns, &budget.name_any());
+    let instant = ctx.clock.instant();
+    let in_flight = ctx.gate.in_flight(&ns, &machines, instant);
+    let waiting = ctx.gate.waiting(&ns, &budget.name_any(), instant);
     Observed {
         machines,
         in_flight,

@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use mcm_api::MachineDisruptionBudget;
@@ -26,7 +25,7 @@ pub async fn reconcile(
     budget: Arc<MachineDisruptionBudget>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
-    let now = Timestamp::now();
+    let now = ctx.clock.now();
     let observed = observe::observe(&ctx, &budget);
     let selected = observed.selected(&budget);
     let verdict = decide::verdict(

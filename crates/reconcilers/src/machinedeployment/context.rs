@@ -60,4 +60,6 @@ pub struct Context {
     pub creation_timeouts: super::creation_timeout::TimeoutAdaptation,
     /// When a zone counts as partitioned (the `ZonePartition` condition).
     pub zone_partition: crate::machine::partition::PartitionRule,
+    /// Where the controller takes time from.
+    pub clock: crate::clock::SharedClock,
 }

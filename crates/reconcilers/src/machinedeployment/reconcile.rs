@@ -35,6 +35,7 @@ pub const CONTROLLER: &str = "machinedeployment";
 /// Reconciles one MachineDeployment.
 pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Action, Error> {
     let act = Actor::new(&ctx, &d);
+    let now = ctx.clock.now();
     let has_finalizer = d.finalizers().iter().any(|f| f == act::FINALIZER);
     let observed = observe::observe(&d, &ctx.sets.state(), &ctx.machines.state());
     if d.metadata.deletion_timestamp.is_some() {
@@ -47,7 +48,7 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
         act.warn_selecting_all().await;
         return Ok(Action::await_change());
     }
-    if handle_trigger_deletion(&d, &act, &observed).await? {
+    if handle_trigger_deletion(&d, &act, &observed, now).await? {
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
     // As upstream: a paused deployment rolls back once it is resumed, and nothing else is
@@ -62,7 +63,6 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
         return Ok(Action::await_change());
     }
 
-    let now = Timestamp::now();
     let (adjusted, timeout_recheck) =
         adapt_creation_timeout(&ctx, &d, &act, &observed, now).await?;
     if adjusted {
@@ -308,6 +308,7 @@ async fn handle_trigger_deletion(
     d: &MachineDeployment,
     act: &Actor<'_>,
     observed: &Observed,
+    now: Timestamp,
 ) -> Result<bool, Error> {
     let anns = d.annotations();
     let Some(value) = anns.get(annotations::TRIGGER_DELETION_BY_MCM) else {
@@ -321,7 +322,7 @@ async fn handle_trigger_deletion(
                 .get(annotations::LAST_DEPLOYMENT_REPLICA_CHANGE_BY_SCALER_TIME)
         })
         .and_then(|t| t.parse().ok());
-    let now = trigger::replica_change_time(Timestamp::now(), set_time);
+    let now = trigger::replica_change_time(now, set_time);
     let input = trigger::TriggerInput {
         value,
         replica_change_time: anns

@@ -352,7 +352,7 @@ pub(crate) async fn update_status(
     counts: &SetCounts,
     failure: Option<&Error>,
 ) -> Result<Option<Duration>, Error> {
-    let status = desired_status(set, counts, failure);
+    let status = desired_status(set, counts, failure, ctx.clock.now());
     let uid = set.metadata.uid.as_deref().unwrap_or_default();
     match ctx
         .status_pacer

@@ -45,7 +45,7 @@ pub(crate) fn gate_deletions(
     names: &[String],
     claimed: &[Arc<Machine>],
 ) -> (Vec<String>, Vec<String>, Vec<Refusal>) {
-    let now = Timestamp::now();
+    let (now, instant) = (ctx.clock.now(), ctx.clock.instant());
     let all = ctx.machines.state();
     let mut issue = Vec::new();
     let mut admitted = Vec::new();
@@ -59,7 +59,7 @@ pub(crate) fn gate_deletions(
             issue.push(name.clone());
             continue;
         };
-        match ctx.budget_gate.admit(&all, machine, &reason, now) {
+        match ctx.budget_gate.admit(&all, machine, &reason, now, instant) {
             Ok(()) => {
                 issue.push(name.clone());
                 admitted.push(name.clone());

@@ -51,4 +51,6 @@ pub struct Context {
     /// The budget refusals announced per set (uid) by this process, so that the Warning is
     /// published when they change, not on every reconcile.
     pub announced_blocks: crate::announce::Announced,
+    /// Where the controller takes time from.
+    pub clock: crate::clock::SharedClock,
 }

@@ -441,18 +441,19 @@ pub(crate) fn batch_note(verb: &str, noun: &str, names: &[String]) -> Option<Str
     }
 }
 
-/// The status a set should have.
+/// The status a set should have at `now`.
 pub fn desired_status(
     set: &MachineSet,
     counts: &SetCounts,
     failure: Option<&Error>,
+    now: Timestamp,
 ) -> MachineSetStatus {
     let prev = set.status.clone().unwrap_or_default();
     let mut conditions = prev.conditions.clone().unwrap_or_default();
     match failure {
         Some(e) => {
             let message = e.to_string();
-            let now = Some(Time(Timestamp::now()));
+            let now = Some(Time(now));
             match conditions
                 .iter_mut()
                 .find(|c| c.type_ == MachineSetConditionType::ReplicaFailure)

@@ -26,23 +26,29 @@ struct Expected {
 }
 
 impl Expectations {
-    /// Records the creations and deletions just issued for the set `key`.
-    pub(crate) fn record(&self, key: &str, created: Vec<String>, deleted: Vec<String>) {
+    /// Records the creations and deletions just issued for the set `key` at `now`.
+    pub(crate) fn record(
+        &self,
+        key: &str,
+        created: Vec<String>,
+        deleted: Vec<String>,
+        now: Instant,
+    ) {
         if let Ok(mut map) = self.inner.lock() {
             map.insert(
                 key.to_owned(),
                 Expected {
                     created: created.into_iter().collect(),
                     deleted: deleted.into_iter().collect(),
-                    since: Instant::now(),
+                    since: now,
                 },
             );
         }
     }
 
     /// Whether the store shows what was recorded for `key` (or the record timed out): the
-    /// set may act again. A satisfied record is dropped.
-    pub(crate) fn satisfied(&self, key: &str, machines: &[Arc<Machine>]) -> bool {
+    /// set may act again (`now`: the clock's instant). A satisfied record is dropped.
+    pub(crate) fn satisfied(&self, key: &str, machines: &[Arc<Machine>], now: Instant) -> bool {
         let Ok(mut map) = self.inner.lock() else {
             return true;
         };
@@ -59,7 +65,9 @@ impl Expectations {
                 .get(n.as_str())
                 .is_none_or(|m| m.metadata.deletion_timestamp.is_some())
         });
-        if (created_seen && deleted_seen) || exp.since.elapsed() > EXPECTATIONS_TIMEOUT {
+        if (created_seen && deleted_seen)
+            || now.saturating_duration_since(exp.since) > EXPECTATIONS_TIMEOUT
+        {
             map.remove(key);
             return true;
         }

@@ -7,7 +7,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use jiff::Timestamp;
 use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
 use mcm_api::owner::controller_reference;
@@ -45,7 +44,7 @@ pub async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action
     }
     let key = format!("{ns}/{name}");
     let all = observe::machines_in(&ctx.machines, &ns);
-    if !ctx.expectations.satisfied(&key, &all) {
+    if !ctx.expectations.satisfied(&key, &all, ctx.clock.instant()) {
         return Ok(Action::requeue(Duration::from_millis(500)));
     }
 
@@ -91,7 +90,7 @@ pub async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action
         act::manage_auto_preservation(&machines_api, &plan, &mut claimed).await?;
     }
 
-    let now = Timestamp::now();
+    let now = ctx.clock.now();
     let views = observe::views(&ctx.nodes, &set, &claimed, now);
     let plan = decide::plan_replicas(&observe::set_input(&set), &views);
     let manage = manage_replicas(&ctx, &machines_api, &set, &plan, &key, &claimed).await;
@@ -152,7 +151,7 @@ async fn manage_replicas(
     // (no summary besides them).
     if !created.is_empty() || !deleted.is_empty() {
         ctx.expectations
-            .record(key, created.clone(), deleted.clone());
+            .record(key, created.clone(), deleted.clone(), ctx.clock.instant());
     }
     result.map(|()| held)
 }

@@ -108,6 +108,8 @@ pub struct SafetyContext {
     pub events: EventPublisher,
     /// Thresholds.
     pub limits: SafetyLimits,
+    /// Where the guard takes time from (the Frozen conditions' times).
+    pub clock: crate::clock::SharedClock,
     /// `--machine-safety-overshooting-period`: how often each set is re-checked.
     pub period: Duration,
 }
@@ -305,9 +307,9 @@ trait Freezable:
         self.conditions().iter().any(|c| c["type"] == FROZEN)
     }
 
-    /// A Frozen condition.
-    fn frozen_condition(reason: &str, message: &str) -> serde_json::Value {
-        let now = Time(Timestamp::now());
+    /// A Frozen condition set at `now`.
+    fn frozen_condition(reason: &str, message: &str, now: Timestamp) -> serde_json::Value {
+        let now = Time(now);
         let mut c = json!({
             "type": FROZEN, "status": "True", "lastTransitionTime": now,
             "reason": reason, "message": message,
@@ -352,7 +354,7 @@ async fn freeze<K: Freezable>(
         .await
         .map_err(kube_err::<K>("freeze", &name))?;
     let mut conditions = obj.conditions_without_frozen();
-    conditions.push(K::frozen_condition(reason, message));
+    conditions.push(K::frozen_condition(reason, message, ctx.clock.now()));
     let status = json!({"status": {K::CONDITIONS_FIELD: conditions}});
     api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
         .await
