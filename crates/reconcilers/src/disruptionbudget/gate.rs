@@ -1,7 +1,9 @@
 //! The gate voluntary disruptions ask first ([`BudgetGate`]), shared by every reconcile of
-//! the process: it admits or refuses a deletion with [`super::decide::may_disrupt`], keeps
-//! the admitted deletions in flight for [`IN_FLIGHT_TIMEOUT`] and the refused ones as waits
-//! on their budget for [`WAIT_TIMEOUT`].
+//! the process. A reconcile reads a [`GateView`] (enforcement, deletions in flight), decides
+//! each deletion purely with [`super::decide::may_disrupt`] and commits its verdicts
+//! ([`BudgetGate::commit`]): the admitted deletions stay in flight for [`IN_FLIGHT_TIMEOUT`],
+//! the refused ones wait on their budget for [`WAIT_TIMEOUT`]. A commit made from a view that
+//! another reconcile's admissions outdated is refused, so budgets are never overshot.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -9,12 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::channel::mpsc;
-use jiff::Timestamp;
-use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
-use mcm_api::{DisruptionReason, Machine, MachineDisruptionBudget};
+use mcm_api::{Machine, MachineDisruptionBudget};
 
-use super::decide;
 use super::model::{Blocked, Waiting};
 
 /// How long an admitted deletion counts as in flight when the store never shows it.
@@ -43,6 +42,44 @@ struct Ledger {
     in_flight: HashMap<String, Instant>,
     /// `namespace/budget` to the disruptions waiting for it.
     waiting: HashMap<String, Vec<Waiting>>,
+    /// Per namespace, how many commits admitted deletions there.
+    versions: HashMap<String, u64>,
+}
+
+/// Whether the gate enforces budgets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Enforcement {
+    /// The budgets have not been listed yet: voluntary deletions wait.
+    Pending,
+    /// The budgets are listed and enforced.
+    Enforced,
+    /// The cluster does not serve budgets: everything is admitted.
+    Absent,
+}
+
+/// What a reconcile reads of the gate ([`BudgetGate::view`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct GateView {
+    /// Whether budgets are enforced.
+    pub(crate) enforcement: Enforcement,
+    /// The deletions in flight in the namespace (names).
+    pub(crate) in_flight: HashSet<String>,
+    /// The version of the namespace's ledger this view was read at.
+    pub(crate) version: u64,
+}
+
+/// What a reconcile records in the gate ([`BudgetGate::commit`]): its verdicts on the
+/// voluntary deletions of one namespace, decided from the view of `version`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Reservation {
+    /// The namespace.
+    pub(crate) namespace: String,
+    /// The version of the view the verdicts come from.
+    pub(crate) version: u64,
+    /// The admitted deletions (machine names).
+    pub(crate) admitted: Vec<String>,
+    /// The deletions a budget refused.
+    pub(crate) refused: Vec<Blocked>,
 }
 
 /// The gate of voluntary disruptions, shared by the MachineSet and budget controllers.
@@ -93,67 +130,69 @@ impl BudgetGate {
         self.state.store(ABSENT, Ordering::SeqCst);
     }
 
-    /// Admits or refuses the voluntary deletion of `machine` for `reason`. `machines` are
-    /// the current machines of the store. An admitted deletion counts as in flight for
-    /// [`IN_FLIGHT_TIMEOUT`]; call [`BudgetGate::forget`] when it was not issued after
-    /// all. A refusal by a budget is recorded as a wait on it.
-    pub fn admit(
+    /// What a reconcile deciding voluntary deletions in `namespace` reads of the gate at
+    /// `now`: whether budgets are enforced, the deletions in flight there and the version of
+    /// the namespace's ledger (for [`BudgetGate::commit`]).
+    pub(crate) fn view(
         &self,
+        namespace: &str,
         machines: &[Arc<Machine>],
-        machine: &Machine,
-        reason: &DisruptionReason,
-        now: Timestamp,
-        instant: Instant,
-    ) -> Result<(), Refusal> {
-        match self.state.load(Ordering::SeqCst) {
-            ABSENT => return Ok(()),
-            PENDING => return Err(Refusal::NotSynced),
-            _ => {}
-        }
-        let ns = machine.namespace().unwrap_or_default();
-        let key = format!("{ns}/{}", machine.name_any());
+        now: Instant,
+    ) -> GateView {
+        let enforcement = match self.state.load(Ordering::SeqCst) {
+            ABSENT => Enforcement::Absent,
+            PENDING => Enforcement::Pending,
+            _ => Enforcement::Enforced,
+        };
         let mut ledger = self.ledger.lock().unwrap_or_else(|e| e.into_inner());
-        prune(&mut ledger.in_flight, machines, instant);
-        let in_flight = in_flight_of(&ledger.in_flight, &ns);
-        let refs: Vec<&Machine> = machines
-            .iter()
-            .map(AsRef::as_ref)
-            .filter(|m| m.metadata.namespace.as_deref() == Some(ns.as_str()))
-            .collect();
-        let budgets = self.budgets.state();
-        match decide::may_disrupt(
-            budgets.iter().map(AsRef::as_ref),
-            &refs,
-            machine,
-            reason,
-            now,
-            &in_flight,
-        ) {
-            Ok(()) => {
-                ledger.in_flight.insert(key, instant);
-                for waits in ledger.waiting.values_mut() {
-                    waits.retain(|w| w.machine != machine.name_any());
-                }
-                Ok(())
-            }
-            Err(blocked) => {
-                let budget_key = format!("{ns}/{}", blocked.budget);
-                let waits = ledger.waiting.entry(budget_key).or_default();
-                let new = !waits.iter().any(|w| w.machine == blocked.machine);
-                waits.retain(|w| w.machine != blocked.machine);
-                waits.push(Waiting {
-                    machine: blocked.machine.clone(),
-                    reason: reason.clone(),
-                    since: instant,
-                });
-                if new {
-                    let _ = self
-                        .wake
-                        .unbounded_send(ObjectRef::new(&blocked.budget).within(&ns));
-                }
-                Err(blocked.into())
+        prune(&mut ledger.in_flight, machines, now);
+        GateView {
+            enforcement,
+            in_flight: in_flight_of(&ledger.in_flight, namespace),
+            version: ledger.versions.get(namespace).copied().unwrap_or(0),
+        }
+    }
+
+    /// Records what a reconcile decided from a [`GateView`] of version `reservation.version`:
+    /// its admitted deletions in flight (so that every later view counts them) and its
+    /// refusals as waits on their budgets (a new wait wakes the budget), all at `now`. Only
+    /// while no other reconcile committed admissions in the namespace since that view
+    /// (then nothing is recorded and `false` is returned: the verdicts are stale, the
+    /// deletions must not be issued). Atomic: concurrent reconciles never overshoot a
+    /// budget.
+    pub(crate) fn commit(&self, reservation: &Reservation, now: Instant) -> bool {
+        let ns = &reservation.namespace;
+        let mut ledger = self.ledger.lock().unwrap_or_else(|e| e.into_inner());
+        let version = ledger.versions.get(ns).copied().unwrap_or(0);
+        if version != reservation.version {
+            return false;
+        }
+        if !reservation.admitted.is_empty() {
+            ledger.versions.insert(ns.clone(), version + 1);
+        }
+        for machine in &reservation.admitted {
+            ledger.in_flight.insert(format!("{ns}/{machine}"), now);
+            for waits in ledger.waiting.values_mut() {
+                waits.retain(|w| w.machine != *machine);
             }
         }
+        for blocked in &reservation.refused {
+            let budget_key = format!("{ns}/{}", blocked.budget);
+            let waits = ledger.waiting.entry(budget_key).or_default();
+            let new = !waits.iter().any(|w| w.machine == blocked.machine);
+            waits.retain(|w| w.machine != blocked.machine);
+            waits.push(Waiting {
+                machine: blocked.machine.clone(),
+                reason: blocked.reason.clone(),
+                since: now,
+            });
+            if new {
+                let _ = self
+                    .wake
+                    .unbounded_send(ObjectRef::new(&blocked.budget).within(ns));
+            }
+        }
+        true
     }
 
     /// Drops the in-flight record of a deletion that was not issued.

@@ -5,7 +5,8 @@
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, Time};
@@ -19,13 +20,14 @@ use mcm_api::{
 };
 use serde_json::{Value, json};
 
-use super::context::Error;
+use super::model::PendingChanges;
 pub use super::model::{AutoPreservePlan, Claim, MachineView, ReplicaPlan, SetCounts, SetInput};
-use crate::kube_api::ApiCallError;
 use crate::selector::selector_matches;
 
 /// Most machines created or deleted by one reconcile of a set (MCM's `BurstReplicas`).
 pub const BURST_REPLICAS: usize = 100;
+/// How long creations/deletions are awaited in the machine store before acting again.
+pub const EXPECTATIONS_TIMEOUT: Duration = Duration::from_secs(60);
 /// Size of the first creation batch; each following batch doubles (MCM's slow start).
 pub const SLOW_START_INITIAL_BATCH_SIZE: usize = 1;
 
@@ -417,68 +419,40 @@ pub fn machine_spec_patch(set: &MachineSet, machine: &Machine) -> Option<Value> 
     (!spec.is_empty()).then(|| json!({"spec": spec}))
 }
 
-/// The most names one batch Event lists (an Event's note holds 1 KiB).
-const NAMES_PER_EVENT: usize = 10;
-
-/// The note of one Event for a batch of machines created or deleted together: MCM's text
-/// (`Created Machine: a`) for one, the count and the first names for more (`Created 12
-/// Machines: a, b, ... and 2 more`). One Event per batch instead of one per machine: at 20
-/// QPS, an Event per machine is a twentieth of a second of the budget each.
-pub(crate) fn batch_note(verb: &str, noun: &str, names: &[String]) -> Option<String> {
-    match names {
-        [] => None,
-        [one] => Some(format!("{verb} {noun}: {one}")),
-        _ => {
-            let listed = names[..names.len().min(NAMES_PER_EVENT)].join(", ");
-            let more = names.len().saturating_sub(NAMES_PER_EVENT);
-            let tail = if more > 0 {
-                format!(" and {more} more")
-            } else {
-                String::new()
-            };
-            Some(format!("{verb} {} {noun}s: {listed}{tail}", names.len()))
-        }
-    }
+/// Why a reconcile failed to manage a set's replicas: the `ReplicaFailure` condition's
+/// reason and message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaFailure<'a> {
+    /// `FailedCreate` or `FailedDelete`.
+    pub reason: &'a str,
+    /// The error.
+    pub message: &'a str,
 }
 
-/// The status a set should have at `now`.
+/// The status a set should have at `now`, after a reconcile that failed with `failure`
+/// (`None`: it did not). Pure.
 pub fn desired_status(
     set: &MachineSet,
     counts: &SetCounts,
-    failure: Option<&Error>,
+    failure: Option<ReplicaFailure<'_>>,
     now: Timestamp,
 ) -> MachineSetStatus {
     let prev = set.status.clone().unwrap_or_default();
     let mut conditions = prev.conditions.clone().unwrap_or_default();
     match failure {
-        Some(e) => {
-            let message = e.to_string();
-            let now = Some(Time(now));
+        Some(f) => {
             match conditions
                 .iter_mut()
                 .find(|c| c.type_ == MachineSetConditionType::ReplicaFailure)
             {
-                Some(c) if c.message.as_deref() == Some(message.as_str()) => {}
-                Some(c) => c.message = Some(message),
+                Some(c) if c.message.as_deref() == Some(f.message) => {}
+                Some(c) => c.message = Some(f.message.to_owned()),
                 None => conditions.push(MachineSetCondition {
                     type_: MachineSetConditionType::ReplicaFailure,
                     status: ConditionStatus::True,
-                    last_transition_time: now,
-                    reason: Some(
-                        if matches!(
-                            e,
-                            Error::Kube(ApiCallError {
-                                action: "delete",
-                                ..
-                            })
-                        ) {
-                            "FailedDelete"
-                        } else {
-                            "FailedCreate"
-                        }
-                        .into(),
-                    ),
-                    message: Some(message),
+                    last_transition_time: Some(Time(now)),
+                    reason: Some(f.reason.to_owned()),
+                    message: Some(f.message.to_owned()),
                 }),
             }
         }
@@ -500,21 +474,104 @@ pub fn desired_status(
     }
 }
 
-/// `status` without what changes as machines come and go: the replica counters, and the
-/// times and messages of conditions. Two statuses that differ only there differ only in
-/// counters ([`crate::pacer`]). Pure.
-pub fn without_counters(status: &MachineSetStatus) -> MachineSetStatus {
-    let mut s = status.clone();
-    s.replicas = None;
-    s.fully_labeled_replicas = None;
-    s.ready_replicas = None;
-    s.available_replicas = None;
-    for c in s.conditions.iter_mut().flatten() {
-        c.last_transition_time = None;
-        c.message = None;
-    }
-    s
+/// Whether the store's `machines` show the changes a set waits for (or the wait timed out
+/// at `now`): the set may act again. Pure.
+pub(crate) fn expectations_satisfied(
+    pending: &PendingChanges,
+    machines: &[Arc<Machine>],
+    now: Instant,
+) -> bool {
+    let by_name: BTreeMap<&str, &Machine> = machines
+        .iter()
+        .map(|m| (m.metadata.name.as_deref().unwrap_or(""), m.as_ref()))
+        .collect();
+    let created_seen = pending
+        .created
+        .iter()
+        .all(|n| by_name.contains_key(n.as_str()));
+    let deleted_seen = pending.deleted.iter().all(|n| {
+        by_name
+            .get(n.as_str())
+            .is_none_or(|m| m.metadata.deletion_timestamp.is_some())
+    });
+    (created_seen && deleted_seen)
+        || now.saturating_duration_since(pending.since) > EXPECTATIONS_TIMEOUT
 }
+
+/// The set as [`plan_replicas`] sees it. Pure.
+pub(crate) fn set_input(set: &MachineSet) -> SetInput {
+    SetInput {
+        replicas: set.spec.replicas(),
+        frozen: is_frozen(set.metadata.labels.as_ref()),
+        scale_up_disabled: set
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(labels::MACHINE_SET_SCALE_UP_DISABLED)),
+        deleting: set.metadata.deletion_timestamp.is_some(),
+        replica_change_time: set
+            .annotations()
+            .get(annotations::LAST_DEPLOYMENT_REPLICA_CHANGE_BY_SCALER_TIME)
+            .and_then(|t| t.parse().ok()),
+    }
+}
+
+/// The views of the `claimed` machines of `set` at `now`; a Failed machine's with its Node's
+/// preserve annotation from `node_preserve` (by machine name), which decides only whether a
+/// Failed machine is kept ([`MachineView::keep_if_failed`]). Pure.
+pub(crate) fn views(
+    set: &MachineSet,
+    claimed: &[Arc<Machine>],
+    node_preserve: &BTreeMap<String, String>,
+    now: Timestamp,
+) -> Vec<MachineView> {
+    let template_labels = set.template_labels();
+    claimed
+        .iter()
+        .map(|m| {
+            let node = (m.phase() == Some(&MachinePhase::Failed))
+                .then(|| node_preserve.get(&m.name_any()).map(String::as_str))
+                .flatten();
+            MachineView::from_machine(m, template_labels, node, now)
+        })
+        .collect()
+}
+
+/// The note of the selector-overlap warning of the set `set_uid` (empty: no overlap): the
+/// controllers of other machines its selector matches. Pure.
+pub(crate) fn overlap_note<'m>(
+    set_uid: &str,
+    selector: Option<&LabelSelector>,
+    machines: impl IntoIterator<Item = &'m Machine>,
+) -> String {
+    let owners = overlapping_owners(set_uid, selector, machines);
+    if owners.is_empty() {
+        return String::new();
+    }
+    format!(
+        "spec.selector also matches machines controlled by {}; this MachineSet leaves them alone and never owns them (make the selectors disjoint)",
+        owners.into_iter().collect::<Vec<_>>().join(", ")
+    )
+}
+
+/// `machine` as it is once its `auto-preserved` annotation is set (`auto_preserved`) or
+/// removed: what the auto-preservation patch makes of it. Pure.
+pub(crate) fn with_auto_preservation(machine: &Machine, auto_preserved: bool) -> Machine {
+    let mut m = machine.clone();
+    let anns = m.metadata.annotations.get_or_insert_with(BTreeMap::new);
+    if auto_preserved {
+        anns.insert(
+            annotations::PRESERVE.to_owned(),
+            annotations::preserve_values::AUTO_PRESERVED.to_owned(),
+        );
+    } else {
+        anns.remove(annotations::PRESERVE);
+    }
+    m
+}
+
+#[cfg(test)]
+use super::act::{batch_note, without_counters};
 
 #[cfg(test)]
 mod tests {

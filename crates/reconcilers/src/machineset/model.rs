@@ -1,14 +1,20 @@
 //! Plain data of the MachineSet controller: what it knows of one machine
 //! ([`MachineView`]), of the set ([`SetInput`]), and what it plans ([`ReplicaPlan`],
-//! [`AutoPreservePlan`], [`Claim`]) and counts ([`SetCounts`]).
+//! [`AutoPreservePlan`], [`Claim`]) and counts ([`SetCounts`]); what one reconcile decides
+//! from ([`Snapshot`]) and the changes a set waits to see ([`PendingChanges`]).
 
-use std::collections::BTreeMap;
-use std::time::Duration;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 use mcm_api::constants::{annotations, labels};
 use mcm_api::preservation;
-use mcm_api::{Machine, MachinePhase, MachineState, MachineSummary};
+use mcm_api::{
+    Machine, MachineDisruptionBudget, MachinePhase, MachineSet, MachineState, MachineSummary,
+};
+
+use crate::disruptionbudget::gate::GateView;
 
 use crate::selector::labels_contain;
 
@@ -255,4 +261,44 @@ pub struct AutoPreservePlan {
     pub annotate: Vec<String>,
     /// Machines whose `auto-preserved` annotation is removed (oldest first).
     pub release: Vec<String>,
+}
+
+/// Creations and deletions a set issued and waits to see in the machine store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PendingChanges {
+    /// Names of the machines created.
+    pub(crate) created: HashSet<String>,
+    /// Names of the machines deleted.
+    pub(crate) deleted: HashSet<String>,
+    /// When they were issued.
+    pub(crate) since: Instant,
+}
+
+/// Everything one reconcile of a set decides from, read once
+/// ([`super::gather::gather`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Snapshot {
+    /// The set.
+    pub(crate) set: Arc<MachineSet>,
+    /// `namespace/name` of the set (its expectations key).
+    pub(crate) key: String,
+    /// The wall clock now.
+    pub(crate) now: Timestamp,
+    /// The monotonic clock now.
+    pub(crate) instant: Instant,
+    /// The machines of the set's namespace.
+    pub(crate) machines: Vec<Arc<Machine>>,
+    /// The creations and deletions the set waits to see.
+    pub(crate) pending: Option<PendingChanges>,
+    /// The preserve annotation of the Node of each Failed machine of the namespace that has
+    /// one (by machine name).
+    pub(crate) node_preserve: BTreeMap<String, String>,
+    /// The machines of the namespace whose Node carries the `Preserved` condition.
+    pub(crate) node_preserved: BTreeSet<String>,
+    /// The set is an old set of a rolling MachineDeployment.
+    pub(crate) old_set_of_rollout: bool,
+    /// The MachineDisruptionBudgets.
+    pub(crate) budgets: Vec<Arc<MachineDisruptionBudget>>,
+    /// The budget gate as this reconcile saw it.
+    pub(crate) gate: GateView,
 }
