@@ -2,15 +2,17 @@
 //! [`Actor`] for one deployment, and the rollout markers on the target cluster's Nodes.
 //! Every action is idempotent: it may run again after a crash at any point.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::api::{DeleteParams, PostParams};
-use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
 use mcm_api::constants::{annotations, finalizers, labels};
-use mcm_api::{Machine, MachineDeployment, MachineDeploymentStatus, MachineSet, preservation};
+use mcm_api::{
+    Machine, MachineDeployment, MachineDeploymentStatus, MachineSet, MachineTemplateSpec,
+    preservation,
+};
 use serde_json::{Value, json};
 
 use super::context::{Context, DeploymentProblem, Error};
@@ -117,10 +119,9 @@ impl<'a> Actor<'a> {
     /// Deletes the deployment's sets that are not being deleted yet (the deployment is being
     /// deleted), with an Event per deleted set (`DeletingMachineSet`: ours, the Go MCM reports
     /// no Event there).
-    pub async fn delete_sets(&self, sets: &[&MachineSet]) -> Result<(), Error> {
-        for s in sets {
-            let name = s.name_any();
-            if self.delete_set("delete", &name).await? == Outcome::Done {
+    pub async fn delete_sets(&self, names: &[String]) -> Result<(), Error> {
+        for name in names {
+            if self.delete_set("delete", name).await? == Outcome::Done {
                 let note = format!("Deleting MachineSet {name}");
                 self.normal_event("DeletingMachineSet", "Delete", note)
                     .await;
@@ -143,7 +144,7 @@ impl<'a> Actor<'a> {
     pub async fn rollback(
         &self,
         plan: &RollbackPlan,
-        sets: &[Arc<MachineSet>],
+        template: Option<&MachineTemplateSpec>,
     ) -> Result<(), Error> {
         let mut d = self.d.clone();
         d.spec.rollback_to = None;
@@ -165,11 +166,7 @@ impl<'a> Actor<'a> {
                     .await;
             }
             RollbackPlan::To { set, .. } => {
-                let Some(template) = sets
-                    .iter()
-                    .find(|s| s.name_any() == *set)
-                    .and_then(|s| s.spec.template.clone())
-                else {
+                let Some(template) = template.cloned() else {
                     return Err(Error::Problem(
                         DeploymentProblem::RollbackSetWithoutTemplate(set.clone()),
                     ));
@@ -538,19 +535,17 @@ impl<'a> Actor<'a> {
     }
 }
 
-/// Removes the old-set taint from the Nodes of `machines` (a rollback makes their set the
-/// new one again). Unlike the advisory markers, a failure is returned: the rollback is
-/// retried.
+/// Removes the old-set taint from `nodes` (as the store had them: the Nodes of the machines
+/// of the set a rollback makes the new one again). Unlike the advisory markers, a failure is
+/// returned: the rollback is retried.
 pub(crate) async fn remove_old_set_taint(
     target: &Client,
-    nodes: &Store<Node>,
-    machines: &[&Machine],
+    nodes: &[Arc<Node>],
 ) -> Result<(), kube::Error> {
     let api: Api<Node> = Api::all(target.clone());
-    let names = machines.iter().filter_map(|m| m.node_name());
-    for node in names.filter_map(|n| nodes.get(&ObjectRef::new(n))) {
+    for node in nodes {
         // A node gone meanwhile needs no untainting.
-        let _ = kube_api::patch_from_copy(&api, &*node, untaint_patch).await?;
+        let _ = kube_api::patch_from_copy(&api, node.as_ref(), untaint_patch).await?;
     }
     Ok(())
 }
@@ -558,13 +553,13 @@ pub(crate) async fn remove_old_set_taint(
 /// Applies the markers: during a rollout, taints the nodes of `old` machines and (with
 /// `autoscaler_annotations`) annotates the nodes of `all` machines; afterwards removes MCM's
 /// annotations from the nodes of `all`, except those of machines with a preservation expiry.
-/// One patch per node that needs one.
+/// One patch per node that needs one (`nodes`: the Nodes as the store had them, by name).
 /// Errors are logged and retried on the next reconcile: markers are advisory.
 pub(crate) async fn apply_markers(
     target: &Client,
-    nodes: &Store<Node>,
-    old: &[&Machine],
-    all: &[&Machine],
+    nodes: &BTreeMap<String, Arc<Node>>,
+    old: &[Arc<Machine>],
+    all: &[Arc<Machine>],
     rollout: bool,
     autoscaler_annotations: bool,
 ) {
@@ -578,18 +573,18 @@ pub(crate) async fn apply_markers(
     // Without the annotations enabled, only ever remove what MCM added earlier.
     let annotate = rollout && autoscaler_annotations;
     let all_nodes = all.iter().filter_map(|m| m.node_name());
-    for node in all_nodes.filter_map(|n| nodes.get(&ObjectRef::new(n))) {
+    for node in all_nodes.filter_map(|n| nodes.get(n)) {
         let name = node.name_any();
         let taint = rollout && old_nodes.contains(name.as_str());
         let preserved = preserved_nodes.contains(name.as_str());
         let patch_of = |n: &Node| markers_patch(n, taint, annotate, preserved);
-        let written = match patch_of(&node) {
+        let written = match patch_of(node) {
             None => continue,
             Some(patch) if !needs_version_guard(&patch) => {
                 merge_patch(&api, Part::Object, &name, &patch).await
             }
             // Planned again from a fresh read after a conflict: the store's copy may be behind.
-            Some(_) => kube_api::patch_from_copy(&api, &*node, patch_of).await,
+            Some(_) => kube_api::patch_from_copy(&api, node.as_ref(), patch_of).await,
         };
         if let Err(error) = written {
             tracing::debug!(node = name, %error, "could not update rollout markers of node");

@@ -20,6 +20,7 @@ use mcm_api::{
 
 use super::hash::templates_equal;
 use super::model::{RollbackCandidate, Rollout, SetState, Snapshot, Strategy};
+#[cfg(test)]
 use super::status::StatusInput;
 use super::trigger::TriggerMachine;
 use crate::machine::remediation::Member;
@@ -112,14 +113,6 @@ impl Observed {
             .collect()
     }
 
-    /// The machines of the old sets.
-    pub fn old_machines(&self) -> Vec<&Machine> {
-        self.old_sets()
-            .flat_map(|s| self.machines_of(s))
-            .map(AsRef::as_ref)
-            .collect()
-    }
-
     /// The highest revision among the old sets (0 without any).
     pub fn max_old_revision(&self) -> i64 {
         self.old_sets()
@@ -207,7 +200,9 @@ pub fn snapshot(d: &MachineDeployment, strategy: Strategy, facts: Facts) -> Snap
     }
 }
 
-/// The inputs of the status computation besides the snapshot.
+/// The inputs of the status computation besides the snapshot (the plan's own builds them
+/// from what it gathered).
+#[cfg(test)]
 pub fn status_input(
     d: &MachineDeployment,
     failed: Vec<MachineSummary>,
