@@ -624,3 +624,279 @@ fn status_steps(
     steps.push(Step::WriteStatus(Box::new(status)));
     (steps, recheck)
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, BTreeSet};
+
+    use mcm_api::MachineDeployment;
+    use serde_json::json;
+
+    use super::*;
+    use crate::machinedeployment::gather::Revisions;
+    use crate::machinedeployment::observe;
+
+    /// What gather would read for `d` with these sets and machines (no Nodes).
+    fn gathered(
+        d: serde_json::Value,
+        sets: &[Arc<MachineSet>],
+        machines: &[Arc<Machine>],
+    ) -> Gathered {
+        let mut v = json!({
+            "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "MachineDeployment",
+            "metadata": {
+                "name": "d", "namespace": "ns", "uid": "d-uid", "generation": 1,
+                "finalizers": [super::super::act::FINALIZER],
+            },
+            "spec": {
+                "replicas": 2,
+                "selector": { "matchLabels": { "pool": "a" } },
+                "template": {
+                    "metadata": { "labels": { "pool": "a" } },
+                    "spec": { "class": { "kind": "MachineClass", "name": "c" } },
+                },
+            },
+        });
+        merge(&mut v, d);
+        let d: Arc<MachineDeployment> = Arc::new(serde_json::from_value(v).unwrap());
+        let now = "2026-11-29T10:00:00Z".parse().unwrap();
+        let observed = observe::observe(&d, sets, machines);
+        let facts = observe::facts(&observed, now);
+        Gathered {
+            now,
+            selects_all: observe::selects_all(&d),
+            all_machines: observed.machines.values().flatten().cloned().collect(),
+            old_machines: Vec::new(),
+            trigger_machines: observed.trigger_machines(),
+            rollback_candidates: observe::rollback_candidates(&d, &observed),
+            revisions: Revisions {
+                max_old: observed.max_old_revision(),
+                ..Revisions::default()
+            },
+            rollout: observe::strategy_of(&d, true)
+                .map(|s| observe::snapshot(&d, s, facts.clone()))
+                .map_err(|e| e.to_string()),
+            facts,
+            in_place: None,
+            nodes: BTreeMap::new(),
+            remediation_members: Vec::new(),
+            zone_members: Vec::new(),
+            zones: BTreeSet::new(),
+            max_unavailable: observe::availability_max_unavailable(&d),
+            creation_timeouts: Default::default(),
+            zone_partition: Default::default(),
+            autoscaler_annotations: true,
+            observed,
+            d,
+        }
+    }
+
+    fn merge(a: &mut serde_json::Value, b: serde_json::Value) {
+        match (a, b) {
+            (serde_json::Value::Object(a), serde_json::Value::Object(b)) => {
+                for (k, v) in b {
+                    merge(a.entry(k).or_insert(serde_json::Value::Null), v);
+                }
+            }
+            (a, b) => *a = b,
+        }
+    }
+
+    /// A set of the deployment `d-uid`.
+    fn set(name: &str) -> Arc<MachineSet> {
+        Arc::new(
+            serde_json::from_value(json!({
+                "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "MachineSet",
+                "metadata": {
+                    "name": name, "namespace": "ns", "uid": format!("{name}-uid"),
+                    "ownerReferences": [{
+                        "apiVersion": "machine.sapcloud.io/v1alpha1",
+                        "kind": "MachineDeployment", "name": "d", "uid": "d-uid",
+                        "controller": true,
+                    }],
+                },
+                "spec": { "replicas": 1, "selector": { "matchLabels": { "pool": "old" } } },
+            }))
+            .unwrap(),
+        )
+    }
+
+    /// The kinds of `steps`, by name.
+    fn kinds(steps: &[Step]) -> Vec<&'static str> {
+        steps
+            .iter()
+            .map(|s| match s {
+                Step::AddFinalizer => "AddFinalizer",
+                Step::RemoveFinalizer => "RemoveFinalizer",
+                Step::ForgetAnnouncements => "ForgetAnnouncements",
+                Step::DeleteSets(_) => "DeleteSets",
+                Step::WarnSelectingAll => "WarnSelectingAll",
+                Step::MarkForDeletion { .. } => "MarkForDeletion",
+                Step::UpdateTriggerDeletion(_) => "UpdateTriggerDeletion",
+                Step::UntaintNodes { .. } => "UntaintNodes",
+                Step::Rollback { .. } => "Rollback",
+                Step::AdjustCreationTimeout { .. } => "AdjustCreationTimeout",
+                Step::ReportInvalidStrategy(_) => "ReportInvalidStrategy",
+                Step::SyncRevision { .. } => "SyncRevision",
+                Step::CreateNewSet { .. } => "CreateNewSet",
+                Step::ScaleSet { .. } => "ScaleSet",
+                Step::DisableScaleUp(_) => "DisableScaleUp",
+                Step::LabelNode { .. } => "LabelNode",
+                Step::UnlabelUpdateResult(_) => "UnlabelUpdateResult",
+                Step::CleanNode(_) => "CleanNode",
+                Step::MoveMachine { .. } => "MoveMachine",
+                Step::Uncordon(_) => "Uncordon",
+                Step::Selected(_) => "Selected",
+                Step::PruneSets(_) => "PruneSets",
+                Step::ApplyMarkers { .. } => "ApplyMarkers",
+                Step::RemediationStopped(_) => "RemediationStopped",
+                Step::RemediationResumed(_) => "RemediationResumed",
+                Step::ZonePartitionLifted => "ZonePartitionLifted",
+                Step::WriteStatus(_) => "WriteStatus",
+            })
+            .collect()
+    }
+
+    #[test]
+    fn each_kind_of_reconcile_has_its_steps_and_its_end() {
+        let deleting = "2026-11-29T09:00:00Z";
+        let old = [set("old")];
+        // (deployment, sets, steps, end)
+        type Case<'a> = (serde_json::Value, &'a [Arc<MachineSet>], Vec<&'a str>, End);
+        let cases: Vec<Case<'_>> = vec![
+            (
+                json!({"metadata": {"deletionTimestamp": deleting, "finalizers": ["x"]}}),
+                &[],
+                vec![],
+                End::AwaitChange,
+            ),
+            (
+                json!({"metadata": {"deletionTimestamp": deleting}}),
+                &[],
+                vec!["RemoveFinalizer", "ForgetAnnouncements"],
+                End::AwaitChange,
+            ),
+            (
+                json!({"metadata": {"deletionTimestamp": deleting}}),
+                &old,
+                vec!["DeleteSets"],
+                End::Requeue(DELETION_RECHECK),
+            ),
+            (
+                json!({"metadata": {"finalizers": []}, "spec": {"selector": null}}),
+                &[],
+                vec!["AddFinalizer", "WarnSelectingAll"],
+                End::AwaitChange,
+            ),
+            (
+                json!({"spec": {"strategy": {"type": "BlueGreen"}}}),
+                &[],
+                vec!["ReportInvalidStrategy"],
+                End::AwaitChange,
+            ),
+            (
+                json!({"spec": {"rollbackTo": {"revision": 7}}}),
+                &[],
+                vec!["Rollback"],
+                End::AwaitChange,
+            ),
+            (
+                json!({"metadata": {"annotations": {
+                    annotations::TRIGGER_DELETION_BY_MCM: "gone-machine",
+                }}}),
+                &[],
+                vec!["UpdateTriggerDeletion"],
+                End::Requeue(AFTER_OWN_WRITE),
+            ),
+        ];
+        for (d, sets, steps, end) in cases {
+            let what = d.to_string();
+            let decision = plan(&gathered(d, sets, &[]));
+            assert_eq!(kinds(&decision.steps), steps, "{what}");
+            assert_eq!(decision.end, end, "{what}");
+        }
+    }
+
+    #[test]
+    fn a_new_deployment_creates_its_set_and_writes_its_status() {
+        let decision = plan(&gathered(json!({}), &[], &[]));
+        assert_eq!(
+            kinds(&decision.steps),
+            [
+                "ForgetAnnouncements",
+                "CreateNewSet",
+                "ApplyMarkers",
+                "WriteStatus"
+            ]
+        );
+        assert!(matches!(
+            decision.steps[1],
+            Step::CreateNewSet {
+                replicas: 2,
+                revision: 1,
+                ..
+            }
+        ));
+        assert!(matches!(decision.end, End::RequeueOrPacer(_)));
+        // Its old set (another template) is scaled as the rollout says; the revision of the
+        // new set comes after the old sets'.
+        let decision = plan(&gathered(json!({}), &[set("old")], &[]));
+        let create = decision
+            .steps
+            .iter()
+            .find(|s| matches!(s, Step::CreateNewSet { .. }));
+        assert!(matches!(
+            create,
+            Some(Step::CreateNewSet { revision: 1, .. })
+        ));
+    }
+
+    #[test]
+    fn the_in_place_scaling_is_decided_from_the_snapshot_its_earlier_steps_leave() {
+        use crate::machinedeployment::inplace::model::{InPlaceSet, InPlaceSnapshot};
+        use crate::machinedeployment::model::Orchestration;
+        let g = gathered(json!({}), &[], &[]);
+        let state = |name: &str, replicas| SetState::new(name, replicas);
+        let s = InPlaceSnapshot {
+            replicas: 2,
+            max_unavailable: 1,
+            orchestration: Orchestration::Auto,
+            frozen: false,
+            new_set: InPlaceSet {
+                state: state("new", 0),
+                scale_up_disabled: false,
+                machines: Vec::new(),
+            },
+            old_sets: vec![InPlaceSet {
+                state: state("old", 2),
+                scale_up_disabled: false,
+                machines: Vec::new(),
+            }],
+        };
+        let mut replicas: BTreeMap<String, i32> =
+            [("new".to_owned(), 0), ("old".to_owned(), 2)].into();
+        let (steps, changed) = in_place_rollout(&g, s);
+        assert!(changed);
+        // Every scaling names the replicas it changes from as the earlier steps left them.
+        let mut scaled = 0;
+        for step in &steps {
+            if let Step::ScaleSet {
+                set,
+                current,
+                replicas: to,
+                max_surge,
+                ..
+            } = step
+            {
+                assert_eq!(*max_surge, 0, "no surge for in-place updates");
+                assert_eq!(
+                    current.as_ref().map(|c| c.replicas),
+                    replicas.get(set).copied()
+                );
+                replicas.insert(set.clone(), *to);
+                scaled += 1;
+            }
+        }
+        assert!(scaled > 0, "{steps:?}");
+    }
+}
