@@ -17,9 +17,9 @@ use mcm_api::{Machine, MachineDisruptionBudget};
 use super::model::{Blocked, Waiting};
 
 /// How long an admitted deletion counts as in flight when the store never shows it.
-pub const IN_FLIGHT_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const IN_FLIGHT_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a recorded wait is reported on the budget without being renewed.
-pub const WAIT_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const WAIT_TIMEOUT: Duration = Duration::from_secs(60);
 
 const PENDING: u8 = 0;
 const ENFORCED: u8 = 1;
@@ -27,7 +27,7 @@ const ABSENT: u8 = 2;
 
 /// Why the gate refused a voluntary deletion.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// A budget is exhausted.
     #[error(transparent)]
     Blocked(#[from] Blocked),
@@ -84,7 +84,7 @@ pub(crate) struct Reservation {
 
 /// The gate of voluntary disruptions, shared by the MachineSet and budget controllers.
 #[derive(Clone)]
-pub struct BudgetGate {
+pub(crate) struct BudgetGate {
     /// Store of the MachineDisruptionBudgets.
     pub budgets: Store<MachineDisruptionBudget>,
     state: Arc<AtomicU8>,
@@ -102,7 +102,7 @@ impl BudgetGate {
     /// A gate over `budgets`, pending until [`BudgetGate::set_enforced`] or
     /// [`BudgetGate::set_absent`]; the receiver yields the budgets whose waits changed (for
     /// the budget controller's `reconcile_on`).
-    pub fn new(
+    pub(crate) fn new(
         budgets: Store<MachineDisruptionBudget>,
     ) -> (
         Self,
@@ -121,12 +121,12 @@ impl BudgetGate {
     }
 
     /// The budgets are listed: enforce them.
-    pub fn set_enforced(&self) {
+    pub(crate) fn set_enforced(&self) {
         self.state.store(ENFORCED, Ordering::SeqCst);
     }
 
     /// The cluster does not serve the kind: admit everything.
-    pub fn set_absent(&self) {
+    pub(crate) fn set_absent(&self) {
         self.state.store(ABSENT, Ordering::SeqCst);
     }
 
@@ -196,14 +196,14 @@ impl BudgetGate {
     }
 
     /// Drops the in-flight record of a deletion that was not issued.
-    pub fn forget(&self, namespace: &str, machine: &str) {
+    pub(crate) fn forget(&self, namespace: &str, machine: &str) {
         let mut ledger = self.ledger.lock().unwrap_or_else(|e| e.into_inner());
         ledger.in_flight.remove(&format!("{namespace}/{machine}"));
     }
 
     /// The deletions in flight in `namespace` (names) at `now`, after dropping those that
     /// timed out.
-    pub fn in_flight(
+    pub(crate) fn in_flight(
         &self,
         namespace: &str,
         machines: &[Arc<Machine>],
@@ -216,7 +216,7 @@ impl BudgetGate {
 
     /// The disruptions waiting for the budget `namespace/name` (refused within
     /// [`WAIT_TIMEOUT`] before `now`).
-    pub fn waiting(&self, namespace: &str, name: &str, now: Instant) -> Vec<Waiting> {
+    pub(crate) fn waiting(&self, namespace: &str, name: &str, now: Instant) -> Vec<Waiting> {
         let mut ledger = self.ledger.lock().unwrap_or_else(|e| e.into_inner());
         let key = format!("{namespace}/{name}");
         let Some(waits) = ledger.waiting.get_mut(&key) else {

@@ -25,7 +25,7 @@ pub(crate) struct Observed {
 
 impl Observed {
     /// The machines `budget` selects.
-    pub fn selected(&self, budget: &MachineDisruptionBudget) -> Vec<&Machine> {
+    pub(crate) fn selected(&self, budget: &MachineDisruptionBudget) -> Vec<&Machine> {
         self.machines
             .iter()
             .map(AsRef::as_ref)
@@ -49,7 +49,7 @@ pub(crate) fn observe(ctx: &Context, budget: &MachineDisruptionBudget) -> Observ
 }
 
 /// The budgets that select `machine`, for watches.
-pub fn budgets_for_machine(
+pub(crate) fn budgets_for_machine(
     machine: &Machine,
     budgets: &Store<MachineDisruptionBudget>,
 ) -> Vec<ObjectRef<MachineDisruptionBudget>> {

@@ -32,15 +32,15 @@ use crate::kube_api::{
 use crate::pacer::Admission;
 
 /// The finalizer of the manager's controllers.
-pub const FINALIZER: &str = finalizers::MACHINE_CONTROLLER_MANAGER;
+pub(crate) const FINALIZER: &str = finalizers::MACHINE_CONTROLLER_MANAGER;
 
 /// The reason of the deployment's Event for each change of a set's replicas, the Go MCM's
 /// (`Scaled up machine set <name> to <n>`, `Scaled down ...`).
-pub const SCALING_MACHINE_SET: &str = "ScalingMachineSet";
+pub(crate) const SCALING_MACHINE_SET: &str = "ScalingMachineSet";
 
 /// The actions on one deployment: its API handles (the deployment's namespace), its name
 /// and its Event reference.
-pub struct Actor<'a> {
+pub(crate) struct Actor<'a> {
     ctx: &'a Context,
     d: &'a MachineDeployment,
     name: String,
@@ -52,7 +52,7 @@ pub struct Actor<'a> {
 
 impl<'a> Actor<'a> {
     /// The actions on `d`.
-    pub fn new(ctx: &'a Context, d: &'a MachineDeployment) -> Self {
+    pub(crate) fn new(ctx: &'a Context, d: &'a MachineDeployment) -> Self {
         let ns = d.namespace().unwrap_or_default();
         Actor {
             ctx,
@@ -101,7 +101,7 @@ impl<'a> Actor<'a> {
     }
 
     /// Forgets what was announced for the deployment (it goes: nothing more is announced).
-    pub fn forget_announcements(&self) {
+    pub(crate) fn forget_announcements(&self) {
         if let Some(uid) = self.d.metadata.uid.as_deref() {
             self.ctx.announced.forget(uid);
         }
@@ -109,7 +109,7 @@ impl<'a> Actor<'a> {
 
     /// Adds (`present`) or removes the finalizer of the deployment; [`Outcome::Gone`] when the
     /// deployment no longer exists.
-    pub async fn set_finalizer(&self, present: bool) -> Result<Outcome, Error> {
+    pub(crate) async fn set_finalizer(&self, present: bool) -> Result<Outcome, Error> {
         let outcome = kube_api::set_finalizer(&self.deployments, self.d, FINALIZER, present)
             .await
             .context("update finalizers of", MachineDeployment::KIND, &self.name)?;
@@ -119,7 +119,7 @@ impl<'a> Actor<'a> {
     /// Deletes the deployment's sets that are not being deleted yet (the deployment is being
     /// deleted), with an Event per deleted set (`DeletingMachineSet`: ours, the Go MCM reports
     /// no Event there).
-    pub async fn delete_sets(&self, names: &[String]) -> Result<(), Error> {
+    pub(crate) async fn delete_sets(&self, names: &[String]) -> Result<(), Error> {
         for name in names {
             if self.delete_set("delete", name).await? == Outcome::Done {
                 let note = format!("Deleting MachineSet {name}");
@@ -131,7 +131,7 @@ impl<'a> Actor<'a> {
     }
 
     /// Deletes old sets beyond the revision history limit (a set gone meanwhile is pruned).
-    pub async fn prune_sets(&self, names: &[String]) -> Result<(), Error> {
+    pub(crate) async fn prune_sets(&self, names: &[String]) -> Result<(), Error> {
         for name in names {
             let _ = self.delete_set("prune", name).await?;
         }
@@ -141,7 +141,7 @@ impl<'a> Actor<'a> {
     /// Carries out a rollback plan: the template of the chosen set becomes the deployment's
     /// (its hash label dropped) and `spec.rollbackTo` is cleared, in one update guarded by the
     /// deployment's resourceVersion; each outcome has upstream's Event.
-    pub async fn rollback(
+    pub(crate) async fn rollback(
         &self,
         plan: &RollbackPlan,
         template: Option<&MachineTemplateSpec>,
@@ -206,13 +206,13 @@ impl<'a> Actor<'a> {
 
     /// Announces that the remediation short-circuit (or an unusable remediation
     /// annotation) stopped the replacement of the deployment's unhealthy machines.
-    pub async fn remediation_stopped(&self, note: String) {
+    pub(crate) async fn remediation_stopped(&self, note: String) {
         self.warning_event("RemediationShortCircuited", "HealthCheck", note)
             .await;
     }
 
     /// Announces that no zone of the deployment's machines is partitioned any more.
-    pub async fn zone_partition_lifted(&self) {
+    pub(crate) async fn zone_partition_lifted(&self) {
         self.normal_event(
             "ZonePartitionLifted",
             "HealthCheck",
@@ -223,14 +223,14 @@ impl<'a> Actor<'a> {
     }
 
     /// Announces that remediation is allowed again.
-    pub async fn remediation_resumed(&self, note: String) {
+    pub(crate) async fn remediation_resumed(&self, note: String) {
         self.normal_event("RemediationResumed", "HealthCheck", note)
             .await;
     }
 
     /// Warns that the deployment selects every machine (nothing else is done until it
     /// changes).
-    pub async fn warn_selecting_all(&self) {
+    pub(crate) async fn warn_selecting_all(&self) {
         let note = "This deployment is selecting all machines. A non-empty selector is required.";
         let events = &self.ctx.events;
         events
@@ -240,7 +240,11 @@ impl<'a> Actor<'a> {
 
     /// Marks the machine `name` with priority 1 and, when `time` is given, that
     /// marked-for-deletion time, so its set deletes it ([`TriggerPlan::mark`]).
-    pub async fn mark_for_deletion(&self, name: &str, time: Option<&str>) -> Result<(), Error> {
+    pub(crate) async fn mark_for_deletion(
+        &self,
+        name: &str,
+        time: Option<&str>,
+    ) -> Result<(), Error> {
         let mut marks = serde_json::Map::new();
         marks.insert(annotations::MACHINE_PRIORITY.into(), json!("1"));
         if let Some(time) = time {
@@ -259,7 +263,7 @@ impl<'a> Actor<'a> {
     /// Writes the trigger-deletion annotation of `plan` (and the replica-change time when it
     /// sets one), guarded by the deployment's resourceVersion. The replicas are the
     /// scaler's: they are never changed here.
-    pub async fn update_trigger_deletion(&self, plan: &TriggerPlan) -> Result<(), Error> {
+    pub(crate) async fn update_trigger_deletion(&self, plan: &TriggerPlan) -> Result<(), Error> {
         let mut anns = serde_json::Map::new();
         anns.insert(
             annotations::TRIGGER_DELETION_BY_MCM.into(),
@@ -283,7 +287,7 @@ impl<'a> Actor<'a> {
     /// remove the key) in one merge patch guarded by the deployment's resourceVersion (they
     /// were decided from this version: a cycle count must not be applied twice), then
     /// publishes `event` (a Normal Event: reason and message).
-    pub async fn adjust_creation_timeout(
+    pub(crate) async fn adjust_creation_timeout(
         &self,
         changes: &std::collections::BTreeMap<&'static str, Option<String>>,
         event: Option<&(&'static str, String)>,
@@ -322,7 +326,7 @@ impl<'a> Actor<'a> {
     /// `spec.autoPreserveFailedMachineMax` when it differs ([`auto_preserve_max_update`]) and
     /// its node template, machine configuration and class kind when they differ
     /// ([`in_place_template_patch`]), in one patch. Old sets keep theirs, as upstream.
-    pub async fn sync_revision(
+    pub(crate) async fn sync_revision(
         &self,
         new_set: &MachineSet,
         plan: &RevisionPlan,
@@ -365,7 +369,7 @@ impl<'a> Actor<'a> {
     /// Creates the new set. A set of that name with the same template counts as created; one
     /// with another template is a hash collision: the deployment's collision count goes up
     /// and the error makes the next reconcile try the next name.
-    pub async fn create_new_set(
+    pub(crate) async fn create_new_set(
         &self,
         replicas: i32,
         revision: i64,
@@ -416,7 +420,7 @@ impl<'a> Actor<'a> {
     /// Scales the set `name` (now as `current`) to `replicas` and refreshes its replica
     /// annotations ([`scale_annotations`]; `new_set`: it is the deployment's new set); an
     /// Event when the replicas change.
-    pub async fn scale_set(
+    pub(crate) async fn scale_set(
         &self,
         name: &str,
         current: Option<&SetState>,
@@ -444,7 +448,7 @@ impl<'a> Actor<'a> {
     /// Labels the old set `name` `node.machine.sapcloud.io/scale-up-disabled: "true"`: it no
     /// longer creates machines (an in-place rollout moves its machines away before it
     /// lowers its replicas). Never removed again, as upstream.
-    pub async fn disable_scale_up(&self, name: &str) -> Result<(), Error> {
+    pub(crate) async fn disable_scale_up(&self, name: &str) -> Result<(), Error> {
         let update = json!({"metadata": {"labels": {
             labels::MACHINE_SET_SCALE_UP_DISABLED: LABEL_TRUE,
         }}});
@@ -452,7 +456,7 @@ impl<'a> Actor<'a> {
     }
 
     /// Moves the machine `name` to the new set with a [`super::inplace::transfer_patch`].
-    pub async fn move_machine(&self, name: &str, patch: &Value) -> Result<(), Error> {
+    pub(crate) async fn move_machine(&self, name: &str, patch: &Value) -> Result<(), Error> {
         patch_existing(&self.machines, Part::Object, name, patch)
             .await
             .context("move to the new MachineSet", Machine::KIND, name)?;
@@ -461,7 +465,7 @@ impl<'a> Actor<'a> {
 
     /// Removes the label `update-result` from the machine `name` once its move to the new
     /// set is accounted for (a machine gone meanwhile needs nothing).
-    pub async fn unlabel_update_result(&self, name: &str) -> Result<(), Error> {
+    pub(crate) async fn unlabel_update_result(&self, name: &str) -> Result<(), Error> {
         let update = json!({"metadata": {"labels": {labels::UPDATE_RESULT: null}}});
         let _ = merge_patch(&self.machines, Part::Object, name, &update)
             .await
@@ -471,7 +475,10 @@ impl<'a> Actor<'a> {
 
     /// Writes `status` unless the deployment already has it (a deployment gone meanwhile
     /// needs no status).
-    pub async fn update_status(&self, status: &MachineDeploymentStatus) -> Result<(), Error> {
+    pub(crate) async fn update_status(
+        &self,
+        status: &MachineDeploymentStatus,
+    ) -> Result<(), Error> {
         if self.d.status.as_ref() == Some(status) {
             return Ok(());
         }
@@ -480,7 +487,7 @@ impl<'a> Actor<'a> {
 
     /// Writes `status` when it changed; a change of counters only waits for `pacer`
     /// (`Some`: how long; the reconcile comes back then).
-    pub async fn update_status_paced(
+    pub(crate) async fn update_status_paced(
         &self,
         status: &MachineDeploymentStatus,
         pacer: &crate::pacer::StatusPacer,
@@ -509,7 +516,7 @@ impl<'a> Actor<'a> {
     /// changed, publishes one Warning Event. The condition is stored, so neither later
     /// reconciles nor a restarted controller repeat the Event; a reconcile that still reads
     /// the deployment from before this process's status write does not either.
-    pub async fn report_invalid_strategy(
+    pub(crate) async fn report_invalid_strategy(
         &self,
         status: MachineDeploymentStatus,
     ) -> Result<(), Error> {

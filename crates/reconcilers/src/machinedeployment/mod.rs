@@ -19,26 +19,26 @@
 //! [`decide`], [`status`], [`nodes`], [`observe`], [`inplace::observe`], [`gather`],
 //! [`plan`], [`act`], [`inplace::act`], [`execute`] and [`reconcile`](mod@reconcile).
 
-pub mod act;
-pub mod context;
-pub mod creation_timeout;
-pub mod decide;
-pub mod execute;
-pub mod gather;
-pub mod hash;
-pub mod inplace;
-pub mod model;
-pub mod nodes;
-pub mod observe;
-pub mod plan;
-pub mod reconcile;
-pub mod sets;
-pub mod status;
-pub mod trigger;
+pub(crate) mod act;
+pub(crate) mod context;
+pub(crate) mod creation_timeout;
+pub(crate) mod decide;
+pub(crate) mod execute;
+pub(crate) mod gather;
+pub(crate) mod hash;
+pub(crate) mod inplace;
+pub(crate) mod model;
+pub(crate) mod nodes;
+pub(crate) mod observe;
+pub(crate) mod plan;
+pub(crate) mod reconcile;
+pub(crate) mod sets;
+pub(crate) mod status;
+pub(crate) mod trigger;
 
 #[cfg(test)]
 mod scenarios;
 
-pub use context::Context;
-pub use observe::{deployment_for_machine, deployment_for_set, deployments_for_node};
-pub use reconcile::{CONTROLLER, error_policy, reconcile};
+pub(crate) use context::Context;
+pub(crate) use observe::{deployment_for_machine, deployment_for_set, deployments_for_node};
+pub(crate) use reconcile::{CONTROLLER, error_policy, reconcile};

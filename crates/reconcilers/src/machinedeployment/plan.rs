@@ -31,16 +31,16 @@ use super::status::{self, Counters, StatusInput};
 use super::trigger::{self, TriggerPlan};
 
 /// How often a deployment is reconciled without any event (MCM: 10 minutes).
-pub const RESYNC_PERIOD: Duration = Duration::from_secs(600);
+pub(crate) const RESYNC_PERIOD: Duration = Duration::from_secs(600);
 /// Longest wait between reconciles of an unfinished in-place rollout.
-pub const IN_PLACE_RECHECK: Duration = Duration::from_secs(30);
+pub(crate) const IN_PLACE_RECHECK: Duration = Duration::from_secs(30);
 /// Old sets kept when `revisionHistoryLimit` is unset (the apps/v1 Deployment default).
-pub const DEFAULT_REVISION_HISTORY_LIMIT: i32 = 10;
+pub(crate) const DEFAULT_REVISION_HISTORY_LIMIT: i32 = 10;
 /// How soon a deployment whose sets are being deleted looks again.
-pub const DELETION_RECHECK: Duration = Duration::from_secs(10);
+pub(crate) const DELETION_RECHECK: Duration = Duration::from_secs(10);
 /// How soon a reconcile that ended after its own write to the deployment or its machines
 /// looks again (the write's watch event normally comes first).
-pub const AFTER_OWN_WRITE: Duration = Duration::from_secs(1);
+pub(crate) const AFTER_OWN_WRITE: Duration = Duration::from_secs(1);
 
 /// One write or Event of a reconcile.
 #[derive(Debug, Clone, PartialEq)]

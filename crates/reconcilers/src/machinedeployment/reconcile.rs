@@ -12,10 +12,13 @@ use super::{execute, gather, plan};
 use crate::kube_api::{self, RetryPolicy};
 
 /// The `controller` label of this controller's reconcile metrics.
-pub const CONTROLLER: &str = "machinedeployment";
+pub(crate) const CONTROLLER: &str = "machinedeployment";
 
 /// Reconciles one MachineDeployment.
-pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub(crate) async fn reconcile(
+    d: Arc<MachineDeployment>,
+    ctx: Arc<Context>,
+) -> Result<Action, Error> {
     let gathered = gather::gather(&ctx, &d);
     let decision = plan::plan(&gathered);
     tracing::debug!(steps = decision.steps.len(), end = ?decision.end, "plan");
@@ -24,7 +27,7 @@ pub async fn reconcile(d: Arc<MachineDeployment>, ctx: Arc<Context>) -> Result<A
 
 /// What to do after a failed reconcile: conflicts are retried quickly, the rest after a
 /// few seconds ([`kube_api::error_policy`]).
-pub fn error_policy(d: Arc<MachineDeployment>, error: &Error, _ctx: Arc<Context>) -> Action {
+pub(crate) fn error_policy(d: Arc<MachineDeployment>, error: &Error, _ctx: Arc<Context>) -> Action {
     kube_api::error_policy(
         &RetryPolicy::MANAGER,
         MachineDeployment::KIND,

@@ -25,13 +25,13 @@ use crate::kube_api::{
 };
 
 /// Reason of the Warning Event when a MachineDisruptionBudget holds back a deletion.
-pub const DISRUPTION_BLOCKED: &str =
+pub(crate) const DISRUPTION_BLOCKED: &str =
     mcm_api::disruption_budget::condition_reasons::DISRUPTION_BLOCKED;
 /// Reason of the Warning Event about a selector that matches others' machines.
-pub const SELECTOR_OVERLAP: &str = "SelectorOverlap";
+pub(crate) const SELECTOR_OVERLAP: &str = "SelectorOverlap";
 
 /// The object reference of a set for events.
-pub fn set_reference(set: &MachineSet) -> ObjectReference {
+pub(crate) fn set_reference(set: &MachineSet) -> ObjectReference {
     set.object_ref(&())
 }
 

@@ -21,19 +21,21 @@ use mcm_api::{
 use serde_json::{Value, json};
 
 use super::model::PendingChanges;
-pub use super::model::{AutoPreservePlan, Claim, MachineView, ReplicaPlan, SetCounts, SetInput};
+pub(crate) use super::model::{
+    AutoPreservePlan, Claim, MachineView, ReplicaPlan, SetCounts, SetInput,
+};
 use crate::selector::selector_matches;
 
 /// Most machines created or deleted by one reconcile of a set (MCM's `BurstReplicas`).
-pub const BURST_REPLICAS: usize = 100;
+pub(crate) const BURST_REPLICAS: usize = 100;
 /// How long creations/deletions are awaited in the machine store before acting again.
-pub const EXPECTATIONS_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const EXPECTATIONS_TIMEOUT: Duration = Duration::from_secs(60);
 /// Size of the first creation batch; each following batch doubles (MCM's slow start).
-pub const SLOW_START_INITIAL_BATCH_SIZE: usize = 1;
+pub(crate) const SLOW_START_INITIAL_BATCH_SIZE: usize = 1;
 
 /// Rank of a phase in MCM's deletion order (lower is deleted first). Machines without a
 /// phase (or with an unknown one) rank lowest, like the Go map lookup that yields 0.
-pub fn phase_rank(phase: Option<&MachinePhase>) -> u8 {
+pub(crate) fn phase_rank(phase: Option<&MachinePhase>) -> u8 {
     match phase {
         Some(MachinePhase::Terminating) => 0,
         Some(MachinePhase::Failed) => 1,
@@ -48,7 +50,7 @@ pub fn phase_rank(phase: Option<&MachinePhase>) -> u8 {
 
 /// The priority the cluster-autoscaler (and the trigger-deletion annotation) gives the
 /// machines it wants removed.
-pub const MARKED_PRIORITY: i32 = 1;
+pub(crate) const MARKED_PRIORITY: i32 = 1;
 
 /// MCM's deletion order (upstream's `ActiveMachines.Less`), lower first:
 ///
@@ -61,7 +63,7 @@ pub const MARKED_PRIORITY: i32 = 1;
 ///    first (marked before unmarked); then by phase (Terminating < Failed < CrashLoopBackOff
 ///    < Unknown < Pending < Available < Running); then the **older** machine first (MCM,
 ///    unlike Kubernetes ReplicaSets); the name breaks remaining ties.
-pub fn deletion_order(a: &MachineView, b: &MachineView) -> Ordering {
+pub(crate) fn deletion_order(a: &MachineView, b: &MachineView) -> Ordering {
     let marked = |m: &MachineView| m.priority <= MARKED_PRIORITY;
     marked(b)
         .cmp(&marked(a))
@@ -95,7 +97,7 @@ pub fn deletion_order(a: &MachineView, b: &MachineView) -> Ordering {
 /// with a marked-for-deletion time not after the set's last replica change by the scaler
 /// (upstream's `getMachinesMarkedForDeletion`). Such a machine is deleted even when the
 /// replicas do not call for it, so the set follows what the scaler decided.
-pub fn marked_by_scaler(m: &MachineView, replica_change_time: Option<Timestamp>) -> bool {
+pub(crate) fn marked_by_scaler(m: &MachineView, replica_change_time: Option<Timestamp>) -> bool {
     match (replica_change_time, m.marked_for_deletion) {
         (Some(change), Some(marked)) => m.priority == MARKED_PRIORITY && marked <= change,
         _ => false,
@@ -115,7 +117,7 @@ pub fn marked_by_scaler(m: &MachineView, replica_change_time: Option<Timestamp>)
 /// the next pass) unless the set keeps them for their preservation
 /// ([`MachineView::keep_if_failed`]): a kept Failed machine counts among the set's machines,
 /// so no replacement is created for it.
-pub fn plan_replicas(set: &SetInput, machines: &[MachineView]) -> ReplicaPlan {
+pub(crate) fn plan_replicas(set: &SetInput, machines: &[MachineView]) -> ReplicaPlan {
     if set.deleting {
         return ReplicaPlan {
             delete: machines
@@ -172,7 +174,7 @@ pub fn plan_replicas(set: &SetInput, machines: &[MachineView]) -> ReplicaPlan {
 
 /// Batch sizes of MCM's slow start for `count` creations: 1, 2, 4, ... (the last one cut to
 /// what is left).
-pub fn slow_start_batches(count: usize, initial: usize) -> Vec<usize> {
+pub(crate) fn slow_start_batches(count: usize, initial: usize) -> Vec<usize> {
     let mut batches = Vec::new();
     let mut remaining = count;
     let mut size = initial.max(1).min(remaining);
@@ -187,7 +189,7 @@ pub fn slow_start_batches(count: usize, initial: usize) -> Vec<usize> {
 /// Kubernetes' `ClaimObject` for machines: adopt orphans that match, release owned machines
 /// that no longer match (unless the set is being deleted), never touch others' machines or
 /// machines being deleted.
-pub fn claim(
+pub(crate) fn claim(
     set_uid: &str,
     set_deleting: bool,
     selector: Option<&LabelSelector>,
@@ -210,7 +212,7 @@ pub fn claim(
 /// The names of the controllers (other than the set `set_uid`) of machines that `selector`
 /// matches: the set's selector overlaps theirs. Those machines are left alone ([`claim`]);
 /// the overlap is worth a warning because the set will never own them. Pure.
-pub fn overlapping_owners<'m>(
+pub(crate) fn overlapping_owners<'m>(
     set_uid: &str,
     selector: Option<&LabelSelector>,
     machines: impl IntoIterator<Item = &'m Machine>,
@@ -229,7 +231,7 @@ fn count(n: usize) -> i32 {
 }
 
 /// Counts the claimed machines of a set.
-pub fn count_machines(
+pub(crate) fn count_machines(
     machines: &[MachineView],
     min_ready_seconds: i32,
     now: Timestamp,
@@ -275,7 +277,7 @@ pub fn count_machines(
 /// at, as upstream) are annotated, the **newest** first. Over the limit (the maximum was
 /// lowered): the annotation is removed from the **oldest** auto-preserved machines; manually
 /// preserved machines are never touched. Machines being deleted are not annotated. Pure.
-pub fn plan_auto_preservation<'m>(
+pub(crate) fn plan_auto_preservation<'m>(
     max: i32,
     machines: impl IntoIterator<Item = &'m Machine>,
 ) -> AutoPreservePlan {
@@ -322,7 +324,7 @@ pub fn plan_auto_preservation<'m>(
 }
 
 /// Whether a set carries the `freeze: True` label.
-pub fn is_frozen(set_labels: Option<&BTreeMap<String, String>>) -> bool {
+pub(crate) fn is_frozen(set_labels: Option<&BTreeMap<String, String>>) -> bool {
     set_labels
         .and_then(|l| l.get(labels::FREEZE))
         .is_some_and(|v| v == labels::TRUE_VALUE)
@@ -330,7 +332,7 @@ pub fn is_frozen(set_labels: Option<&BTreeMap<String, String>>) -> bool {
 
 /// The set's `node.machine.sapcloud.io/effective-creation-timeout` annotation, parsed
 /// (`None` without one).
-pub fn effective_creation_timeout(
+pub(crate) fn effective_creation_timeout(
     set: &MachineSet,
 ) -> Option<Result<Duration, mcm_api::duration::DurationError>> {
     let value = set
@@ -343,7 +345,7 @@ pub fn effective_creation_timeout(
 /// <set>-`, the set as controller, no finalizers (the machine controller adds its own).
 /// The set's effective-creation-timeout annotation goes onto the Machine, and when it parses
 /// it is the Machine's `spec.creationTimeout` too (upstream's rule).
-pub fn machine_from_template(set: &MachineSet) -> Machine {
+pub(crate) fn machine_from_template(set: &MachineSet) -> Machine {
     let template = set.spec.template.clone().unwrap_or_default();
     let meta = template.metadata.unwrap_or_default();
     let mut machine_annotations = meta.annotations;
@@ -379,7 +381,7 @@ pub fn machine_from_template(set: &MachineSet) -> Machine {
 /// The patch that brings a machine's node template, configuration and class kind in line
 /// with its set's template (MCM's `syncMachinesNodeTemplates`, `syncMachinesConfig`,
 /// `syncMachinesClassKind`), or `None` when nothing differs.
-pub fn machine_spec_patch(set: &MachineSet, machine: &Machine) -> Option<Value> {
+pub(crate) fn machine_spec_patch(set: &MachineSet, machine: &Machine) -> Option<Value> {
     let template = set.spec.template.as_ref()?.spec.as_ref()?;
     let mut spec = serde_json::Map::new();
     let want = serde_json::to_value(&template.node_template).unwrap_or(Value::Null);
@@ -422,7 +424,7 @@ pub fn machine_spec_patch(set: &MachineSet, machine: &Machine) -> Option<Value> 
 /// Why a reconcile failed to manage a set's replicas: the `ReplicaFailure` condition's
 /// reason and message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ReplicaFailure<'a> {
+pub(crate) struct ReplicaFailure<'a> {
     /// `FailedCreate` or `FailedDelete`.
     pub reason: &'a str,
     /// The error.
@@ -431,7 +433,7 @@ pub struct ReplicaFailure<'a> {
 
 /// The status a set should have at `now`, after a reconcile that failed with `failure`
 /// (`None`: it did not). Pure.
-pub fn desired_status(
+pub(crate) fn desired_status(
     set: &MachineSet,
     counts: &SetCounts,
     failure: Option<ReplicaFailure<'_>>,

@@ -22,19 +22,19 @@
 //! [`reconcile`](mod@reconcile). The overshooting guard that freezes sets with far too many
 //! machines is [`crate::safety::overshoot`].
 
-pub mod act;
-pub mod budget;
-pub mod context;
-pub mod decide;
-pub mod execute;
-pub mod expectations;
-pub mod gather;
-pub mod model;
-pub mod observe;
-pub mod plan;
-pub mod reconcile;
+pub(crate) mod act;
+pub(crate) mod budget;
+pub(crate) mod context;
+pub(crate) mod decide;
+pub(crate) mod execute;
+pub(crate) mod expectations;
+pub(crate) mod gather;
+pub(crate) mod model;
+pub(crate) mod observe;
+pub(crate) mod plan;
+pub(crate) mod reconcile;
 
-pub use context::Context;
+pub(crate) use context::Context;
 pub(crate) use expectations::Expectations;
-pub use observe::{sets_for_budget, sets_for_machine};
-pub use reconcile::{CONTROLLER, error_policy, reconcile};
+pub(crate) use observe::{sets_for_budget, sets_for_machine};
+pub(crate) use reconcile::{CONTROLLER, error_policy, reconcile};

@@ -53,7 +53,7 @@ pub(crate) fn views(
 /// The preserve annotation of the Node of `machine` (named by its `node` label), from the
 /// Node store; `None` without a node label, without a Node in the store, or without the
 /// annotation (the machine's own annotation then decides, as in the machine controller).
-pub fn node_preserve_annotation(nodes: &Store<Node>, machine: &Machine) -> Option<String> {
+pub(crate) fn node_preserve_annotation(nodes: &Store<Node>, machine: &Machine) -> Option<String> {
     let node = nodes.get(&ObjectRef::new(machine.node_name()?))?;
     node.annotations().get(annotations::PRESERVE).cloned()
 }
@@ -118,7 +118,10 @@ pub(crate) fn is_old_set_of_rollout(
 
 /// The sets a machine event concerns: its controlling set, or every set selecting it when
 /// it is an orphan (so that one can adopt it).
-pub fn sets_for_machine(machine: &Machine, sets: &Store<MachineSet>) -> Vec<ObjectRef<MachineSet>> {
+pub(crate) fn sets_for_machine(
+    machine: &Machine,
+    sets: &Store<MachineSet>,
+) -> Vec<ObjectRef<MachineSet>> {
     let ns = machine.namespace().unwrap_or_default();
     if let Some(owner) = controller_of(&machine.metadata) {
         if owner.kind == MachineSet::KIND {
@@ -135,7 +138,7 @@ pub fn sets_for_machine(machine: &Machine, sets: &Store<MachineSet>) -> Vec<Obje
 }
 
 /// The sets a budget event concerns: the sets of the machines it selects.
-pub fn sets_for_budget(
+pub(crate) fn sets_for_budget(
     budget: &MachineDisruptionBudget,
     machines: &Store<Machine>,
     sets: &Store<MachineSet>,

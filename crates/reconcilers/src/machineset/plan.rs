@@ -29,17 +29,17 @@ use super::model::{Claim, Snapshot};
 use crate::disruptionbudget::gate::Reservation;
 
 /// How often a set is reconciled without any event (MCM: 10 minutes).
-pub const RESYNC_PERIOD: Duration = Duration::from_secs(600);
+pub(crate) const RESYNC_PERIOD: Duration = Duration::from_secs(600);
 /// How soon a set whose deletions a budget holds back looks again at the latest (a change
 /// of the budget's status wakes it sooner).
-pub const BUDGET_RECHECK: Duration = Duration::from_secs(10);
+pub(crate) const BUDGET_RECHECK: Duration = Duration::from_secs(10);
 /// How soon a set looks again while the creations and deletions it issued are not in the
 /// machine store yet.
-pub const AWAIT_EXPECTATIONS: Duration = Duration::from_millis(500);
+pub(crate) const AWAIT_EXPECTATIONS: Duration = Duration::from_millis(500);
 /// How soon a set looks again after a machine it planned with was gone.
-pub const GONE_RETRY: Duration = Duration::from_secs(1);
+pub(crate) const GONE_RETRY: Duration = Duration::from_secs(1);
 /// How soon a set looks again after the gate refused its reservation.
-pub const GATE_CONFLICT_RETRY: Duration = Duration::from_secs(1);
+pub(crate) const GATE_CONFLICT_RETRY: Duration = Duration::from_secs(1);
 
 /// What one reconcile of a set does.
 #[derive(Debug, Clone, PartialEq)]

@@ -12,10 +12,10 @@ use super::{execute, gather, plan};
 use crate::kube_api::{self, RetryPolicy};
 
 /// The `controller` label of this controller's reconcile metrics.
-pub const CONTROLLER: &str = "machineset";
+pub(crate) const CONTROLLER: &str = "machineset";
 
 /// Reconciles one MachineSet.
-pub async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Error> {
+pub(crate) async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action, Error> {
     let snapshot = gather::gather(&ctx, &set);
     let decision = plan::plan(&snapshot);
     tracing::debug!(?decision, "plan");
@@ -24,7 +24,7 @@ pub async fn reconcile(set: Arc<MachineSet>, ctx: Arc<Context>) -> Result<Action
 
 /// What to do after a failed reconcile: conflicts are retried quickly, the rest after a
 /// few seconds ([`kube_api::error_policy`]).
-pub fn error_policy(set: Arc<MachineSet>, error: &Error, _ctx: Arc<Context>) -> Action {
+pub(crate) fn error_policy(set: Arc<MachineSet>, error: &Error, _ctx: Arc<Context>) -> Action {
     kube_api::error_policy(
         &RetryPolicy::MANAGER,
         MachineSet::KIND,

@@ -30,9 +30,9 @@
 //! [`Orchestration::Auto`]: super::model::Orchestration::Auto
 //! [`Orchestration::Manual`]: super::model::Orchestration::Manual
 
-pub mod act;
-pub mod decide;
-pub mod model;
-pub mod observe;
-pub mod patch;
-pub mod strategy;
+pub(crate) mod act;
+pub(crate) mod decide;
+pub(crate) mod model;
+pub(crate) mod observe;
+pub(crate) mod patch;
+pub(crate) mod strategy;
