@@ -16,14 +16,13 @@ use mcm_api::{
 use serde_json::{Value, json};
 
 use super::context::{Context, DeploymentProblem, Error};
-use super::hash::templates_equal;
 use super::model::{LABEL_TRUE, RevisionPlan, RollbackPlan, SetState};
 use super::nodes::{markers_patch, needs_version_guard, untaint_patch};
 use super::sets::{
     annotations_to_copy, annotations_to_remove, auto_preserve_max_update, in_place_template_patch,
     new_machine_set, scale_annotations,
 };
-use super::status::{is_invalid_strategy, reasons, without_counters};
+use super::status::reasons;
 use super::trigger::TriggerPlan;
 use crate::kube_api::{
     self, ApiCallError, ApiErrorExt, ApiResultExt, Outcome, Part, merge_patch, patch_existing,
@@ -393,11 +392,9 @@ impl<'a> Actor<'a> {
                         .get(&name)
                         .await
                         .context("get", MachineSet::KIND, &name)?;
-                let same = existing
-                    .spec
-                    .template
-                    .as_ref()
-                    .is_some_and(|t| templates_equal(t, &self.d.spec.template));
+                let same = existing.spec.template.as_ref().is_some_and(|t| {
+                    mcm_api::canonical::same_set_template(t, &self.d.spec.template)
+                });
                 if same {
                     return Ok(());
                 }
@@ -515,23 +512,19 @@ impl<'a> Actor<'a> {
     /// InvalidStrategy` condition) and, only when that condition is new or its message
     /// changed, publishes one Warning Event. The condition is stored, so neither later
     /// reconciles nor a restarted controller repeat the Event; a reconcile that still reads
-    /// the deployment from before this process's status write does not either.
+    /// the deployment from before this process's status write does not either. `message`:
+    /// the condition's message; `before`: that of the condition the deployment has stored.
     pub(crate) async fn report_invalid_strategy(
         &self,
         status: MachineDeploymentStatus,
+        message: String,
+        before: Option<&str>,
     ) -> Result<(), Error> {
-        let invalid = |s: Option<&MachineDeploymentStatus>| {
-            s.and_then(|s| s.conditions.as_ref())
-                .and_then(|c| c.iter().find(|c| is_invalid_strategy(c)))
-                .and_then(|c| c.message.clone())
-        };
-        let before = invalid(self.d.status.as_ref());
-        let message = invalid(Some(&status)).unwrap_or_default();
         tracing::debug!(%message, "invalid strategy");
         self.update_status(&status).await?;
         let uid = self.d.metadata.uid.clone().unwrap_or_default();
         let first = self.ctx.announced.is_new(&uid, &message);
-        if first && before.as_deref() != Some(message.as_str()) {
+        if first && before != Some(message.as_str()) {
             let reason = reasons::INVALID_STRATEGY;
             let events = &self.ctx.events;
             events
@@ -597,4 +590,22 @@ pub(crate) async fn apply_markers(
             tracing::debug!(node = name, %error, "could not update rollout markers of node");
         }
     }
+}
+
+/// `status` without what changes as machines come and go: the replica counters, and the
+/// times and messages of conditions. Two statuses that differ only there differ only in
+/// counters ([`crate::pacer`]). Pure.
+pub(crate) fn without_counters(status: &MachineDeploymentStatus) -> MachineDeploymentStatus {
+    let mut s = status.clone();
+    s.replicas = None;
+    s.updated_replicas = None;
+    s.ready_replicas = None;
+    s.available_replicas = None;
+    s.unavailable_replicas = None;
+    for c in s.conditions.iter_mut().flatten() {
+        c.last_update_time = None;
+        c.last_transition_time = None;
+        c.message = None;
+    }
+    s
 }

@@ -58,7 +58,14 @@ pub(crate) async fn execute(
                 act.adjust_creation_timeout(&changes, event.as_ref())
                     .await?;
             }
-            Step::ReportInvalidStrategy(status) => act.report_invalid_strategy(*status).await?,
+            Step::ReportInvalidStrategy {
+                status,
+                message,
+                before,
+            } => {
+                act.report_invalid_strategy(*status, message, before.as_deref())
+                    .await?;
+            }
             Step::SyncRevision { new_set, plan } => act.sync_revision(&new_set, &plan).await?,
             Step::CreateNewSet {
                 replicas,

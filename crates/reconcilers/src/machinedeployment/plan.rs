@@ -89,7 +89,14 @@ pub(crate) enum Step {
         event: Option<(&'static str, String)>,
     },
     /// Write the status of an invalid strategy and announce it.
-    ReportInvalidStrategy(Box<MachineDeploymentStatus>),
+    ReportInvalidStrategy {
+        /// The status (with its `InvalidStrategy` condition).
+        status: Box<MachineDeploymentStatus>,
+        /// The condition's message (the announcement).
+        message: String,
+        /// The message of the `InvalidStrategy` condition the deployment has stored.
+        before: Option<String>,
+    },
     /// Record the revision on the new set and the deployment.
     SyncRevision {
         /// The new set.
@@ -232,7 +239,11 @@ pub(crate) fn plan(g: &Gathered) -> Decision {
             let input = status_input(g, false);
             let status =
                 status::invalid_strategy_status(d.spec.replicas(), counters, &input, message);
-            steps.push(Step::ReportInvalidStrategy(Box::new(status)));
+            steps.push(Step::ReportInvalidStrategy {
+                message: invalid_strategy_message(Some(&status)).unwrap_or_default(),
+                before: invalid_strategy_message(d.status.as_ref()),
+                status: Box::new(status),
+            });
             // Nothing is rolled out or scaled until the strategy changes (an event).
             return done(steps, End::AwaitChange);
         }
@@ -283,6 +294,14 @@ pub(crate) fn plan(g: &Gathered) -> Decision {
         after = after.min(recheck);
     }
     done(steps, End::RequeueOrPacer(after))
+}
+
+/// The message of the `InvalidStrategy` condition of `status`.
+fn invalid_strategy_message(status: Option<&MachineDeploymentStatus>) -> Option<String> {
+    status
+        .and_then(|s| s.conditions.as_ref())
+        .and_then(|c| c.iter().find(|c| status::is_invalid_strategy(c)))
+        .and_then(|c| c.message.clone())
 }
 
 /// A deployment being deleted: deletes its sets, then (none left) removes the finalizer.
@@ -736,7 +755,7 @@ mod tests {
                 Step::UntaintNodes { .. } => "UntaintNodes",
                 Step::Rollback { .. } => "Rollback",
                 Step::AdjustCreationTimeout { .. } => "AdjustCreationTimeout",
-                Step::ReportInvalidStrategy(_) => "ReportInvalidStrategy",
+                Step::ReportInvalidStrategy { .. } => "ReportInvalidStrategy",
                 Step::SyncRevision { .. } => "SyncRevision",
                 Step::CreateNewSet { .. } => "CreateNewSet",
                 Step::ScaleSet { .. } => "ScaleSet",

@@ -552,23 +552,8 @@ pub(crate) fn progressing_condition(
     None
 }
 
-/// `status` without what changes as machines come and go: the replica counters, and the
-/// times and messages of conditions. Two statuses that differ only there differ only in
-/// counters ([`crate::pacer`]). Pure.
-pub(crate) fn without_counters(status: &MachineDeploymentStatus) -> MachineDeploymentStatus {
-    let mut s = status.clone();
-    s.replicas = None;
-    s.updated_replicas = None;
-    s.ready_replicas = None;
-    s.available_replicas = None;
-    s.unavailable_replicas = None;
-    for c in s.conditions.iter_mut().flatten() {
-        c.last_update_time = None;
-        c.last_transition_time = None;
-        c.message = None;
-    }
-    s
-}
+#[cfg(test)]
+use super::act::without_counters;
 
 #[cfg(test)]
 mod tests {
