@@ -248,3 +248,67 @@ fn in_flight_of(in_flight: &HashMap<String, Instant>, namespace: &str) -> HashSe
         .filter_map(|k| k.strip_prefix(&prefix).map(str::to_owned))
         .collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use kube::runtime::reflector;
+    use mcm_api::DisruptionReason;
+
+    use super::*;
+
+    fn reservation(version: u64, admitted: &[&str], refused: &[&str]) -> Reservation {
+        Reservation {
+            namespace: "ns".into(),
+            version,
+            admitted: admitted.iter().map(|s| (*s).to_owned()).collect(),
+            refused: refused
+                .iter()
+                .map(|m| Blocked {
+                    budget: "b".into(),
+                    machine: (*m).to_owned(),
+                    reason: DisruptionReason::ScaleDown,
+                    message: "0 allowed".into(),
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_commit_from_an_outdated_view_is_refused() {
+        let (budgets, _writer) = reflector::store::<MachineDisruptionBudget>();
+        let (gate, _wake) = BudgetGate::new(budgets);
+        let now = Instant::now();
+        assert_eq!(gate.view("ns", &[], now).enforcement, Enforcement::Pending);
+        gate.set_enforced();
+        let first = gate.view("ns", &[], now);
+        assert_eq!(first.enforcement, Enforcement::Enforced);
+        // (reservation, committed, in flight afterwards, version afterwards)
+        let cases = [
+            (reservation(first.version, &["a"], &[]), true, vec!["a"], 1),
+            // Another reconcile decided from the same view: its admissions are stale.
+            (reservation(first.version, &["b"], &[]), false, vec!["a"], 1),
+            // Refusals alone do not outdate anyone's view.
+            (reservation(1, &[], &["c"]), true, vec!["a"], 1),
+            (reservation(1, &["b"], &[]), true, vec!["a", "b"], 2),
+        ];
+        for (r, committed, in_flight, version) in cases {
+            assert_eq!(gate.commit(&r, now), committed, "{r:?}");
+            let view = gate.view("ns", &[], now);
+            let mut names: Vec<String> = view.in_flight.into_iter().collect();
+            names.sort();
+            assert_eq!(names, in_flight, "{r:?}");
+            assert_eq!(view.version, version, "{r:?}");
+        }
+        // Other namespaces have ledgers of their own.
+        assert_eq!(gate.view("other", &[], now).version, 0);
+        // The refusal waits on its budget until it times out; an admission of the machine
+        // ends its wait.
+        assert_eq!(gate.waiting("ns", "b", now).len(), 1);
+        assert!(gate.commit(&reservation(2, &["c"], &[]), now));
+        assert!(gate.waiting("ns", "b", now).is_empty());
+        let later = now + IN_FLIGHT_TIMEOUT + Duration::from_secs(1);
+        assert!(gate.view("ns", &[], later).in_flight.is_empty());
+    }
+}
