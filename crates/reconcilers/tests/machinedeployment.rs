@@ -2013,3 +2013,37 @@ async fn in_place_without_a_target_cluster_is_refused() {
     assert_eq!(events[0].note.as_deref(), Some(message));
     h.stop().await;
 }
+
+/// `minReadySeconds` is counted by the manager's clock (`ManagerConfig::clock`): while a
+/// test clock stands still, the deployment's running machines are ready but not available;
+/// once it is moved past `minReadySeconds`, the next reconcile counts them available.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_ready_seconds_are_counted_by_the_managers_clock() {
+    use mcm_reconcilers::clock::{ManualClock, SharedClock};
+    let clock = Arc::new(ManualClock::starting_now());
+    let shared: SharedClock = clock.clone();
+    let h = Harness::start_with("md-clock", move |c| c.clock = shared).await;
+    let mut d = md(2).build();
+    d.spec.min_ready_seconds = Some(600);
+    create_deployment(&h, &d).await;
+    wait_machines(&h, "2 running", |m| running_of_class(m, "c1") == 2).await;
+    let counted = |ready: i32, available: i32| {
+        move |ds: &[MachineDeployment]| {
+            ds.first().and_then(|d| d.status.as_ref()).is_some_and(|s| {
+                s.ready_replicas == Some(ready) && s.available_replicas == Some(available)
+            })
+        }
+    };
+    wait_list(h.deployments(), "2 ready, none available", counted(2, 0)).await;
+    // The machines have been Running for 600 s by the manager's clock.
+    clock.advance(Duration::from_secs(2 * 3600));
+    // The deployment's own recheck is 600 s away: a change of it brings the next reconcile.
+    patch_deployment(
+        &h,
+        "md",
+        json!({"metadata": {"annotations": {"test/touch": "1"}}}),
+    )
+    .await;
+    wait_list(h.deployments(), "2 available", counted(2, 2)).await;
+    h.stop().await;
+}

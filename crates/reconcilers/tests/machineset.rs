@@ -627,3 +627,41 @@ async fn a_moved_machine_is_kept_and_scale_up_disabled_creates_nothing() {
     .await;
     h.stop().await;
 }
+
+/// `minReadySeconds` is counted by the manager's clock (`ManagerConfig::clock`): while a
+/// test clock stands still, running machines are ready but not available; once it is moved
+/// past `minReadySeconds`, the next reconcile counts them available. No waiting for the
+/// real 10 minutes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_ready_seconds_are_counted_by_the_managers_clock() {
+    use mcm_reconcilers::clock::{ManualClock, SharedClock};
+    let clock = std::sync::Arc::new(ManualClock::starting_now());
+    let shared: SharedClock = clock.clone();
+    let h = Harness::start_with("ms-clock", move |c| c.clock = shared).await;
+    let mut s = set("ms", 3);
+    s.spec.min_ready_seconds = Some(600);
+    h.sets()
+        .create(&PostParams::default(), &s)
+        .await
+        .expect("create set");
+    wait_machines(&h, "3 running", |m| running_of_class(m, "c1") == 3).await;
+    let ready_not_available = |s: &[MachineSet]| {
+        s.first()
+            .and_then(|s| s.status.as_ref())
+            .is_some_and(|st| st.ready_replicas == Some(3) && st.available_replicas == Some(0))
+    };
+    wait_list(h.sets(), "3 ready, none available", ready_not_available).await;
+    // The machines have been Running for 600 s by the manager's clock.
+    clock.advance(Duration::from_secs(2 * 3600));
+    // The set's own recheck is 600 s away: a change of the set brings the next reconcile.
+    h.sets()
+        .patch(
+            "ms",
+            &PatchParams::default(),
+            &Patch::Merge(&json!({"metadata": {"annotations": {"test/touch": "1"}}})),
+        )
+        .await
+        .expect("touch the set");
+    wait_list(h.sets(), "3 machines available", counted(3)).await;
+    h.stop().await;
+}

@@ -10,7 +10,7 @@ use super::context::{Context, Error};
 use crate::kube_api::{ApiResultExt, Part, merge_patch, status_patch};
 
 /// The object reference of a budget for Events.
-pub fn budget_reference(budget: &MachineDisruptionBudget) -> ObjectReference {
+pub(crate) fn budget_reference(budget: &MachineDisruptionBudget) -> ObjectReference {
     budget.object_ref(&())
 }
 

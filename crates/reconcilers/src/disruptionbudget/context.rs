@@ -11,13 +11,13 @@ use crate::kube_api::ReconcileFailure;
 /// Problems of a budget that are no API failures (none yet: a bad spec is reported on the
 /// object, not returned).
 #[derive(Debug, thiserror::Error)]
-pub enum BudgetProblem {}
+pub(crate) enum BudgetProblem {}
 
 /// Errors of the budget reconciler.
-pub type Error = ReconcileFailure<BudgetProblem>;
+pub(crate) type Error = ReconcileFailure<BudgetProblem>;
 
 /// Shared state of the budget controller.
-pub struct Context {
+pub(crate) struct Context {
     /// Client of the control cluster.
     pub client: Client,
     /// Store of the Machines.
@@ -29,4 +29,6 @@ pub struct Context {
     /// The last Event note announced per budget uid, so an Event is published on a
     /// transition, not on every reconcile.
     pub announced: crate::announce::Announced,
+    /// Where the controller takes time from (also the gate's ledger times).
+    pub clock: crate::clock::SharedClock,
 }

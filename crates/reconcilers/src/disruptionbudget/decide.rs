@@ -42,13 +42,13 @@ use super::model::{Blocked, Counts, InvalidSpec, Limit, Policy, Standing, Verdic
 use crate::selector::selector_matches;
 
 /// The longest window a budget may have: the window check looks back minute by minute.
-pub const MAX_WINDOW: Duration = Duration::from_secs(31 * 24 * 3600);
+pub(crate) const MAX_WINDOW: Duration = Duration::from_secs(31 * 24 * 3600);
 
 /// Checks a budget's spec: exactly one of `minAvailable`/`maxUnavailable`, each a
 /// non-negative number or a percentage (`maxUnavailable` at most `100%`), known reasons,
 /// window schedules that parse and durations that are positive Go durations of at most
 /// [`MAX_WINDOW`].
-pub fn validate(budget: &MachineDisruptionBudget) -> Result<Policy, InvalidSpec> {
+pub(crate) fn validate(budget: &MachineDisruptionBudget) -> Result<Policy, InvalidSpec> {
     let spec = &budget.spec;
     let mut problems = Vec::new();
     let check = |field: &str, v: &IntOrString, problems: &mut Vec<String>| {
@@ -125,7 +125,7 @@ pub fn validate(budget: &MachineDisruptionBudget) -> Result<Policy, InvalidSpec>
 
 /// How `machine` counts; `in_flight` holds the names whose deletion this process issued and
 /// has not seen in the store yet.
-pub fn standing(machine: &Machine, in_flight: &HashSet<String>) -> Standing {
+pub(crate) fn standing(machine: &Machine, in_flight: &HashSet<String>) -> Standing {
     let name = machine.metadata.name.as_deref().unwrap_or_default();
     if machine.is_terminating() || in_flight.contains(name) {
         Standing::Deleting
@@ -138,7 +138,7 @@ pub fn standing(machine: &Machine, in_flight: &HashSet<String>) -> Standing {
 
 /// Whether `budget` selects `machine`: same namespace and a non-empty selector matching its
 /// labels.
-pub fn selects(budget: &MachineDisruptionBudget, machine: &Machine) -> bool {
+pub(crate) fn selects(budget: &MachineDisruptionBudget, machine: &Machine) -> bool {
     budget.metadata.namespace == machine.metadata.namespace
         && selector_matches(
             budget.spec.selector.as_ref(),
@@ -151,7 +151,7 @@ fn to_i32(n: usize) -> i32 {
 }
 
 /// Counts the machines `selected` by a budget with `limit`.
-pub fn count<'m>(
+pub(crate) fn count<'m>(
     limit: &Limit,
     selected: impl IntoIterator<Item = &'m Machine>,
     in_flight: &HashSet<String>,
@@ -186,7 +186,7 @@ pub fn count<'m>(
 ///
 /// An invalid budget blocks nothing (its status says why). An available machine needs
 /// `disruptionsAllowed >= 1`; an unavailable one a healthy budget.
-pub fn may_disrupt<'b>(
+pub(crate) fn may_disrupt<'b>(
     budgets: impl IntoIterator<Item = &'b MachineDisruptionBudget>,
     machines: &[&Machine],
     machine: &Machine,
@@ -228,7 +228,7 @@ pub fn may_disrupt<'b>(
 }
 
 /// The message of an exhausted budget.
-pub fn exhausted_message(c: &Counts) -> String {
+pub(crate) fn exhausted_message(c: &Counts) -> String {
     format!(
         "{} of {} selected machines available, {} must stay available ({} being deleted, {} unavailable involuntarily); no disruption allowed",
         c.current_available, c.expected, c.desired_available, c.deleting, c.unavailable_involuntary
@@ -238,7 +238,7 @@ pub fn exhausted_message(c: &Counts) -> String {
 /// Whether a Failed machine was preserved at some point: it has a preservation expiry, its
 /// own preserve annotation is `false` (set when an auto-preservation ended), it recorded a
 /// Node value, or its Node carries the `Preserved` condition (`node_preserved_condition`).
-pub fn was_preserved(machine: &Machine, node_preserved_condition: bool) -> bool {
+pub(crate) fn was_preserved(machine: &Machine, node_preserved_condition: bool) -> bool {
     let anns = machine.metadata.annotations.as_ref();
     preservation::expiry(machine).is_some()
         || anns
@@ -249,13 +249,13 @@ pub fn was_preserved(machine: &Machine, node_preserved_condition: bool) -> bool 
 }
 
 /// The name of the Node condition that marks a preserved (or formerly preserved) node.
-pub const NODE_PRESERVED_CONDITION: &str = node_conditions::NODE_PRESERVED;
+pub(crate) const NODE_PRESERVED_CONDITION: &str = node_conditions::NODE_PRESERVED;
 
 /// Why a MachineSet deletes a machine, as far as budgets are concerned: `None` for an
 /// involuntary deletion (a Failed machine that was never preserved is replaced), else the
 /// voluntary reason. `failed_to_replace`: the set deletes it because it is Failed and not kept;
 /// `rolling_update`: the set is an old set of a MachineDeployment whose template differs.
-pub fn deletion_reason(
+pub(crate) fn deletion_reason(
     failed_to_replace: bool,
     was_preserved: bool,
     rolling_update: bool,
@@ -270,7 +270,7 @@ pub fn deletion_reason(
 
 /// Decides a budget's condition and Warning from its spec, its selected machines, the
 /// deletions in flight, the waiting disruptions and `now`. Pure.
-pub fn verdict(
+pub(crate) fn verdict(
     budget: &MachineDisruptionBudget,
     selected: &[&Machine],
     in_flight: &std::collections::HashSet<String>,
@@ -364,7 +364,7 @@ fn waiting_note(waiting: &[Waiting]) -> String {
 
 /// The status a budget should have for `verdict` (the condition's transition time kept
 /// when its status did not change).
-pub fn desired_status(
+pub(crate) fn desired_status(
     budget: &MachineDisruptionBudget,
     verdict: &Verdict,
     now: Timestamp,

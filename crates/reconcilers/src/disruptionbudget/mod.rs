@@ -15,16 +15,16 @@
 //! ledger), [`context`] (the controller's state and error), [`observe`] (reads the stores and
 //! the ledger), [`act`] (Events and status writes) and [`reconcile`](mod@reconcile) (the glue).
 
-pub mod act;
-pub mod context;
-pub mod decide;
-pub mod gate;
-pub mod model;
-pub mod observe;
-pub mod reconcile;
+pub(crate) mod act;
+pub(crate) mod context;
+pub(crate) mod decide;
+pub(crate) mod gate;
+pub(crate) mod model;
+pub(crate) mod observe;
+pub(crate) mod reconcile;
 
-pub use context::Context;
-pub use gate::{BudgetGate, Refusal};
-pub use model::Blocked;
-pub use observe::budgets_for_machine;
-pub use reconcile::{CONTROLLER, error_policy, reconcile};
+pub(crate) use context::Context;
+pub(crate) use gate::{BudgetGate, Refusal};
+pub(crate) use model::Blocked;
+pub(crate) use observe::budgets_for_machine;
+pub(crate) use reconcile::{CONTROLLER, error_policy, reconcile};

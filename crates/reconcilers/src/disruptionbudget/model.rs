@@ -13,7 +13,7 @@ use mcm_api::{ConditionStatus, DisruptionReason};
 
 /// The limit of a valid budget.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Limit {
+pub(crate) enum Limit {
     /// `minAvailable`.
     MinAvailable(IntOrString),
     /// `maxUnavailable`.
@@ -22,7 +22,7 @@ pub enum Limit {
 
 /// A valid budget spec, ready to evaluate.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Policy {
+pub(crate) struct Policy {
     /// The limit.
     pub limit: Limit,
     /// The reasons it limits (`None`: every voluntary reason).
@@ -34,20 +34,20 @@ pub struct Policy {
 /// Why a budget spec cannot be acted on (all problems, in one message).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{}", .problems.join("; "))]
-pub struct InvalidSpec {
+pub(crate) struct InvalidSpec {
     /// One line per problem, naming the field.
     pub problems: Vec<String>,
 }
 
 impl Policy {
     /// Whether the budget limits `reason`.
-    pub fn covers(&self, reason: &DisruptionReason) -> bool {
+    pub(crate) fn covers(&self, reason: &DisruptionReason) -> bool {
         self.reasons.as_ref().is_none_or(|rs| rs.contains(reason))
     }
 
     /// Whether the budget applies at `now`: always without windows, else while one is open
     /// (its schedule fired at most its duration ago).
-    pub fn in_window(&self, now: Timestamp) -> bool {
+    pub(crate) fn in_window(&self, now: Timestamp) -> bool {
         self.windows.is_empty()
             || self.windows.iter().any(|(s, d)| {
                 s.last_start(now, *d)
@@ -58,7 +58,7 @@ impl Policy {
 
 /// How a selected machine counts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Standing {
+pub(crate) enum Standing {
     /// Running and not being deleted.
     Available,
     /// Being deleted (or its deletion was just issued).
@@ -69,7 +69,7 @@ pub enum Standing {
 
 /// The numbers of a budget (its status counters).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Counts {
+pub(crate) struct Counts {
     /// Selected machines.
     pub expected: i32,
     /// Available ones.
@@ -86,7 +86,7 @@ pub struct Counts {
 
 impl Counts {
     /// At least as many available as desired.
-    pub fn healthy(&self) -> bool {
+    pub(crate) fn healthy(&self) -> bool {
         self.current_available >= self.desired_available
     }
 }
@@ -94,7 +94,7 @@ impl Counts {
 /// A voluntary disruption that must wait.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("MachineDisruptionBudget {budget} blocks the {reason} of machine {machine}: {message}")]
-pub struct Blocked {
+pub(crate) struct Blocked {
     /// The budget's name.
     pub budget: String,
     /// The machine's name.
@@ -107,7 +107,7 @@ pub struct Blocked {
 
 /// A voluntary disruption that waits for a budget.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Waiting {
+pub(crate) struct Waiting {
     /// The machine.
     pub machine: String,
     /// The reason.
@@ -118,7 +118,7 @@ pub struct Waiting {
 
 /// What a budget's status should say, computed from facts. Pure.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Verdict {
+pub(crate) struct Verdict {
     /// Counters (`None` for an invalid spec, where only the selection is counted).
     pub counts: Counts,
     /// Whether the limit could be evaluated.

@@ -25,7 +25,7 @@ pub(crate) struct Observed {
 
 impl Observed {
     /// The machines `budget` selects.
-    pub fn selected(&self, budget: &MachineDisruptionBudget) -> Vec<&Machine> {
+    pub(crate) fn selected(&self, budget: &MachineDisruptionBudget) -> Vec<&Machine> {
         self.machines
             .iter()
             .map(AsRef::as_ref)
@@ -38,8 +38,9 @@ impl Observed {
 pub(crate) fn observe(ctx: &Context, budget: &MachineDisruptionBudget) -> Observed {
     let ns = budget.namespace().unwrap_or_default();
     let machines = ctx.machines.state();
-    let in_flight = ctx.gate.in_flight(&ns, &machines);
-    let waiting = ctx.gate.waiting(&ns, &budget.name_any());
+    let instant = ctx.clock.instant();
+    let in_flight = ctx.gate.in_flight(&ns, &machines, instant);
+    let waiting = ctx.gate.waiting(&ns, &budget.name_any(), instant);
     Observed {
         machines,
         in_flight,
@@ -48,7 +49,7 @@ pub(crate) fn observe(ctx: &Context, budget: &MachineDisruptionBudget) -> Observ
 }
 
 /// The budgets that select `machine`, for watches.
-pub fn budgets_for_machine(
+pub(crate) fn budgets_for_machine(
     machine: &Machine,
     budgets: &Store<MachineDisruptionBudget>,
 ) -> Vec<ObjectRef<MachineDisruptionBudget>> {

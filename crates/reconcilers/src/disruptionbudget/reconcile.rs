@@ -4,7 +4,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use jiff::Timestamp;
 use kube::ResourceExt;
 use kube::runtime::controller::Action;
 use mcm_api::MachineDisruptionBudget;
@@ -15,18 +14,18 @@ use super::{act, decide, observe};
 use crate::kube_api::{self, RetryPolicy};
 
 /// The `controller` label of this controller's reconcile metrics.
-pub const CONTROLLER: &str = "machinedisruptionbudget";
+pub(crate) const CONTROLLER: &str = "machinedisruptionbudget";
 /// How often a budget is reconciled without any event.
-pub const RESYNC_PERIOD: Duration = Duration::from_secs(300);
+pub(crate) const RESYNC_PERIOD: Duration = Duration::from_secs(300);
 /// How often a budget with windows is looked at (a window opens or closes on a minute).
-pub const WINDOW_PERIOD: Duration = Duration::from_secs(30);
+pub(crate) const WINDOW_PERIOD: Duration = Duration::from_secs(30);
 
 /// Reconciles one budget.
-pub async fn reconcile(
+pub(crate) async fn reconcile(
     budget: Arc<MachineDisruptionBudget>,
     ctx: Arc<Context>,
 ) -> Result<Action, Error> {
-    let now = Timestamp::now();
+    let now = ctx.clock.now();
     let observed = observe::observe(&ctx, &budget);
     let selected = observed.selected(&budget);
     let verdict = decide::verdict(
@@ -52,7 +51,7 @@ pub async fn reconcile(
 }
 
 /// What to do after a failed reconcile ([`kube_api::error_policy`]).
-pub fn error_policy(
+pub(crate) fn error_policy(
     budget: Arc<MachineDisruptionBudget>,
     error: &Error,
     _ctx: Arc<Context>,

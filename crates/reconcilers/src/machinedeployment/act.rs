@@ -2,26 +2,27 @@
 //! [`Actor`] for one deployment, and the rollout markers on the target cluster's Nodes.
 //! Every action is idempotent: it may run again after a crash at any point.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
 use kube::api::{DeleteParams, PostParams};
-use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, Client, Resource, ResourceExt};
 use mcm_api::constants::{annotations, finalizers, labels};
-use mcm_api::{Machine, MachineDeployment, MachineDeploymentStatus, MachineSet, preservation};
+use mcm_api::{
+    Machine, MachineDeployment, MachineDeploymentStatus, MachineSet, MachineTemplateSpec,
+    preservation,
+};
 use serde_json::{Value, json};
 
 use super::context::{Context, DeploymentProblem, Error};
-use super::hash::templates_equal;
 use super::model::{LABEL_TRUE, RevisionPlan, RollbackPlan, SetState};
 use super::nodes::{markers_patch, needs_version_guard, untaint_patch};
 use super::sets::{
     annotations_to_copy, annotations_to_remove, auto_preserve_max_update, in_place_template_patch,
     new_machine_set, scale_annotations,
 };
-use super::status::{is_invalid_strategy, reasons, without_counters};
+use super::status::reasons;
 use super::trigger::TriggerPlan;
 use crate::kube_api::{
     self, ApiCallError, ApiErrorExt, ApiResultExt, Outcome, Part, merge_patch, patch_existing,
@@ -30,15 +31,15 @@ use crate::kube_api::{
 use crate::pacer::Admission;
 
 /// The finalizer of the manager's controllers.
-pub const FINALIZER: &str = finalizers::MACHINE_CONTROLLER_MANAGER;
+pub(crate) const FINALIZER: &str = finalizers::MACHINE_CONTROLLER_MANAGER;
 
 /// The reason of the deployment's Event for each change of a set's replicas, the Go MCM's
 /// (`Scaled up machine set <name> to <n>`, `Scaled down ...`).
-pub const SCALING_MACHINE_SET: &str = "ScalingMachineSet";
+pub(crate) const SCALING_MACHINE_SET: &str = "ScalingMachineSet";
 
 /// The actions on one deployment: its API handles (the deployment's namespace), its name
 /// and its Event reference.
-pub struct Actor<'a> {
+pub(crate) struct Actor<'a> {
     ctx: &'a Context,
     d: &'a MachineDeployment,
     name: String,
@@ -50,7 +51,7 @@ pub struct Actor<'a> {
 
 impl<'a> Actor<'a> {
     /// The actions on `d`.
-    pub fn new(ctx: &'a Context, d: &'a MachineDeployment) -> Self {
+    pub(crate) fn new(ctx: &'a Context, d: &'a MachineDeployment) -> Self {
         let ns = d.namespace().unwrap_or_default();
         Actor {
             ctx,
@@ -99,7 +100,7 @@ impl<'a> Actor<'a> {
     }
 
     /// Forgets what was announced for the deployment (it goes: nothing more is announced).
-    pub fn forget_announcements(&self) {
+    pub(crate) fn forget_announcements(&self) {
         if let Some(uid) = self.d.metadata.uid.as_deref() {
             self.ctx.announced.forget(uid);
         }
@@ -107,7 +108,7 @@ impl<'a> Actor<'a> {
 
     /// Adds (`present`) or removes the finalizer of the deployment; [`Outcome::Gone`] when the
     /// deployment no longer exists.
-    pub async fn set_finalizer(&self, present: bool) -> Result<Outcome, Error> {
+    pub(crate) async fn set_finalizer(&self, present: bool) -> Result<Outcome, Error> {
         let outcome = kube_api::set_finalizer(&self.deployments, self.d, FINALIZER, present)
             .await
             .context("update finalizers of", MachineDeployment::KIND, &self.name)?;
@@ -117,10 +118,9 @@ impl<'a> Actor<'a> {
     /// Deletes the deployment's sets that are not being deleted yet (the deployment is being
     /// deleted), with an Event per deleted set (`DeletingMachineSet`: ours, the Go MCM reports
     /// no Event there).
-    pub async fn delete_sets(&self, sets: &[&MachineSet]) -> Result<(), Error> {
-        for s in sets {
-            let name = s.name_any();
-            if self.delete_set("delete", &name).await? == Outcome::Done {
+    pub(crate) async fn delete_sets(&self, names: &[String]) -> Result<(), Error> {
+        for name in names {
+            if self.delete_set("delete", name).await? == Outcome::Done {
                 let note = format!("Deleting MachineSet {name}");
                 self.normal_event("DeletingMachineSet", "Delete", note)
                     .await;
@@ -130,7 +130,7 @@ impl<'a> Actor<'a> {
     }
 
     /// Deletes old sets beyond the revision history limit (a set gone meanwhile is pruned).
-    pub async fn prune_sets(&self, names: &[String]) -> Result<(), Error> {
+    pub(crate) async fn prune_sets(&self, names: &[String]) -> Result<(), Error> {
         for name in names {
             let _ = self.delete_set("prune", name).await?;
         }
@@ -140,10 +140,10 @@ impl<'a> Actor<'a> {
     /// Carries out a rollback plan: the template of the chosen set becomes the deployment's
     /// (its hash label dropped) and `spec.rollbackTo` is cleared, in one update guarded by the
     /// deployment's resourceVersion; each outcome has upstream's Event.
-    pub async fn rollback(
+    pub(crate) async fn rollback(
         &self,
         plan: &RollbackPlan,
-        sets: &[Arc<MachineSet>],
+        template: Option<&MachineTemplateSpec>,
     ) -> Result<(), Error> {
         let mut d = self.d.clone();
         d.spec.rollback_to = None;
@@ -165,11 +165,7 @@ impl<'a> Actor<'a> {
                     .await;
             }
             RollbackPlan::To { set, .. } => {
-                let Some(template) = sets
-                    .iter()
-                    .find(|s| s.name_any() == *set)
-                    .and_then(|s| s.spec.template.clone())
-                else {
+                let Some(template) = template.cloned() else {
                     return Err(Error::Problem(
                         DeploymentProblem::RollbackSetWithoutTemplate(set.clone()),
                     ));
@@ -209,13 +205,13 @@ impl<'a> Actor<'a> {
 
     /// Announces that the remediation short-circuit (or an unusable remediation
     /// annotation) stopped the replacement of the deployment's unhealthy machines.
-    pub async fn remediation_stopped(&self, note: String) {
+    pub(crate) async fn remediation_stopped(&self, note: String) {
         self.warning_event("RemediationShortCircuited", "HealthCheck", note)
             .await;
     }
 
     /// Announces that no zone of the deployment's machines is partitioned any more.
-    pub async fn zone_partition_lifted(&self) {
+    pub(crate) async fn zone_partition_lifted(&self) {
         self.normal_event(
             "ZonePartitionLifted",
             "HealthCheck",
@@ -226,14 +222,14 @@ impl<'a> Actor<'a> {
     }
 
     /// Announces that remediation is allowed again.
-    pub async fn remediation_resumed(&self, note: String) {
+    pub(crate) async fn remediation_resumed(&self, note: String) {
         self.normal_event("RemediationResumed", "HealthCheck", note)
             .await;
     }
 
     /// Warns that the deployment selects every machine (nothing else is done until it
     /// changes).
-    pub async fn warn_selecting_all(&self) {
+    pub(crate) async fn warn_selecting_all(&self) {
         let note = "This deployment is selecting all machines. A non-empty selector is required.";
         let events = &self.ctx.events;
         events
@@ -243,7 +239,11 @@ impl<'a> Actor<'a> {
 
     /// Marks the machine `name` with priority 1 and, when `time` is given, that
     /// marked-for-deletion time, so its set deletes it ([`TriggerPlan::mark`]).
-    pub async fn mark_for_deletion(&self, name: &str, time: Option<&str>) -> Result<(), Error> {
+    pub(crate) async fn mark_for_deletion(
+        &self,
+        name: &str,
+        time: Option<&str>,
+    ) -> Result<(), Error> {
         let mut marks = serde_json::Map::new();
         marks.insert(annotations::MACHINE_PRIORITY.into(), json!("1"));
         if let Some(time) = time {
@@ -262,7 +262,7 @@ impl<'a> Actor<'a> {
     /// Writes the trigger-deletion annotation of `plan` (and the replica-change time when it
     /// sets one), guarded by the deployment's resourceVersion. The replicas are the
     /// scaler's: they are never changed here.
-    pub async fn update_trigger_deletion(&self, plan: &TriggerPlan) -> Result<(), Error> {
+    pub(crate) async fn update_trigger_deletion(&self, plan: &TriggerPlan) -> Result<(), Error> {
         let mut anns = serde_json::Map::new();
         anns.insert(
             annotations::TRIGGER_DELETION_BY_MCM.into(),
@@ -286,7 +286,7 @@ impl<'a> Actor<'a> {
     /// remove the key) in one merge patch guarded by the deployment's resourceVersion (they
     /// were decided from this version: a cycle count must not be applied twice), then
     /// publishes `event` (a Normal Event: reason and message).
-    pub async fn adjust_creation_timeout(
+    pub(crate) async fn adjust_creation_timeout(
         &self,
         changes: &std::collections::BTreeMap<&'static str, Option<String>>,
         event: Option<&(&'static str, String)>,
@@ -325,7 +325,7 @@ impl<'a> Actor<'a> {
     /// `spec.autoPreserveFailedMachineMax` when it differs ([`auto_preserve_max_update`]) and
     /// its node template, machine configuration and class kind when they differ
     /// ([`in_place_template_patch`]), in one patch. Old sets keep theirs, as upstream.
-    pub async fn sync_revision(
+    pub(crate) async fn sync_revision(
         &self,
         new_set: &MachineSet,
         plan: &RevisionPlan,
@@ -368,7 +368,7 @@ impl<'a> Actor<'a> {
     /// Creates the new set. A set of that name with the same template counts as created; one
     /// with another template is a hash collision: the deployment's collision count goes up
     /// and the error makes the next reconcile try the next name.
-    pub async fn create_new_set(
+    pub(crate) async fn create_new_set(
         &self,
         replicas: i32,
         revision: i64,
@@ -392,11 +392,9 @@ impl<'a> Actor<'a> {
                         .get(&name)
                         .await
                         .context("get", MachineSet::KIND, &name)?;
-                let same = existing
-                    .spec
-                    .template
-                    .as_ref()
-                    .is_some_and(|t| templates_equal(t, &self.d.spec.template));
+                let same = existing.spec.template.as_ref().is_some_and(|t| {
+                    mcm_api::canonical::same_set_template(t, &self.d.spec.template)
+                });
                 if same {
                     return Ok(());
                 }
@@ -419,7 +417,7 @@ impl<'a> Actor<'a> {
     /// Scales the set `name` (now as `current`) to `replicas` and refreshes its replica
     /// annotations ([`scale_annotations`]; `new_set`: it is the deployment's new set); an
     /// Event when the replicas change.
-    pub async fn scale_set(
+    pub(crate) async fn scale_set(
         &self,
         name: &str,
         current: Option<&SetState>,
@@ -447,7 +445,7 @@ impl<'a> Actor<'a> {
     /// Labels the old set `name` `node.machine.sapcloud.io/scale-up-disabled: "true"`: it no
     /// longer creates machines (an in-place rollout moves its machines away before it
     /// lowers its replicas). Never removed again, as upstream.
-    pub async fn disable_scale_up(&self, name: &str) -> Result<(), Error> {
+    pub(crate) async fn disable_scale_up(&self, name: &str) -> Result<(), Error> {
         let update = json!({"metadata": {"labels": {
             labels::MACHINE_SET_SCALE_UP_DISABLED: LABEL_TRUE,
         }}});
@@ -455,7 +453,7 @@ impl<'a> Actor<'a> {
     }
 
     /// Moves the machine `name` to the new set with a [`super::inplace::transfer_patch`].
-    pub async fn move_machine(&self, name: &str, patch: &Value) -> Result<(), Error> {
+    pub(crate) async fn move_machine(&self, name: &str, patch: &Value) -> Result<(), Error> {
         patch_existing(&self.machines, Part::Object, name, patch)
             .await
             .context("move to the new MachineSet", Machine::KIND, name)?;
@@ -464,7 +462,7 @@ impl<'a> Actor<'a> {
 
     /// Removes the label `update-result` from the machine `name` once its move to the new
     /// set is accounted for (a machine gone meanwhile needs nothing).
-    pub async fn unlabel_update_result(&self, name: &str) -> Result<(), Error> {
+    pub(crate) async fn unlabel_update_result(&self, name: &str) -> Result<(), Error> {
         let update = json!({"metadata": {"labels": {labels::UPDATE_RESULT: null}}});
         let _ = merge_patch(&self.machines, Part::Object, name, &update)
             .await
@@ -474,7 +472,10 @@ impl<'a> Actor<'a> {
 
     /// Writes `status` unless the deployment already has it (a deployment gone meanwhile
     /// needs no status).
-    pub async fn update_status(&self, status: &MachineDeploymentStatus) -> Result<(), Error> {
+    pub(crate) async fn update_status(
+        &self,
+        status: &MachineDeploymentStatus,
+    ) -> Result<(), Error> {
         if self.d.status.as_ref() == Some(status) {
             return Ok(());
         }
@@ -483,7 +484,7 @@ impl<'a> Actor<'a> {
 
     /// Writes `status` when it changed; a change of counters only waits for `pacer`
     /// (`Some`: how long; the reconcile comes back then).
-    pub async fn update_status_paced(
+    pub(crate) async fn update_status_paced(
         &self,
         status: &MachineDeploymentStatus,
         pacer: &crate::pacer::StatusPacer,
@@ -511,23 +512,19 @@ impl<'a> Actor<'a> {
     /// InvalidStrategy` condition) and, only when that condition is new or its message
     /// changed, publishes one Warning Event. The condition is stored, so neither later
     /// reconciles nor a restarted controller repeat the Event; a reconcile that still reads
-    /// the deployment from before this process's status write does not either.
-    pub async fn report_invalid_strategy(
+    /// the deployment from before this process's status write does not either. `message`:
+    /// the condition's message; `before`: that of the condition the deployment has stored.
+    pub(crate) async fn report_invalid_strategy(
         &self,
         status: MachineDeploymentStatus,
+        message: String,
+        before: Option<&str>,
     ) -> Result<(), Error> {
-        let invalid = |s: Option<&MachineDeploymentStatus>| {
-            s.and_then(|s| s.conditions.as_ref())
-                .and_then(|c| c.iter().find(|c| is_invalid_strategy(c)))
-                .and_then(|c| c.message.clone())
-        };
-        let before = invalid(self.d.status.as_ref());
-        let message = invalid(Some(&status)).unwrap_or_default();
         tracing::debug!(%message, "invalid strategy");
         self.update_status(&status).await?;
         let uid = self.d.metadata.uid.clone().unwrap_or_default();
         let first = self.ctx.announced.is_new(&uid, &message);
-        if first && before.as_deref() != Some(message.as_str()) {
+        if first && before != Some(message.as_str()) {
             let reason = reasons::INVALID_STRATEGY;
             let events = &self.ctx.events;
             events
@@ -538,19 +535,17 @@ impl<'a> Actor<'a> {
     }
 }
 
-/// Removes the old-set taint from the Nodes of `machines` (a rollback makes their set the
-/// new one again). Unlike the advisory markers, a failure is returned: the rollback is
-/// retried.
+/// Removes the old-set taint from `nodes` (as the store had them: the Nodes of the machines
+/// of the set a rollback makes the new one again). Unlike the advisory markers, a failure is
+/// returned: the rollback is retried.
 pub(crate) async fn remove_old_set_taint(
     target: &Client,
-    nodes: &Store<Node>,
-    machines: &[&Machine],
+    nodes: &[Arc<Node>],
 ) -> Result<(), kube::Error> {
     let api: Api<Node> = Api::all(target.clone());
-    let names = machines.iter().filter_map(|m| m.node_name());
-    for node in names.filter_map(|n| nodes.get(&ObjectRef::new(n))) {
+    for node in nodes {
         // A node gone meanwhile needs no untainting.
-        let _ = kube_api::patch_from_copy(&api, &*node, untaint_patch).await?;
+        let _ = kube_api::patch_from_copy(&api, node.as_ref(), untaint_patch).await?;
     }
     Ok(())
 }
@@ -558,13 +553,13 @@ pub(crate) async fn remove_old_set_taint(
 /// Applies the markers: during a rollout, taints the nodes of `old` machines and (with
 /// `autoscaler_annotations`) annotates the nodes of `all` machines; afterwards removes MCM's
 /// annotations from the nodes of `all`, except those of machines with a preservation expiry.
-/// One patch per node that needs one.
+/// One patch per node that needs one (`nodes`: the Nodes as the store had them, by name).
 /// Errors are logged and retried on the next reconcile: markers are advisory.
 pub(crate) async fn apply_markers(
     target: &Client,
-    nodes: &Store<Node>,
-    old: &[&Machine],
-    all: &[&Machine],
+    nodes: &BTreeMap<String, Arc<Node>>,
+    old: &[Arc<Machine>],
+    all: &[Arc<Machine>],
     rollout: bool,
     autoscaler_annotations: bool,
 ) {
@@ -578,21 +573,39 @@ pub(crate) async fn apply_markers(
     // Without the annotations enabled, only ever remove what MCM added earlier.
     let annotate = rollout && autoscaler_annotations;
     let all_nodes = all.iter().filter_map(|m| m.node_name());
-    for node in all_nodes.filter_map(|n| nodes.get(&ObjectRef::new(n))) {
+    for node in all_nodes.filter_map(|n| nodes.get(n)) {
         let name = node.name_any();
         let taint = rollout && old_nodes.contains(name.as_str());
         let preserved = preserved_nodes.contains(name.as_str());
         let patch_of = |n: &Node| markers_patch(n, taint, annotate, preserved);
-        let written = match patch_of(&node) {
+        let written = match patch_of(node) {
             None => continue,
             Some(patch) if !needs_version_guard(&patch) => {
                 merge_patch(&api, Part::Object, &name, &patch).await
             }
             // Planned again from a fresh read after a conflict: the store's copy may be behind.
-            Some(_) => kube_api::patch_from_copy(&api, &*node, patch_of).await,
+            Some(_) => kube_api::patch_from_copy(&api, node.as_ref(), patch_of).await,
         };
         if let Err(error) = written {
             tracing::debug!(node = name, %error, "could not update rollout markers of node");
         }
     }
+}
+
+/// `status` without what changes as machines come and go: the replica counters, and the
+/// times and messages of conditions. Two statuses that differ only there differ only in
+/// counters ([`crate::pacer`]). Pure.
+pub(crate) fn without_counters(status: &MachineDeploymentStatus) -> MachineDeploymentStatus {
+    let mut s = status.clone();
+    s.replicas = None;
+    s.updated_replicas = None;
+    s.ready_replicas = None;
+    s.available_replicas = None;
+    s.unavailable_replicas = None;
+    for c in s.conditions.iter_mut().flatten() {
+        c.last_update_time = None;
+        c.last_transition_time = None;
+        c.message = None;
+    }
+    s
 }

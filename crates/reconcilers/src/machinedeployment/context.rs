@@ -10,7 +10,7 @@ use crate::kube_api::ReconcileFailure;
 
 /// Problems of a MachineDeployment that are no API failures.
 #[derive(Debug, thiserror::Error)]
-pub enum DeploymentProblem {
+pub(crate) enum DeploymentProblem {
     /// A MachineSet with the new set's name exists with another template.
     #[error("hash collision for MachineSet {0}")]
     HashCollision(String),
@@ -29,10 +29,10 @@ pub enum DeploymentProblem {
 }
 
 /// Errors of the MachineDeployment reconciler. Each keeps the underlying error.
-pub type Error = ReconcileFailure<DeploymentProblem>;
+pub(crate) type Error = ReconcileFailure<DeploymentProblem>;
 
 /// Shared state of the MachineDeployment reconciler.
-pub struct Context {
+pub(crate) struct Context {
     /// Client of the control cluster (machine objects).
     pub client: Client,
     /// Client of the target cluster (Nodes).
@@ -60,4 +60,6 @@ pub struct Context {
     pub creation_timeouts: super::creation_timeout::TimeoutAdaptation,
     /// When a zone counts as partitioned (the `ZonePartition` condition).
     pub zone_partition: crate::machine::partition::PartitionRule,
+    /// Where the controller takes time from.
+    pub clock: crate::clock::SharedClock,
 }

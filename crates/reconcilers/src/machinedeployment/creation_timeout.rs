@@ -28,16 +28,16 @@ use mcm_api::{Machine, MachineDeployment, MachineOperationType, MachinePhase, Ma
 /// The growth steps above the declared timeout the default bound allows (upstream's
 /// `DefaultMaxCreationTimeoutGrowthCount`): with the default 50 % a declared 20m is bounded
 /// by 1h41m15s.
-pub const MAX_GROWTH_STEPS: i32 = 4;
+pub(crate) const MAX_GROWTH_STEPS: i32 = 4;
 
 /// Joins within the last window (and no failure) it takes to lower the timeout (upstream's
 /// `DefaultSuccessJoinCountThreshold`).
-pub const MIN_RECENT_JOINS: usize = 2;
+pub(crate) const MIN_RECENT_JOINS: usize = 2;
 
 /// Event reason: the effective creation timeout went up.
-pub const RAISED: &str = "EffectiveCreationTimeoutRaised";
+pub(crate) const RAISED: &str = "EffectiveCreationTimeoutRaised";
 /// Event reason: the effective creation timeout went down.
-pub const LOWERED: &str = "EffectiveCreationTimeoutLowered";
+pub(crate) const LOWERED: &str = "EffectiveCreationTimeoutLowered";
 
 /// The adaptation's settings (the manager's flags).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,7 +87,7 @@ impl TimeoutAdaptation {
 
 /// A machine of the deployment that joined.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Join {
+pub(crate) struct Join {
     /// When it became Running.
     pub at: Timestamp,
     /// From its creation to then.
@@ -97,7 +97,7 @@ pub struct Join {
 /// A machine of the deployment that failed because it did not join within its creation
 /// timeout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct JoinFailure {
+pub(crate) struct JoinFailure {
     /// When it was marked Failed.
     pub at: Timestamp,
     /// The creation timeout it had: its annotation, else its `spec.creationTimeout`, else
@@ -107,7 +107,7 @@ pub struct JoinFailure {
 
 /// What the rule decides from.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TimeoutFacts {
+pub(crate) struct TimeoutFacts {
     /// The declared timeout: the template's `creationTimeout`, else `--machine-creation-timeout`.
     pub declared: Duration,
     /// The annotation: `None` without one, `Err` when it is not a duration (then nothing is
@@ -128,7 +128,7 @@ pub struct TimeoutFacts {
 
 /// What the rule asks for.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct TimeoutPlan {
+pub(crate) struct TimeoutPlan {
     /// The annotations to set (`Some`) or remove (`None`), as one merge patch; empty: no write.
     pub annotations: BTreeMap<&'static str, Option<String>>,
     /// The Event announcing a change of the timeout: reason and message.
@@ -139,14 +139,14 @@ pub struct TimeoutPlan {
 }
 
 /// The keys the adaptation owns on a deployment.
-pub const STATE_KEYS: [&str; 3] = [
+pub(crate) const STATE_KEYS: [&str; 3] = [
     annotations::EFFECTIVE_CREATION_TIMEOUT_LAST_APPLIED_AT,
     annotations::REPLACE_CYCLE_COUNT,
     annotations::REPLACE_CYCLE_COUNT_LAST_APPLIED_AT,
 ];
 
 /// An annotation time as written (RFC 3339, whole seconds, UTC, like Go's `time.RFC3339`).
-pub fn rfc3339(t: Timestamp) -> String {
+pub(crate) fn rfc3339(t: Timestamp) -> String {
     Timestamp::from_second(t.as_second())
         .unwrap_or(t)
         .to_string()
@@ -181,7 +181,7 @@ fn minus(t: Timestamp, d: Duration) -> Timestamp {
 ///    controller set is lowered, once a window has passed since it was set, to
 ///    `max(declared, slowest join grown one step)` if that is lower; at the declared value
 ///    the keys go. A cycle count left over is cleared.
-pub fn decide(facts: &TimeoutFacts, s: &TimeoutAdaptation, now: Timestamp) -> TimeoutPlan {
+pub(crate) fn decide(facts: &TimeoutFacts, s: &TimeoutAdaptation, now: Timestamp) -> TimeoutPlan {
     let mut plan = TimeoutPlan::default();
     let cur = match &facts.current {
         _ if s.growth_percent == 0 => return plan,
@@ -373,7 +373,7 @@ fn count_cycle(
 }
 
 /// The declared creation timeout of `d`: its template's `creationTimeout`, else `default`.
-pub fn declared_timeout(d: &MachineDeployment, default: Duration) -> Duration {
+pub(crate) fn declared_timeout(d: &MachineDeployment, default: Duration) -> Duration {
     d.spec
         .template
         .spec
@@ -384,7 +384,7 @@ pub fn declared_timeout(d: &MachineDeployment, default: Duration) -> Duration {
 
 /// The effective creation timeout of `d` as its new machines get it: the annotation when it
 /// is a duration, else the declared timeout (for the gauge).
-pub fn effective_timeout(d: &MachineDeployment, default: Duration) -> Duration {
+pub(crate) fn effective_timeout(d: &MachineDeployment, default: Duration) -> Duration {
     d.annotations()
         .get(annotations::EFFECTIVE_CREATION_TIMEOUT)
         .and_then(|v| parse_go_duration(v).ok())
@@ -394,7 +394,7 @@ pub fn effective_timeout(d: &MachineDeployment, default: Duration) -> Duration {
 /// Whether `m` failed because it did not join within its creation timeout: `Failed`, its
 /// last operation a failed `Create` whose description is the machine controller's (ours or
 /// the Go MCM's) for that failure.
-pub fn failed_to_join(m: &Machine) -> bool {
+pub(crate) fn failed_to_join(m: &Machine) -> bool {
     let Some(op) = m.status.as_ref().and_then(|s| s.last_operation.as_ref()) else {
         return false;
     };
@@ -409,7 +409,7 @@ pub fn failed_to_join(m: &Machine) -> bool {
 /// The join of `m` when its last operation records it: `Running` after a successful `Create`
 /// (the operation's time is the Running transition), to whole seconds. A machine that was
 /// Unknown since, or is being deleted, no longer tells.
-pub fn join_of(m: &Machine) -> Option<Join> {
+pub(crate) fn join_of(m: &Machine) -> Option<Join> {
     let status = m.status.as_ref()?;
     let op = status.last_operation.as_ref()?;
     let joined = m.phase() == Some(&MachinePhase::Running)
@@ -427,7 +427,7 @@ pub fn join_of(m: &Machine) -> Option<Join> {
 
 /// The failure of `m` when it did not join within its creation timeout ([`failed_to_join`]);
 /// `default` is the timeout of a machine that sets none.
-pub fn failure_of(m: &Machine, default: Duration) -> Option<JoinFailure> {
+pub(crate) fn failure_of(m: &Machine, default: Duration) -> Option<JoinFailure> {
     if !failed_to_join(m) {
         return None;
     }
@@ -451,7 +451,11 @@ pub fn failure_of(m: &Machine, default: Duration) -> Option<JoinFailure> {
 
 /// The facts of deployment `d` with its `machines` (of all its sets, those being deleted
 /// included). Pure.
-pub fn observe(d: &MachineDeployment, machines: &[&Machine], default: Duration) -> TimeoutFacts {
+pub(crate) fn observe(
+    d: &MachineDeployment,
+    machines: &[&Machine],
+    default: Duration,
+) -> TimeoutFacts {
     let anns = d.annotations();
     let time = |key: &str| {
         anns.get(key)
@@ -480,7 +484,7 @@ pub fn observe(d: &MachineDeployment, machines: &[&Machine], default: Duration) 
 
 /// The plan's annotations that change something on `d` (a removal of a key `d` lacks, or a
 /// value it has already, is dropped): an empty map needs no write.
-pub fn changes(
+pub(crate) fn changes(
     d: &MachineDeployment,
     plan: &TimeoutPlan,
 ) -> BTreeMap<&'static str, Option<String>> {

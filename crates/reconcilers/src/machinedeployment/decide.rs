@@ -15,7 +15,7 @@ use std::time::Duration;
 #[cfg(test)]
 use jiff::Timestamp;
 
-pub use super::model::{
+pub(crate) use super::model::{
     Action, RevisionPlan, RollbackCandidate, RollbackPlan, SetState, Snapshot, Strategy,
 };
 
@@ -31,7 +31,7 @@ fn sum(sets: &[&SetState], f: impl Fn(&SetState) -> i32) -> i32 {
 /// differs from the deployment) is handled by proportional scaling; (3) otherwise the
 /// strategy advances the rollout. Paused deployments only scale. Frozen deployments only
 /// scale down.
-pub fn decide(s: &Snapshot) -> Vec<Action> {
+pub(crate) fn decide(s: &Snapshot) -> Vec<Action> {
     let mut actions = if s.rollout.paused {
         if is_scaling_event(s) {
             proportional_scale(s)
@@ -100,7 +100,7 @@ fn initial_new_replicas(s: &Snapshot) -> i32 {
 
 /// Kubernetes' `isScalingEvent`: an active set whose desired-replicas annotation differs from
 /// the deployment's replicas.
-pub fn is_scaling_event(s: &Snapshot) -> bool {
+pub(crate) fn is_scaling_event(s: &Snapshot) -> bool {
     s.all().iter().any(|set| {
         set.replicas > 0
             && set
@@ -112,7 +112,7 @@ pub fn is_scaling_event(s: &Snapshot) -> bool {
 /// Replicas the new set may have now under RollingUpdate (Kubernetes' `NewRSNewReplicas`),
 /// counting machines that still exist (`max(replicas, machines)` per set) so that machines
 /// still waiting for deletion never let the total exceed `replicas + maxSurge`.
-pub fn new_set_replicas(s: &Snapshot) -> i32 {
+pub(crate) fn new_set_replicas(s: &Snapshot) -> i32 {
     let Some(new) = &s.new_set else {
         return 0;
     };
@@ -249,7 +249,7 @@ fn recreate(s: &Snapshot) -> Vec<Action> {
 /// Every active set whose annotations are stale gets a [`Action::Scale`], even when its
 /// replicas do not change, so that the annotations are refreshed and the scaling event ends
 /// (MCM #815).
-pub fn proportional_scale(s: &Snapshot) -> Vec<Action> {
+pub(crate) fn proportional_scale(s: &Snapshot) -> Vec<Action> {
     let d = s.rollout.replicas;
     let all = s.all();
     let active: Vec<&SetState> = all.iter().copied().filter(|x| x.replicas > 0).collect();
@@ -325,7 +325,7 @@ pub fn proportional_scale(s: &Snapshot) -> Vec<Action> {
 
 /// Old sets to delete so that at most `limit` old sets without machines remain (oldest go
 /// first). Only called once the rollout is complete.
-pub fn sets_to_prune(old_sets: &[SetState], limit: i32) -> Vec<String> {
+pub(crate) fn sets_to_prune(old_sets: &[SetState], limit: i32) -> Vec<String> {
     let mut empty: Vec<&SetState> = old_sets
         .iter()
         .filter(|o| o.replicas == 0 && o.machines == 0 && o.terminating == 0)
@@ -370,20 +370,20 @@ pub fn apply(s: &mut Snapshot, actions: &[Action], new_name: &str, now: Option<T
 
 /// Whether the rollout markers belong on the nodes: a new set exists while an old set still
 /// has machines or replicas.
-pub fn is_rolling_out(s: &Snapshot) -> bool {
+pub(crate) fn is_rolling_out(s: &Snapshot) -> bool {
     s.new_set.is_some() && s.old_sets.iter().any(|o| o.machines > 0 || o.replicas > 0)
 }
 
 /// Whether the Nodes get the rollout markers (the old-set taint and the autoscaler's
 /// scale-down-disabled annotation) added (`Some(true)`) or removed (`Some(false)`); `None`
 /// while paused, when they are left as they are. Pure.
-pub fn markers_wanted(s: &Snapshot) -> Option<bool> {
+pub(crate) fn markers_wanted(s: &Snapshot) -> Option<bool> {
     (!s.rollout.paused).then(|| is_rolling_out(s))
 }
 
 /// When to reconcile again after a successful pass: at the status's recheck time (else
 /// `resync`), while incomplete no later than `minReadySeconds`, plus a margin of 500 ms.
-pub fn requeue_after(
+pub(crate) fn requeue_after(
     recheck: Option<Duration>,
     resync: Duration,
     min_ready_seconds: i32,
@@ -400,7 +400,7 @@ pub fn requeue_after(
 
 /// Keeps the new set's revision above all old revisions (the replaced revision joins its
 /// history) and the deployment's revision equal to the new set's.
-pub fn plan_revision(
+pub(crate) fn plan_revision(
     current: Option<i64>,
     history: Option<&str>,
     max_old: i64,
@@ -425,7 +425,7 @@ pub fn plan_revision(
 
 /// The revision before the newest one (upstream's `LastRevision`: the second highest
 /// revision among the sets, 0 when there is none).
-pub fn last_revision(revisions: impl IntoIterator<Item = i64>) -> i64 {
+pub(crate) fn last_revision(revisions: impl IntoIterator<Item = i64>) -> i64 {
     let (mut max, mut second) = (0, 0);
     for v in revisions {
         if v >= max {
@@ -439,7 +439,7 @@ pub fn last_revision(revisions: impl IntoIterator<Item = i64>) -> i64 {
 }
 
 /// Decides a rollback to `requested` (0: the previous revision) among the deployment's sets.
-pub fn plan_rollback(requested: i64, sets: &[RollbackCandidate]) -> RollbackPlan {
+pub(crate) fn plan_rollback(requested: i64, sets: &[RollbackCandidate]) -> RollbackPlan {
     let revision = if requested == 0 {
         match last_revision(sets.iter().map(|s| s.revision)) {
             0 => {

@@ -37,12 +37,15 @@ fn canonical_text(template: &MachineTemplateSpec) -> String {
 /// hash label, the node template, the machine configuration and the class kind do not count
 /// (they are written into the existing set instead), nor does how a Go client represents
 /// empty and zero values.
-pub fn templates_equal(a: &MachineTemplateSpec, b: &MachineTemplateSpec) -> bool {
+pub(crate) fn templates_equal(a: &MachineTemplateSpec, b: &MachineTemplateSpec) -> bool {
     mcm_api::canonical::same_set_template(a, b)
 }
 
 /// The template hash for `collision_count`.
-pub fn template_hash(template: &MachineTemplateSpec, collision_count: Option<i32>) -> String {
+pub(crate) fn template_hash(
+    template: &MachineTemplateSpec,
+    collision_count: Option<i32>,
+) -> String {
     let text = canonical_text(template);
     let mut hash = fnv1a(text.as_bytes(), 0x811c_9dc5);
     if let Some(c) = collision_count {

@@ -5,11 +5,11 @@
 
 use jiff::Timestamp;
 
-pub use mcm_api::policy::strategy::{Orchestration, Strategy};
+pub(crate) use mcm_api::policy::strategy::{Orchestration, Strategy};
 
 /// The deployment as the decision sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Rollout {
+pub(crate) struct Rollout {
     /// `spec.replicas`.
     pub replicas: i32,
     /// The strategy with resolved limits.
@@ -22,7 +22,7 @@ pub struct Rollout {
 
 /// One MachineSet of the deployment with counts taken from its machines.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SetState {
+pub(crate) struct SetState {
     /// Name of the set.
     pub name: String,
     /// `spec.replicas`.
@@ -65,19 +65,19 @@ impl SetState {
     }
 
     /// Available machines that survive the set's own scale-down: `min(available, replicas)`.
-    pub fn effective_available(&self) -> i32 {
+    pub(crate) fn effective_available(&self) -> i32 {
         self.available.min(self.replicas).max(0)
     }
 
     /// Machines that exist or will exist: `max(replicas, machines)`.
-    pub fn footprint(&self) -> i32 {
+    pub(crate) fn footprint(&self) -> i32 {
         self.replicas.max(self.machines)
     }
 }
 
 /// The deployment with its new set (template equal to the deployment's) and old sets.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     /// The deployment.
     pub rollout: Rollout,
     /// The set whose template matches the deployment's, if it exists.
@@ -88,7 +88,7 @@ pub struct Snapshot {
 
 /// What to do next.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Action {
+pub(crate) enum Action {
     /// Create the new MachineSet with this many replicas.
     CreateNewSet {
         /// Initial replicas of the new set.
@@ -105,7 +105,7 @@ pub enum Action {
 
 impl Action {
     /// Scale the set `set` to `replicas`.
-    pub fn scale(set: &str, replicas: i32) -> Self {
+    pub(crate) fn scale(set: &str, replicas: i32) -> Self {
         Action::Scale {
             set: set.to_owned(),
             replicas,
@@ -121,7 +121,7 @@ impl Snapshot {
 
     /// Whether the rollout is finished: the new set has all desired replicas available and
     /// no old machine is left.
-    pub fn is_complete(&self) -> bool {
+    pub(crate) fn is_complete(&self) -> bool {
         let d = self.rollout.replicas;
         let new_ok = match &self.new_set {
             Some(n) => n.replicas == d && n.machines == d && n.available >= d,
@@ -137,7 +137,7 @@ impl Snapshot {
 
 /// The revision bookkeeping of a deployment's new set.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RevisionPlan {
+pub(crate) struct RevisionPlan {
     /// The revision of the new set (and of the deployment).
     pub revision: i64,
     /// The new set's revision history (comma separated) when its revision must be raised
@@ -149,7 +149,7 @@ pub struct RevisionPlan {
 
 /// One set of a deployment as a rollback sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RollbackCandidate {
+pub(crate) struct RollbackCandidate {
     /// The set's name.
     pub name: String,
     /// Its revision annotation (0 when absent, as upstream reads it).
@@ -160,7 +160,7 @@ pub struct RollbackCandidate {
 
 /// What `spec.rollbackTo` leads to. Every outcome clears `rollbackTo`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RollbackPlan {
+pub(crate) enum RollbackPlan {
     /// No set has the revision: Warning `DeploymentRollbackRevisionNotFound` with `message`.
     NotFound {
         /// Upstream's message.
@@ -184,4 +184,4 @@ pub enum RollbackPlan {
 }
 
 /// The value of the in-place labels of Nodes and of `scale-up-disabled`.
-pub const LABEL_TRUE: &str = "true";
+pub(crate) const LABEL_TRUE: &str = "true";

@@ -16,7 +16,7 @@ use mcm_api::constants::{annotations, taints};
 use serde_json::{Value, json};
 
 /// The taint put on the Nodes of old sets.
-pub fn prefer_no_schedule_taint() -> Taint {
+pub(crate) fn prefer_no_schedule_taint() -> Taint {
     Taint {
         key: taints::PREFER_NO_SCHEDULE.to_owned(),
         value: Some("True".to_owned()),
@@ -26,7 +26,7 @@ pub fn prefer_no_schedule_taint() -> Taint {
 }
 
 /// The patch adding the old-set taint to a node, `None` if it already has it.
-pub fn taint_patch(node: &Node) -> Option<Value> {
+pub(crate) fn taint_patch(node: &Node) -> Option<Value> {
     let mut list: Vec<Taint> = node
         .spec
         .as_ref()
@@ -43,7 +43,7 @@ pub fn taint_patch(node: &Node) -> Option<Value> {
 }
 
 /// The patch removing the old-set taint from a node, `None` if it does not have it.
-pub fn untaint_patch(node: &Node) -> Option<Value> {
+pub(crate) fn untaint_patch(node: &Node) -> Option<Value> {
     let list: Vec<Taint> = node.spec.as_ref()?.taints.clone()?;
     if !list.iter().any(|t| t.key == taints::PREFER_NO_SCHEDULE) {
         return None;
@@ -60,7 +60,7 @@ pub fn untaint_patch(node: &Node) -> Option<Value> {
 
 /// The patch adding (`rollout`) or removing the cluster-autoscaler annotations, `None` when
 /// nothing changes. Annotations set by someone else (no `-by-mcm` marker) are left alone.
-pub fn autoscaler_patch(node: &Node, rollout: bool) -> Option<Value> {
+pub(crate) fn autoscaler_patch(node: &Node, rollout: bool) -> Option<Value> {
     let empty = BTreeMap::new();
     let anns = node.metadata.annotations.as_ref().unwrap_or(&empty);
     let by_mcm = anns.contains_key(annotations::CLUSTER_AUTOSCALER_SCALE_DOWN_DISABLED_BY_MCM);
@@ -85,7 +85,12 @@ pub fn autoscaler_patch(node: &Node, rollout: bool) -> Option<Value> {
 /// annotations added (`annotate`) or removed (unless `preserved`: the node's machine has a
 /// preservation expiry, and the machine controller owns the annotations then); `None` when
 /// the node has them as wanted.
-pub fn markers_patch(node: &Node, taint: bool, annotate: bool, preserved: bool) -> Option<Value> {
+pub(crate) fn markers_patch(
+    node: &Node,
+    taint: bool,
+    annotate: bool,
+    preserved: bool,
+) -> Option<Value> {
     let taint = taint.then(|| taint_patch(node)).flatten();
     let annotations = if annotate || !preserved {
         autoscaler_patch(node, annotate)
@@ -108,7 +113,7 @@ pub fn markers_patch(node: &Node, taint: bool, annotate: bool, preserved: bool) 
 /// annotations is not: annotations merge key by key, and a Node's version changes with every
 /// status write of its kubelet, so a guarded patch from the store's copy of a new node met a
 /// conflict and a read of the node.
-pub fn needs_version_guard(patch: &Value) -> bool {
+pub(crate) fn needs_version_guard(patch: &Value) -> bool {
     patch.get("spec").is_some()
 }
 

@@ -20,6 +20,7 @@ use mcm_api::{
 
 use super::hash::templates_equal;
 use super::model::{RollbackCandidate, Rollout, SetState, Snapshot, Strategy};
+#[cfg(test)]
 use super::status::StatusInput;
 use super::trigger::TriggerMachine;
 use crate::machine::remediation::Member;
@@ -28,7 +29,7 @@ use crate::machineset::model::MachineView;
 
 /// The sets a deployment controls, with their machines.
 #[derive(Debug, Clone, Default)]
-pub struct Observed {
+pub(crate) struct Observed {
     /// The deployment's sets, oldest first (then by name).
     pub sets: Vec<Arc<MachineSet>>,
     /// The machines of each set (by set name).
@@ -39,7 +40,7 @@ pub struct Observed {
 
 /// The deployment's sets (controlled by its uid, in its namespace) and their machines, from
 /// the contents of the set and machine stores.
-pub fn observe(
+pub(crate) fn observe(
     d: &MachineDeployment,
     sets: &[Arc<MachineSet>],
     machines: &[Arc<Machine>],
@@ -89,14 +90,14 @@ pub fn observe(
 
 impl Observed {
     /// The machines of `set`.
-    pub fn machines_of(&self, set: &MachineSet) -> &[Arc<Machine>] {
+    pub(crate) fn machines_of(&self, set: &MachineSet) -> &[Arc<Machine>] {
         self.machines
             .get(&set.name_any())
             .map_or(&[], Vec::as_slice)
     }
 
     /// The sets other than the new one.
-    pub fn old_sets(&self) -> impl Iterator<Item = &Arc<MachineSet>> {
+    pub(crate) fn old_sets(&self) -> impl Iterator<Item = &Arc<MachineSet>> {
         let new_name = self.new_set.as_ref().map(|s| s.name_any());
         self.sets
             .iter()
@@ -104,7 +105,7 @@ impl Observed {
     }
 
     /// The machines of all sets.
-    pub fn all_machines(&self) -> Vec<&Machine> {
+    pub(crate) fn all_machines(&self) -> Vec<&Machine> {
         self.machines
             .values()
             .flatten()
@@ -112,16 +113,8 @@ impl Observed {
             .collect()
     }
 
-    /// The machines of the old sets.
-    pub fn old_machines(&self) -> Vec<&Machine> {
-        self.old_sets()
-            .flat_map(|s| self.machines_of(s))
-            .map(AsRef::as_ref)
-            .collect()
-    }
-
     /// The highest revision among the old sets (0 without any).
-    pub fn max_old_revision(&self) -> i64 {
+    pub(crate) fn max_old_revision(&self) -> i64 {
         self.old_sets()
             .filter_map(|s| annotation_i64(s.as_ref(), annotations::REVISION))
             .max()
@@ -129,7 +122,7 @@ impl Observed {
     }
 
     /// The machines of all sets by name, as the trigger-deletion plan sees them.
-    pub fn trigger_machines(&self) -> BTreeMap<String, TriggerMachine> {
+    pub(crate) fn trigger_machines(&self) -> BTreeMap<String, TriggerMachine> {
         self.all_machines()
             .into_iter()
             .map(|m| (m.name_any(), trigger_machine(m)))
@@ -141,7 +134,7 @@ impl Observed {
 /// the failed machines (preserved Failed machines not among them, as upstream's sets leave
 /// them out of their `failedMachines`).
 #[derive(Debug, Clone, PartialEq)]
-pub struct Facts {
+pub(crate) struct Facts {
     /// The new set, if it exists.
     pub new_set: Option<SetState>,
     /// The other sets.
@@ -151,7 +144,7 @@ pub struct Facts {
 }
 
 /// The facts of the observed sets at `now`.
-pub fn facts(observed: &Observed, now: Timestamp) -> Facts {
+pub(crate) fn facts(observed: &Observed, now: Timestamp) -> Facts {
     let state_of = |s: &MachineSet| set_state(s, observed.machines_of(s), now);
     Facts {
         new_set: observed.new_set.as_deref().map(state_of),
@@ -169,7 +162,7 @@ pub fn facts(observed: &Observed, now: Timestamp) -> Facts {
 }
 
 /// One set as the decision sees it: counts from its machines, its replica annotations.
-pub fn set_state(set: &MachineSet, machines: &[Arc<Machine>], now: Timestamp) -> SetState {
+pub(crate) fn set_state(set: &MachineSet, machines: &[Arc<Machine>], now: Timestamp) -> SetState {
     let views: Vec<MachineView> = machines
         .iter()
         .map(|m| MachineView::from_machine(m, None, None, now))
@@ -191,10 +184,10 @@ pub fn set_state(set: &MachineSet, machines: &[Arc<Machine>], now: Timestamp) ->
     }
 }
 
-pub use mcm_api::policy::strategy::strategy_of;
+pub(crate) use mcm_api::policy::strategy::strategy_of;
 
 /// The snapshot the rollout is decided from.
-pub fn snapshot(d: &MachineDeployment, strategy: Strategy, facts: Facts) -> Snapshot {
+pub(crate) fn snapshot(d: &MachineDeployment, strategy: Strategy, facts: Facts) -> Snapshot {
     Snapshot {
         rollout: Rollout {
             replicas: d.spec.replicas(),
@@ -207,7 +200,9 @@ pub fn snapshot(d: &MachineDeployment, strategy: Strategy, facts: Facts) -> Snap
     }
 }
 
-/// The inputs of the status computation besides the snapshot.
+/// The inputs of the status computation besides the snapshot (the plan's own builds them
+/// from what it gathered).
+#[cfg(test)]
 pub fn status_input(
     d: &MachineDeployment,
     failed: Vec<MachineSummary>,
@@ -233,7 +228,7 @@ pub fn status_input(
 /// never more than the replicas. So a deployment without a strategy, none of whose machines
 /// is available, is not `Available`. (The rollout itself uses [`strategy_of`], which
 /// defaults unset limits to 1.) Pure.
-pub fn availability_max_unavailable(d: &MachineDeployment) -> i32 {
+pub(crate) fn availability_max_unavailable(d: &MachineDeployment) -> i32 {
     use mcm_api::intstr::scaled_value;
     let replicas = d.spec.replicas();
     let Some(strategy) = d.spec.strategy.as_ref() else {
@@ -284,7 +279,7 @@ pub fn availability_max_unavailable(d: &MachineDeployment) -> i32 {
 }
 
 /// Whether the deployment's selector is missing or empty (it would select every machine).
-pub fn selects_all(d: &MachineDeployment) -> bool {
+pub(crate) fn selects_all(d: &MachineDeployment) -> bool {
     d.spec
         .selector
         .as_ref()
@@ -292,7 +287,7 @@ pub fn selects_all(d: &MachineDeployment) -> bool {
 }
 
 /// An integer annotation of an object.
-pub fn annotation_i64<K: Resource>(obj: &K, key: &str) -> Option<i64> {
+pub(crate) fn annotation_i64<K: Resource>(obj: &K, key: &str) -> Option<i64> {
     obj.meta()
         .annotations
         .as_ref()
@@ -301,7 +296,7 @@ pub fn annotation_i64<K: Resource>(obj: &K, key: &str) -> Option<i64> {
 }
 
 /// A machine as the trigger-deletion plan sees it.
-pub fn trigger_machine(m: &Machine) -> TriggerMachine {
+pub(crate) fn trigger_machine(m: &Machine) -> TriggerMachine {
     let anns = m.annotations();
     TriggerMachine {
         gone_or_failed: m.is_terminating() || m.phase() == Some(&MachinePhase::Failed),
@@ -375,14 +370,14 @@ pub(crate) fn zone_census(
 }
 
 /// The deployment owning a set, for watches.
-pub fn deployment_for_set(set: &MachineSet) -> Option<ObjectRef<MachineDeployment>> {
+pub(crate) fn deployment_for_set(set: &MachineSet) -> Option<ObjectRef<MachineDeployment>> {
     let owner = controller_of(&set.metadata)?;
     (owner.kind == MachineDeployment::KIND)
         .then(|| ObjectRef::new(&owner.name).within(&set.namespace().unwrap_or_default()))
 }
 
 /// The deployment owning a machine's set, for watches.
-pub fn deployment_for_machine(
+pub(crate) fn deployment_for_machine(
     machine: &Machine,
     sets: &Store<MachineSet>,
 ) -> Option<ObjectRef<MachineDeployment>> {
@@ -399,7 +394,7 @@ pub fn deployment_for_machine(
 /// `candidate-for-update`, `selected-for-update` or `update-result`), for watches: the node
 /// agent's result and the machine controller's condition move the rollout on. Other Nodes
 /// concern no deployment.
-pub fn deployments_for_node(
+pub(crate) fn deployments_for_node(
     node: &Node,
     machines: &Store<Machine>,
     sets: &Store<MachineSet>,

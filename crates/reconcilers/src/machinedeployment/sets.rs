@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use super::hash::template_hash;
 
 /// Deployment annotations that are never copied to its MachineSets (upstream's list).
-pub const NOT_COPIED_TO_SETS: &[&str] = &[
+pub(crate) const NOT_COPIED_TO_SETS: &[&str] = &[
     "kubectl.kubernetes.io/last-applied-configuration",
     annotations::REVISION,
     annotations::REVISION_HISTORY,
@@ -33,7 +33,7 @@ pub const NOT_COPIED_TO_SETS: &[&str] = &[
 
 /// The deployment's annotations that its new MachineSet carries too (e.g.
 /// `node.machine.sapcloud.io/effective-creation-timeout`), as upstream copies them.
-pub fn copied_annotations(d: &MachineDeployment) -> BTreeMap<String, String> {
+pub(crate) fn copied_annotations(d: &MachineDeployment) -> BTreeMap<String, String> {
     d.annotations()
         .iter()
         .filter(|(k, _)| !NOT_COPIED_TO_SETS.contains(&k.as_str()))
@@ -48,7 +48,10 @@ pub fn copied_annotations(d: &MachineDeployment) -> BTreeMap<String, String> {
 /// has more replicas than the deployment: the set deletes the machines the scaler marked up
 /// to that time, and before its replicas come down it would replace them. It then comes with
 /// the replicas, in [`Actor::scale_set`](super::act::Actor::scale_set)'s patch.
-pub fn annotations_to_copy(d: &MachineDeployment, set: &MachineSet) -> BTreeMap<String, String> {
+pub(crate) fn annotations_to_copy(
+    d: &MachineDeployment,
+    set: &MachineSet,
+) -> BTreeMap<String, String> {
     let have = set.annotations();
     let scale_down_pending = set.spec.replicas() > d.spec.replicas();
     copied_annotations(d)
@@ -64,7 +67,7 @@ pub fn annotations_to_copy(d: &MachineDeployment, set: &MachineSet) -> BTreeMap<
 /// only `effective-creation-timeout` (its new machines would otherwise keep getting a value
 /// the deployment dropped, e.g. the adapted timeout once it is back at the declared one;
 /// upstream removes none).
-pub fn annotations_to_remove(d: &MachineDeployment, set: &MachineSet) -> Vec<&'static str> {
+pub(crate) fn annotations_to_remove(d: &MachineDeployment, set: &MachineSet) -> Vec<&'static str> {
     let key = annotations::EFFECTIVE_CREATION_TIMEOUT;
     (set.annotations().contains_key(key) && !d.annotations().contains_key(key))
         .then_some(key)
@@ -75,7 +78,7 @@ pub fn annotations_to_remove(d: &MachineDeployment, set: &MachineSet) -> Vec<&'s
 /// The annotations a set gets with its replicas: [`replica_annotations`], and on the new
 /// set the scaler's `last-deployment-replica-change-by-scaler-time` (see
 /// [`annotations_to_copy`]).
-pub fn scale_annotations(
+pub(crate) fn scale_annotations(
     d: &MachineDeployment,
     max_surge: i32,
     new_set: bool,
@@ -113,7 +116,7 @@ fn in_place_parts(template: Option<&MachineTemplateSpec>) -> Value {
 /// configuration and class kind in line with the deployment's, `None` when they are the
 /// same to a Go client (compared in canonical form, so a Go writer's representation of
 /// the same values changes nothing).
-pub fn in_place_template_patch(d: &MachineDeployment, set: &MachineSet) -> Option<Value> {
+pub(crate) fn in_place_template_patch(d: &MachineDeployment, set: &MachineSet) -> Option<Value> {
     let want = in_place_parts(Some(&d.spec.template));
     let have = in_place_parts(set.spec.template.as_ref());
     if canonical(&want, &[]) == canonical(&have, &[]) {
@@ -125,7 +128,7 @@ pub fn in_place_template_patch(d: &MachineDeployment, set: &MachineSet) -> Optio
 /// The deployment's `spec.autoPreserveFailedMachineMax` for its new set when the set has
 /// another value (unset counts as 0, as upstream's `omitempty` int), `None` when they agree;
 /// 0 is written as `null` (the field removed).
-pub fn auto_preserve_max_update(d: &MachineDeployment, set: &MachineSet) -> Option<Value> {
+pub(crate) fn auto_preserve_max_update(d: &MachineDeployment, set: &MachineSet) -> Option<Value> {
     let want = d.spec.auto_preserve_failed_machine_max.unwrap_or(0);
     let have = set.spec.auto_preserve_failed_machine_max.unwrap_or(0);
     (want != have).then(|| if want == 0 { Value::Null } else { json!(want) })
@@ -133,7 +136,10 @@ pub fn auto_preserve_max_update(d: &MachineDeployment, set: &MachineSet) -> Opti
 
 /// The annotations a set of the deployment carries about the deployment's size: desired
 /// replicas and the most machines allowed (`replicas + max_surge`).
-pub fn replica_annotations(d: &MachineDeployment, max_surge: i32) -> BTreeMap<String, String> {
+pub(crate) fn replica_annotations(
+    d: &MachineDeployment,
+    max_surge: i32,
+) -> BTreeMap<String, String> {
     BTreeMap::from([
         (
             annotations::DESIRED_REPLICAS.to_owned(),
@@ -148,7 +154,7 @@ pub fn replica_annotations(d: &MachineDeployment, max_surge: i32) -> BTreeMap<St
 
 /// The new MachineSet of a deployment: template with the hash label (in labels, template
 /// labels and selector), revision and replica annotations, the deployment as controller.
-pub fn new_machine_set(
+pub(crate) fn new_machine_set(
     d: &MachineDeployment,
     replicas: i32,
     revision: i64,

@@ -12,29 +12,29 @@ use mcm_api::{
 use super::model::{SetState, Snapshot};
 
 /// Condition reasons (the strings of the Go controller).
-pub mod reasons {
+pub(crate) mod reasons {
     /// The new MachineSet is fully available.
-    pub const NEW_MACHINE_SET_AVAILABLE: &str = "NewMachineSetAvailable";
+    pub(crate) const NEW_MACHINE_SET_AVAILABLE: &str = "NewMachineSetAvailable";
     /// A MachineSet was scaled or created: the rollout progresses.
-    pub const MACHINE_SET_UPDATED: &str = "MachineSetUpdated";
+    pub(crate) const MACHINE_SET_UPDATED: &str = "MachineSetUpdated";
     /// The rollout made no progress within `progressDeadlineSeconds`.
-    pub const PROGRESS_DEADLINE_EXCEEDED: &str = "ProgressDeadlineExceeded";
+    pub(crate) const PROGRESS_DEADLINE_EXCEEDED: &str = "ProgressDeadlineExceeded";
     /// The deployment is paused.
-    pub const PAUSED: &str = "DeploymentPaused";
+    pub(crate) const PAUSED: &str = "DeploymentPaused";
     /// The deployment was resumed.
-    pub const RESUMED: &str = "DeploymentResumed";
+    pub(crate) const RESUMED: &str = "DeploymentResumed";
     /// At least `replicas - maxUnavailable` machines are available.
-    pub const MINIMUM_REPLICAS_AVAILABLE: &str = "MinimumReplicasAvailable";
+    pub(crate) const MINIMUM_REPLICAS_AVAILABLE: &str = "MinimumReplicasAvailable";
     /// Fewer than `replicas - maxUnavailable` machines are available.
-    pub const MINIMUM_REPLICAS_UNAVAILABLE: &str = "MinimumReplicasUnavailable";
+    pub(crate) const MINIMUM_REPLICAS_UNAVAILABLE: &str = "MinimumReplicasUnavailable";
     /// `spec.strategy` cannot be resolved: nothing is rolled out or scaled until it is fixed
     /// (`Progressing=False`; the condition is replaced once the strategy is valid again).
-    pub const INVALID_STRATEGY: &str = "InvalidStrategy";
+    pub(crate) const INVALID_STRATEGY: &str = "InvalidStrategy";
 }
 
 /// Inputs besides the snapshot.
 #[derive(Debug, Clone, PartialEq)]
-pub struct StatusInput<'a> {
+pub(crate) struct StatusInput<'a> {
     /// `metadata.generation` of the deployment.
     pub generation: Option<i64>,
     /// `spec.progressDeadlineSeconds`.
@@ -53,7 +53,7 @@ pub struct StatusInput<'a> {
 }
 
 /// Finds a condition by type.
-pub fn condition<'a>(
+pub(crate) fn condition<'a>(
     conditions: Option<&'a Vec<MachineDeploymentCondition>>,
     type_: &MachineDeploymentConditionType,
 ) -> Option<&'a MachineDeploymentCondition> {
@@ -61,7 +61,7 @@ pub fn condition<'a>(
 }
 
 /// Sets a condition, keeping the transition time when the status does not change.
-pub fn set_condition(
+pub(crate) fn set_condition(
     conditions: &mut Vec<MachineDeploymentCondition>,
     mut new: MachineDeploymentCondition,
 ) {
@@ -101,13 +101,13 @@ fn make(
 }
 
 /// Reasons of the `RemediationAllowed` condition.
-pub mod remediation_reasons {
+pub(crate) mod remediation_reasons {
     /// Fewer machines are unhealthy than the short-circuit allows.
-    pub const ALLOWED: &str = "RemediationAllowed";
+    pub(crate) const ALLOWED: &str = "RemediationAllowed";
     /// More machines are unhealthy than the short-circuit allows: none is replaced.
-    pub const TOO_MANY_UNHEALTHY: &str = "TooManyUnhealthy";
+    pub(crate) const TOO_MANY_UNHEALTHY: &str = "TooManyUnhealthy";
     /// A remediation annotation does not resolve: remediation is held.
-    pub const INVALID_POLICY: &str = "InvalidRemediationPolicy";
+    pub(crate) const INVALID_POLICY: &str = "InvalidRemediationPolicy";
 }
 
 /// The `RemediationAllowed` condition (mcm-rs) of a deployment from its remediation
@@ -115,7 +115,7 @@ pub mod remediation_reasons {
 /// ([`crate::machine::remediation::Member`]: unhealthy is Unknown, Failed or a Node that is
 /// not Ready; machines being deleted are not counted). `None` when the deployment has no
 /// remediation annotation. Pure.
-pub fn remediation_condition(
+pub(crate) fn remediation_condition(
     name: &str,
     annotations: Option<&std::collections::BTreeMap<String, String>>,
     machines: &[crate::machine::remediation::Member],
@@ -156,11 +156,11 @@ pub fn remediation_condition(
 }
 
 /// Reasons of the `ZonePartition` condition.
-pub mod partition_reasons {
+pub(crate) mod partition_reasons {
     /// A zone of the deployment's machines is partitioned.
-    pub const PARTITIONED: &str = "ZonePartitioned";
+    pub(crate) const PARTITIONED: &str = "ZonePartitioned";
     /// No zone of its machines is partitioned (any more).
-    pub const NONE: &str = "NoZonePartition";
+    pub(crate) const NONE: &str = "NoZonePartition";
 }
 
 /// The `ZonePartition` condition (mcm-rs) of a deployment whose machines are in `zones`,
@@ -168,7 +168,7 @@ pub mod partition_reasons {
 /// ([`crate::machine::partition`]): `True` naming the partitioned zones, `False` once a
 /// deployment that had one has none, absent before. The manager does not ask the driver: the
 /// machine controller holds only the machines whose VMs it finds running. Pure.
-pub fn partition_condition(
+pub(crate) fn partition_condition(
     zones: &std::collections::BTreeSet<String>,
     members: &[crate::machine::partition::ZoneMember],
     rule: &crate::machine::partition::PartitionRule,
@@ -207,7 +207,7 @@ pub fn partition_condition(
 
 /// Puts the `ZonePartition` condition into `status` (or leaves it out), and tells whether a
 /// partition was lifted (`True` before, `False` now) for an Event.
-pub fn apply_partition_condition(
+pub(crate) fn apply_partition_condition(
     status: &mut MachineDeploymentStatus,
     condition: Option<MachineDeploymentCondition>,
     previous: Option<&MachineDeploymentStatus>,
@@ -225,7 +225,7 @@ pub fn apply_partition_condition(
 /// Puts the `RemediationAllowed` condition into `status` (or takes it out), and tells
 /// whether its status changed from what `previous` had: `Some(true)` it became False
 /// (remediation stopped), `Some(false)` it became True again.
-pub fn apply_remediation_condition(
+pub(crate) fn apply_remediation_condition(
     status: &mut MachineDeploymentStatus,
     condition: Option<MachineDeploymentCondition>,
     previous: Option<&MachineDeploymentStatus>,
@@ -256,7 +256,7 @@ fn condition_of<'a>(
 
 /// The machine counters of a deployment's status.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Counters {
+pub(crate) struct Counters {
     /// Non-terminating machines of all sets.
     pub replicas: i32,
     /// Non-terminating machines of the new set.
@@ -271,7 +271,7 @@ pub struct Counters {
 
 impl Counters {
     /// Counts the machines of the new set and the old sets.
-    pub fn of(new_set: Option<&SetState>, old_sets: &[SetState]) -> Self {
+    pub(crate) fn of(new_set: Option<&SetState>, old_sets: &[SetState]) -> Self {
         let all: Vec<&SetState> = new_set.into_iter().chain(old_sets.iter()).collect();
         Counters {
             replicas: all.iter().map(|x| x.machines).sum(),
@@ -284,7 +284,7 @@ impl Counters {
 }
 
 /// Whether a condition is the `Progressing=False, InvalidStrategy` condition.
-pub fn is_invalid_strategy(c: &MachineDeploymentCondition) -> bool {
+pub(crate) fn is_invalid_strategy(c: &MachineDeploymentCondition) -> bool {
     c.type_ == MachineDeploymentConditionType::Progressing
         && c.status == ConditionStatus::False
         && c.reason.as_deref() == Some(reasons::INVALID_STRATEGY)
@@ -294,7 +294,7 @@ pub fn is_invalid_strategy(c: &MachineDeploymentCondition) -> bool {
 /// `observedGeneration` current, `Progressing=False` with reason
 /// [`reasons::INVALID_STRATEGY`] and `message`; the other conditions are kept as they are
 /// (availability cannot be judged without `maxUnavailable`).
-pub fn invalid_strategy_status(
+pub(crate) fn invalid_strategy_status(
     replicas: i32,
     counters: Counters,
     input: &StatusInput<'_>,
@@ -349,7 +349,7 @@ fn status_with(
 /// The fewest available machines for `Available=True` (upstream's `minRequired`):
 /// `replicas - maxUnavailable`, less the preserved Failed machines (kept on purpose, they
 /// must not make the deployment unavailable), never below 0.
-pub fn min_available(replicas: i32, max_unavailable: i32, preserved_failed: i32) -> i32 {
+pub(crate) fn min_available(replicas: i32, max_unavailable: i32, preserved_failed: i32) -> i32 {
     (replicas - max_unavailable - preserved_failed).max(0)
 }
 
@@ -359,7 +359,7 @@ pub fn min_available(replicas: i32, max_unavailable: i32, preserved_failed: i32)
 /// A `Progressing=False, InvalidStrategy` condition left from an earlier invalid strategy is
 /// dropped (the strategy resolved, or this would not be called); with a progress deadline the
 /// usual `Progressing` condition takes its place.
-pub fn compute_status(
+pub(crate) fn compute_status(
     s: &Snapshot,
     input: &StatusInput<'_>,
 ) -> (MachineDeploymentStatus, Option<Duration>) {
@@ -422,7 +422,7 @@ pub fn compute_status(
 ///   last update is older than the deadline.
 ///
 /// Returns when to look again while a deadline runs. Pure.
-pub fn progressing_condition(
+pub(crate) fn progressing_condition(
     conditions: &mut Vec<MachineDeploymentCondition>,
     s: &Snapshot,
     counters: Counters,
@@ -552,23 +552,8 @@ pub fn progressing_condition(
     None
 }
 
-/// `status` without what changes as machines come and go: the replica counters, and the
-/// times and messages of conditions. Two statuses that differ only there differ only in
-/// counters ([`crate::pacer`]). Pure.
-pub fn without_counters(status: &MachineDeploymentStatus) -> MachineDeploymentStatus {
-    let mut s = status.clone();
-    s.replicas = None;
-    s.updated_replicas = None;
-    s.ready_replicas = None;
-    s.available_replicas = None;
-    s.unavailable_replicas = None;
-    for c in s.conditions.iter_mut().flatten() {
-        c.last_update_time = None;
-        c.last_transition_time = None;
-        c.message = None;
-    }
-    s
-}
+#[cfg(test)]
+use super::act::without_counters;
 
 #[cfg(test)]
 mod tests {

@@ -8,7 +8,7 @@ use jiff::Timestamp;
 
 /// One entry of the trigger-deletion annotation.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TriggerEntry {
+pub(crate) struct TriggerEntry {
     /// Machine name.
     pub machine: String,
     /// When the scaler decided to delete it (`name~time`), `None` for a bare name.
@@ -18,7 +18,7 @@ pub struct TriggerEntry {
 /// Parses `node.machine.sapcloud.io/trigger-deletion-by-mcm`: comma-separated machine names,
 /// each optionally followed by `~<RFC 3339 time>` (the cluster-autoscaler's current format,
 /// written together with the reduced replicas). Blank entries are dropped.
-pub fn parse_trigger_deletion(value: &str) -> Vec<TriggerEntry> {
+pub(crate) fn parse_trigger_deletion(value: &str) -> Vec<TriggerEntry> {
     value
         .split(',')
         .map(str::trim)
@@ -37,7 +37,7 @@ pub fn parse_trigger_deletion(value: &str) -> Vec<TriggerEntry> {
 }
 
 /// `t` as Go's `time.RFC3339` formats a UTC time: whole seconds and `Z`.
-pub fn rfc3339_seconds(t: Timestamp) -> String {
+pub(crate) fn rfc3339_seconds(t: Timestamp) -> String {
     t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
 }
 
@@ -45,7 +45,7 @@ pub fn rfc3339_seconds(t: Timestamp) -> String {
 /// change time the new set already has (`set_time`), in whole seconds. The set deletes the
 /// machines marked at or before its change time; a machine marked now must not look like one
 /// to a set whose replicas have not come down yet (it would replace the machine first).
-pub fn replica_change_time(now: Timestamp, set_time: Option<Timestamp>) -> String {
+pub(crate) fn replica_change_time(now: Timestamp, set_time: Option<Timestamp>) -> String {
     let after = set_time.and_then(|t| t.checked_add(jiff::SignedDuration::from_secs(1)).ok());
     let at = after.filter(|a| *a > now).unwrap_or(now);
     rfc3339_seconds(at)
@@ -53,7 +53,7 @@ pub fn replica_change_time(now: Timestamp, set_time: Option<Timestamp>) -> Strin
 
 /// What the trigger-deletion annotation asks for.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct TriggerPlan {
+pub(crate) struct TriggerPlan {
     /// Machines to mark with priority 1, each with its marked-for-deletion time (`None`: it
     /// already has one, which is kept).
     pub mark: Vec<(String, Option<String>)>,
@@ -68,7 +68,7 @@ pub struct TriggerPlan {
 
 /// The deployment as the trigger-deletion plan sees it.
 #[derive(Debug, Clone, Copy)]
-pub struct TriggerInput<'a> {
+pub(crate) struct TriggerInput<'a> {
     /// The value of `node.machine.sapcloud.io/trigger-deletion-by-mcm`.
     pub value: &'a str,
     /// The value of `machine.sapcloud.io/last-deployment-replica-change-by-scaler-time`.
@@ -91,7 +91,7 @@ pub struct TriggerInput<'a> {
 /// the machines of the remaining entries get priority 1 and, unless they have one, the
 /// entry's time as marked-for-deletion time. A machine that already has both is left alone.
 /// The MachineSet then deletes those machines ([`crate::machineset::decide::plan_replicas`]).
-pub fn plan_trigger_deletion(
+pub(crate) fn plan_trigger_deletion(
     input: &TriggerInput<'_>,
     machines: &BTreeMap<String, TriggerMachine>,
 ) -> TriggerPlan {
@@ -136,7 +136,7 @@ pub fn plan_trigger_deletion(
 
 /// A machine of the deployment named in the trigger-deletion annotation, as the plan sees it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TriggerMachine {
+pub(crate) struct TriggerMachine {
     /// Terminating, being deleted or Failed: its entry is dropped.
     pub gone_or_failed: bool,
     /// Carries `machinepriority.machine.sapcloud.io: "1"`.

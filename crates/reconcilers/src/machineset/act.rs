@@ -1,123 +1,75 @@
-//! The effects of the MachineSet controller: its API writes (finalizer, controller
-//! references, machine specs and auto-preservation, creations in slow-start batches,
-//! deletions, status) and its Events.
+//! The effects of the MachineSet controller, as [`super::execute`] carries a decision out:
+//! its API writes (finalizer, controller references, machine specs and auto-preservation,
+//! creations in slow-start batches, deletions, status) and its Events (announcements
+//! deduplicated by the context's records).
 
 use crate::pacer::Admission;
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{DeleteParams, PostParams, Preconditions};
-use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use mcm_api::constants::annotations;
 use mcm_api::constants::annotations::preserve_values;
-use mcm_api::{Machine, MachineSet, MachineSetStatus};
+use mcm_api::{Machine, MachineSet, MachineSetConditionType, MachineSetStatus};
 use serde_json::{Value, json};
 
-use super::context::{Context, Error, FINALIZER, SetProblem};
-use super::decide::{
-    SLOW_START_INITIAL_BATCH_SIZE, batch_note, desired_status, effective_creation_timeout,
-    machine_from_template, machine_spec_patch, overlapping_owners, slow_start_batches,
-    without_counters,
-};
-use super::model::{AutoPreservePlan, SetCounts};
-use crate::disruptionbudget::{self, Refusal};
+use super::budget::RefusalNote;
+use super::context::{Context, Error, FINALIZER};
+use super::plan::PreserveWrite;
 use crate::kube_api::{
     self, ApiCallError, ApiErrorExt, ApiResultExt, Outcome, Part, merge_patch, status_patch,
 };
 
 /// Reason of the Warning Event when a MachineDisruptionBudget holds back a deletion.
-pub const DISRUPTION_BLOCKED: &str =
+pub(crate) const DISRUPTION_BLOCKED: &str =
     mcm_api::disruption_budget::condition_reasons::DISRUPTION_BLOCKED;
 /// Reason of the Warning Event about a selector that matches others' machines.
-pub const SELECTOR_OVERLAP: &str = "SelectorOverlap";
+pub(crate) const SELECTOR_OVERLAP: &str = "SelectorOverlap";
 
 /// The object reference of a set for events.
-pub fn set_reference(set: &MachineSet) -> ObjectReference {
+pub(crate) fn set_reference(set: &MachineSet) -> ObjectReference {
     set.object_ref(&())
 }
 
-/// Publishes one Warning Event when the set's selector matches machines that other
-/// controllers own (and again when the list of owners changes).
-pub(crate) async fn warn_overlap(ctx: &Context, set: &MachineSet, all: &[Arc<Machine>]) {
+/// Publishes the selector-overlap Warning `note` on the set when it differs from the one
+/// announced last for the set (an empty note: the overlap is gone, a later one is new).
+pub(crate) async fn announce_overlap(ctx: &Context, set: &MachineSet, note: &str) {
     let uid = set.metadata.uid.clone().unwrap_or_default();
-    let owners = overlapping_owners(
-        &uid,
-        set.spec.selector.as_ref(),
-        all.iter().map(AsRef::as_ref),
-    );
-    let note = if owners.is_empty() {
-        String::new()
-    } else {
-        format!(
-            "spec.selector also matches machines controlled by {}; this MachineSet leaves them alone and never owns them (make the selectors disjoint)",
-            owners.into_iter().collect::<Vec<_>>().join(", ")
-        )
-    };
-    let changed = ctx.overlaps.is_new(&uid, &note);
-    if changed && !note.is_empty() {
+    if ctx.overlaps.is_new(&uid, note) {
         ctx.events
-            .warning(&set_reference(set), SELECTOR_OVERLAP, "Claim", note)
+            .warning(
+                &set_reference(set),
+                SELECTOR_OVERLAP,
+                "Claim",
+                note.to_owned(),
+            )
             .await;
     }
 }
 
 /// Publishes the Warning Events of budget refusals (on the set and on each budget) when
-/// they differ from those announced last for the set.
-pub(crate) async fn announce_refusals(ctx: &Context, set: &MachineSet, refused: &[Refusal]) {
-    let blocked: Vec<&disruptionbudget::Blocked> = refused
-        .iter()
-        .filter_map(|r| match r {
-            Refusal::Blocked(b) => Some(b),
-            Refusal::NotSynced => None,
-        })
-        .collect();
-    let note = blocked
-        .iter()
-        .map(|b| format!("{}/{}", b.budget, b.machine))
-        .collect::<Vec<_>>()
-        .join(",");
+/// their note differs from the one announced last for the set.
+pub(crate) async fn announce_refusals(ctx: &Context, set: &MachineSet, refusals: &RefusalNote) {
     let uid = set.metadata.uid.clone().unwrap_or_default();
-    let changed = ctx.announced_blocks.is_new(&uid, &note);
-    if !changed {
+    if !ctx.announced_blocks.is_new(&uid, &refusals.note) {
         return;
     }
-    let ns = set.namespace().unwrap_or_default();
-    for b in blocked {
-        let text = format!(
-            "Not deleting machine {} ({}) of MachineSet {}: MachineDisruptionBudget {} allows no disruption now ({})",
-            b.machine,
-            b.reason,
-            set.name_any(),
-            b.budget,
-            b.message
-        );
+    for (reference, text) in &refusals.events {
         ctx.events
-            .warning(
-                &set_reference(set),
-                DISRUPTION_BLOCKED,
-                "Delete",
-                text.clone(),
-            )
+            .warning(reference, DISRUPTION_BLOCKED, "Delete", text.clone())
             .await;
-        if let Some(budget) = ctx
-            .budget_gate
-            .budgets
-            .get(&ObjectRef::new(&b.budget).within(&ns))
-        {
-            ctx.events
-                .warning(
-                    &disruptionbudget::act::budget_reference(&budget),
-                    DISRUPTION_BLOCKED,
-                    "Delete",
-                    text,
-                )
-                .await;
-        }
+    }
+}
+
+/// Forgets what was announced for `set` (it goes: nothing more is announced).
+pub(crate) fn forget_announcements(ctx: &Context, set: &MachineSet) {
+    if let Some(uid) = set.metadata.uid.as_deref() {
+        ctx.overlaps.forget(uid);
+        ctx.announced_blocks.forget(uid);
     }
 }
 
@@ -161,101 +113,89 @@ pub(crate) async fn set_controller(
     Ok(!outcome.is_gone())
 }
 
+/// Applies the spec patches `syncs` (machine name, merge patch) to the set's machines (a
+/// machine gone meanwhile needs no sync).
 pub(crate) async fn sync_machine_specs(
     api: &Api<Machine>,
-    set: &MachineSet,
-    machines: &[Arc<Machine>],
+    syncs: &[(String, Value)],
 ) -> Result<(), Error> {
-    for m in machines
-        .iter()
-        .filter(|m| m.metadata.deletion_timestamp.is_none())
-    {
-        if let Some(patch) = machine_spec_patch(set, m) {
-            // A machine gone meanwhile needs no sync.
-            let name = m.name_any();
-            let _ = merge_patch(api, Part::Object, &name, &patch)
-                .await
-                .context("sync spec of", "Machine", &name)?;
-        }
+    for (name, patch) in syncs {
+        let _ = merge_patch(api, Part::Object, name, patch).await.context(
+            "sync spec of",
+            "Machine",
+            name,
+        )?;
     }
     Ok(())
 }
 
-/// Carries out an [`AutoPreservePlan`]: sets or removes `node.machine.sapcloud.io/preserve:
-/// auto-preserved` on the machines it names (each patch guarded by the resourceVersion the
-/// plan was made from, so that a user's annotation set meanwhile is never overwritten: the
-/// conflict retries the reconcile), and puts the patched machines into `machines`, so that
-/// the rest of the reconcile sees the annotations. A machine gone meanwhile is skipped.
+/// Carries out the auto-preservation `writes`: sets or removes
+/// `node.machine.sapcloud.io/preserve: auto-preserved` (each patch guarded by the
+/// resourceVersion the plan was made from, so that a user's annotation set meanwhile is
+/// never overwritten: the conflict retries the reconcile). `Ok(false)`: a machine was gone
+/// (the writes after it are not made).
 pub(crate) async fn manage_auto_preservation(
     api: &Api<Machine>,
-    plan: &AutoPreservePlan,
-    machines: &mut [Arc<Machine>],
-) -> Result<(), Error> {
-    let changes = plan
-        .annotate
-        .iter()
-        .map(|n| (n, Value::from(preserve_values::AUTO_PRESERVED)))
-        .chain(plan.release.iter().map(|n| (n, Value::Null)));
-    for (name, value) in changes {
-        let Some(slot) = machines.iter_mut().find(|m| m.name_any() == *name) else {
-            continue;
+    writes: &[PreserveWrite],
+) -> Result<bool, Error> {
+    for w in writes {
+        let value = if w.auto_preserved {
+            Value::from(preserve_values::AUTO_PRESERVED)
+        } else {
+            Value::Null
         };
         let patch = json!({"metadata": {
-            "resourceVersion": slot.resource_version(),
+            "resourceVersion": w.resource_version,
             "annotations": {annotations::PRESERVE: value},
         }});
-        let patched = kube_api::patch_existing(api, Part::Object, name, &patch).await;
-        match patched {
-            Ok(m) => {
-                tracing::info!(
-                    machine = %name,
-                    auto_preserved = !value.is_null(),
-                    "updated the auto-preservation of a machine"
-                );
-                *slot = Arc::new(m);
-            }
-            Err(e) if e.is_not_found() => {}
+        match kube_api::patch_existing(api, Part::Object, &w.machine, &patch).await {
+            Ok(_) => tracing::info!(
+                machine = %w.machine,
+                auto_preserved = w.auto_preserved,
+                "updated the auto-preservation of a machine"
+            ),
+            Err(e) if e.is_not_found() => return Ok(false),
             Err(e) => {
-                return Err(
-                    ApiCallError::new("update auto-preservation of", "Machine", name, e).into(),
-                );
+                return Err(ApiCallError::new(
+                    "update auto-preservation of",
+                    "Machine",
+                    &w.machine,
+                    e,
+                )
+                .into());
             }
         }
     }
-    Ok(())
+    Ok(true)
 }
 
+/// Creates machines like `template` in `batches` (a failed batch skips the rest: slow
+/// start), after the Warning `invalid_timeout` if any; puts the names created into
+/// `created`.
 pub(crate) async fn create_machines(
     ctx: &Context,
     api: &Api<Machine>,
     set: &MachineSet,
-    count: usize,
+    batches: &[usize],
+    template: &Machine,
+    invalid_timeout: Option<&str>,
     created: &mut Vec<String>,
 ) -> Result<(), Error> {
     let name = set.name_any();
-    if set.template_labels().is_none_or(BTreeMap::is_empty) {
-        return Err(Error::Problem(SetProblem::TemplateWithoutLabels(name)));
-    }
     let reference = set_reference(set);
-    let template = machine_from_template(set);
-    if let Some(Err(e)) = effective_creation_timeout(set) {
-        let note = format!(
-            "annotation {} is not a duration ({e}); new machines keep the creation timeout of \
-             their template",
-            annotations::EFFECTIVE_CREATION_TIMEOUT
-        );
+    if let Some(note) = invalid_timeout {
         ctx.events
             .warning(
                 &reference,
                 "InvalidEffectiveCreationTimeout",
                 "Create",
-                note,
+                note.to_owned(),
             )
             .await;
     }
-    for batch in slow_start_batches(count, SLOW_START_INITIAL_BATCH_SIZE) {
+    for &batch in batches {
         let results = join_all(
-            (0..batch).map(|_| async { api.create(&PostParams::default(), &template).await }),
+            (0..batch).map(|_| async { api.create(&PostParams::default(), template).await }),
         )
         .await;
         let mut first_error = None;
@@ -290,20 +230,17 @@ pub(crate) async fn create_machines(
     Ok(())
 }
 
+/// Deletes the machines `names` (each guarded by its uid in `uids`), puts the names deleted
+/// into `deleted`; one Event for the batch, one per failure.
 pub(crate) async fn delete_machines(
     ctx: &Context,
     api: &Api<Machine>,
     set: &MachineSet,
     names: &[String],
+    uids: &BTreeMap<String, Option<String>>,
     deleted: &mut Vec<String>,
 ) -> Result<(), Error> {
     let reference = set_reference(set);
-    let uids: HashMap<String, Option<String>> = ctx
-        .machines
-        .state()
-        .iter()
-        .map(|m| (m.name_any(), m.metadata.uid.clone()))
-        .collect();
     let results = join_all(names.iter().map(|n| {
         let dp = DeleteParams {
             preconditions: uids.get(n).cloned().flatten().map(|uid| Preconditions {
@@ -343,25 +280,38 @@ pub(crate) async fn delete_machines(
     first_error.map_or(Ok(()), Err)
 }
 
-/// Writes the set's status when it changed; a change of counters only waits for the pacer
-/// (`Some`: how long; the reconcile comes back then).
+/// Writes `status` when it differs from the set's; a change of counters only waits for the
+/// pacer (`Some`: how long; the reconcile comes back then).
 pub(crate) async fn update_status(
     ctx: &Context,
     api: &Api<MachineSet>,
     set: &MachineSet,
-    counts: &SetCounts,
-    failure: Option<&Error>,
+    status: &MachineSetStatus,
 ) -> Result<Option<Duration>, Error> {
-    let status = desired_status(set, counts, failure);
     let uid = set.metadata.uid.as_deref().unwrap_or_default();
     match ctx
         .status_pacer
-        .admit(uid, set.status.as_ref(), &status, without_counters)
+        .admit(uid, set.status.as_ref(), status, without_counters)
     {
         Admission::Unchanged => Ok(None),
         Admission::Wait(wait) => Ok(Some(wait)),
-        Admission::Write => write_status(api, set, &status).await.map(|()| None),
+        Admission::Write => write_status(api, set, status).await.map(|()| None),
     }
+}
+
+/// `status` with the message of its `ReplicaFailure` condition set to `message` (the
+/// error of this reconcile, which the plan could not know).
+pub(crate) fn with_failure_message(status: &MachineSetStatus, message: String) -> MachineSetStatus {
+    let mut status = status.clone();
+    if let Some(c) = status
+        .conditions
+        .iter_mut()
+        .flatten()
+        .find(|c| c.type_ == MachineSetConditionType::ReplicaFailure)
+    {
+        c.message = Some(message);
+    }
+    status
 }
 
 async fn write_status(
@@ -384,4 +334,44 @@ async fn write_status(
         .await
         .context("update status of", "MachineSet", &name)?;
     Ok(())
+}
+
+/// The most names one batch Event lists (an Event's note holds 1 KiB).
+const NAMES_PER_EVENT: usize = 10;
+
+/// The note of one Event for a batch of machines created or deleted together: MCM's text
+/// (`Created Machine: a`) for one, the count and the first names for more (`Created 12
+/// Machines: a, b, ... and 2 more`). One Event per batch instead of one per machine: at 20
+/// QPS, an Event per machine is a twentieth of a second of the budget each.
+pub(crate) fn batch_note(verb: &str, noun: &str, names: &[String]) -> Option<String> {
+    match names {
+        [] => None,
+        [one] => Some(format!("{verb} {noun}: {one}")),
+        _ => {
+            let listed = names[..names.len().min(NAMES_PER_EVENT)].join(", ");
+            let more = names.len().saturating_sub(NAMES_PER_EVENT);
+            let tail = if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            };
+            Some(format!("{verb} {} {noun}s: {listed}{tail}", names.len()))
+        }
+    }
+}
+
+/// `status` without what changes as machines come and go: the replica counters, and the
+/// times and messages of conditions. Two statuses that differ only there differ only in
+/// counters ([`crate::pacer`]). Pure.
+pub(crate) fn without_counters(status: &MachineSetStatus) -> MachineSetStatus {
+    let mut s = status.clone();
+    s.replicas = None;
+    s.fully_labeled_replicas = None;
+    s.ready_replicas = None;
+    s.available_replicas = None;
+    for c in s.conditions.iter_mut().flatten() {
+        c.last_transition_time = None;
+        c.message = None;
+    }
+    s
 }

@@ -16,7 +16,7 @@ pub(crate) const FINALIZER: &str = finalizers::MACHINE_CONTROLLER_MANAGER;
 
 /// Problems of a MachineSet that are no API failures.
 #[derive(Debug, thiserror::Error)]
-pub enum SetProblem {
+pub(crate) enum SetProblem {
     /// The template of the set has no labels: machines created from it could never be
     /// selected.
     #[error("MachineSet {0} has a template without labels")]
@@ -24,10 +24,10 @@ pub enum SetProblem {
 }
 
 /// Errors of the MachineSet reconciler. Each keeps the underlying error.
-pub type Error = ReconcileFailure<SetProblem>;
+pub(crate) type Error = ReconcileFailure<SetProblem>;
 
 /// Shared state of the MachineSet reconciler.
-pub struct Context {
+pub(crate) struct Context {
     /// Client of the control cluster.
     pub client: Client,
     /// Store of the Machines.
@@ -51,4 +51,6 @@ pub struct Context {
     /// The budget refusals announced per set (uid) by this process, so that the Warning is
     /// published when they change, not on every reconcile.
     pub announced_blocks: crate::announce::Announced,
+    /// Where the controller takes time from.
+    pub clock: crate::clock::SharedClock,
 }

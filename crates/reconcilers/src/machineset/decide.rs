@@ -5,7 +5,8 @@
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, Time};
@@ -19,19 +20,22 @@ use mcm_api::{
 };
 use serde_json::{Value, json};
 
-use super::context::Error;
-pub use super::model::{AutoPreservePlan, Claim, MachineView, ReplicaPlan, SetCounts, SetInput};
-use crate::kube_api::ApiCallError;
+use super::model::PendingChanges;
+pub(crate) use super::model::{
+    AutoPreservePlan, Claim, MachineView, ReplicaPlan, SetCounts, SetInput,
+};
 use crate::selector::selector_matches;
 
 /// Most machines created or deleted by one reconcile of a set (MCM's `BurstReplicas`).
-pub const BURST_REPLICAS: usize = 100;
+pub(crate) const BURST_REPLICAS: usize = 100;
+/// How long creations/deletions are awaited in the machine store before acting again.
+pub(crate) const EXPECTATIONS_TIMEOUT: Duration = Duration::from_secs(60);
 /// Size of the first creation batch; each following batch doubles (MCM's slow start).
-pub const SLOW_START_INITIAL_BATCH_SIZE: usize = 1;
+pub(crate) const SLOW_START_INITIAL_BATCH_SIZE: usize = 1;
 
 /// Rank of a phase in MCM's deletion order (lower is deleted first). Machines without a
 /// phase (or with an unknown one) rank lowest, like the Go map lookup that yields 0.
-pub fn phase_rank(phase: Option<&MachinePhase>) -> u8 {
+pub(crate) fn phase_rank(phase: Option<&MachinePhase>) -> u8 {
     match phase {
         Some(MachinePhase::Terminating) => 0,
         Some(MachinePhase::Failed) => 1,
@@ -46,7 +50,7 @@ pub fn phase_rank(phase: Option<&MachinePhase>) -> u8 {
 
 /// The priority the cluster-autoscaler (and the trigger-deletion annotation) gives the
 /// machines it wants removed.
-pub const MARKED_PRIORITY: i32 = 1;
+pub(crate) const MARKED_PRIORITY: i32 = 1;
 
 /// MCM's deletion order (upstream's `ActiveMachines.Less`), lower first:
 ///
@@ -59,7 +63,7 @@ pub const MARKED_PRIORITY: i32 = 1;
 ///    first (marked before unmarked); then by phase (Terminating < Failed < CrashLoopBackOff
 ///    < Unknown < Pending < Available < Running); then the **older** machine first (MCM,
 ///    unlike Kubernetes ReplicaSets); the name breaks remaining ties.
-pub fn deletion_order(a: &MachineView, b: &MachineView) -> Ordering {
+pub(crate) fn deletion_order(a: &MachineView, b: &MachineView) -> Ordering {
     let marked = |m: &MachineView| m.priority <= MARKED_PRIORITY;
     marked(b)
         .cmp(&marked(a))
@@ -93,7 +97,7 @@ pub fn deletion_order(a: &MachineView, b: &MachineView) -> Ordering {
 /// with a marked-for-deletion time not after the set's last replica change by the scaler
 /// (upstream's `getMachinesMarkedForDeletion`). Such a machine is deleted even when the
 /// replicas do not call for it, so the set follows what the scaler decided.
-pub fn marked_by_scaler(m: &MachineView, replica_change_time: Option<Timestamp>) -> bool {
+pub(crate) fn marked_by_scaler(m: &MachineView, replica_change_time: Option<Timestamp>) -> bool {
     match (replica_change_time, m.marked_for_deletion) {
         (Some(change), Some(marked)) => m.priority == MARKED_PRIORITY && marked <= change,
         _ => false,
@@ -113,7 +117,7 @@ pub fn marked_by_scaler(m: &MachineView, replica_change_time: Option<Timestamp>)
 /// the next pass) unless the set keeps them for their preservation
 /// ([`MachineView::keep_if_failed`]): a kept Failed machine counts among the set's machines,
 /// so no replacement is created for it.
-pub fn plan_replicas(set: &SetInput, machines: &[MachineView]) -> ReplicaPlan {
+pub(crate) fn plan_replicas(set: &SetInput, machines: &[MachineView]) -> ReplicaPlan {
     if set.deleting {
         return ReplicaPlan {
             delete: machines
@@ -170,7 +174,7 @@ pub fn plan_replicas(set: &SetInput, machines: &[MachineView]) -> ReplicaPlan {
 
 /// Batch sizes of MCM's slow start for `count` creations: 1, 2, 4, ... (the last one cut to
 /// what is left).
-pub fn slow_start_batches(count: usize, initial: usize) -> Vec<usize> {
+pub(crate) fn slow_start_batches(count: usize, initial: usize) -> Vec<usize> {
     let mut batches = Vec::new();
     let mut remaining = count;
     let mut size = initial.max(1).min(remaining);
@@ -185,7 +189,7 @@ pub fn slow_start_batches(count: usize, initial: usize) -> Vec<usize> {
 /// Kubernetes' `ClaimObject` for machines: adopt orphans that match, release owned machines
 /// that no longer match (unless the set is being deleted), never touch others' machines or
 /// machines being deleted.
-pub fn claim(
+pub(crate) fn claim(
     set_uid: &str,
     set_deleting: bool,
     selector: Option<&LabelSelector>,
@@ -208,7 +212,7 @@ pub fn claim(
 /// The names of the controllers (other than the set `set_uid`) of machines that `selector`
 /// matches: the set's selector overlaps theirs. Those machines are left alone ([`claim`]);
 /// the overlap is worth a warning because the set will never own them. Pure.
-pub fn overlapping_owners<'m>(
+pub(crate) fn overlapping_owners<'m>(
     set_uid: &str,
     selector: Option<&LabelSelector>,
     machines: impl IntoIterator<Item = &'m Machine>,
@@ -227,7 +231,7 @@ fn count(n: usize) -> i32 {
 }
 
 /// Counts the claimed machines of a set.
-pub fn count_machines(
+pub(crate) fn count_machines(
     machines: &[MachineView],
     min_ready_seconds: i32,
     now: Timestamp,
@@ -273,7 +277,7 @@ pub fn count_machines(
 /// at, as upstream) are annotated, the **newest** first. Over the limit (the maximum was
 /// lowered): the annotation is removed from the **oldest** auto-preserved machines; manually
 /// preserved machines are never touched. Machines being deleted are not annotated. Pure.
-pub fn plan_auto_preservation<'m>(
+pub(crate) fn plan_auto_preservation<'m>(
     max: i32,
     machines: impl IntoIterator<Item = &'m Machine>,
 ) -> AutoPreservePlan {
@@ -320,7 +324,7 @@ pub fn plan_auto_preservation<'m>(
 }
 
 /// Whether a set carries the `freeze: True` label.
-pub fn is_frozen(set_labels: Option<&BTreeMap<String, String>>) -> bool {
+pub(crate) fn is_frozen(set_labels: Option<&BTreeMap<String, String>>) -> bool {
     set_labels
         .and_then(|l| l.get(labels::FREEZE))
         .is_some_and(|v| v == labels::TRUE_VALUE)
@@ -328,7 +332,7 @@ pub fn is_frozen(set_labels: Option<&BTreeMap<String, String>>) -> bool {
 
 /// The set's `node.machine.sapcloud.io/effective-creation-timeout` annotation, parsed
 /// (`None` without one).
-pub fn effective_creation_timeout(
+pub(crate) fn effective_creation_timeout(
     set: &MachineSet,
 ) -> Option<Result<Duration, mcm_api::duration::DurationError>> {
     let value = set
@@ -341,7 +345,7 @@ pub fn effective_creation_timeout(
 /// <set>-`, the set as controller, no finalizers (the machine controller adds its own).
 /// The set's effective-creation-timeout annotation goes onto the Machine, and when it parses
 /// it is the Machine's `spec.creationTimeout` too (upstream's rule).
-pub fn machine_from_template(set: &MachineSet) -> Machine {
+pub(crate) fn machine_from_template(set: &MachineSet) -> Machine {
     let template = set.spec.template.clone().unwrap_or_default();
     let meta = template.metadata.unwrap_or_default();
     let mut machine_annotations = meta.annotations;
@@ -377,7 +381,7 @@ pub fn machine_from_template(set: &MachineSet) -> Machine {
 /// The patch that brings a machine's node template, configuration and class kind in line
 /// with its set's template (MCM's `syncMachinesNodeTemplates`, `syncMachinesConfig`,
 /// `syncMachinesClassKind`), or `None` when nothing differs.
-pub fn machine_spec_patch(set: &MachineSet, machine: &Machine) -> Option<Value> {
+pub(crate) fn machine_spec_patch(set: &MachineSet, machine: &Machine) -> Option<Value> {
     let template = set.spec.template.as_ref()?.spec.as_ref()?;
     let mut spec = serde_json::Map::new();
     let want = serde_json::to_value(&template.node_template).unwrap_or(Value::Null);
@@ -417,67 +421,40 @@ pub fn machine_spec_patch(set: &MachineSet, machine: &Machine) -> Option<Value> 
     (!spec.is_empty()).then(|| json!({"spec": spec}))
 }
 
-/// The most names one batch Event lists (an Event's note holds 1 KiB).
-const NAMES_PER_EVENT: usize = 10;
-
-/// The note of one Event for a batch of machines created or deleted together: MCM's text
-/// (`Created Machine: a`) for one, the count and the first names for more (`Created 12
-/// Machines: a, b, ... and 2 more`). One Event per batch instead of one per machine: at 20
-/// QPS, an Event per machine is a twentieth of a second of the budget each.
-pub(crate) fn batch_note(verb: &str, noun: &str, names: &[String]) -> Option<String> {
-    match names {
-        [] => None,
-        [one] => Some(format!("{verb} {noun}: {one}")),
-        _ => {
-            let listed = names[..names.len().min(NAMES_PER_EVENT)].join(", ");
-            let more = names.len().saturating_sub(NAMES_PER_EVENT);
-            let tail = if more > 0 {
-                format!(" and {more} more")
-            } else {
-                String::new()
-            };
-            Some(format!("{verb} {} {noun}s: {listed}{tail}", names.len()))
-        }
-    }
+/// Why a reconcile failed to manage a set's replicas: the `ReplicaFailure` condition's
+/// reason and message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ReplicaFailure<'a> {
+    /// `FailedCreate` or `FailedDelete`.
+    pub reason: &'a str,
+    /// The error.
+    pub message: &'a str,
 }
 
-/// The status a set should have.
-pub fn desired_status(
+/// The status a set should have at `now`, after a reconcile that failed with `failure`
+/// (`None`: it did not). Pure.
+pub(crate) fn desired_status(
     set: &MachineSet,
     counts: &SetCounts,
-    failure: Option<&Error>,
+    failure: Option<ReplicaFailure<'_>>,
+    now: Timestamp,
 ) -> MachineSetStatus {
     let prev = set.status.clone().unwrap_or_default();
     let mut conditions = prev.conditions.clone().unwrap_or_default();
     match failure {
-        Some(e) => {
-            let message = e.to_string();
-            let now = Some(Time(Timestamp::now()));
+        Some(f) => {
             match conditions
                 .iter_mut()
                 .find(|c| c.type_ == MachineSetConditionType::ReplicaFailure)
             {
-                Some(c) if c.message.as_deref() == Some(message.as_str()) => {}
-                Some(c) => c.message = Some(message),
+                Some(c) if c.message.as_deref() == Some(f.message) => {}
+                Some(c) => c.message = Some(f.message.to_owned()),
                 None => conditions.push(MachineSetCondition {
                     type_: MachineSetConditionType::ReplicaFailure,
                     status: ConditionStatus::True,
-                    last_transition_time: now,
-                    reason: Some(
-                        if matches!(
-                            e,
-                            Error::Kube(ApiCallError {
-                                action: "delete",
-                                ..
-                            })
-                        ) {
-                            "FailedDelete"
-                        } else {
-                            "FailedCreate"
-                        }
-                        .into(),
-                    ),
-                    message: Some(message),
+                    last_transition_time: Some(Time(now)),
+                    reason: Some(f.reason.to_owned()),
+                    message: Some(f.message.to_owned()),
                 }),
             }
         }
@@ -499,21 +476,104 @@ pub fn desired_status(
     }
 }
 
-/// `status` without what changes as machines come and go: the replica counters, and the
-/// times and messages of conditions. Two statuses that differ only there differ only in
-/// counters ([`crate::pacer`]). Pure.
-pub fn without_counters(status: &MachineSetStatus) -> MachineSetStatus {
-    let mut s = status.clone();
-    s.replicas = None;
-    s.fully_labeled_replicas = None;
-    s.ready_replicas = None;
-    s.available_replicas = None;
-    for c in s.conditions.iter_mut().flatten() {
-        c.last_transition_time = None;
-        c.message = None;
-    }
-    s
+/// Whether the store's `machines` show the changes a set waits for (or the wait timed out
+/// at `now`): the set may act again. Pure.
+pub(crate) fn expectations_satisfied(
+    pending: &PendingChanges,
+    machines: &[Arc<Machine>],
+    now: Instant,
+) -> bool {
+    let by_name: BTreeMap<&str, &Machine> = machines
+        .iter()
+        .map(|m| (m.metadata.name.as_deref().unwrap_or(""), m.as_ref()))
+        .collect();
+    let created_seen = pending
+        .created
+        .iter()
+        .all(|n| by_name.contains_key(n.as_str()));
+    let deleted_seen = pending.deleted.iter().all(|n| {
+        by_name
+            .get(n.as_str())
+            .is_none_or(|m| m.metadata.deletion_timestamp.is_some())
+    });
+    (created_seen && deleted_seen)
+        || now.saturating_duration_since(pending.since) > EXPECTATIONS_TIMEOUT
 }
+
+/// The set as [`plan_replicas`] sees it. Pure.
+pub(crate) fn set_input(set: &MachineSet) -> SetInput {
+    SetInput {
+        replicas: set.spec.replicas(),
+        frozen: is_frozen(set.metadata.labels.as_ref()),
+        scale_up_disabled: set
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|l| l.contains_key(labels::MACHINE_SET_SCALE_UP_DISABLED)),
+        deleting: set.metadata.deletion_timestamp.is_some(),
+        replica_change_time: set
+            .annotations()
+            .get(annotations::LAST_DEPLOYMENT_REPLICA_CHANGE_BY_SCALER_TIME)
+            .and_then(|t| t.parse().ok()),
+    }
+}
+
+/// The views of the `claimed` machines of `set` at `now`; a Failed machine's with its Node's
+/// preserve annotation from `node_preserve` (by machine name), which decides only whether a
+/// Failed machine is kept ([`MachineView::keep_if_failed`]). Pure.
+pub(crate) fn views(
+    set: &MachineSet,
+    claimed: &[Arc<Machine>],
+    node_preserve: &BTreeMap<String, String>,
+    now: Timestamp,
+) -> Vec<MachineView> {
+    let template_labels = set.template_labels();
+    claimed
+        .iter()
+        .map(|m| {
+            let node = (m.phase() == Some(&MachinePhase::Failed))
+                .then(|| node_preserve.get(&m.name_any()).map(String::as_str))
+                .flatten();
+            MachineView::from_machine(m, template_labels, node, now)
+        })
+        .collect()
+}
+
+/// The note of the selector-overlap warning of the set `set_uid` (empty: no overlap): the
+/// controllers of other machines its selector matches. Pure.
+pub(crate) fn overlap_note<'m>(
+    set_uid: &str,
+    selector: Option<&LabelSelector>,
+    machines: impl IntoIterator<Item = &'m Machine>,
+) -> String {
+    let owners = overlapping_owners(set_uid, selector, machines);
+    if owners.is_empty() {
+        return String::new();
+    }
+    format!(
+        "spec.selector also matches machines controlled by {}; this MachineSet leaves them alone and never owns them (make the selectors disjoint)",
+        owners.into_iter().collect::<Vec<_>>().join(", ")
+    )
+}
+
+/// `machine` as it is once its `auto-preserved` annotation is set (`auto_preserved`) or
+/// removed: what the auto-preservation patch makes of it. Pure.
+pub(crate) fn with_auto_preservation(machine: &Machine, auto_preserved: bool) -> Machine {
+    let mut m = machine.clone();
+    let anns = m.metadata.annotations.get_or_insert_with(BTreeMap::new);
+    if auto_preserved {
+        anns.insert(
+            annotations::PRESERVE.to_owned(),
+            annotations::preserve_values::AUTO_PRESERVED.to_owned(),
+        );
+    } else {
+        anns.remove(annotations::PRESERVE);
+    }
+    m
+}
+
+#[cfg(test)]
+use super::act::{batch_note, without_counters};
 
 #[cfg(test)]
 mod tests {

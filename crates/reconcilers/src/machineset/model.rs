@@ -1,23 +1,29 @@
 //! Plain data of the MachineSet controller: what it knows of one machine
 //! ([`MachineView`]), of the set ([`SetInput`]), and what it plans ([`ReplicaPlan`],
-//! [`AutoPreservePlan`], [`Claim`]) and counts ([`SetCounts`]).
+//! [`AutoPreservePlan`], [`Claim`]) and counts ([`SetCounts`]); what one reconcile decides
+//! from ([`Snapshot`]) and the changes a set waits to see ([`PendingChanges`]).
 
-use std::collections::BTreeMap;
-use std::time::Duration;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use jiff::Timestamp;
 use mcm_api::constants::{annotations, labels};
 use mcm_api::preservation;
-use mcm_api::{Machine, MachinePhase, MachineState, MachineSummary};
+use mcm_api::{
+    Machine, MachineDisruptionBudget, MachinePhase, MachineSet, MachineState, MachineSummary,
+};
+
+use crate::disruptionbudget::gate::GateView;
 
 use crate::selector::labels_contain;
 
 /// Priority of machines without (or with an unparsable) priority annotation.
-pub const DEFAULT_PRIORITY: i32 = 3;
+pub(crate) const DEFAULT_PRIORITY: i32 = 3;
 
 /// What the set controller needs to know about one of its machines.
 #[derive(Debug, Clone, PartialEq)]
-pub struct MachineView {
+pub(crate) struct MachineView {
     /// Name of the machine.
     pub name: String,
     /// Current phase (`None` for a machine the machine controller has not processed yet).
@@ -59,7 +65,7 @@ impl MachineView {
     /// Builds the view of `machine` for a set with the given template labels;
     /// `node_preserve` is the preserve annotation of the machine's Node (`None` when the Node
     /// has none or is not known).
-    pub fn from_machine(
+    pub(crate) fn from_machine(
         machine: &Machine,
         template_labels: Option<&BTreeMap<String, String>>,
         node_preserve: Option<&str>,
@@ -111,42 +117,42 @@ impl MachineView {
 
     /// Failed with a preservation expiry set (upstream's `isMachinePreservedAndFailed`):
     /// counted in `status.preservedFailedReplicas`, not among the failed machines.
-    pub fn is_preserved_failed(&self) -> bool {
+    pub(crate) fn is_preserved_failed(&self) -> bool {
         self.is_failed() && self.preserve_expiry.is_some()
     }
 
     /// The summary for `status.failedMachines`: the last operation failed and the machine
     /// is not a preserved Failed one.
-    pub fn failed_summary(&self) -> Option<&MachineSummary> {
+    pub(crate) fn failed_summary(&self) -> Option<&MachineSummary> {
         self.failure
             .as_ref()
             .filter(|_| !self.is_preserved_failed())
     }
 
     /// A Failed machine the set deletes (and replaces).
-    pub fn is_failed_to_replace(&self) -> bool {
+    pub(crate) fn is_failed_to_replace(&self) -> bool {
         self.is_failed() && !self.keep_if_failed
     }
 
     /// Deleted or being deleted: no longer counts towards the set's replicas.
-    pub fn is_terminating(&self) -> bool {
+    pub(crate) fn is_terminating(&self) -> bool {
         self.deleting || self.phase == Some(MachinePhase::Terminating)
     }
 
     /// In phase `Failed`.
-    pub fn is_failed(&self) -> bool {
+    pub(crate) fn is_failed(&self) -> bool {
         self.phase == Some(MachinePhase::Failed)
     }
 
     /// Ready: in phase `Running` and not terminating (upstream's `isMachineReady`).
-    pub fn is_ready(&self) -> bool {
+    pub(crate) fn is_ready(&self) -> bool {
         !self.is_terminating() && self.phase == Some(MachinePhase::Running)
     }
 
     /// In a phase that counts as available: `Running`, or `Available` (a machine whose VM
     /// exists; without a target cluster machines stay there), and not terminating (upstream's
     /// `isMachineAvailable`).
-    pub fn is_available_phase(&self) -> bool {
+    pub(crate) fn is_available_phase(&self) -> bool {
         !self.is_terminating()
             && matches!(
                 self.phase,
@@ -156,7 +162,11 @@ impl MachineView {
 
     /// Time until the machine becomes available, `Some(ZERO)` when it already is, `None` when
     /// it is in no available phase ([`MachineView::is_available_phase`]).
-    pub fn until_available(&self, min_ready_seconds: i32, now: Timestamp) -> Option<Duration> {
+    pub(crate) fn until_available(
+        &self,
+        min_ready_seconds: i32,
+        now: Timestamp,
+    ) -> Option<Duration> {
         if !self.is_available_phase() {
             return None;
         }
@@ -173,7 +183,7 @@ impl MachineView {
 }
 
 /// The deletion priority of a machine: the priority annotation, 3 when absent or invalid.
-pub fn priority_of(machine: &Machine) -> i32 {
+pub(crate) fn priority_of(machine: &Machine) -> i32 {
     machine
         .metadata
         .annotations
@@ -185,7 +195,7 @@ pub fn priority_of(machine: &Machine) -> i32 {
 
 /// What the set looks like to [`plan_replicas`](super::decide::plan_replicas).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct SetInput {
+pub(crate) struct SetInput {
     /// `spec.replicas`.
     pub replicas: i32,
     /// The set carries the `freeze: True` label.
@@ -202,7 +212,7 @@ pub struct SetInput {
 
 /// Machines to create and to delete.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct ReplicaPlan {
+pub(crate) struct ReplicaPlan {
     /// Number of machines to create (in slow-start batches).
     pub create: usize,
     /// Names of the machines to delete, in deletion order.
@@ -213,7 +223,7 @@ pub struct ReplicaPlan {
 
 /// The set's relation to one machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Claim {
+pub(crate) enum Claim {
     /// Controlled by the set and selected by it.
     Owned,
     /// An orphan selected by the set: take a controller reference.
@@ -226,7 +236,7 @@ pub enum Claim {
 
 /// Status counters of a set.
 #[derive(Debug, Clone, PartialEq, Default)]
-pub struct SetCounts {
+pub(crate) struct SetCounts {
     /// All claimed machines (MCM counts terminating ones too).
     pub replicas: i32,
     /// Claimed machines carrying all template labels.
@@ -250,9 +260,49 @@ pub struct SetCounts {
 
 /// Annotation changes of upstream's `manageAutoPreservationOfFailedMachines`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct AutoPreservePlan {
+pub(crate) struct AutoPreservePlan {
     /// Failed machines to annotate `auto-preserved` (newest first).
     pub annotate: Vec<String>,
     /// Machines whose `auto-preserved` annotation is removed (oldest first).
     pub release: Vec<String>,
+}
+
+/// Creations and deletions a set issued and waits to see in the machine store.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PendingChanges {
+    /// Names of the machines created.
+    pub(crate) created: HashSet<String>,
+    /// Names of the machines deleted.
+    pub(crate) deleted: HashSet<String>,
+    /// When they were issued.
+    pub(crate) since: Instant,
+}
+
+/// Everything one reconcile of a set decides from, read once
+/// ([`super::gather::gather`]).
+#[derive(Debug, Clone)]
+pub(crate) struct Snapshot {
+    /// The set.
+    pub(crate) set: Arc<MachineSet>,
+    /// `namespace/name` of the set (its expectations key).
+    pub(crate) key: String,
+    /// The wall clock now.
+    pub(crate) now: Timestamp,
+    /// The monotonic clock now.
+    pub(crate) instant: Instant,
+    /// The machines of the set's namespace.
+    pub(crate) machines: Vec<Arc<Machine>>,
+    /// The creations and deletions the set waits to see.
+    pub(crate) pending: Option<PendingChanges>,
+    /// The preserve annotation of the Node of each Failed machine of the namespace that has
+    /// one (by machine name).
+    pub(crate) node_preserve: BTreeMap<String, String>,
+    /// The machines of the namespace whose Node carries the `Preserved` condition.
+    pub(crate) node_preserved: BTreeSet<String>,
+    /// The set is an old set of a rolling MachineDeployment.
+    pub(crate) old_set_of_rollout: bool,
+    /// The MachineDisruptionBudgets.
+    pub(crate) budgets: Vec<Arc<MachineDisruptionBudget>>,
+    /// The budget gate as this reconcile saw it.
+    pub(crate) gate: GateView,
 }

@@ -3,20 +3,20 @@
 //! [`SetInput`], what makes a deletion voluntary (a preserved Node, a rolling deployment),
 //! and the sets a machine or budget event concerns.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use jiff::Timestamp;
 use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::runtime::reflector::{ObjectRef, Store};
-use mcm_api::constants::{annotations, labels};
+use mcm_api::constants::annotations;
 use mcm_api::owner::controller_of;
 use mcm_api::{Machine, MachineDeployment, MachineDisruptionBudget, MachinePhase, MachineSet};
 
-use super::decide::is_frozen;
-use super::model::{MachineView, SetInput};
 use crate::disruptionbudget;
 use crate::selector::selector_matches;
+#[cfg(test)]
+use {super::model::MachineView, jiff::Timestamp};
 
 /// The machines of the store in namespace `ns`.
 pub(crate) fn machines_in(machines: &Store<Machine>, ns: &str) -> Vec<Arc<Machine>> {
@@ -31,6 +31,7 @@ pub(crate) fn machines_in(machines: &Store<Machine>, ns: &str) -> Vec<Arc<Machin
 /// Node's preserve annotation ([`node_preserve_annotation`]), which decides only whether a
 /// Failed machine is kept ([`MachineView::keep_if_failed`]): the Node store is not read
 /// for the others.
+#[cfg(test)]
 pub(crate) fn views(
     nodes: &Store<Node>,
     set: &MachineSet,
@@ -49,28 +50,10 @@ pub(crate) fn views(
         .collect()
 }
 
-/// The set as [`super::decide::plan_replicas`] sees it.
-pub(crate) fn set_input(set: &MachineSet) -> SetInput {
-    SetInput {
-        replicas: set.spec.replicas(),
-        frozen: is_frozen(set.metadata.labels.as_ref()),
-        scale_up_disabled: set
-            .metadata
-            .labels
-            .as_ref()
-            .is_some_and(|l| l.contains_key(labels::MACHINE_SET_SCALE_UP_DISABLED)),
-        deleting: set.metadata.deletion_timestamp.is_some(),
-        replica_change_time: set
-            .annotations()
-            .get(annotations::LAST_DEPLOYMENT_REPLICA_CHANGE_BY_SCALER_TIME)
-            .and_then(|t| t.parse().ok()),
-    }
-}
-
 /// The preserve annotation of the Node of `machine` (named by its `node` label), from the
 /// Node store; `None` without a node label, without a Node in the store, or without the
 /// annotation (the machine's own annotation then decides, as in the machine controller).
-pub fn node_preserve_annotation(nodes: &Store<Node>, machine: &Machine) -> Option<String> {
+pub(crate) fn node_preserve_annotation(nodes: &Store<Node>, machine: &Machine) -> Option<String> {
     let node = nodes.get(&ObjectRef::new(machine.node_name()?))?;
     node.annotations().get(annotations::PRESERVE).cloned()
 }
@@ -85,6 +68,28 @@ pub(crate) fn node_was_preserved(nodes: &Store<Node>, machine: &Machine) -> bool
             cs.iter()
                 .any(|c| c.type_ == disruptionbudget::decide::NODE_PRESERVED_CONDITION)
         })
+}
+
+/// The preserve annotations of the Nodes of the Failed ones of `machines` (by machine name;
+/// only those whose Node has one).
+pub(crate) fn node_preserve_annotations(
+    nodes: &Store<Node>,
+    machines: &[Arc<Machine>],
+) -> BTreeMap<String, String> {
+    machines
+        .iter()
+        .filter(|m| m.phase() == Some(&MachinePhase::Failed))
+        .filter_map(|m| Some((m.name_any(), node_preserve_annotation(nodes, m)?)))
+        .collect()
+}
+
+/// The names of those of `machines` whose Node carries the `Preserved` condition.
+pub(crate) fn nodes_preserved(nodes: &Store<Node>, machines: &[Arc<Machine>]) -> BTreeSet<String> {
+    machines
+        .iter()
+        .filter(|m| node_was_preserved(nodes, m))
+        .map(|m| m.name_any())
+        .collect()
 }
 
 /// Whether `set` is an old set of a MachineDeployment whose template differs from it (its
@@ -113,7 +118,10 @@ pub(crate) fn is_old_set_of_rollout(
 
 /// The sets a machine event concerns: its controlling set, or every set selecting it when
 /// it is an orphan (so that one can adopt it).
-pub fn sets_for_machine(machine: &Machine, sets: &Store<MachineSet>) -> Vec<ObjectRef<MachineSet>> {
+pub(crate) fn sets_for_machine(
+    machine: &Machine,
+    sets: &Store<MachineSet>,
+) -> Vec<ObjectRef<MachineSet>> {
     let ns = machine.namespace().unwrap_or_default();
     if let Some(owner) = controller_of(&machine.metadata) {
         if owner.kind == MachineSet::KIND {
@@ -130,7 +138,7 @@ pub fn sets_for_machine(machine: &Machine, sets: &Store<MachineSet>) -> Vec<Obje
 }
 
 /// The sets a budget event concerns: the sets of the machines it selects.
-pub fn sets_for_budget(
+pub(crate) fn sets_for_budget(
     budget: &MachineDisruptionBudget,
     machines: &Store<Machine>,
     sets: &Store<MachineSet>,

@@ -179,7 +179,9 @@ pub fn prepare(
         cancel: cancel.clone(),
         synced: synced_rx,
     };
-    let events = EventPublisher::new(control.clone(), "machine-controller-manager");
+    let clock = config.clock.clone();
+    let events = EventPublisher::new(control.clone(), "machine-controller-manager")
+        .with_clock(clock.clone());
 
     let mut budget_informer = Informer::disruption_budgets(&control, &config.namespace);
     let budgets = budget_informer.store();
@@ -196,6 +198,7 @@ pub fn prepare(
         deployments: deployments.clone(),
         budget_gate: budget_gate.clone(),
         announced_blocks: Default::default(),
+        clock: clock.clone(),
     });
     let sets_for_machines = sets.clone();
     let (machines_for_budgets, sets_for_budgets) = (machines.clone(), sets.clone());
@@ -228,6 +231,7 @@ pub fn prepare(
         status_pacer: Default::default(),
         creation_timeouts: config.creation_timeouts,
         zone_partition: config.zone_partition,
+        clock: clock.clone(),
     });
     let sets_for_md = sets.clone();
     let mut md_controller =
@@ -263,6 +267,7 @@ pub fn prepare(
         gate: budget_gate.clone(),
         events: events.clone(),
         announced: Default::default(),
+        clock: clock.clone(),
     });
     let budgets_for_machines = budgets.clone();
     let mdb_controller = runner.run(
@@ -292,6 +297,7 @@ pub fn prepare(
             safety_down: config.safety_down,
         },
         period: config.overshooting_period,
+        clock,
     });
     let (sets_for_guard, deployments_for_guard) = (sets.clone(), deployments.clone());
     let overshoot_guard = runner.run(

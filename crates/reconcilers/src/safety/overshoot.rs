@@ -30,7 +30,7 @@ use crate::selector::labels_contain;
 
 /// The `--safety-up` / `--safety-down` settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SafetyLimits {
+pub(crate) struct SafetyLimits {
     /// Machines above the bound that freeze the set (MCM default 2).
     pub safety_up: i32,
     /// How far below the freeze threshold the count must drop to unfreeze (MCM default 1).
@@ -48,7 +48,7 @@ impl Default for SafetyLimits {
 
 /// What to do with a set.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Overshoot {
+pub(crate) enum Overshoot {
     /// Freeze with this message.
     Freeze(String),
     /// Unfreeze.
@@ -58,7 +58,7 @@ pub enum Overshoot {
 }
 
 /// The freeze (`higher`) and unfreeze (`lower`) thresholds of a set.
-pub fn thresholds(
+pub(crate) fn thresholds(
     set_replicas: i32,
     deployment: Option<(i32, i32)>,
     limits: SafetyLimits,
@@ -72,7 +72,7 @@ pub fn thresholds(
 
 /// MCM's `checkAndFreezeORUnfreezeMachineSets` for one set. `deployment` is the owning
 /// deployment's `(replicas, resolved maxSurge)`.
-pub fn overshoot_decision(
+pub(crate) fn overshoot_decision(
     set_name: &str,
     set_replicas: i32,
     deployment: Option<(i32, i32)>,
@@ -95,7 +95,7 @@ pub fn overshoot_decision(
 
 /// Shared state of the overshooting guard.
 #[derive(Clone)]
-pub struct SafetyContext {
+pub(crate) struct SafetyContext {
     /// Client of the control cluster.
     pub client: Client,
     /// Store of the Machines.
@@ -108,12 +108,14 @@ pub struct SafetyContext {
     pub events: EventPublisher,
     /// Thresholds.
     pub limits: SafetyLimits,
+    /// Where the guard takes time from (the Frozen conditions' times).
+    pub clock: crate::clock::SharedClock,
     /// `--machine-safety-overshooting-period`: how often each set is re-checked.
     pub period: Duration,
 }
 
 /// Errors of the overshooting guard: a failed API call on a set or deployment.
-pub type SafetyError = ApiCallError;
+pub(crate) type SafetyError = ApiCallError;
 
 fn kube_err<K: Freezable>(
     action: &'static str,
@@ -124,10 +126,14 @@ fn kube_err<K: Freezable>(
 }
 
 /// The `controller` label of the guard's reconcile metrics.
-pub const CONTROLLER: &str = "overshooting";
+pub(crate) const CONTROLLER: &str = "overshooting";
 
 /// Retry policy of a failed check ([`kube_api::error_policy`]).
-pub fn error_policy(set: Arc<MachineSet>, error: &SafetyError, _ctx: Arc<SafetyContext>) -> Action {
+pub(crate) fn error_policy(
+    set: Arc<MachineSet>,
+    error: &SafetyError,
+    _ctx: Arc<SafetyContext>,
+) -> Action {
     kube_api::error_policy(&STANDARD_RETRY, MachineSet::KIND, &set.name_any(), error)
 }
 
@@ -154,7 +160,7 @@ fn has_unfreeze_annotation<K: Resource>(obj: &K) -> bool {
 /// The guard for one set (MCM's `reconcileClusterMachineSafetyOvershooting`, per set):
 /// freeze or unfreeze it by its machine count, keep its deployment's freeze in line with its
 /// sets, and honour the unfreeze annotations of the deployment and of the set.
-pub async fn reconcile(
+pub(crate) async fn reconcile(
     set: Arc<MachineSet>,
     ctx: Arc<SafetyContext>,
 ) -> Result<Action, SafetyError> {
@@ -240,7 +246,7 @@ pub async fn reconcile(
 }
 
 /// The MachineSets of the deployment a MachineDeployment change concerns.
-pub fn sets_of_deployment(
+pub(crate) fn sets_of_deployment(
     d: &MachineDeployment,
     sets: &Store<MachineSet>,
     deployments: &Store<MachineDeployment>,
@@ -305,9 +311,9 @@ trait Freezable:
         self.conditions().iter().any(|c| c["type"] == FROZEN)
     }
 
-    /// A Frozen condition.
-    fn frozen_condition(reason: &str, message: &str) -> serde_json::Value {
-        let now = Time(Timestamp::now());
+    /// A Frozen condition set at `now`.
+    fn frozen_condition(reason: &str, message: &str, now: Timestamp) -> serde_json::Value {
+        let now = Time(now);
         let mut c = json!({
             "type": FROZEN, "status": "True", "lastTransitionTime": now,
             "reason": reason, "message": message,
@@ -352,7 +358,7 @@ async fn freeze<K: Freezable>(
         .await
         .map_err(kube_err::<K>("freeze", &name))?;
     let mut conditions = obj.conditions_without_frozen();
-    conditions.push(K::frozen_condition(reason, message));
+    conditions.push(K::frozen_condition(reason, message, ctx.clock.now()));
     let status = json!({"status": {K::CONDITIONS_FIELD: conditions}});
     api.patch_status(&name, &PatchParams::default(), &Patch::Merge(&status))
         .await

@@ -1,58 +1,53 @@
-//! The writes of an in-place rollout: scaling a set through the deployment's [`Actor`] (and
-//! recording it in the snapshot the next steps decide from), and the Node writes (in-place
-//! labels, uncordon, clean-up), each idempotent.
+//! The writes of an in-place rollout: a machine's move to the new set (through the
+//! deployment's [`Actor`]) and the Node writes (in-place labels, uncordon, clean-up), each
+//! idempotent.
 
 use k8s_openapi::api::core::v1::Node;
-use kube::Api;
+use std::collections::BTreeMap;
+
 use kube::api::{Patch, PatchParams};
-use kube::runtime::reflector::ObjectRef;
+use kube::{Api, ResourceExt};
+use mcm_api::{Machine, MachineSet};
 
 use super::super::act::Actor;
 use super::super::context::{Context, DeploymentProblem, Error};
-use super::model::InPlaceSnapshot;
-use super::patch::{cleanup_patch, label_patch};
+use super::patch::{cleanup_patch, label_patch, transfer_patch};
 use crate::kube_api::{self, ApiCallError, ApiErrorExt, ApiResultExt};
 
-/// Scales the set `name` through the actor and records it in `s`.
-pub(crate) async fn scale(
+/// Moves `machine` (as observed) from the set whose selector is `old_selector` to `new_set`
+/// ([`transfer_patch`]).
+pub(crate) async fn move_machine(
     act: &Actor<'_>,
-    s: &mut InPlaceSnapshot,
-    name: &str,
-    replicas: i32,
+    machine: &Machine,
+    old_selector: &BTreeMap<String, String>,
+    from: &str,
+    new_set: &MachineSet,
 ) -> Result<(), Error> {
-    let current = std::iter::once(&s.new_set)
-        .chain(s.old_sets.iter())
-        .find(|x| x.state.name == name)
-        .map(|x| x.state.clone());
-    // Upstream's MaxSurge is 0 for in-place updates: max-replicas is the replicas.
-    let new_set = s.new_set.state.name == name;
-    act.scale_set(name, current.as_ref(), replicas, 0, new_set)
-        .await?;
-    s.scale(name, replicas);
+    let patch = transfer_patch(machine, old_selector, new_set);
+    act.move_machine(&machine.name_any(), &patch).await?;
+    tracing::info!(
+        machine = %machine.name_any(),
+        from,
+        to = %new_set.name_any(),
+        "moved an in-place updated machine to the new MachineSet"
+    );
     Ok(())
 }
 
-/// Labels the Node `name` (as the store has it) `key: "true"`; false when it has the label
-/// already or is unknown or gone.
-pub(crate) async fn label_node(
-    ctx: &Context,
-    api: &Api<Node>,
-    name: &str,
-    key: &str,
-) -> Result<bool, Error> {
-    let Some(node) = ctx.nodes.get(&ObjectRef::new(name)) else {
-        return Ok(false);
+/// Labels `node` (as the store had it) `key: "true"` unless it has the label; a Node gone
+/// meanwhile needs nothing.
+pub(crate) async fn label_node(api: &Api<Node>, node: &Node, key: &str) -> Result<(), Error> {
+    let Some(patch) = label_patch(node, key) else {
+        return Ok(());
     };
-    let Some(patch) = label_patch(&node, key) else {
-        return Ok(false);
-    };
+    let name = node.name_any();
     match api
-        .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
     {
-        Ok(_) => Ok(true),
-        Err(e) if e.is_not_found() => Ok(false),
-        Err(e) => Err(ApiCallError::new("label", "Node", name, e).into()),
+        Ok(_) => Ok(()),
+        Err(e) if e.is_not_found() => Ok(()),
+        Err(e) => Err(ApiCallError::new("label", "Node", &name, e).into()),
     }
 }
 

@@ -10,7 +10,7 @@ use super::model::{
 
 /// Whether the old sets are scaled to zero (upstream's `machineSetsScaledToZero`): no set
 /// has replicas, available, ready and existing machines at once.
-pub fn machine_sets_scaled_to_zero(sets: &[&SetState]) -> bool {
+pub(crate) fn machine_sets_scaled_to_zero(sets: &[&SetState]) -> bool {
     !sets
         .iter()
         .any(|s| s.replicas != 0 && s.available != 0 && s.ready != 0 && s.machines != 0)
@@ -18,7 +18,7 @@ pub fn machine_sets_scaled_to_zero(sets: &[&SetState]) -> bool {
 
 /// The old sets that must get `scale-up-disabled` now: all that lack it while some old set
 /// is not scaled to zero.
-pub fn sets_to_disable_scale_up(s: &InPlaceSnapshot) -> Vec<String> {
+pub(crate) fn sets_to_disable_scale_up(s: &InPlaceSnapshot) -> Vec<String> {
     let states: Vec<&SetState> = s.old_sets.iter().map(|o| &o.state).collect();
     if states.is_empty() || machine_sets_scaled_to_zero(&states) {
         return Vec::new();
@@ -32,7 +32,7 @@ pub fn sets_to_disable_scale_up(s: &InPlaceSnapshot) -> Vec<String> {
 
 /// The Nodes of the old sets' machines that lack `candidate-for-update` (upstream's
 /// `labelNodesBackingMachineSets`; machines without a known Node are skipped).
-pub fn nodes_to_mark_candidate(s: &InPlaceSnapshot) -> Vec<String> {
+pub(crate) fn nodes_to_mark_candidate(s: &InPlaceSnapshot) -> Vec<String> {
     let mut nodes: Vec<String> = s
         .old_sets
         .iter()
@@ -59,7 +59,7 @@ fn count(n: usize) -> i32 {
 /// has them* cover its machines: the MachineSet controller reads the same store, so it never
 /// sees the label gone before the replicas raised for the machine (it would delete a
 /// machine as surplus); the reconcile that raises them leaves the label to the next one.
-pub fn sync_machine_sets(s: &InPlaceSnapshot) -> SyncPlan {
+pub(crate) fn sync_machine_sets(s: &InPlaceSnapshot) -> SyncPlan {
     let new = &s.new_set;
     let moved: Vec<&MachineFacts> = new
         .machines
@@ -101,7 +101,7 @@ pub fn sync_machine_sets(s: &InPlaceSnapshot) -> SyncPlan {
 /// deleted) move to it
 /// (upstream's `transferMachinesFromOldToNewMachineSet`, [`NewSetPlan::Moves`]). A frozen
 /// deployment gets no fresh machines.
-pub fn reconcile_new_machine_set(s: &InPlaceSnapshot) -> NewSetPlan {
+pub(crate) fn reconcile_new_machine_set(s: &InPlaceSnapshot) -> NewSetPlan {
     let d = s.replicas;
     let new = &s.new_set.state;
     if new.replicas == d {
@@ -160,7 +160,9 @@ pub fn reconcile_new_machine_set(s: &InPlaceSnapshot) -> NewSetPlan {
 
 /// The old sets' machines whose Node carries `selected-for-update` (upstream's
 /// `getMachinesUndergoingUpdate`).
-pub fn machines_undergoing_update<'a>(sets: impl IntoIterator<Item = &'a InPlaceSet>) -> i32 {
+pub(crate) fn machines_undergoing_update<'a>(
+    sets: impl IntoIterator<Item = &'a InPlaceSet>,
+) -> i32 {
     count(
         sets.into_iter()
             .flat_map(|o| &o.machines)
@@ -174,7 +176,7 @@ pub fn machines_undergoing_update<'a>(sets: impl IntoIterator<Item = &'a InPlace
 /// nothing is selected; under `Auto` Nodes are selected as long as the machines being
 /// updated and the new set's replicas stay below `replicas` and `maxUnavailable` allows
 /// ([`select_for_update`]).
-pub fn reconcile_old_machine_sets(s: &InPlaceSnapshot) -> OldSetsPlan {
+pub(crate) fn reconcile_old_machine_sets(s: &InPlaceSnapshot) -> OldSetsPlan {
     let d = s.replicas;
     let active: Vec<&InPlaceSet> = s.old_sets.iter().filter(|o| o.state.replicas > 0).collect();
     let old_count: i32 = active.iter().map(|o| o.state.replicas).sum();
@@ -211,7 +213,7 @@ pub fn reconcile_old_machine_sets(s: &InPlaceSnapshot) -> OldSetsPlan {
 /// `replicas - maxUnavailable` allow (machines being updated do not count as available), at
 /// most the replicas the new set still lacks; from the oldest active set first, its
 /// candidates that are not selected yet ([`machines_for_drain`]).
-pub fn select_for_update(
+pub(crate) fn select_for_update(
     s: &InPlaceSnapshot,
     active: &[&InPlaceSet],
     undergoing: i32,
@@ -247,7 +249,7 @@ pub fn select_for_update(
 
 /// The first `n` Nodes of `set`'s machines that are candidates and not selected yet
 /// (upstream's `getMachinesForDrain`; machines being deleted are left out).
-pub fn machines_for_drain(set: &InPlaceSet, n: i32) -> Vec<String> {
+pub(crate) fn machines_for_drain(set: &InPlaceSet, n: i32) -> Vec<String> {
     set.machines
         .iter()
         .filter(|m| !m.terminating)

@@ -17,23 +17,22 @@
 //! ([`sets_to_disable_scale_up`]), mark candidates ([`nodes_to_mark_candidate`]),
 //! [`sync_machine_sets`], [`reconcile_new_machine_set`] (the moves) and, unless that
 //! scaled, [`reconcile_old_machine_sets`] (the selection). Each step decides from the state
-//! the previous ones left ([`InPlaceSnapshot::scale`]).
+//! the previous ones left ([`InPlaceSnapshot::scale`]); the deployment's
+//! [`plan`](super::plan) composes them into the reconcile's steps.
 //!
 //! The modules: [`model`] (the facts of the sets, machines and Nodes, the plans),
 //! [`strategy`] (the strategy's validation and limits), [`decide`] (the steps, pure) and
 //! [`patch`] (the patches of machines and Nodes, pure) depend only on the deployment
 //! controller's [`model`](super::model) and on those before them; [`observe`] (the facts from
-//! the stores), [`act`] (the writes) and [`reconcile`](mod@reconcile) (one reconcile's
-//! rollout) come after the deployment controller's [`observe`](super::observe) and
-//! [`act`](super::act) they use.
+//! the stores) and [`act`] (the writes) come after the deployment controller's
+//! [`observe`](super::observe) and [`act`](super::act) they use.
 //!
 //! [`Orchestration::Auto`]: super::model::Orchestration::Auto
 //! [`Orchestration::Manual`]: super::model::Orchestration::Manual
 
-pub mod act;
-pub mod decide;
-pub mod model;
-pub mod observe;
-pub mod patch;
-pub mod reconcile;
-pub mod strategy;
+pub(crate) mod act;
+pub(crate) mod decide;
+pub(crate) mod model;
+pub(crate) mod observe;
+pub(crate) mod patch;
+pub(crate) mod strategy;

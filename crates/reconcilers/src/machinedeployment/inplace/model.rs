@@ -11,7 +11,7 @@ use super::super::model::{Orchestration, SetState};
 
 /// What the node agent reported (Node label `node.machine.sapcloud.io/update-result`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum UpdateResult {
+pub(crate) enum UpdateResult {
     /// `successful`.
     Successful,
     /// `failed`.
@@ -22,7 +22,7 @@ pub enum UpdateResult {
 
 impl UpdateResult {
     /// The result a label value stands for.
-    pub fn parse(value: &str) -> Self {
+    pub(crate) fn parse(value: &str) -> Self {
         match value {
             labels::update_result::SUCCESSFUL => UpdateResult::Successful,
             labels::update_result::FAILED => UpdateResult::Failed,
@@ -44,7 +44,7 @@ fn says_successful(condition: Option<&NodeCondition>) -> bool {
 
 /// A Node as the in-place rollout sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct NodeFacts {
+pub(crate) struct NodeFacts {
     /// The Node's name.
     pub name: String,
     /// It carries `candidate-for-update`.
@@ -59,7 +59,7 @@ pub struct NodeFacts {
 
 impl NodeFacts {
     /// The facts of `node`.
-    pub fn of(node: &Node) -> Self {
+    pub(crate) fn of(node: &Node) -> Self {
         let node_labels = node.labels();
         let conditions = node
             .status
@@ -80,7 +80,7 @@ impl NodeFacts {
 
 /// A Machine of the deployment as the in-place rollout sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct MachineFacts {
+pub(crate) struct MachineFacts {
     /// The Machine's name.
     pub name: String,
     /// Its Node (`node` label) from the Node store; `None` without the label or the Node.
@@ -98,7 +98,7 @@ pub struct MachineFacts {
 
 impl MachineFacts {
     /// The facts of `machine` with its Node (`None` when it has none or it is unknown).
-    pub fn of(machine: &Machine, node: Option<&Node>) -> Self {
+    pub(crate) fn of(machine: &Machine, node: Option<&Node>) -> Self {
         let node = node.map(NodeFacts::of);
         let own = machine
             .status
@@ -125,7 +125,7 @@ impl MachineFacts {
     /// The node's update succeeded: the condition says `UpdateSuccessful` and the node
     /// carries `update-result: successful` (upstream's `!isUpdateNotSuccessful`). A machine
     /// whose Node is unknown never did.
-    pub fn update_successful(&self) -> bool {
+    pub(crate) fn update_successful(&self) -> bool {
         self.condition_successful
             && self
                 .node
@@ -136,7 +136,7 @@ impl MachineFacts {
 
 /// A set of the deployment with its machines.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InPlaceSet {
+pub(crate) struct InPlaceSet {
     /// The set's counts (`replicas` follows the scalings of this reconcile).
     pub state: SetState,
     /// The set carries `scale-up-disabled`.
@@ -147,7 +147,7 @@ pub struct InPlaceSet {
 
 /// The deployment's in-place rollout as one reconcile sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct InPlaceSnapshot {
+pub(crate) struct InPlaceSnapshot {
     /// The deployment's `spec.replicas`.
     pub replicas: i32,
     /// The resolved `maxUnavailable`.
@@ -164,7 +164,7 @@ pub struct InPlaceSnapshot {
 
 impl InPlaceSnapshot {
     /// Records that the set `name` now has `replicas`, for the steps that follow.
-    pub fn scale(&mut self, name: &str, replicas: i32) {
+    pub(crate) fn scale(&mut self, name: &str, replicas: i32) {
         for set in std::iter::once(&mut self.new_set).chain(self.old_sets.iter_mut()) {
             if set.state.name == name {
                 set.state.replicas = replicas;
@@ -180,7 +180,7 @@ impl InPlaceSnapshot {
 
 /// What [`sync_machine_sets`](super::decide::sync_machine_sets) changes.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct SyncPlan {
+pub(crate) struct SyncPlan {
     /// New replicas of the new set, accounting for machines moved to it.
     pub new_replicas: Option<i32>,
     /// Machines of the new set whose `update-result` label goes (the move is accounted).
@@ -194,14 +194,14 @@ pub struct SyncPlan {
 
 impl SyncPlan {
     /// Whether nothing changes.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         *self == SyncPlan::default()
     }
 }
 
 /// A machine moving from an old set to the new one.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Move {
+pub(crate) struct Move {
     /// The machine.
     pub machine: String,
     /// Its old set.
@@ -212,7 +212,7 @@ pub struct Move {
 
 /// What [`reconcile_new_machine_set`](super::decide::reconcile_new_machine_set) does.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NewSetPlan {
+pub(crate) enum NewSetPlan {
     /// Nothing.
     Nothing,
     /// Scale the new set to this many replicas.
@@ -231,7 +231,7 @@ pub enum NewSetPlan {
 
 /// What [`reconcile_old_machine_sets`](super::decide::reconcile_old_machine_sets) does.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum OldSetsPlan {
+pub(crate) enum OldSetsPlan {
     /// Nothing.
     Nothing,
     /// The new set is complete: scale these old sets to 0 (machines left over after a

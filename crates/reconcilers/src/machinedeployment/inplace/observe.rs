@@ -75,17 +75,3 @@ pub(crate) fn machine_facts(ctx: &Context, machines: &[Arc<Machine>]) -> Vec<Mac
     facts.sort_by(|a, b| a.name.cmp(&b.name));
     facts
 }
-
-/// The machine `machine` of the set `set` with its set, as observed.
-pub(crate) fn find_machine<'a>(
-    observed: &'a Observed,
-    set: &str,
-    machine: &str,
-) -> Option<(&'a Machine, &'a MachineSet)> {
-    let set = observed.sets.iter().find(|s| s.name_any() == set)?;
-    let machine = observed
-        .machines_of(set)
-        .iter()
-        .find(|m| m.name_any() == machine)?;
-    Some((machine.as_ref(), set.as_ref()))
-}

@@ -19,7 +19,7 @@ use super::super::model::LABEL_TRUE;
 /// `update-result: successful` (until the new set's replicas account for it). Guarded by the
 /// machine's uid and resourceVersion: a stale copy (e.g. a machine moved meanwhile) fails
 /// with a conflict instead of being moved twice.
-pub fn transfer_patch(
+pub(crate) fn transfer_patch(
     machine: &Machine,
     old_selector: &BTreeMap<String, String>,
     new_set: &MachineSet,
@@ -58,7 +58,7 @@ pub fn transfer_patch(
 }
 
 /// Gardener's taint on a Node whose critical components are not ready (again).
-pub fn critical_components_not_ready_taint() -> Taint {
+pub(crate) fn critical_components_not_ready_taint() -> Taint {
     Taint {
         key: taints::CRITICAL_COMPONENTS_NOT_READY.to_owned(),
         effect: "NoSchedule".to_owned(),
@@ -80,7 +80,7 @@ fn is_old_set_taint(t: &Taint) -> bool {
 /// NoSchedule` comes (once). Guarded by the Node's resourceVersion (the taints are a list).
 /// `None` unless the Node carries `update-result: successful` (cleaned up already). The
 /// uncordon is [`mcm_drain::uncordon`]'s.
-pub fn cleanup_patch(node: &Node) -> Option<Value> {
+pub(crate) fn cleanup_patch(node: &Node) -> Option<Value> {
     let result = node.labels().get(labels::UPDATE_RESULT).map(String::as_str);
     if result != Some(labels::update_result::SUCCESSFUL) {
         return None;
@@ -122,7 +122,7 @@ pub fn cleanup_patch(node: &Node) -> Option<Value> {
 }
 
 /// The patch that labels a Node `key: "true"`, `None` when it has that already.
-pub fn label_patch(node: &Node, key: &str) -> Option<Value> {
+pub(crate) fn label_patch(node: &Node, key: &str) -> Option<Value> {
     (node.labels().get(key).map(String::as_str) != Some(LABEL_TRUE))
         .then(|| json!({"metadata": {"labels": {key: LABEL_TRUE}}}))
 }

@@ -8,7 +8,7 @@ use super::super::model::{Orchestration, SetState};
 /// none under `Manual` (machines only arrive by moving); under `Auto` as many fresh machines
 /// as `replicas + max_surge` leaves room for beside the old sets' machines, at most
 /// `replicas`.
-pub fn initial_new_replicas(
+pub(crate) fn initial_new_replicas(
     replicas: i32,
     max_surge: i32,
     orchestration: Orchestration,
