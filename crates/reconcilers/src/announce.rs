@@ -7,13 +7,13 @@ use std::sync::Mutex;
 
 /// The note last announced per object (by uid).
 #[derive(Debug, Default)]
-pub struct Announced(Mutex<HashMap<String, String>>);
+pub(crate) struct Announced(Mutex<HashMap<String, String>>);
 
 impl Announced {
     /// Records `note` for `uid`; whether it differs from the note last announced for it
     /// (then it is to be announced). An empty note is nothing to announce: the record of
     /// `uid` is forgotten (so the next problem is new) and the answer is `false`.
-    pub fn is_new(&self, uid: &str, note: &str) -> bool {
+    pub(crate) fn is_new(&self, uid: &str, note: &str) -> bool {
         if note.is_empty() {
             self.forget(uid);
             return false;
@@ -23,7 +23,7 @@ impl Announced {
     }
 
     /// What was last announced for `uid`.
-    pub fn last(&self, uid: &str) -> Option<String> {
+    pub(crate) fn last(&self, uid: &str) -> Option<String> {
         self.0
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -33,7 +33,7 @@ impl Announced {
 
     /// Forgets what was announced for `uid` (the object is gone, or all is well again);
     /// whether there was a record.
-    pub fn forget(&self, uid: &str) -> bool {
+    pub(crate) fn forget(&self, uid: &str) -> bool {
         self.0
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -42,19 +42,19 @@ impl Announced {
     }
 
     /// How many objects have a note on record.
-    pub fn count(&self) -> usize {
+    pub(crate) fn count(&self) -> usize {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).len()
     }
 
     /// How many objects have a note on record.
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.count()
     }
 
     /// Whether no object has a note on record.
     #[cfg(test)]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }

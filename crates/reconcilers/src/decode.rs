@@ -30,7 +30,7 @@ use serde::de::{
 /// without the parts of its spec and status its store drops ([`NODE`], [`POD`]); otherwise
 /// the same kind, URL and object.
 #[derive(Debug, Clone)]
-pub struct Slim<K>(pub K);
+pub(crate) struct Slim<K>(pub K);
 
 impl<K: Resource> Resource for Slim<K> {
     type DynamicType = K::DynamicType;
@@ -70,7 +70,7 @@ impl<'de, K: de::Deserialize<'de> + 'static> de::Deserialize<'de> for Slim<K> {
 }
 
 /// The watch event of the wrapped kind as one of the kind itself.
-pub fn unwrap_event<K>(event: watcher::Event<Slim<K>>) -> watcher::Event<K> {
+pub(crate) fn unwrap_event<K>(event: watcher::Event<Slim<K>>) -> watcher::Event<K> {
     match event {
         watcher::Event::Apply(o) => watcher::Event::Apply(o.0),
         watcher::Event::Delete(o) => watcher::Event::Delete(o.0),

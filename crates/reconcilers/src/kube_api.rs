@@ -15,7 +15,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 /// Classification of Kubernetes API errors by their HTTP status code.
-pub trait ApiErrorExt {
+pub(crate) trait ApiErrorExt {
     /// The status code of an error the API server answered with (`None` for transport,
     /// decoding and other client-side errors).
     fn api_code(&self) -> Option<u16>;
@@ -43,7 +43,7 @@ impl ApiErrorExt for kube::Error {
 /// The result of a write to an object that may have disappeared meanwhile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use = "the object may be gone"]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// The write was applied (or, for a finalizer, nothing needed to change).
     Done,
     /// The object does not exist (any more): nothing was written.
@@ -52,13 +52,13 @@ pub enum Outcome {
 
 impl Outcome {
     /// Whether the object was gone.
-    pub fn is_gone(self) -> bool {
+    pub(crate) fn is_gone(self) -> bool {
         self == Outcome::Gone
     }
 }
 
 /// Turns a NotFound error into [`Outcome::Gone`] and any success into [`Outcome::Done`].
-pub fn gone_if_not_found<T>(result: Result<T, kube::Error>) -> ApiResult {
+pub(crate) fn gone_if_not_found<T>(result: Result<T, kube::Error>) -> ApiResult {
     match result {
         Ok(_) => Ok(Outcome::Done),
         Err(e) if e.is_not_found() => Ok(Outcome::Gone),
@@ -67,13 +67,13 @@ pub fn gone_if_not_found<T>(result: Result<T, kube::Error>) -> ApiResult {
 }
 
 /// The bounds [`Api`] puts on the objects it reads and writes.
-pub trait ApiObject: Clone + DeserializeOwned + Debug {}
+pub(crate) trait ApiObject: Clone + DeserializeOwned + Debug {}
 
 impl<K: Clone + DeserializeOwned + Debug> ApiObject for K {}
 
 /// The part of an object a merge patch writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Part {
+pub(crate) enum Part {
     /// Metadata and spec (the object itself).
     Object,
     /// The `status` subresource.
@@ -82,7 +82,7 @@ pub enum Part {
 
 /// Applies a JSON merge patch to the object `name` (its metadata/spec or its status);
 /// [`Outcome::Gone`] when the object does not exist.
-pub async fn merge_patch<K: ApiObject>(
+pub(crate) async fn merge_patch<K: ApiObject>(
     api: &Api<K>,
     part: Part,
     name: &str,
@@ -92,7 +92,7 @@ pub async fn merge_patch<K: ApiObject>(
 }
 
 /// Applies a JSON merge patch to the object `name`, which must exist (NotFound is an error).
-pub async fn patch_existing<K: ApiObject>(
+pub(crate) async fn patch_existing<K: ApiObject>(
     api: &Api<K>,
     part: Part,
     name: &str,
@@ -108,7 +108,7 @@ pub async fn patch_existing<K: ApiObject>(
 
 /// A merge patch for `status` that also clears fields that became empty (`clearable`: the
 /// status's field names that are omitted when empty).
-pub fn status_patch<T: serde::Serialize>(status: &T, clearable: &[&str]) -> Value {
+pub(crate) fn status_patch<T: serde::Serialize>(status: &T, clearable: &[&str]) -> Value {
     let mut value = serde_json::to_value(status).unwrap_or(Value::Null);
     if let Value::Object(map) = &mut value {
         for k in clearable {
@@ -119,22 +119,30 @@ pub fn status_patch<T: serde::Serialize>(status: &T, clearable: &[&str]) -> Valu
 }
 
 /// Deletes the object `name`; [`Outcome::Gone`] when it did not exist.
-pub async fn delete<K: ApiObject>(api: &Api<K>, name: &str, params: &DeleteParams) -> ApiResult {
+pub(crate) async fn delete<K: ApiObject>(
+    api: &Api<K>,
+    name: &str,
+    params: &DeleteParams,
+) -> ApiResult {
     gone_if_not_found(api.delete(name, params).await)
 }
 
 /// The result of a write that reports a vanished object as [`Outcome::Gone`].
-pub type ApiResult = Result<Outcome, kube::Error>;
+pub(crate) type ApiResult = Result<Outcome, kube::Error>;
 
 /// The finalizer list of `current` with `finalizer` present or absent, or `None` when it
 /// already is so. Other finalizers keep their order; an added one goes last.
-pub fn finalizers_with(current: &[String], finalizer: &str, present: bool) -> Option<Vec<String>> {
+pub(crate) fn finalizers_with(
+    current: &[String],
+    finalizer: &str,
+    present: bool,
+) -> Option<Vec<String>> {
     finalizers_as(current, finalizer, &[], present)
 }
 
 /// The finalizer list with `finalizer` present or absent and each of the `legacy` names (the
 /// same finalizer under an older name) absent, or `None` when `current` already is so. Pure.
-pub fn finalizers_as(
+pub(crate) fn finalizers_as(
     current: &[String],
     finalizer: &str,
     legacy: &[&str],
@@ -158,7 +166,7 @@ pub fn finalizers_as(
 
 /// The merge patch of [`finalizers_as`], guarded by the object's resourceVersion, or `None`
 /// when nothing needs to change.
-pub fn finalizer_patch_as<K: Resource>(
+pub(crate) fn finalizer_patch_as<K: Resource>(
     obj: &K,
     finalizer: &str,
     legacy: &[&str],
@@ -173,7 +181,7 @@ pub fn finalizer_patch_as<K: Resource>(
 
 /// Makes `finalizer` present or absent on `obj` and its `legacy` names absent
 /// ([`finalizer_patch_as`]). Idempotent like [`set_finalizer`].
-pub async fn set_finalizer_as<K>(
+pub(crate) async fn set_finalizer_as<K>(
     api: &Api<K>,
     obj: &K,
     finalizer: &str,
@@ -192,7 +200,11 @@ where
 /// The merge patch that makes `finalizer` present or absent on `obj`, guarded by the
 /// object's resourceVersion (a concurrent change of the list fails with a conflict instead
 /// of being overwritten), or `None` when nothing needs to change.
-pub fn finalizer_patch<K: Resource>(obj: &K, finalizer: &str, present: bool) -> Option<Value> {
+pub(crate) fn finalizer_patch<K: Resource>(
+    obj: &K,
+    finalizer: &str,
+    present: bool,
+) -> Option<Value> {
     let list = finalizers_with(obj.finalizers(), finalizer, present)?;
     Some(json!({"metadata": {
         "finalizers": list,
@@ -202,7 +214,12 @@ pub fn finalizer_patch<K: Resource>(obj: &K, finalizer: &str, present: bool) -> 
 
 /// Makes `finalizer` present or absent on `obj`. Idempotent: no request when the list is
 /// already right ([`Outcome::Done`]); [`Outcome::Gone`] when the object no longer exists.
-pub async fn set_finalizer<K>(api: &Api<K>, obj: &K, finalizer: &str, present: bool) -> ApiResult
+pub(crate) async fn set_finalizer<K>(
+    api: &Api<K>,
+    obj: &K,
+    finalizer: &str,
+    present: bool,
+) -> ApiResult
 where
     K: Resource + ApiObject,
 {
@@ -213,7 +230,7 @@ where
 }
 
 /// How many times [`patch_from_copy`] plans and writes before it returns the conflict.
-pub const COPY_PATCH_ATTEMPTS: u32 = 3;
+pub(crate) const COPY_PATCH_ATTEMPTS: u32 = 3;
 
 /// Applies the merge patch `patch_of` plans from a copy of an object, guarded by that copy's
 /// resourceVersion (for patches that replace a list, such as a Node's taints); `None` from
@@ -224,7 +241,7 @@ pub const COPY_PATCH_ATTEMPTS: u32 = 3;
 /// A store's copy can stay behind the object for good: the Node store passes on no
 /// heartbeat-only change, so while a kubelet writes its status the copy's resourceVersion is
 /// old, and a write guarded by it alone would conflict on every retry.
-pub async fn patch_from_copy<K>(
+pub(crate) async fn patch_from_copy<K>(
     api: &Api<K>,
     copy: &K,
     patch_of: impl Fn(&K) -> Option<Value>,
@@ -257,7 +274,7 @@ where
 /// A failed API call on one named object: what was attempted, on what, and the cause.
 #[derive(Debug, thiserror::Error)]
 #[error("failed to {action} {kind} {name}")]
-pub struct ApiCallError {
+pub(crate) struct ApiCallError {
     /// What was attempted (e.g. `"delete"`, `"update status of"`).
     pub action: &'static str,
     /// The kind of object.
@@ -271,7 +288,12 @@ pub struct ApiCallError {
 
 impl ApiCallError {
     /// The error of `action` on the `kind` object `name`.
-    pub fn new(action: &'static str, kind: &'static str, name: &str, source: kube::Error) -> Self {
+    pub(crate) fn new(
+        action: &'static str,
+        kind: &'static str,
+        name: &str,
+        source: kube::Error,
+    ) -> Self {
         ApiCallError {
             action,
             kind,
@@ -284,7 +306,7 @@ impl ApiCallError {
 /// Names the object of a failed API call: `api.get(name).await.context("get", "Machine",
 /// name)?` turns the client error into an [`ApiCallError`] (and, with `?`, into the
 /// caller's error type).
-pub trait ApiResultExt<T> {
+pub(crate) trait ApiResultExt<T> {
     /// The result with the error of `action` on the `kind` object `name`.
     fn context(
         self,
@@ -314,7 +336,7 @@ impl ReconcileError for ApiCallError {
 /// The error of a reconcile: a failed API call, or a problem particular to the controller
 /// (`P`). Both keep their source.
 #[derive(Debug, thiserror::Error)]
-pub enum ReconcileFailure<P: std::error::Error + 'static> {
+pub(crate) enum ReconcileFailure<P: std::error::Error + 'static> {
     /// A call to the API server failed.
     #[error(transparent)]
     Kube(#[from] ApiCallError),
@@ -330,7 +352,7 @@ impl<P: std::error::Error + 'static> ReconcileError for ReconcileFailure<P> {
 }
 
 /// What the retry policy needs to know about a reconcile error.
-pub trait ReconcileError: std::error::Error {
+pub(crate) trait ReconcileError: std::error::Error {
     /// Whether the cause is a write conflict (our view of an object was stale): retried
     /// quickly and quietly.
     fn is_conflict(&self) -> bool;
@@ -344,7 +366,7 @@ pub trait ReconcileError: std::error::Error {
 
 /// Retry periods of a controller's failed reconciles.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RetryPolicy {
+pub(crate) struct RetryPolicy {
     /// After a conflict.
     pub conflict: Duration,
     /// After any other failure (unless the error names its own period).
@@ -353,7 +375,7 @@ pub struct RetryPolicy {
 
 /// The retry periods of controllers without a reason for others: a conflict after 1 s,
 /// anything else after 10 s.
-pub const STANDARD_RETRY: RetryPolicy = RetryPolicy {
+pub(crate) const STANDARD_RETRY: RetryPolicy = RetryPolicy {
     conflict: Duration::from_secs(1),
     backoff: Duration::from_secs(10),
 };
@@ -361,7 +383,7 @@ pub const STANDARD_RETRY: RetryPolicy = RetryPolicy {
 impl RetryPolicy {
     /// The policy of the manager's controllers (MachineSet, MachineDeployment): 200 ms after
     /// a conflict, 5 s after other failures.
-    pub const MANAGER: RetryPolicy = RetryPolicy {
+    pub(crate) const MANAGER: RetryPolicy = RetryPolicy {
         conflict: Duration::from_millis(200),
         backoff: Duration::from_secs(5),
     };
@@ -369,7 +391,7 @@ impl RetryPolicy {
 
 /// When and how loudly to retry a failed reconcile.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Retry {
+pub(crate) struct Retry {
     /// The requeue period.
     pub after: Duration,
     /// Whether the failure is worth a warning (conflicts are not).
@@ -379,7 +401,7 @@ pub struct Retry {
 impl RetryPolicy {
     /// The retry of `error`: conflicts quietly after [`RetryPolicy::conflict`], others with
     /// a warning after their own [`ReconcileError::retry_after`] or [`RetryPolicy::backoff`].
-    pub fn retry<E: ReconcileError + ?Sized>(&self, error: &E) -> Retry {
+    pub(crate) fn retry<E: ReconcileError + ?Sized>(&self, error: &E) -> Retry {
         if error.is_conflict() {
             return Retry {
                 after: self.conflict,
@@ -395,7 +417,7 @@ impl RetryPolicy {
 
 /// The `error_policy` of a controller: logs the failure of the reconcile of `kind` `name`
 /// (debug for a conflict, warning otherwise) and requeues as [`RetryPolicy::retry`] says.
-pub fn error_policy<E: ReconcileError + 'static>(
+pub(crate) fn error_policy<E: ReconcileError + 'static>(
     policy: &RetryPolicy,
     kind: &str,
     name: &str,

@@ -19,6 +19,7 @@
 //! Events) and `reconcile` (the glue); dependencies go one way, and the controllers depend
 //! on each other only downwards (MachineDeployment on MachineSet on MachineDisruptionBudget).
 #![warn(missing_docs)]
+#![warn(unreachable_pub)]
 
 pub(crate) mod announce;
 pub mod clock;

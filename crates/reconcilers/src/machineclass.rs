@@ -31,10 +31,10 @@ use crate::kube_api::{self, ApiCallError, ApiResultExt, STANDARD_RETRY};
 use crate::machine::observe::{SecretRef, class_name, class_secret_refs};
 
 /// Errors of the class controller: a failed API call on a class or a Secret.
-pub type ClassError = ApiCallError;
+pub(crate) type ClassError = ApiCallError;
 
 /// What the class controller needs.
-pub struct ClassCtx {
+pub(crate) struct ClassCtx {
     /// Control cluster client.
     pub client: kube::Client,
     /// The namespace of classes and machines.
@@ -56,7 +56,7 @@ pub struct ClassCtx {
 
 impl ClassCtx {
     /// Builds the context.
-    pub fn new(
+    pub(crate) fn new(
         client: kube::Client,
         namespace: String,
         classes: Store<MachineClass>,
@@ -112,7 +112,7 @@ pub fn class_problems(class: &MachineClass) -> Vec<SpecProblem> {
 
 /// Every problem of a class: the shared ones ([`class_problems`]) and the provider's own
 /// ([`Driver::validate_machine_class`]), as `field: detail` lines.
-pub fn validate(class: &MachineClass, driver: &dyn Driver) -> Vec<String> {
+pub(crate) fn validate(class: &MachineClass, driver: &dyn Driver) -> Vec<String> {
     class_problems(class)
         .into_iter()
         .chain(driver.validate_machine_class(class))
@@ -121,7 +121,7 @@ pub fn validate(class: &MachineClass, driver: &dyn Driver) -> Vec<String> {
 }
 
 /// The Machines (names) that use a class.
-pub fn machines_using(machines: &[Arc<Machine>], class: &str) -> Vec<String> {
+pub(crate) fn machines_using(machines: &[Arc<Machine>], class: &str) -> Vec<String> {
     machines
         .iter()
         .filter(|m| class_name(m).ok() == Some(class))
@@ -130,7 +130,7 @@ pub fn machines_using(machines: &[Arc<Machine>], class: &str) -> Vec<String> {
 }
 
 /// The Secrets referenced by any class that is not being deleted.
-pub fn referenced_secrets(classes: &[Arc<MachineClass>]) -> BTreeSet<(String, String)> {
+pub(crate) fn referenced_secrets(classes: &[Arc<MachineClass>]) -> BTreeSet<(String, String)> {
     classes
         .iter()
         .filter(|c| c.metadata.deletion_timestamp.is_none())
@@ -141,7 +141,7 @@ pub fn referenced_secrets(classes: &[Arc<MachineClass>]) -> BTreeSet<(String, St
 }
 
 /// The classes (not being deleted or being deleted alike) that reference `secret`.
-pub fn classes_referencing(
+pub(crate) fn classes_referencing(
     secret: &Secret,
     classes: &Store<MachineClass>,
 ) -> Vec<ObjectRef<MachineClass>> {
@@ -163,7 +163,11 @@ pub fn classes_referencing(
 /// MCM's `machine-controller-manager`, replacing the legacy name; on Secrets its
 /// `machine-controller`) and, for Secrets, the watch label; `None` when the object already
 /// is as wanted. Pure.
-pub fn marking_patch<K: Resource>(obj: &K, wanted: bool, label: bool) -> Option<serde_json::Value> {
+pub(crate) fn marking_patch<K: Resource>(
+    obj: &K,
+    wanted: bool,
+    label: bool,
+) -> Option<serde_json::Value> {
     let has_label = obj
         .labels()
         .get(CLASS_CREDENTIALS_LABEL)
@@ -230,14 +234,14 @@ async fn sync_secret(ctx: &ClassCtx, r: &SecretRef, wanted: bool) -> Result<(), 
 }
 
 /// The `controller` label of this controller's reconcile metrics.
-pub const CONTROLLER: &str = "machineclass";
+pub(crate) const CONTROLLER: &str = "machineclass";
 
 /// The `controller` label of the secret controller's reconcile metrics.
-pub const SECRET_CONTROLLER: &str = "secret";
+pub(crate) const SECRET_CONTROLLER: &str = "secret";
 
 /// Whether any class (also one being deleted, which still needs it until its Machines are
 /// gone) references `secret`. Pure.
-pub fn secret_in_use(secret: &Secret, classes: &[Arc<MachineClass>]) -> bool {
+pub(crate) fn secret_in_use(secret: &Secret, classes: &[Arc<MachineClass>]) -> bool {
     let (ns, name) = (secret.namespace(), secret.name_any());
     classes.iter().any(|c| {
         class_secret_refs(c)
@@ -250,7 +254,7 @@ pub fn secret_in_use(secret: &Secret, classes: &[Arc<MachineClass>]) -> bool {
 /// The secret controller: a labelled Secret (see [`CLASS_CREDENTIALS_LABEL`]) that no class
 /// references any more loses our finalizer and the label, so it can be deleted. Runs once
 /// the stores listed.
-pub async fn reconcile_secret(
+pub(crate) async fn reconcile_secret(
     secret: Arc<Secret>,
     ctx: Arc<ClassCtx>,
 ) -> Result<Action, ClassError> {
@@ -270,7 +274,11 @@ pub async fn reconcile_secret(
 }
 
 /// Retry policy of the secret controller ([`kube_api::error_policy`]).
-pub fn secret_error_policy(secret: Arc<Secret>, err: &ClassError, _ctx: Arc<ClassCtx>) -> Action {
+pub(crate) fn secret_error_policy(
+    secret: Arc<Secret>,
+    err: &ClassError,
+    _ctx: Arc<ClassCtx>,
+) -> Action {
     kube_api::error_policy(&STANDARD_RETRY, "Secret", &secret.name_any(), err)
 }
 
@@ -292,7 +300,7 @@ async fn mark_class(
 
 /// The part of the validation Event that names the providerSpec keys the provider ignores
 /// (`""` without any). Pure.
-pub fn ignored_note(warnings: &[String]) -> String {
+pub(crate) fn ignored_note(warnings: &[String]) -> String {
     if warnings.is_empty() {
         String::new()
     } else {
@@ -301,7 +309,10 @@ pub fn ignored_note(warnings: &[String]) -> String {
 }
 
 /// Reconciles one class.
-pub async fn reconcile(class: Arc<MachineClass>, ctx: Arc<ClassCtx>) -> Result<Action, ClassError> {
+pub(crate) async fn reconcile(
+    class: Arc<MachineClass>,
+    ctx: Arc<ClassCtx>,
+) -> Result<Action, ClassError> {
     let api: Api<MachineClass> = Api::namespaced(ctx.client.clone(), &ctx.namespace);
     let name = class.name_any();
     let users = machines_using(&ctx.machines.state(), &name);
@@ -370,7 +381,11 @@ pub async fn reconcile(class: Arc<MachineClass>, ctx: Arc<ClassCtx>) -> Result<A
 
 /// Retry policy of failed class reconciles: a conflict (our view of the class or a secret
 /// was stale) soon and quietly, anything else after 10 s ([`kube_api::error_policy`]).
-pub fn error_policy(class: Arc<MachineClass>, err: &ClassError, _ctx: Arc<ClassCtx>) -> Action {
+pub(crate) fn error_policy(
+    class: Arc<MachineClass>,
+    err: &ClassError,
+    _ctx: Arc<ClassCtx>,
+) -> Action {
     kube_api::error_policy(&STANDARD_RETRY, MachineClass::KIND, &class.name_any(), err)
 }
 

@@ -14,7 +14,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 /// A reconcile longer than this is logged as a warning.
-pub const SLOW_RECONCILE: Duration = Duration::from_secs(5);
+pub(crate) const SLOW_RECONCILE: Duration = Duration::from_secs(5);
 
 /// The `controller` label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]

@@ -15,11 +15,11 @@ use std::time::{Duration, Instant};
 use crate::clock::SharedClock;
 
 /// The least time between two counter-only status writes of one object.
-pub const STATUS_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const STATUS_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Remembers when each object's status was last written (by uid).
 #[derive(Debug)]
-pub struct StatusPacer {
+pub(crate) struct StatusPacer {
     interval: Duration,
     last: Mutex<HashMap<String, Instant>>,
     clock: SharedClock,
@@ -33,7 +33,7 @@ impl Default for StatusPacer {
 
 /// What to do with a desired status ([`StatusPacer::admit`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admission {
+pub(crate) enum Admission {
     /// The object has it already: no write.
     Unchanged,
     /// Write it now (the write is noted).
@@ -46,7 +46,7 @@ impl StatusPacer {
     /// Whether the object `uid`, whose status is `current`, gets `desired` written now.
     /// `without_counters` strips what changes with every machine (see the module's
     /// introduction); a difference beyond it is written at once.
-    pub fn admit<S: PartialEq>(
+    pub(crate) fn admit<S: PartialEq>(
         &self,
         uid: &str,
         current: Option<&S>,
@@ -64,7 +64,7 @@ impl StatusPacer {
     }
 
     /// A pacer allowing one counter-only write per `interval` and object.
-    pub fn new(interval: Duration) -> Self {
+    pub(crate) fn new(interval: Duration) -> Self {
         StatusPacer {
             interval,
             last: Mutex::new(HashMap::new()),
@@ -73,15 +73,14 @@ impl StatusPacer {
     }
 
     /// The same pacer taking time from `clock`.
-    #[cfg_attr(not(test), allow(dead_code))]
-    pub fn with_clock(mut self, clock: SharedClock) -> Self {
+    pub(crate) fn with_clock(mut self, clock: SharedClock) -> Self {
         self.clock = clock;
         self
     }
 
     /// How long a write to the object `uid` must wait (`None`: write now, and the write is
     /// noted). `significant`: the write changes more than counters.
-    pub fn hold_back(&self, uid: &str, significant: bool) -> Option<Duration> {
+    pub(crate) fn hold_back(&self, uid: &str, significant: bool) -> Option<Duration> {
         let now = self.clock.instant();
         let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
         let wait = hold_back_for(last.get(uid).copied(), now, self.interval, significant);
@@ -95,7 +94,7 @@ impl StatusPacer {
 
 /// The decision of [`StatusPacer::hold_back`] on facts: the last write at `last`, now `now`.
 /// Pure.
-pub fn hold_back_for(
+pub(crate) fn hold_back_for(
     last: Option<Instant>,
     now: Instant,
     interval: Duration,

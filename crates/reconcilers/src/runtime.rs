@@ -16,7 +16,7 @@ use crate::metrics::ReconcileMetrics;
 
 /// Runs controllers the same way: see the module documentation.
 #[derive(Clone)]
-pub struct Runner {
+pub(crate) struct Runner {
     /// Reconcile metrics shared by every controller of the process.
     pub reconciles: ReconcileMetrics,
     /// `--concurrent-syncs` and the like.
@@ -40,7 +40,7 @@ impl Runner {
     /// The future that runs `controller` with `(name, reconcile, error_policy)` (`name`
     /// labels the metrics), until the token fires and in-flight reconciles finished.
     #[allow(clippy::type_complexity)]
-    pub fn run<K, C, E, F, Fut>(
+    pub(crate) fn run<K, C, E, F, Fut>(
         &self,
         controller: Controller<K>,
         (name, reconcile, error_policy): (&'static str, F, fn(Arc<K>, &E, Arc<C>) -> Action),
@@ -79,7 +79,7 @@ impl Runner {
 
 /// A reconcile function that waits for `synced` (once, at start-up), then records its
 /// duration and errors under `controller`, inside a span naming the object.
-pub fn timed<K, C, E, F, Fut>(
+pub(crate) fn timed<K, C, E, F, Fut>(
     reconciles: ReconcileMetrics,
     controller: &'static str,
     synced: tokio::sync::watch::Receiver<bool>,

@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 /// Like the Go controllers, a missing or empty selector matches **nothing** (a set with an
 /// empty selector must never claim every machine of the namespace). Unknown operators never
 /// match.
-pub fn selector_matches(
+pub(crate) fn selector_matches(
     selector: Option<&LabelSelector>,
     labels: Option<&BTreeMap<String, String>>,
 ) -> bool {
@@ -45,7 +45,7 @@ pub fn selector_matches(
 
 /// Whether every label of `subset` is present with the same value in `labels` (the "fully
 /// labeled" test of a machine against its set's template labels). An empty subset matches.
-pub fn labels_contain(
+pub(crate) fn labels_contain(
     labels: Option<&BTreeMap<String, String>>,
     subset: Option<&BTreeMap<String, String>>,
 ) -> bool {

@@ -56,7 +56,7 @@ struct State {
 macro_rules! typed_events {
     ($($(#[$doc:meta])* $name:ident => $type_:ident,)*) => {$(
         $(#[$doc])*
-        pub async fn $name(&self, reference: &ObjectReference, reason: &str, action: &str, note: String) {
+        pub(crate) async fn $name(&self, reference: &ObjectReference, reason: &str, action: &str, note: String) {
             self.publish(reference, EventType::$type_, reason, action, note).await
         }
     )*};
@@ -65,7 +65,7 @@ macro_rules! typed_events {
 /// Publishes Events as one reporting controller. Failures to publish are logged, never
 /// propagated: an Event is information, not a step of the lifecycle.
 #[derive(Clone)]
-pub struct EventPublisher {
+pub(crate) struct EventPublisher {
     client: kube::Client,
     /// The reporting controller (`source.component`, `reportingComponent`).
     controller: String,
@@ -85,7 +85,7 @@ impl std::fmt::Debug for EventPublisher {
 
 impl EventPublisher {
     /// Events reported as `controller` (e.g. `machine-controller`).
-    pub fn new(client: kube::Client, controller: &str) -> Self {
+    pub(crate) fn new(client: kube::Client, controller: &str) -> Self {
         EventPublisher {
             client,
             controller: controller.into(),
@@ -114,7 +114,7 @@ impl EventPublisher {
 
     /// Forgets the Event budgets and Events of the object with this UID (call it when the
     /// object is deleted: a budget is otherwise kept until it has refilled, up to an hour).
-    pub fn forget(&self, uid: &str) {
+    pub(crate) fn forget(&self, uid: &str) {
         let mut s = self.state();
         s.spam.forget(uid);
         s.correlator.forget(uid);
@@ -122,20 +122,20 @@ impl EventPublisher {
 
     /// Keeps only the Event budgets and Events of the objects `live` names by UID (a sweep
     /// after Events of objects published once they were gone).
-    pub fn retain(&self, live: &HashSet<String>) {
+    pub(crate) fn retain(&self, live: &HashSet<String>) {
         let mut s = self.state();
         s.spam.retain(live);
         s.correlator.retain(live);
     }
 
     /// How many per-object records are kept (budgets and remembered Events).
-    pub fn tracked(&self) -> usize {
+    pub(crate) fn tracked(&self) -> usize {
         let s = self.state();
         s.spam.len() + s.correlator.len()
     }
 
     /// An event of the given type.
-    pub async fn publish(
+    pub(crate) async fn publish(
         &self,
         reference: &ObjectReference,
         type_: EventType,

@@ -12,7 +12,7 @@ use super::status::{Operation, last_description};
 
 /// What makes an announcement new (and so its Events published).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Novelty {
+pub(crate) enum Novelty {
     /// The `lastOperation` it records differs from the one the Machine shows: kept on the
     /// Machine, so a restart does not announce it again.
     NewRecord,
@@ -26,7 +26,7 @@ pub enum Novelty {
 
 /// Where an Event goes.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Target {
+pub(crate) enum Target {
     /// The Machine.
     Machine,
     /// The Node of this name (looked up by name, as the kubelet's Events are).
@@ -37,7 +37,7 @@ pub enum Target {
 
 /// One Event of an announcement.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Note {
+pub(crate) struct Note {
     pub target: Target,
     pub kind: EventType,
     pub reason: &'static str,
@@ -47,7 +47,7 @@ pub struct Note {
 
 impl Note {
     /// A Normal Event on the Machine.
-    pub fn normal(reason: &'static str, action: &'static str, text: String) -> Self {
+    pub(crate) fn normal(reason: &'static str, action: &'static str, text: String) -> Self {
         Note {
             target: Target::Machine,
             kind: EventType::Normal,
@@ -58,7 +58,7 @@ impl Note {
     }
 
     /// A Warning Event on the Machine.
-    pub fn warning(reason: &'static str, action: &'static str, text: String) -> Self {
+    pub(crate) fn warning(reason: &'static str, action: &'static str, text: String) -> Self {
         Note {
             kind: EventType::Warning,
             ..Note::normal(reason, action, text)
@@ -66,14 +66,14 @@ impl Note {
     }
 
     /// The same Event on `target`.
-    pub fn on(self, target: Target) -> Self {
+    pub(crate) fn on(self, target: Target) -> Self {
         Note { target, ..self }
     }
 }
 
 /// A record on the Machine and the Events that tell of it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Announcement {
+pub(crate) struct Announcement {
     /// The phase to record with the operation.
     pub phase: Option<MachinePhase>,
     /// The operation to record (`None`: Events only).
@@ -86,7 +86,7 @@ pub struct Announcement {
 
 impl Announcement {
     /// Records `op` (with `phase`) and tells `notes` when the record is new.
-    pub fn record(phase: Option<MachinePhase>, op: Operation, notes: Vec<Note>) -> Self {
+    pub(crate) fn record(phase: Option<MachinePhase>, op: Operation, notes: Vec<Note>) -> Self {
         Announcement {
             phase,
             op: Some(op),
@@ -96,7 +96,7 @@ impl Announcement {
     }
 
     /// Records `op` (with `phase`) and tells `notes` every time.
-    pub fn every(phase: Option<MachinePhase>, op: Operation, notes: Vec<Note>) -> Self {
+    pub(crate) fn every(phase: Option<MachinePhase>, op: Operation, notes: Vec<Note>) -> Self {
         Announcement {
             novelty: Novelty::Every,
             ..Announcement::record(phase, op, notes)
@@ -104,7 +104,7 @@ impl Announcement {
     }
 
     /// Events only, told every time (a one-off: the step that tells them does not repeat).
-    pub fn events(notes: Vec<Note>) -> Self {
+    pub(crate) fn events(notes: Vec<Note>) -> Self {
         Announcement {
             phase: None,
             op: None,
@@ -114,7 +114,7 @@ impl Announcement {
     }
 
     /// Tells `note` (none: forgets the topic) when it differs from the last of `topic`.
-    pub fn remembered(topic: Topic, note: Option<Note>) -> Self {
+    pub(crate) fn remembered(topic: Topic, note: Option<Note>) -> Self {
         Announcement {
             phase: None,
             op: None,
@@ -125,7 +125,7 @@ impl Announcement {
 
     /// Whether it is new for `m`, whose last announcement under `topic` (if remembered) was
     /// `remembered`. Pure.
-    pub fn is_new_for(&self, m: &Machine, remembered: Option<&str>) -> bool {
+    pub(crate) fn is_new_for(&self, m: &Machine, remembered: Option<&str>) -> bool {
         match self.novelty {
             Novelty::Every => true,
             Novelty::NewRecord => self

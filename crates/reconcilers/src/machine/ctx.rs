@@ -20,11 +20,11 @@ use super::model::Topic;
 use super::policy::backoff_delay;
 use super::{Freeze, MachineMetrics, Settings, observe};
 use crate::events::EventPublisher;
-pub use crate::informers::Stores;
+pub(crate) use crate::informers::Stores;
 use crate::kube_api::ApiErrorExt;
 
 /// Everything a machine reconcile needs.
-pub struct Ctx {
+pub(crate) struct Ctx {
     /// Client of the control cluster (Machines, classes, secrets).
     pub control: kube::Client,
     /// Client of the target cluster (Nodes, pods, bootstrap tokens).
@@ -84,7 +84,7 @@ const SWEEP_EVERY: u64 = 64;
 impl Ctx {
     /// Builds a context.
     #[allow(clippy::too_many_arguments)]
-    pub fn new(
+    pub(crate) fn new(
         control: kube::Client,
         target: kube::Client,
         evictions: kube::Client,
@@ -126,14 +126,14 @@ impl Ctx {
 
     /// A class of the namespace from the store (shared with it: a reconcile that only asks
     /// whether the class exists copies nothing).
-    pub fn class(&self, name: &str) -> Option<Arc<MachineClass>> {
+    pub(crate) fn class(&self, name: &str) -> Option<Arc<MachineClass>> {
         self.stores
             .classes
             .get(&ObjectRef::new(name).within(&self.settings.namespace))
     }
 
     /// A Secret from the store of class-referenced Secrets.
-    pub fn secret(&self, namespace: &str, name: &str) -> Option<Arc<Secret>> {
+    pub(crate) fn secret(&self, namespace: &str, name: &str) -> Option<Arc<Secret>> {
         self.stores
             .secrets
             .get(&ObjectRef::new(name).within(namespace))
@@ -142,7 +142,7 @@ impl Ctx {
     /// A Secret a class references: from the store, or, for one the store does not hold yet
     /// (the class controller has not labelled it for the watch, or it lives in another
     /// namespace), from the API server. `None`: it does not exist.
-    pub async fn class_secret(
+    pub(crate) async fn class_secret(
         &self,
         r: &observe::SecretRef,
     ) -> Result<Option<Arc<Secret>>, super::Error> {
@@ -160,13 +160,13 @@ impl Ctx {
     /// last seen annotated not-managed-by-MCM does not delete its Machine. Noting every change
     /// (not only the deletion) matters: a reconcile may see the Node gone from the store before
     /// the deletion tap ran, and then only the annotated update it saw earlier tells.
-    pub fn note_node(&self, node: &Node) {
+    pub(crate) fn note_node(&self, node: &Node) {
         self.unmanaged
             .note(node.name_any(), observe::node_not_managed(node));
     }
 
     /// Whether the Node `name` was last seen not managed by MCM (asked when it is gone).
-    pub fn unmanaged_node_deleted(&self, name: &str) -> bool {
+    pub(crate) fn unmanaged_node_deleted(&self, name: &str) -> bool {
         self.unmanaged.contains(name)
     }
 
@@ -336,7 +336,7 @@ impl Ctx {
     /// write, announcements) once the watch reports the Machine deleted. The deletion's last
     /// step forgets most of it; a Machine removed without that step (its finalizer stripped
     /// by hand) would otherwise stay in these maps until a restart.
-    pub fn forget_machine(&self, m: &Machine) {
+    pub(crate) fn forget_machine(&self, m: &Machine) {
         let Some(uid) = m.uid() else { return };
         self.backoff.reset(&uid);
         self.own_writes.remove(&uid);

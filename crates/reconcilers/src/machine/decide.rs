@@ -13,7 +13,7 @@ use mcm_api::MachinePhase;
 use super::hooks::HookStage;
 
 /// How long a Node may be NotReady before drain is forced (MCM's rule).
-pub const FORCE_DRAIN_NOT_READY_AFTER: Duration = Duration::from_secs(5 * 60);
+pub(crate) const FORCE_DRAIN_NOT_READY_AFTER: Duration = Duration::from_secs(5 * 60);
 
 /// How long a machine is Unknown before the driver's fast path may fail it. The nodes of one
 /// outage do not go NotReady in the same instant (their last heartbeats differ by up to a
@@ -21,12 +21,12 @@ pub const FORCE_DRAIN_NOT_READY_AFTER: Duration = Duration::from_secs(5 * 60);
 /// the first one at once would let it be replaced before the remediation short-circuit has
 /// seen the others. This covers Kubernetes' default spread (10s heartbeats, 5s monitor
 /// period) and is still far below any health timeout.
-pub const FAST_PATH_SETTLE: Duration = Duration::from_secs(20);
+pub(crate) const FAST_PATH_SETTLE: Duration = Duration::from_secs(20);
 
-pub use super::model::*;
+pub(crate) use super::model::*;
 
 /// Decides the next step for a Machine. Pure: same input, same answer.
-pub fn next_step(o: &Observed, cfg: &MachineConfig, now: Timestamp) -> Step {
+pub(crate) fn next_step(o: &Observed, cfg: &MachineConfig, now: Timestamp) -> Step {
     if o.deleting {
         return deletion_step(o, cfg, now);
     }
@@ -43,7 +43,7 @@ pub fn next_step(o: &Observed, cfg: &MachineConfig, now: Timestamp) -> Step {
 /// answer in [`Observed`]. Defined here, next to the rules that read the answers, so that the
 /// driver is asked exactly where an answer can change the step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Probe {
+pub(crate) enum Probe {
     /// No question.
     None,
     /// The state of the VM ([`Observed::vm`]):
@@ -56,7 +56,7 @@ pub enum Probe {
 }
 
 /// The [`Probe`] the step of `o` depends on (`o` observed without one). Pure.
-pub fn probe_for(o: &Observed, cfg: &MachineConfig) -> Probe {
+pub(crate) fn probe_for(o: &Observed, cfg: &MachineConfig) -> Probe {
     if o.class.is_err() || !o.vm_requested {
         return Probe::None;
     }
@@ -437,7 +437,7 @@ fn expired_rule(node: &NodeHealth, now: Timestamp) -> Option<&RuleMatch> {
 /// Whether a rollout's protection of a machine in `phase` can change its next step: only an
 /// Unknown machine past its health timeout consults it. The protection (a comparison of the
 /// machine's set's template with its deployment's) is read only then. Pure.
-pub fn protection_matters(phase: Option<&MachinePhase>) -> bool {
+pub(crate) fn protection_matters(phase: Option<&MachinePhase>) -> bool {
     phase == Some(&MachinePhase::Unknown)
 }
 

@@ -13,12 +13,12 @@ use super::announcement::{Announcement, Note, Target};
 use super::status::Operation;
 
 /// Longest pause between drain passes while pods terminate or volumes detach.
-pub const DRAIN_WAIT_RECHECK: Duration = Duration::from_secs(5);
+pub(crate) const DRAIN_WAIT_RECHECK: Duration = Duration::from_secs(5);
 
 /// Where a pass of a drain that does not wait for volumes (preservation and in-place
 /// updates: the VM stays) leaves its caller.
 #[derive(Debug)]
-pub enum PodsDrain<'a> {
+pub(crate) enum PodsDrain<'a> {
     /// No pod is left to move (or the Node is gone).
     Drained,
     /// Pods are left: come back after this long (the eviction retry interval when a
@@ -31,7 +31,7 @@ pub enum PodsDrain<'a> {
 
 /// How preservation and in-place updates read a drain pass (pure). `next`: the pace of
 /// their steps; `retry`: the eviction retry interval.
-pub fn pods_drain(
+pub(crate) fn pods_drain(
     report: &mcm_drain::PassReport,
     next: Duration,
     retry: Duration,
@@ -52,7 +52,7 @@ pub fn pods_drain(
 
 /// What a pass was told, and of its machine and node, for its verdict.
 #[derive(Debug, Clone)]
-pub struct PassFacts<'a> {
+pub(crate) struct PassFacts<'a> {
     /// The Machine's name.
     pub machine: String,
     /// The Node's name.
@@ -75,7 +75,7 @@ pub struct PassFacts<'a> {
     clippy::large_enum_variant,
     reason = "one value per drain pass, carried out at once"
 )]
-pub enum DrainVerdict {
+pub(crate) enum DrainVerdict {
     /// The node is drained (or gone); nothing is recorded yet.
     Drained(Drained),
     /// Pods or volumes are left: write the progress, tell the start, record where the drain
@@ -96,7 +96,7 @@ pub enum DrainVerdict {
 
 /// A finished drain, as the pass that finished it saw it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Drained {
+pub(crate) struct Drained {
     machine: String,
     node: String,
     first: bool,
@@ -115,7 +115,7 @@ pub struct Drained {
 }
 
 /// The verdict on a pass of a deletion's drain from its `report`. Pure.
-pub fn verdict(f: &PassFacts<'_>, report: &mcm_drain::PassReport) -> DrainVerdict {
+pub(crate) fn verdict(f: &PassFacts<'_>, report: &mcm_drain::PassReport) -> DrainVerdict {
     let mut summary = report.summary();
     let without_eviction = f.vm_dead.is_some()
         && report
@@ -202,7 +202,7 @@ pub fn verdict(f: &PassFacts<'_>, report: &mcm_drain::PassReport) -> DrainVerdic
 }
 
 /// A step of the deletion (the phase stays) told by `notes` when it is new.
-pub fn deletion_step(description: String, notes: Vec<Note>) -> Announcement {
+pub(crate) fn deletion_step(description: String, notes: Vec<Note>) -> Announcement {
     let op = Operation::processing(MachineOperationType::Delete, description);
     Announcement::record(None, op, notes)
 }
@@ -244,18 +244,18 @@ impl Drained {
 
     /// The deletion goes on in this reconcile: nothing is recorded (a crash before the VM is
     /// deleted repeats a pass that finds the node drained), the Events are told.
-    pub fn going_on(&self) -> Announcement {
+    pub(crate) fn going_on(&self) -> Announcement {
         Announcement::events(self.notes())
     }
 
     /// The deletion's next step waits: the drain is recorded (and told when new).
-    pub fn recorded(&self) -> Announcement {
+    pub(crate) fn recorded(&self) -> Announcement {
         deletion_step(self.description.clone(), self.notes())
     }
 
     /// The progress a recorded drain writes: drained, and its start when it finished in its
     /// first pass.
-    pub fn recorded_keys(&self) -> Vec<&'static str> {
+    pub(crate) fn recorded_keys(&self) -> Vec<&'static str> {
         let mut keys = Vec::new();
         if self.first {
             keys.push(progress::DRAIN_STARTED);

@@ -6,7 +6,7 @@ use super::decide::ClassProblem;
 
 /// Errors of a machine reconcile. Each keeps its cause.
 #[derive(Debug, thiserror::Error)]
-pub enum Error {
+pub(crate) enum Error {
     /// A Kubernetes API call failed.
     #[error("failed to {action}")]
     Kube {

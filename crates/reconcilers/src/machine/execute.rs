@@ -11,7 +11,7 @@ use super::plan::{Decision, PartitionHold, Plan, WhenDrained};
 use super::{Ctx, Error, act, nodetemplate, observe};
 
 /// Carries out `decision` for the machine of `s`.
-pub async fn execute(ctx: &Ctx, s: &Snapshot, decision: Decision) -> Result<Action, Error> {
+pub(crate) async fn execute(ctx: &Ctx, s: &Snapshot, decision: Decision) -> Result<Action, Error> {
     let m = &*s.machine;
     for announcement in decision.announcements {
         act::announce(ctx, m, announcement).await?;

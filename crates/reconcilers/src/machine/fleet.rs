@@ -17,7 +17,7 @@ use super::{observe, remediation};
 use crate::informers::Stores;
 
 /// The MachineSet and MachineDeployment of namespace `ns` that own `m`.
-pub fn owners(
+pub(crate) fn owners(
     stores: &Stores,
     ns: &str,
     m: &Machine,
@@ -34,7 +34,7 @@ pub fn owners(
 /// Why `m` must not be marked Failed now: it belongs to an old MachineSet of a
 /// MachineDeployment that is rolling out (failing it would leave pods unschedulable while
 /// the new machines are not ready yet).
-pub fn failure_protection(stores: &Stores, ns: &str, m: &Machine) -> Option<String> {
+pub(crate) fn failure_protection(stores: &Stores, ns: &str, m: &Machine) -> Option<String> {
     let (set, deployment) = owners(stores, ns, m);
     let (set, deployment) = (set?, deployment?);
     let owned: Vec<Arc<MachineSet>> = stores
@@ -52,7 +52,7 @@ pub fn failure_protection(stores: &Stores, ns: &str, m: &Machine) -> Option<Stri
 /// The verdict of the deployment of `m` on replacing it, with the deployment's permit when
 /// it was taken (held while the failure is written: it serialises the failures of a
 /// deployment's machines, so each counts those written before it).
-pub fn replacement(
+pub(crate) fn replacement(
     permits: &PermitGiver,
     stores: &Stores,
     ns: &str,

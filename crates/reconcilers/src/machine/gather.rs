@@ -8,13 +8,13 @@ use k8s_openapi::api::core::v1::Node;
 use mcm_api::{Machine, MachinePhase};
 
 use super::decide::{self, ClassProblem, Probe, VmReport};
-pub use super::model::{NodeState, Replacement, Snapshot};
+pub(crate) use super::model::{NodeState, Replacement, Snapshot};
 use super::partition::{self, ZoneMember, ZonePartition};
 use super::{Ctx, act, fleet, observe, plan};
 
 /// Reads what a reconcile of `m` decides from; `None` while the store's copy of `m` predates
 /// this controller's own last write (deciding on it would repeat that write's step).
-pub async fn gather(ctx: &Ctx, m: &Arc<Machine>) -> Option<Snapshot> {
+pub(crate) async fn gather(ctx: &Ctx, m: &Arc<Machine>) -> Option<Snapshot> {
     if ctx.store_is_behind(m) {
         return None;
     }

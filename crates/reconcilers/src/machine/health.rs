@@ -1,4 +1,4 @@
 //! Per-condition health rules and the node-startup timeout: read by
 //! [`mcm_api::policy::health`], where the admission webhook reads them too.
 
-pub use mcm_api::policy::health::*;
+pub(crate) use mcm_api::policy::health::*;

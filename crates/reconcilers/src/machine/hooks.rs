@@ -14,7 +14,7 @@ use mcm_api::constants::annotations::{hooks, progress};
 
 /// A stage of the deletion that hooks can hold.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum HookStage {
+pub(crate) enum HookStage {
     /// Before the drain.
     PreDrain,
     /// After the drain, before the VM is deleted.
@@ -23,7 +23,7 @@ pub enum HookStage {
 
 impl HookStage {
     /// The annotation prefix of the stage's hooks.
-    pub fn prefix(self) -> &'static str {
+    pub(crate) fn prefix(self) -> &'static str {
         match self {
             HookStage::PreDrain => hooks::PRE_DRAIN_PREFIX,
             HookStage::PreTerminate => hooks::PRE_TERMINATE_PREFIX,
@@ -31,7 +31,7 @@ impl HookStage {
     }
 
     /// The progress annotation written when the stage's hooks were given up on.
-    pub fn expired_annotation(self) -> &'static str {
+    pub(crate) fn expired_annotation(self) -> &'static str {
         match self {
             HookStage::PreDrain => progress::PRE_DRAIN_HOOKS_EXPIRED,
             HookStage::PreTerminate => progress::PRE_TERMINATE_HOOKS_EXPIRED,
@@ -49,7 +49,10 @@ impl fmt::Display for HookStage {
 }
 
 /// The hooks of a stage on a Machine, as `name (owner owner)`, sorted by name.
-pub fn hooks_of(annotations: Option<&BTreeMap<String, String>>, stage: HookStage) -> Vec<String> {
+pub(crate) fn hooks_of(
+    annotations: Option<&BTreeMap<String, String>>,
+    stage: HookStage,
+) -> Vec<String> {
     annotations
         .into_iter()
         .flatten()

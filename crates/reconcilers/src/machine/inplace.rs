@@ -94,7 +94,7 @@ pub struct Facts<'a> {
 }
 
 /// The Node's `InPlaceUpdate` condition.
-pub fn condition(node: &Node) -> Option<&NodeCondition> {
+pub(crate) fn condition(node: &Node) -> Option<&NodeCondition> {
     super::observe::node_conditions_of(node)
         .iter()
         .find(|c| c.type_ == node_conditions::IN_PLACE_UPDATE)
@@ -268,7 +268,7 @@ fn condition_step(reason: &'static str, detail: String) -> InPlaceStep {
 }
 
 /// The facts of `m` and its `node` for [`next`].
-pub fn facts<'a>(
+pub(crate) fn facts<'a>(
     m: &'a Machine,
     node: &'a Node,
     healthy: bool,

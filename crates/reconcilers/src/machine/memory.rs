@@ -19,7 +19,7 @@ use super::policy::backoff_delay;
 /// How long a write of our own is awaited in the store before a reconcile goes on without
 /// it (a watch that does not deliver it for this long has bigger problems; the reconcile
 /// then acts on what the store holds, as it would without this guard).
-pub const OWN_WRITE_WAIT: Duration = Duration::from_secs(30);
+pub(crate) const OWN_WRITE_WAIT: Duration = Duration::from_secs(30);
 
 /// The resourceVersion of `m` as the integer the API server issues.
 pub(crate) fn resource_version(meta: &ObjectMeta) -> Option<u64> {
@@ -73,7 +73,7 @@ impl RecentWrites {
 
 /// Whether a store copy of version `copy` predates our write of version `written`, made
 /// `since` ago. Pure.
-pub fn copy_is_behind(copy: Option<u64>, written: u64, since: Duration) -> bool {
+pub(crate) fn copy_is_behind(copy: Option<u64>, written: u64, since: Duration) -> bool {
     since < OWN_WRITE_WAIT && copy.is_some_and(|c| c < written)
 }
 
@@ -89,7 +89,7 @@ pub(crate) struct Backoff {
 
 /// The delay a failure asks for itself: the cloud's retry time, else the resource-exhausted
 /// period for a `ResourceExhausted`. Pure.
-pub fn asked_delay(err: Option<&DriverError>, settings: &Settings) -> Option<Duration> {
+pub(crate) fn asked_delay(err: Option<&DriverError>, settings: &Settings) -> Option<Duration> {
     err.and_then(|e| e.retry_after).or_else(|| {
         err.is_some_and(|e| e.code == Code::ResourceExhausted)
             .then_some(settings.resource_exhausted_retry)
@@ -212,21 +212,21 @@ impl UnmanagedNodes {
 
 /// One record per [`Topic`] of what was last announced per machine.
 #[derive(Debug, Default)]
-pub struct TopicRecords([crate::announce::Announced; 2]);
+pub(crate) struct TopicRecords([crate::announce::Announced; 2]);
 
 impl TopicRecords {
     /// The record of `topic`.
-    pub fn of(&self, topic: Topic) -> &crate::announce::Announced {
+    pub(crate) fn of(&self, topic: Topic) -> &crate::announce::Announced {
         &self.0[topic.index()]
     }
 
     /// Entries over all topics.
-    pub fn count(&self) -> usize {
+    pub(crate) fn count(&self) -> usize {
         self.0.iter().map(crate::announce::Announced::count).sum()
     }
 
     /// Forgets `uid` under every topic.
-    pub fn forget(&self, uid: &str) {
+    pub(crate) fn forget(&self, uid: &str) {
         for r in &self.0 {
             r.forget(uid);
         }

@@ -44,7 +44,7 @@ pub struct MachineMetrics {
 /// `instance_type` and `zone` when the class has no node template (and its client then
 /// panics); they are empty here instead.
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PlacementLabels {
+pub(crate) struct PlacementLabels {
     /// The Machine's namespace.
     pub namespace: String,
     /// Its MachineDeployment (the Machine's `name` label).
@@ -57,14 +57,14 @@ pub struct PlacementLabels {
 
 /// The label of the zone-partition gauge.
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ZoneLabel {
+pub(crate) struct ZoneLabel {
     /// The partitioned zone.
     pub zone: String,
 }
 
 /// The labels of the drain duration.
 #[derive(Clone, Debug, Default, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct DeploymentLabels {
+pub(crate) struct DeploymentLabels {
     /// The Machine's namespace.
     pub namespace: String,
     /// Its MachineDeployment.
@@ -87,7 +87,7 @@ struct Durations {
 
 /// A machine step whose duration upstream reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Timed {
+pub(crate) enum Timed {
     /// From the Machine's creation to its VM's creation.
     Create,
     /// `initialize_machine`.

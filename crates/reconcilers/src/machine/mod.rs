@@ -13,54 +13,54 @@
 //! additive health and disruption policies, [`nodetemplate`] and [`nodefinalizer`] what a
 //! machine keeps on its Node.
 
-pub mod act;
-pub mod announcement;
-pub mod ctx;
-pub mod decide;
-pub mod drainplan;
-pub mod error;
-pub mod execute;
-pub mod fleet;
-pub mod freeze;
-pub mod gather;
-pub mod health;
-pub mod hooks;
-pub mod inplace;
-pub mod memory;
-pub mod metrics;
-pub mod model;
-pub mod nodefinalizer;
-pub mod nodetemplate;
-pub mod observe;
-pub mod outcome;
-pub mod partition;
-pub mod plan;
-pub mod policy;
-pub mod preserve;
-pub mod reconcile;
-pub mod remediation;
-pub mod settings;
-pub mod status;
+pub(crate) mod act;
+pub(crate) mod announcement;
+pub(crate) mod ctx;
+pub(crate) mod decide;
+pub(crate) mod drainplan;
+pub(crate) mod error;
+pub(crate) mod execute;
+pub(crate) mod fleet;
+pub(crate) mod freeze;
+pub(crate) mod gather;
+pub(crate) mod health;
+pub(crate) mod hooks;
+pub(crate) mod inplace;
+pub(crate) mod memory;
+pub(crate) mod metrics;
+pub(crate) mod model;
+pub(crate) mod nodefinalizer;
+pub(crate) mod nodetemplate;
+pub(crate) mod observe;
+pub(crate) mod outcome;
+pub(crate) mod partition;
+pub(crate) mod plan;
+pub(crate) mod policy;
+pub(crate) mod preserve;
+pub(crate) mod reconcile;
+pub(crate) mod remediation;
+pub(crate) mod settings;
+pub(crate) mod status;
 pub mod token;
 
-pub use ctx::Ctx;
-pub use error::Error;
-pub use freeze::Freeze;
+pub(crate) use ctx::Ctx;
+pub(crate) use error::Error;
+pub(crate) use freeze::Freeze;
 pub use metrics::MachineMetrics;
-pub use reconcile::{CONTROLLER, error_policy, reconcile};
+pub(crate) use reconcile::{CONTROLLER, error_policy, reconcile};
 pub use settings::Settings;
 
 /// The finalizer Machines are held with: the Go MCM's name, so that after a swap either
 /// implementation finishes the other's machines.
-pub const FINALIZER: &str = mcm_api::constants::finalizers::MACHINE_CONTROLLER_MANAGER;
+pub(crate) const FINALIZER: &str = mcm_api::constants::finalizers::MACHINE_CONTROLLER_MANAGER;
 /// The name earlier mcm-rs releases held Machines and MachineClasses with: replaced by
 /// [`FINALIZER`] on a live object, removed with it when the object is finished (the Go MCM
 /// would never remove it).
-pub const LEGACY_FINALIZERS: &[&str] = &[mcm_api::constants::finalizers::MACHINE_CONTROLLER];
+pub(crate) const LEGACY_FINALIZERS: &[&str] = &[mcm_api::constants::finalizers::MACHINE_CONTROLLER];
 
 /// How a Machine carries the machine controller's finalizer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Finalizer {
+pub(crate) enum Finalizer {
     /// [`FINALIZER`], and no legacy name.
     Held,
     /// A legacy name (with or without [`FINALIZER`]): ours, to be renamed while the machine
@@ -72,7 +72,7 @@ pub enum Finalizer {
 
 impl Finalizer {
     /// How `finalizers` carry ours. Pure.
-    pub fn of(finalizers: &[String]) -> Self {
+    pub(crate) fn of(finalizers: &[String]) -> Self {
         if finalizers
             .iter()
             .any(|f| LEGACY_FINALIZERS.contains(&f.as_str()))

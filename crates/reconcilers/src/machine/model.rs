@@ -17,7 +17,7 @@ use super::hooks::HookStage;
 /// The timeouts and health rules that apply to one Machine: the controller's flags,
 /// overridden by the Machine's inline `spec` configuration.
 #[derive(Debug, Clone, PartialEq)]
-pub struct MachineConfig {
+pub(crate) struct MachineConfig {
     /// `--machine-creation-timeout` / `spec.creationTimeout`.
     pub creation_timeout: Duration,
     /// `--machine-health-timeout` / `spec.healthTimeout`.
@@ -46,7 +46,7 @@ pub struct MachineConfig {
 
 /// A Node condition that matches a health rule, and since when.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RuleMatch {
+pub(crate) struct RuleMatch {
     /// The rule.
     pub rule: ConditionRule,
     /// The condition's last transition (else the Node's creation).
@@ -56,7 +56,7 @@ pub struct RuleMatch {
 /// What a warning announced once per machine is about (see the announcements of
 /// [`act`](super::act)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Topic {
+pub(crate) enum Topic {
     /// A health annotation of the Machine or its deployment that does not parse.
     HealthPolicy,
     /// A preserve value on the Node that upstream does not allow.
@@ -72,7 +72,7 @@ impl Topic {
 
 /// What the driver said of the VM of an unhealthy machine (the fast path).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum VmReport {
+pub(crate) enum VmReport {
     /// Not asked, or the driver could not tell.
     #[default]
     NotAsked,
@@ -89,7 +89,7 @@ pub enum VmReport {
 
 /// Why the machine's class cannot be used right now.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ClassProblem {
+pub(crate) enum ClassProblem {
     /// `spec.class` is empty or not a MachineClass.
     NoClassReference,
     /// The referenced MachineClass does not exist.
@@ -135,7 +135,7 @@ impl std::fmt::Display for ClassProblem {
 
 /// What the controller saw of the Machine's Node.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct NodeHealth {
+pub(crate) struct NodeHealth {
     /// `Ready` is `True`.
     pub ready: bool,
     /// Since when `Ready` has not been `True` (its last transition), if it is not.
@@ -151,12 +151,12 @@ pub struct NodeHealth {
 
 impl NodeHealth {
     /// Ready and without bad conditions.
-    pub fn healthy(&self) -> bool {
+    pub(crate) fn healthy(&self) -> bool {
         self.ready && self.bad_conditions.is_empty() && self.rule_matches.is_empty()
     }
 
     /// A human-readable reason why the node is unhealthy.
-    pub fn unhealthy_reason(&self) -> String {
+    pub(crate) fn unhealthy_reason(&self) -> String {
         let mut parts = Vec::new();
         if !self.ready {
             parts.push("node is not Ready".to_string());
@@ -179,7 +179,7 @@ impl NodeHealth {
 
 /// Everything [`next_step`](super::decide::next_step) decides from.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Observed {
+pub(crate) struct Observed {
     /// `metadata.deletionTimestamp` is set.
     pub deleting: bool,
     /// How the Machine carries our finalizer.
@@ -227,7 +227,7 @@ pub struct Observed {
 /// The facts deletion decides from: the durable progress record on the Machine, plus what
 /// was seen of the node's VolumeAttachments and of the VM.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct DeletionFacts {
+pub(crate) struct DeletionFacts {
     /// When the drain started (the node was cordoned).
     pub drain_started: Option<Timestamp>,
     /// When the drain first found no pod left to wait for.
@@ -254,7 +254,7 @@ pub struct DeletionFacts {
 
 /// What to do next.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Step {
+pub(crate) enum Step {
     /// Put our finalizer on the Machine.
     AddFinalizer,
     /// Record the class problem (lastOperation Failed, Event) and retry later.
@@ -380,7 +380,7 @@ pub enum Step {
 /// The verdict of a machine's deployment on one more replacement, taken under the
 /// deployment's permit (see [`gather`](super::gather::gather)).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum Replacement {
+pub(crate) enum Replacement {
     /// Not asked (the machine is not about to fail), or the machine has no deployment.
     #[default]
     NotAsked,
@@ -394,7 +394,7 @@ pub enum Replacement {
 
 /// What the Node store says about the Node a Machine records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum NodeState {
+pub(crate) enum NodeState {
     /// The machine records no node.
     NotRecorded,
     /// The Node exists (or is not managed by MCM: deleting it is not ours to act on).
@@ -408,7 +408,7 @@ pub enum NodeState {
 /// Everything one reconcile of a Machine decides from: what
 /// [`gather`](super::gather::gather) read, for [`plan`](super::plan::plan).
 #[derive(Debug, Clone)]
-pub struct Snapshot {
+pub(crate) struct Snapshot {
     /// The Machine, as the store holds it.
     pub machine: Arc<Machine>,
     /// Now, taken once from the context's clock.

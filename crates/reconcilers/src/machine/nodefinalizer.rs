@@ -18,16 +18,16 @@ use super::{Ctx, Error, observe};
 use crate::kube_api::{self, ApiErrorExt};
 
 /// The finalizer's name.
-pub const NODE_FINALIZER: &str = mcm_api::constants::finalizers::NODE;
+pub(crate) const NODE_FINALIZER: &str = mcm_api::constants::finalizers::NODE;
 
 /// Whether `node` carries the finalizer. Pure.
-pub fn held(node: &Node) -> bool {
+pub(crate) fn held(node: &Node) -> bool {
     node.finalizers().iter().any(|f| f == NODE_FINALIZER)
 }
 
 /// Whether the finalizer is to be added to `node`, the Node of `m`: neither is being
 /// deleted, the Node is managed by MCM, and it does not carry the finalizer yet. Pure.
-pub fn to_add(m: &Machine, node: &Node) -> bool {
+pub(crate) fn to_add(m: &Machine, node: &Node) -> bool {
     m.metadata.deletion_timestamp.is_none()
         && node.metadata.deletion_timestamp.is_none()
         && !observe::node_not_managed(node)
@@ -37,7 +37,7 @@ pub fn to_add(m: &Machine, node: &Node) -> bool {
 /// `patch` (a merge patch of `node`, or none) with the finalizer added to the Node's list,
 /// guarded by the Node's resourceVersion; `patch` unchanged when the finalizer is held. One
 /// write carries both the node template and the finalizer. Pure.
-pub fn add_to_patch(patch: Option<Value>, node: &Node) -> Option<Value> {
+pub(crate) fn add_to_patch(patch: Option<Value>, node: &Node) -> Option<Value> {
     let Some(list) = kube_api::finalizers_with(node.finalizers(), NODE_FINALIZER, true) else {
         return patch;
     };
@@ -52,7 +52,7 @@ pub fn add_to_patch(patch: Option<Value>, node: &Node) -> Option<Value> {
 /// not-managed-by-MCM, and any other once it is older than `creation_timeout` (a machine
 /// being created may not have recorded its node yet). A Node is claimed by a Machine whose
 /// `node` label names it, or that its `node.gardener.cloud/machine-name` label names. Pure.
-pub fn unclaimed<'a>(
+pub(crate) fn unclaimed<'a>(
     nodes: &'a [std::sync::Arc<Node>],
     machines: &[std::sync::Arc<Machine>],
     creation_timeout: Duration,
@@ -102,7 +102,7 @@ pub fn unclaimed<'a>(
 /// name from the list (`metadata.finalizers` merges by value), so other finalizers stay and no
 /// resourceVersion is needed (a guarded write of the whole list conflicted with the drain's
 /// own Node writes and cost a read and a second patch). A vanished Node needs nothing.
-pub async fn release(ctx: &Ctx, name: &str) -> Result<(), Error> {
+pub(crate) async fn release(ctx: &Ctx, name: &str) -> Result<(), Error> {
     let nodes: Api<Node> = Api::all(ctx.target.clone());
     match nodes
         .patch(
@@ -119,7 +119,7 @@ pub async fn release(ctx: &Ctx, name: &str) -> Result<(), Error> {
 }
 
 /// The strategic merge patch that removes the finalizer and nothing else. Pure.
-pub fn release_patch() -> Value {
+pub(crate) fn release_patch() -> Value {
     json!({"metadata": {"$deleteFromPrimitiveList/finalizers": [NODE_FINALIZER]}})
 }
 

@@ -20,7 +20,7 @@ use crate::kube_api::{self, ApiErrorExt};
 
 /// What the template asks for (and what the annotation records as applied).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Applied {
+pub(crate) struct Applied {
     /// Labels.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
@@ -55,7 +55,7 @@ struct RecordedSpec {
 }
 
 /// The template of a Machine.
-pub fn desired(machine: &Machine) -> Applied {
+pub(crate) fn desired(machine: &Machine) -> Applied {
     let t = machine.spec.node_template.as_ref();
     let meta = t.and_then(|t| t.metadata.as_ref());
     Applied {
@@ -69,7 +69,7 @@ pub fn desired(machine: &Machine) -> Applied {
 }
 
 /// What the annotation on the Node says was applied last.
-pub fn last_applied(node: &Node) -> Applied {
+pub(crate) fn last_applied(node: &Node) -> Applied {
     let recorded: Recorded = node
         .annotations()
         .get(LAST_APPLIED_ANNO_LABELS_TAINTS)
@@ -103,7 +103,7 @@ fn same_taint(a: &Taint, b: &Taint) -> bool {
 /// The Node labels, annotations and taints after applying `want` over what was `last`
 /// applied, with the label `node.gardener.cloud/machine-name: <machine>` that the Go MCM
 /// puts on every Node of a machine; `None` when the Node already matches.
-pub fn plan(node: &Node, want: &Applied, machine: &str) -> Option<serde_json::Value> {
+pub(crate) fn plan(node: &Node, want: &Applied, machine: &str) -> Option<serde_json::Value> {
     let last = last_applied(node);
     let mut labels = merge_map(node.labels(), &last.labels, &want.labels);
     labels.insert(NODE_MACHINE_NAME.to_owned(), machine.to_owned());
@@ -178,7 +178,7 @@ pub fn plan(node: &Node, want: &Applied, machine: &str) -> Option<serde_json::Va
 /// from the store's copy): an unguarded strategic merge patch when the taints stay as they
 /// are, else a patch that replaces the taint list, guarded by the copy's version and planned
 /// again from a read after a conflict.
-pub async fn write(
+pub(crate) async fn write(
     ctx: &Ctx,
     machine: &Machine,
     node: &Node,
@@ -212,7 +212,7 @@ pub async fn write(
 
 /// A node write as the plan chose it.
 #[derive(Debug, Clone, PartialEq)]
-pub enum NodeWrite {
+pub(crate) enum NodeWrite {
     /// Labels, annotations and the finalizer only: a strategic merge patch without a
     /// resourceVersion guard ([`unguarded`]), which cannot conflict.
     Unguarded(serde_json::Value),
@@ -222,7 +222,7 @@ pub enum NodeWrite {
 
 /// The patch that brings `node` in line with the node template of `machine`, with the Node
 /// finalizer when the Node misses it; `None` when nothing is to change. Pure.
-pub fn patch_for(machine: &Machine, node: &Node) -> Option<serde_json::Value> {
+pub(crate) fn patch_for(machine: &Machine, node: &Node) -> Option<serde_json::Value> {
     let patch = plan(node, &desired(machine), &machine.name_any());
     if super::nodefinalizer::to_add(machine, node) {
         super::nodefinalizer::add_to_patch(patch, node)
@@ -233,7 +233,7 @@ pub fn patch_for(machine: &Machine, node: &Node) -> Option<serde_json::Value> {
 
 /// The write that brings `node` in line ([`patch_for`]): unguarded when it leaves the taints
 /// as they are. Pure.
-pub fn planned_write(machine: &Machine, node: &Node) -> Option<NodeWrite> {
+pub(crate) fn planned_write(machine: &Machine, node: &Node) -> Option<NodeWrite> {
     let planned = patch_for(machine, node)?;
     Some(match unguarded(&planned, node) {
         Some(patch) => NodeWrite::Unguarded(patch),
@@ -246,7 +246,7 @@ pub fn planned_write(machine: &Machine, node: &Node) -> Option<NodeWrite> {
 /// annotations merge key by key (a null removes one) and the finalizer is merged into the
 /// list, so nobody's change can be lost. `None` when the taints change (a Node's taints
 /// have no merge key: the whole list must be written, guarded). Pure.
-pub fn unguarded(planned: &serde_json::Value, node: &Node) -> Option<serde_json::Value> {
+pub(crate) fn unguarded(planned: &serde_json::Value, node: &Node) -> Option<serde_json::Value> {
     let current = node
         .spec
         .as_ref()

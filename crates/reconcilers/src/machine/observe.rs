@@ -46,7 +46,7 @@ pub struct Defaults {
 /// The effective configuration of one machine (its `spec` overrides the defaults) with the health annotations of the Machine, else of its
 /// MachineDeployment (`deployment`), over the flags. An annotation that does not parse is
 /// returned as the second value, and the flags apply in its place (the caller reports it).
-pub fn machine_config_in(
+pub(crate) fn machine_config_in(
     machine: &Machine,
     deployment: Option<&BTreeMap<String, String>>,
     d: &Defaults,
@@ -104,7 +104,7 @@ pub fn machine_config_in(
 /// The Machine's `node.machine.sapcloud.io/effective-creation-timeout` annotation, when it
 /// is a duration: it wins over `spec.creationTimeout` (upstream's order; a value that does
 /// not parse is ignored, and the MachineSet that copied it warned about it).
-pub fn effective_creation_timeout(machine: &Machine) -> Option<Duration> {
+pub(crate) fn effective_creation_timeout(machine: &Machine) -> Option<Duration> {
     let value = machine
         .metadata
         .annotations
@@ -124,13 +124,13 @@ pub fn split_list(s: &str) -> Vec<String> {
 
 /// The name of the class a Machine references ([`Machine::class_name`]), or the problem
 /// with the reference.
-pub fn class_name(machine: &Machine) -> Result<&str, ClassProblem> {
+pub(crate) fn class_name(machine: &Machine) -> Result<&str, ClassProblem> {
     machine.class_name().ok_or(ClassProblem::NoClassReference)
 }
 
 /// A Secret a class references.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SecretRef {
+pub(crate) struct SecretRef {
     /// Its namespace (the class's own when the reference names none).
     pub namespace: String,
     /// Its name.
@@ -139,7 +139,7 @@ pub struct SecretRef {
 
 /// The secrets a class references: `secretRef`, then `credentialsSecretRef` (`None` where a
 /// reference is absent).
-pub fn class_secret_refs(class: &MachineClass) -> [Option<SecretRef>; 2] {
+pub(crate) fn class_secret_refs(class: &MachineClass) -> [Option<SecretRef>; 2] {
     let own = class.metadata.namespace.clone().unwrap_or_default();
     [&class.secret_ref, &class.credentials_secret_ref].map(|r| {
         let r = r.as_ref()?;
@@ -155,12 +155,12 @@ pub fn class_secret_refs(class: &MachineClass) -> [Option<SecretRef>; 2] {
 }
 
 /// The node name recorded on a Machine ([`Machine::node_name`], its `node` label).
-pub fn node_name(machine: &Machine) -> Option<&str> {
+pub(crate) fn node_name(machine: &Machine) -> Option<&str> {
     machine.node_name()
 }
 
 /// Whether the Node is excluded from MCM's management.
-pub fn node_not_managed(node: &Node) -> bool {
+pub(crate) fn node_not_managed(node: &Node) -> bool {
     node.metadata
         .annotations
         .as_ref()
@@ -172,18 +172,18 @@ pub fn node_not_managed(node: &Node) -> bool {
 /// reads ([`NodeHealth::healthy`]): the lifecycle, preservation, in-place updates and what a
 /// created VM settles into. (The remediation census counts otherwise, see
 /// [`super::remediation::Member`].)
-pub fn health(node: &Node, cfg: &MachineConfig) -> NodeHealth {
+pub(crate) fn health(node: &Node, cfg: &MachineConfig) -> NodeHealth {
     node_health_with(node, &cfg.bad_conditions, &cfg.unhealthy_conditions)
 }
 
 /// The health of `node` as far as `Ready` and the `bad_conditions` tell (no per-condition
 /// rules): for callers without a machine's configuration.
-pub fn node_health(node: &Node, bad_conditions: &[String]) -> NodeHealth {
+pub(crate) fn node_health(node: &Node, bad_conditions: &[String]) -> NodeHealth {
     node_health_with(node, bad_conditions, &[])
 }
 
 /// The health of a Node under the configured bad conditions and health rules.
-pub fn node_health_with(
+pub(crate) fn node_health_with(
     node: &Node,
     bad_conditions: &[String],
     rules: &[ConditionRule],
@@ -235,7 +235,7 @@ pub fn node_health_with(
 }
 
 /// The Node's conditions (empty when it has no status yet).
-pub fn node_conditions_of(node: &Node) -> &[NodeCondition] {
+pub(crate) fn node_conditions_of(node: &Node) -> &[NodeCondition] {
     node.status
         .as_ref()
         .and_then(|s| s.conditions.as_deref())
@@ -256,7 +256,7 @@ pub fn phase_since(machine: &Machine) -> Timestamp {
 
 /// Inputs of [`observe`] that come from other objects than the Machine.
 #[derive(Debug, Clone, Copy)]
-pub struct Context<'a> {
+pub(crate) struct Context<'a> {
     /// Whether the class and its secrets are usable.
     pub class: &'a Result<(), ClassProblem>,
     /// The Machine's Node, if it exists and is managed by MCM.
@@ -278,7 +278,7 @@ pub struct Context<'a> {
 
 /// A progress annotation of the Machine (see [`annotations::progress`]) as a time.
 /// An unparsable value counts as present, at the Machine's creation time.
-pub fn progress(machine: &Machine, key: &str) -> Option<Timestamp> {
+pub(crate) fn progress(machine: &Machine, key: &str) -> Option<Timestamp> {
     let value = machine.metadata.annotations.as_ref()?.get(key)?;
     Some(value.parse().unwrap_or_else(|_| {
         machine
@@ -292,7 +292,7 @@ pub fn progress(machine: &Machine, key: &str) -> Option<Timestamp> {
 
 /// Whether a VM may exist for the Machine: a providerID is recorded, or creation was
 /// requested.
-pub fn vm_requested(machine: &Machine) -> bool {
+pub(crate) fn vm_requested(machine: &Machine) -> bool {
     machine
         .spec
         .provider_id
@@ -302,7 +302,7 @@ pub fn vm_requested(machine: &Machine) -> bool {
 }
 
 /// Builds the decision snapshot of a Machine.
-pub fn observe(machine: &Machine, cfg: &MachineConfig, ctx: Context<'_>) -> Observed {
+pub(crate) fn observe(machine: &Machine, cfg: &MachineConfig, ctx: Context<'_>) -> Observed {
     let m = &machine.metadata;
     Observed {
         deleting: m.deletion_timestamp.is_some(),
@@ -348,7 +348,7 @@ pub fn observe(machine: &Machine, cfg: &MachineConfig, ctx: Context<'_>) -> Obse
 
 /// Whether a Machine is in one of the phases counted as "being replaced" for meltdown
 /// protection.
-pub fn is_being_replaced(machine: &Machine) -> bool {
+pub(crate) fn is_being_replaced(machine: &Machine) -> bool {
     machine.metadata.deletion_timestamp.is_some()
         || machine.phase() == Some(&MachinePhase::Terminating)
         // A preserved Failed machine is kept, not replaced (upstream's rule).

@@ -8,7 +8,7 @@ use super::model::{NodeHealth, VmReport};
 
 /// What the driver's lookup of a machine's VM (`get_machine_status`) says for its creation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Lookup {
+pub(crate) enum Lookup {
     /// The VM exists (adopted: an earlier attempt made it).
     Found,
     /// No VM (`NotFound`), or the driver cannot look one up (`Unimplemented`): create it.
@@ -21,7 +21,7 @@ pub enum Lookup {
 
 impl Lookup {
     /// The lookup's answer, read. Pure.
-    pub fn of<T>(answer: &Result<T, DriverError>) -> Lookup {
+    pub(crate) fn of<T>(answer: &Result<T, DriverError>) -> Lookup {
         match answer {
             Ok(_) => Lookup::Found,
             Err(e) if matches!(e.code, Code::NotFound | Code::Unimplemented) => Lookup::Absent,
@@ -35,13 +35,13 @@ impl Lookup {
 /// attempt's first request, and only when the driver says the request was invalid (nothing
 /// was created, the SPI's contract; an earlier request of the attempt may have made a VM).
 /// Pure.
-pub fn takes_back_request(first_request: bool, refusal: &DriverError) -> bool {
+pub(crate) fn takes_back_request(first_request: bool, refusal: &DriverError) -> bool {
     first_request && refusal.code == Code::InvalidArgument
 }
 
 /// What `delete_machine`'s answer means for the deletion.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum VmDeletion {
+pub(crate) enum VmDeletion {
     /// Deleted, or gone already (`NotFound`).
     Deleted,
     /// The driver calls the request invalid: the class as it is cannot delete the VM (the
@@ -53,7 +53,7 @@ pub enum VmDeletion {
 
 impl VmDeletion {
     /// The answer, read. Pure.
-    pub fn of<T>(answer: &Result<T, DriverError>) -> VmDeletion {
+    pub(crate) fn of<T>(answer: &Result<T, DriverError>) -> VmDeletion {
         match answer {
             Ok(_) => VmDeletion::Deleted,
             Err(e) if e.is_not_found() => VmDeletion::Deleted,
@@ -65,7 +65,7 @@ impl VmDeletion {
 
 /// The phase a machine whose VM was just recorded and initialized settles into.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Settled {
+pub(crate) enum Settled {
     /// No target cluster to join (`--target-kubeconfig=none`): upstream's phase for it.
     Available,
     /// Its Node joined and is healthy already (Pending would be a write nobody sees).
@@ -77,7 +77,7 @@ pub enum Settled {
 /// What a machine settles into after its VM was recorded: `node` is the health of the Node
 /// it records, if the store has it (by [`NodeHealth::healthy`], the lifecycle's own rule for
 /// `MarkRunning`). Pure.
-pub fn settled(target_cluster: bool, node: Option<&NodeHealth>) -> Settled {
+pub(crate) fn settled(target_cluster: bool, node: Option<&NodeHealth>) -> Settled {
     match node {
         _ if !target_cluster => Settled::Available,
         Some(n) if n.healthy() => Settled::Running,
@@ -87,7 +87,7 @@ pub fn settled(target_cluster: bool, node: Option<&NodeHealth>) -> Settled {
 
 /// The fast path's reading of a status response: the VM resource stopped or failed, or
 /// present. Pure.
-pub fn report_of(status: &GetMachineStatusResponse) -> VmReport {
+pub(crate) fn report_of(status: &GetMachineStatusResponse) -> VmReport {
     status
         .resources
         .iter()
@@ -105,7 +105,7 @@ pub fn report_of(status: &GetMachineStatusResponse) -> VmReport {
 
 /// The fast path's reading of the driver's answer: gone (`NotFound`), stopped or present,
 /// or not known when the driver could not tell. Pure.
-pub fn vm_report(answer: &Result<GetMachineStatusResponse, DriverError>) -> VmReport {
+pub(crate) fn vm_report(answer: &Result<GetMachineStatusResponse, DriverError>) -> VmReport {
     match answer {
         Err(e) if e.code == Code::NotFound => VmReport::Gone,
         Err(_) => VmReport::NotAsked,

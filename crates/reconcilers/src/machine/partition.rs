@@ -29,12 +29,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-pub use mcm_api::constants::annotations::ZONE_PARTITION_MAX_HOLD as MAX_HOLD_ANNOTATION;
+pub(crate) use mcm_api::constants::annotations::ZONE_PARTITION_MAX_HOLD as MAX_HOLD_ANNOTATION;
 
 /// The Node label of a machine's zone.
-pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+pub(crate) const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 /// The zone label before Kubernetes 1.17, still read when the current one is missing.
-pub const LEGACY_ZONE_LABEL: &str = "failure-domain.beta.kubernetes.io/zone";
+pub(crate) const LEGACY_ZONE_LABEL: &str = "failure-domain.beta.kubernetes.io/zone";
 
 /// The knobs of the rule (flags `--machine-zone-partition-*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,7 +65,7 @@ impl Default for PartitionRule {
 
 /// One machine, as the rule counts it (machines being deleted are left out by the caller).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ZoneMember {
+pub(crate) struct ZoneMember {
     /// Its zone (its Node's zone label), if known.
     pub zone: Option<String>,
     /// Its Node's `Ready` condition is `Unknown` (or missing).
@@ -76,7 +76,7 @@ pub struct ZoneMember {
 
 /// A partition of one zone, as counted.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ZonePartition {
+pub(crate) struct ZonePartition {
     /// The zone.
     pub zone: String,
     /// Its machines whose Nodes are unreachable.
@@ -91,7 +91,7 @@ pub struct ZonePartition {
 
 impl ZonePartition {
     /// The reason a held machine gives, naming the zone.
-    pub fn describe(&self) -> String {
+    pub(crate) fn describe(&self) -> String {
         format!(
             "zone {} is partitioned: the Nodes of {} of its {} machines are unreachable while \
              {} of the {} machines of the other zones are healthy",
@@ -106,7 +106,7 @@ fn at_least_percent(count: usize, of: usize, percent: u32) -> bool {
 }
 
 /// The partition of `zone`, if the `members` of the namespace show one. Pure.
-pub fn zone_partition(
+pub(crate) fn zone_partition(
     zone: &str,
     members: &[ZoneMember],
     rule: &PartitionRule,
@@ -145,7 +145,7 @@ pub fn zone_partition(
 /// Node's labels; unreachable when the Node's `Ready` is `Unknown` or missing; healthy when
 /// the Node is Ready and the machine Running. Both the machine controller (deciding a hold)
 /// and the manager (the `ZonePartition` condition) count with it, so they agree.
-pub fn member(
+pub(crate) fn member(
     machine: &mcm_api::Machine,
     node: Option<&k8s_openapi::api::core::v1::Node>,
 ) -> ZoneMember {
@@ -159,7 +159,7 @@ pub fn member(
 }
 
 /// The zone of a Node from its labels.
-pub fn node_zone(labels: Option<&BTreeMap<String, String>>) -> Option<String> {
+pub(crate) fn node_zone(labels: Option<&BTreeMap<String, String>>) -> Option<String> {
     let labels = labels?;
     labels
         .get(ZONE_LABEL)

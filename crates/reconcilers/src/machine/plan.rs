@@ -22,7 +22,7 @@ use super::{Settings, nodefinalizer, observe};
 
 /// What one reconcile does.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Plan {
+pub(crate) enum Plan {
     /// The machine's Node was deleted: delete the Machine (which then drains what is left
     /// and deletes the VM).
     DeleteMachine,
@@ -44,7 +44,7 @@ pub enum Plan {
 
 /// What follows a drain pass that finishes the drain, as the plan saw the deletion.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WhenDrained {
+pub(crate) enum WhenDrained {
     /// The deletion's next step needs no wait: the VM is deleted in the same reconcile.
     DeleteVm,
     /// The next step waits (VolumeAttachments, hooks, a class to fix): record the drain.
@@ -55,7 +55,7 @@ impl WhenDrained {
     /// What follows given how the drain ended: a drain that deleted pods without evicting
     /// them (their VM is dead) is recorded and announced before the VM goes, so that the
     /// Machine says why no budget was asked. Pure.
-    pub fn after(self, without_eviction: bool) -> WhenDrained {
+    pub(crate) fn after(self, without_eviction: bool) -> WhenDrained {
         if without_eviction {
             WhenDrained::Record
         } else {
@@ -67,7 +67,7 @@ impl WhenDrained {
 /// The machine's place among those a zone partition holds
 /// (`mcm_machine_zone_partition_held_machines`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PartitionHold {
+pub(crate) enum PartitionHold {
     /// Not a lifecycle decision: as it was.
     Unchanged,
     /// Held by the partition of this zone.
@@ -78,7 +78,7 @@ pub enum PartitionHold {
 
 /// A [`Plan`] and the warnings announced whatever it is.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Decision {
+pub(crate) struct Decision {
     /// The warnings, one per [`Topic`], each announced once per machine and problem (a
     /// fixed problem is forgotten): a health annotation that does not parse; a preserve value
     /// on the Node that upstream does not allow (preservation is left as it is; the other
@@ -91,7 +91,7 @@ pub struct Decision {
 }
 
 /// Decides one reconcile. Pure.
-pub fn plan(s: &Snapshot, settings: &Settings) -> Decision {
+pub(crate) fn plan(s: &Snapshot, settings: &Settings) -> Decision {
     let (early, warn_preserve_value) = early_decider(s, settings);
     let plan = early.unwrap_or_else(|| {
         let observed = observed(s, settings);
@@ -154,7 +154,7 @@ fn node_write(s: &Snapshot, step: &Step) -> Option<NodeWrite> {
 
 /// Whether gather must ask the machine's deployment about a replacement: the lifecycle is
 /// about to mark the machine Failed. `s` is taken without the verdict. Pure.
-pub fn asks_replacement(s: &Snapshot, settings: &Settings) -> bool {
+pub(crate) fn asks_replacement(s: &Snapshot, settings: &Settings) -> bool {
     match early_decider(s, settings) {
         (Some(_), _) => false,
         (None, _) => matches!(
@@ -196,7 +196,7 @@ fn preserve_value_warning(m: &Machine, value: Option<&str>) -> Announcement {
 
 /// The driver question the plan of `s` depends on: none when a decider before the lifecycle
 /// acts, else the lifecycle's ([`decide::probe_for`]). `s` is taken without answers. Pure.
-pub fn probe(s: &Snapshot, settings: &Settings) -> Probe {
+pub(crate) fn probe(s: &Snapshot, settings: &Settings) -> Probe {
     match early_decider(s, settings) {
         (Some(_), _) => Probe::None,
         (None, _) => decide::probe_for(&observed(s, settings), &s.cfg),
@@ -282,7 +282,7 @@ fn observed(s: &Snapshot, settings: &Settings) -> decide::Observed {
 /// Node and deletes the VM before the Node object goes; a Node already gone deletes a machine
 /// that had joined (Running or Unknown; before that its Node is only missing). Never a
 /// machine already being deleted, nor while frozen. Pure.
-pub fn node_gone(m: &Machine, node: NodeState, frozen: bool) -> bool {
+pub(crate) fn node_gone(m: &Machine, node: NodeState, frozen: bool) -> bool {
     if m.metadata.deletion_timestamp.is_some() || frozen {
         return false;
     }

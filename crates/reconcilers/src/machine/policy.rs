@@ -19,7 +19,7 @@ pub(crate) fn controller_owner<'a>(
 /// Why a machine of `set` is protected from being failed: `set` is an old set of
 /// `deployment` (its template differs from the deployment's) while the deployment rolls out
 /// (a new set with the current template exists and has not all its replicas ready). Pure.
-pub fn rollout_protection(
+pub(crate) fn rollout_protection(
     set: &MachineSet,
     deployment: &MachineDeployment,
     owned_sets: &[Arc<MachineSet>],
@@ -53,13 +53,13 @@ pub fn rollout_protection(
 
 /// The replacement budget of a deployment: its resolved maxSurge, at least 1 (1 when the
 /// strategy is unusable).
-pub fn max_replacements(d: &MachineDeployment) -> usize {
+pub(crate) fn max_replacements(d: &MachineDeployment) -> usize {
     let surge = d.resolved_rolling_update().map_or(1, |(surge, _)| surge);
     usize::try_from(surge.max(1)).unwrap_or(1)
 }
 
 /// `initial * 2^(failures-1)`, capped at `max`.
-pub fn backoff_delay(initial: Duration, max: Duration, failures: u32) -> Duration {
+pub(crate) fn backoff_delay(initial: Duration, max: Duration, failures: u32) -> Duration {
     let exp = failures.saturating_sub(1).min(20);
     initial.saturating_mul(1u32 << exp).min(max)
 }

@@ -28,7 +28,7 @@ pub(crate) const NEXT_STEP: Duration = Duration::from_secs(2);
 
 /// What preservation does next.
 #[derive(Debug, Clone, PartialEq)]
-pub enum PreserveStep {
+pub(crate) enum PreserveStep {
     /// Nothing (not preserved, or everything is in place).
     Nothing,
     /// The Node carries a preserve value upstream does not allow: nothing is changed.
@@ -68,7 +68,7 @@ pub enum PreserveStep {
 
 /// What the Node of a preserved machine still needs.
 #[derive(Debug, Clone, PartialEq)]
-pub struct NodeWork {
+pub(crate) struct NodeWork {
     /// The value in effect.
     pub value: PreserveValue,
     /// Add the cluster-autoscaler scale-down-disabled annotations.
@@ -86,7 +86,7 @@ pub struct NodeWork {
 
 /// The facts [`next`] decides from.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Facts<'a> {
+pub(crate) struct Facts<'a> {
     /// The machine is being deleted (preservation never holds a deletion).
     pub deleting: bool,
     /// Its phase.
@@ -108,7 +108,7 @@ pub struct Facts<'a> {
 }
 
 /// Decides the next preservation step. Pure.
-pub fn next(f: &Facts<'_>, now: Timestamp) -> PreserveStep {
+pub(crate) fn next(f: &Facts<'_>, now: Timestamp) -> PreserveStep {
     let a = &f.annotations;
     let bound = f.expiry.is_some()
         || a.node.is_some()
@@ -229,14 +229,14 @@ fn elapsed(since: Timestamp, now: Timestamp) -> Duration {
 }
 
 /// The Node's `Preserved` condition.
-pub fn preserved_condition(node: &Node) -> Option<&NodeCondition> {
+pub(crate) fn preserved_condition(node: &Node) -> Option<&NodeCondition> {
     super::observe::node_conditions_of(node)
         .iter()
         .find(|c| c.type_ == node_conditions::NODE_PRESERVED)
 }
 
 /// The Node carries the preserved taint.
-pub fn has_preserved_taint(node: &Node) -> bool {
+pub(crate) fn has_preserved_taint(node: &Node) -> bool {
     taints_of(node)
         .iter()
         .any(|t| t.key == taints::NODE_PRESERVED)
@@ -257,7 +257,7 @@ fn needs_autoscaler_annotation(node: &Node) -> bool {
 
 /// The `Preserved` condition a node of a preservation in progress shows: `True` with the
 /// expiry, and for a Failed machine whether its drain succeeded (`False` when it failed).
-pub fn condition_for(
+pub(crate) fn condition_for(
     value: PreserveValue,
     failed: bool,
     drain_failed: bool,
@@ -290,7 +290,7 @@ pub fn condition_for(
 }
 
 /// The facts of `m` for [`next`].
-pub fn facts<'a>(
+pub(crate) fn facts<'a>(
     m: &'a Machine,
     node: Option<&'a Node>,
     health: Option<&'a NodeHealth>,

@@ -13,10 +13,10 @@ use super::{Ctx, Error, execute, gather, plan};
 const STORE_CATCH_UP: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// The `controller` label of this controller's reconcile metrics.
-pub const CONTROLLER: &str = "machine";
+pub(crate) const CONTROLLER: &str = "machine";
 
 /// One reconcile of a Machine.
-pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+pub(crate) async fn reconcile(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     // Decisions read the stores: wait for them to have synced (once, at start-up).
     if ctx
         .synced
@@ -41,7 +41,7 @@ pub async fn reconcile(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Action, E
 }
 
 /// Retry policy of failed reconciles: exponential backoff per machine.
-pub fn error_policy(machine: Arc<Machine>, err: &Error, ctx: Arc<Ctx>) -> Action {
+pub(crate) fn error_policy(machine: Arc<Machine>, err: &Error, ctx: Arc<Ctx>) -> Action {
     tracing::warn!(error = %crate::error_chain(err), "reconcile failed");
     let driver_err = match err {
         Error::Driver { source, .. } => Some(source),

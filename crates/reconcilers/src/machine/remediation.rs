@@ -11,11 +11,11 @@ use mcm_api::constants::annotations::policy;
 use mcm_api::intstr::scaled_value;
 use mcm_api::{Machine, MachinePhase};
 
-pub use mcm_api::policy::remediation::{RemediationPolicy, policy_of};
+pub(crate) use mcm_api::policy::remediation::{RemediationPolicy, policy_of};
 
 /// What the decision counts of one deployment.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Census {
+pub(crate) struct Census {
     /// `spec.replicas` of the deployment (percentages of the budget count from it).
     pub replicas: i32,
     /// Its machines that are not being deleted (percentages of the short-circuit count from
@@ -32,7 +32,7 @@ pub struct Census {
 /// whether a machine may fail) and the MachineDeployment's `RemediationAllowed` condition
 /// both count with it, so they agree.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Member {
+pub(crate) struct Member {
     /// Being deleted: not counted among the machines (its replacement is under way).
     pub deleting: bool,
     /// Failed (and not preserved), Terminating or being deleted: in flight.
@@ -46,7 +46,7 @@ impl Member {
     /// `machine`, whose Node in the target cluster's store is `node`. Readiness only: the
     /// bad-condition list is a flag of the machine controller that the manager does not have,
     /// and a machine whose Node has a bad condition is marked Unknown at its next reconcile.
-    pub fn of(machine: &Machine, node: Option<&Node>) -> Member {
+    pub(crate) fn of(machine: &Machine, node: Option<&Node>) -> Member {
         let node_not_ready = node.is_some_and(|n| !super::observe::node_health(n, &[]).ready);
         Member {
             deleting: machine.metadata.deletion_timestamp.is_some(),
@@ -61,7 +61,7 @@ impl Member {
 
     /// The machine a decision is about: counted unhealthy (it is about to fail), not in
     /// flight yet.
-    pub fn deciding(self) -> Member {
+    pub(crate) fn deciding(self) -> Member {
         Member {
             unhealthy: true,
             being_replaced: false,
@@ -71,7 +71,7 @@ impl Member {
 }
 
 /// Counts the `members` of a deployment with `replicas`. Pure.
-pub fn census(replicas: i32, members: impl IntoIterator<Item = Member>) -> Census {
+pub(crate) fn census(replicas: i32, members: impl IntoIterator<Item = Member>) -> Census {
     let mut c = Census {
         replicas,
         machines: 0,
@@ -91,7 +91,7 @@ pub fn census(replicas: i32, members: impl IntoIterator<Item = Member>) -> Censu
 
 /// Why no further machine of the deployment may be marked Failed now.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Throttle {
+pub(crate) enum Throttle {
     /// The budget of machines in flight is used up.
     BudgetUsed {
         /// Machines already being replaced.
@@ -114,7 +114,7 @@ pub enum Throttle {
 
 impl Throttle {
     /// The message, naming the deployment.
-    pub fn describe(&self, deployment: &str) -> String {
+    pub(crate) fn describe(&self, deployment: &str) -> String {
         match self {
             Throttle::BudgetUsed {
                 being_replaced,
@@ -144,7 +144,7 @@ fn as_written(v: &IntOrString) -> String {
 
 /// The number of machines that may be in flight: the annotation scaled against the replicas
 /// (rounded up), else `default` (the resolved maxSurge, at least 1).
-pub fn budget(policy: &RemediationPolicy, replicas: i32, default: usize) -> usize {
+pub(crate) fn budget(policy: &RemediationPolicy, replicas: i32, default: usize) -> usize {
     policy
         .max_in_flight
         .as_ref()
@@ -153,7 +153,7 @@ pub fn budget(policy: &RemediationPolicy, replicas: i32, default: usize) -> usiz
 }
 
 /// The short-circuit alone: `Some` when more machines are unhealthy than the policy allows.
-pub fn short_circuit(
+pub(crate) fn short_circuit(
     policy: &RemediationPolicy,
     machines: usize,
     unhealthy: usize,
@@ -171,7 +171,11 @@ pub fn short_circuit(
 
 /// Whether one more machine of the deployment may be marked Failed: the short-circuit
 /// first, then the budget.
-pub fn verdict(policy: &RemediationPolicy, default_budget: usize, c: Census) -> Option<Throttle> {
+pub(crate) fn verdict(
+    policy: &RemediationPolicy,
+    default_budget: usize,
+    c: Census,
+) -> Option<Throttle> {
     if let Some(t) = short_circuit(policy, c.machines, c.unhealthy) {
         return Some(t);
     }

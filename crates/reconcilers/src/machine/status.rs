@@ -59,7 +59,7 @@ impl Operation {
 }
 
 /// Whether a phase runs a timeout (shown as `currentStatus.timeoutActive`).
-pub fn timeout_active(phase: &MachinePhase) -> bool {
+pub(crate) fn timeout_active(phase: &MachinePhase) -> bool {
     matches!(
         phase,
         MachinePhase::Pending | MachinePhase::Unknown | MachinePhase::CrashLoopBackOff
@@ -67,7 +67,7 @@ pub fn timeout_active(phase: &MachinePhase) -> bool {
 }
 
 /// A merge patch of `status` that records `op` and, when given, moves to `phase`.
-pub fn status_patch(
+pub(crate) fn status_patch(
     machine: &Machine,
     phase: Option<&MachinePhase>,
     op: &Operation,
@@ -95,7 +95,7 @@ pub fn status_patch(
 }
 
 /// The description of the Machine's `lastOperation`.
-pub fn last_description(m: &Machine) -> Option<&str> {
+pub(crate) fn last_description(m: &Machine) -> Option<&str> {
     m.status
         .as_ref()
         .and_then(|s| s.last_operation.as_ref())
@@ -103,7 +103,11 @@ pub fn last_description(m: &Machine) -> Option<&str> {
 }
 
 /// Whether the Machine already shows `op` (ignoring its time) and `phase`.
-pub fn already_recorded(machine: &Machine, phase: Option<&MachinePhase>, op: &Operation) -> bool {
+pub(crate) fn already_recorded(
+    machine: &Machine,
+    phase: Option<&MachinePhase>,
+    op: &Operation,
+) -> bool {
     let Some(last) = machine
         .status
         .as_ref()
@@ -121,7 +125,7 @@ pub fn already_recorded(machine: &Machine, phase: Option<&MachinePhase>, op: &Op
 
 /// Whether two condition lists differ in anything but heartbeat times (so status is not
 /// rewritten on every Node heartbeat).
-pub fn conditions_differ(current: Option<&[NodeCondition]>, node: &[NodeCondition]) -> bool {
+pub(crate) fn conditions_differ(current: Option<&[NodeCondition]>, node: &[NodeCondition]) -> bool {
     let key = |c: &NodeCondition| {
         (
             c.type_.clone(),
@@ -137,7 +141,7 @@ pub fn conditions_differ(current: Option<&[NodeCondition]>, node: &[NodeConditio
 
 /// Merges the `status` of patch `extra` into `patch` (both `{"status": {...}}`), keys of
 /// `extra` winning.
-pub fn merge_into(patch: &mut Value, extra: Value) {
+pub(crate) fn merge_into(patch: &mut Value, extra: Value) {
     if let (Some(into), Value::Object(mut from)) = (
         patch.get_mut("status").and_then(Value::as_object_mut),
         extra,
@@ -148,7 +152,7 @@ pub fn merge_into(patch: &mut Value, extra: Value) {
 }
 
 /// A merge patch copying the Node's conditions and addresses into the Machine status.
-pub fn node_status_patch(conditions: &[NodeCondition], addresses: &[NodeAddress]) -> Value {
+pub(crate) fn node_status_patch(conditions: &[NodeCondition], addresses: &[NodeAddress]) -> Value {
     json!({ "status": { "conditions": conditions, "addresses": addresses } })
 }
 
@@ -156,7 +160,7 @@ pub fn node_status_patch(conditions: &[NodeCondition], addresses: &[NodeAddress]
 /// `lastKnownState` (given back to the driver with the Machine on the next call) and, when
 /// given, its addresses. `None` when the Machine shows them already, or the driver returned
 /// no state and no addresses are to be recorded.
-pub fn driver_state_patch(
+pub(crate) fn driver_state_patch(
     machine: &Machine,
     state: Option<&str>,
     addresses: Option<&[NodeAddress]>,
@@ -179,7 +183,7 @@ pub fn driver_state_patch(
 /// The addresses of a machine without a target cluster (upstream's `buildAddressStatus`):
 /// the driver's addresses and the node name as `Hostname`, without duplicates, sorted by
 /// type and address.
-pub fn address_status(addresses: &[NodeAddress], node_name: &str) -> Vec<NodeAddress> {
+pub(crate) fn address_status(addresses: &[NodeAddress], node_name: &str) -> Vec<NodeAddress> {
     let mut all: Vec<NodeAddress> = addresses.to_vec();
     if !node_name.is_empty() {
         all.push(NodeAddress {

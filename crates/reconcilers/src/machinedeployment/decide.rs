@@ -343,7 +343,7 @@ pub(crate) fn sets_to_prune(old_sets: &[SetState], limit: i32) -> Vec<String> {
 /// simulations and tests): scaled sets get the deployment's desired/max annotations, a
 /// created new set is named `new_name` and created at `now`.
 #[cfg(test)]
-pub fn apply(s: &mut Snapshot, actions: &[Action], new_name: &str, now: Option<Timestamp>) {
+pub(crate) fn apply(s: &mut Snapshot, actions: &[Action], new_name: &str, now: Option<Timestamp>) {
     let desired = s.rollout.replicas;
     let max = desired + s.rollout.strategy.max_surge();
     for a in actions {

@@ -49,7 +49,7 @@ pub(crate) struct SetState {
 impl SetState {
     /// A set with the given name and replicas and nothing else.
     #[cfg(test)]
-    pub fn new(name: &str, replicas: i32) -> Self {
+    pub(crate) fn new(name: &str, replicas: i32) -> Self {
         SetState {
             name: name.to_owned(),
             replicas,

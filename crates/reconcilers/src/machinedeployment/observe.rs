@@ -203,7 +203,7 @@ pub(crate) fn snapshot(d: &MachineDeployment, strategy: Strategy, facts: Facts) 
 /// The inputs of the status computation besides the snapshot (the plan's own builds them
 /// from what it gathered).
 #[cfg(test)]
-pub fn status_input(
+pub(crate) fn status_input(
     d: &MachineDeployment,
     failed: Vec<MachineSummary>,
     progressed: bool,

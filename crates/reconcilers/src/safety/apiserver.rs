@@ -16,7 +16,11 @@ use crate::machine::Ctx;
 
 /// Whether to be frozen, given since when the API servers are unreachable (`None`:
 /// reachable). Pure.
-pub fn should_freeze(unreachable_since: Option<Instant>, now: Instant, timeout: Duration) -> bool {
+pub(crate) fn should_freeze(
+    unreachable_since: Option<Instant>,
+    now: Instant,
+    timeout: Duration,
+) -> bool {
     unreachable_since.is_some_and(|since| now.duration_since(since) >= timeout)
 }
 
@@ -90,7 +94,7 @@ fn timer_of(m: &Machine) -> (Option<MachinePhase>, Option<String>) {
 
 /// Probes both API servers every `period`; freezes after `timeout` of unreachability and
 /// unfreezes on recovery. Runs until `shutdown`.
-pub async fn run_apiserver_check(
+pub(crate) async fn run_apiserver_check(
     ctx: Arc<Ctx>,
     settings: SafetySettings,
     shutdown: impl std::future::Future<Output = ()>,

@@ -7,9 +7,9 @@
 //!   machines, since their nodes could not report while the path was cut;
 //! - [`overshoot`] (manager side): freezes MachineSets with far more machines than asked for.
 
-pub mod apiserver;
-pub mod orphans;
-pub mod overshoot;
+pub(crate) mod apiserver;
+pub(crate) mod orphans;
+pub(crate) mod overshoot;
 
 use std::time::Duration;
 

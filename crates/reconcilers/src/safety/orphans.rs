@@ -17,18 +17,18 @@ use crate::kube_api;
 use crate::machine::{Ctx, Error, act, nodefinalizer, observe};
 
 /// The `controller` label of the collector's reconcile metrics.
-pub const CONTROLLER: &str = "orphans";
+pub(crate) const CONTROLLER: &str = "orphans";
 
 /// The least time between two passes asked for by deletions (each finished deletion asks
 /// for one, to find the leftovers of its VM). A pass lists every VM of the class from the
 /// cloud: during the scale-down of a fleet, one per deletion would be a cloud API call per
 /// machine and kept the collector busy without a pause; asked for within this time of the
 /// last pass, the next one waits for it.
-pub const ON_DEMAND_MIN_GAP: Duration = Duration::from_secs(5);
+pub(crate) const ON_DEMAND_MIN_GAP: Duration = Duration::from_secs(5);
 
 /// The orphans among the VMs a driver listed: `(provider id, machine name)` pairs whose
 /// machine name no Machine has.
-pub fn orphans<'a>(
+pub(crate) fn orphans<'a>(
     listed: &'a BTreeMap<String, String>,
     machine_names: &BTreeSet<String>,
 ) -> Vec<(&'a str, &'a str)> {
@@ -42,7 +42,7 @@ pub fn orphans<'a>(
 /// The Node an orphan VM registered (its `spec.providerID`), unless a Machine claims that
 /// Node (its `node` label) or the Node is not managed by MCM. Once the VM is deleted such a
 /// Node would stay NotReady for ever. Pure.
-pub fn orphan_node<'a>(
+pub(crate) fn orphan_node<'a>(
     nodes: &'a [Arc<Node>],
     machines: &[Arc<Machine>],
     provider_id: &str,
@@ -58,7 +58,7 @@ pub fn orphan_node<'a>(
 }
 
 /// What the collector needs: the machine controller's context and its period.
-pub struct OrphanCtx {
+pub(crate) struct OrphanCtx {
     /// The machine controller's context (driver, clients, stores, freeze).
     pub machine: Arc<Ctx>,
     /// `--machine-safety-orphan-vms-period`.
@@ -67,7 +67,7 @@ pub struct OrphanCtx {
 
 /// One collection pass for one class: deletes the VMs of the class that no Machine owns.
 /// Returns how many were deleted. Nothing happens while frozen or before the stores synced.
-pub async fn collect(ctx: &Ctx, class: &MachineClass) -> Result<usize, Error> {
+pub(crate) async fn collect(ctx: &Ctx, class: &MachineClass) -> Result<usize, Error> {
     if ctx.freeze.is_frozen() || class.metadata.deletion_timestamp.is_some() {
         return Ok(0);
     }
@@ -226,7 +226,10 @@ fn class_probe(class_name: &str) -> Machine {
 
 /// Reconciles one class: a collection pass once the stores synced, then again after the
 /// orphan period.
-pub async fn reconcile(class: Arc<MachineClass>, ctx: Arc<OrphanCtx>) -> Result<Action, Error> {
+pub(crate) async fn reconcile(
+    class: Arc<MachineClass>,
+    ctx: Arc<OrphanCtx>,
+) -> Result<Action, Error> {
     // A store that has not listed yet is no evidence that a Machine does not exist.
     let mut synced = ctx.machine.synced.subscribe();
     let _ = synced.wait_for(|s| *s).await;
@@ -238,7 +241,11 @@ pub async fn reconcile(class: Arc<MachineClass>, ctx: Arc<OrphanCtx>) -> Result<
 }
 
 /// Retry policy of a failed pass: the next pass after a tenth of the period (at least 5 s).
-pub fn error_policy(_class: Arc<MachineClass>, error: &Error, ctx: Arc<OrphanCtx>) -> Action {
+pub(crate) fn error_policy(
+    _class: Arc<MachineClass>,
+    error: &Error,
+    ctx: Arc<OrphanCtx>,
+) -> Action {
     tracing::warn!(error = %crate::error_chain(error), "orphan collection failed");
     Action::requeue((ctx.period / 10).max(Duration::from_secs(5)))
 }

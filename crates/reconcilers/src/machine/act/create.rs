@@ -32,7 +32,7 @@ use crate::machine::observe;
 use crate::machine::outcome::{self, Lookup, Settled, takes_back_request};
 
 /// Records why the class cannot be used; retries with backoff (class changes also wake us).
-pub async fn report_class_problem(
+pub(crate) async fn report_class_problem(
     ctx: &Ctx,
     m: &Machine,
     problem: &ClassProblem,
@@ -100,14 +100,18 @@ pub(super) async fn warn_no_token_placeholder(ctx: &Ctx, m: &Machine, class: &Ma
 
 /// Reason of the Event of an adopted VM (one found by `get_machine_status` before any
 /// `create_machine`, e.g. after a crash between the request and recording its providerID).
-pub const ADOPTED: &str = "Adopted";
+pub(super) const ADOPTED: &str = "Adopted";
 
 /// Reason of the Event of `warn_no_token_placeholder`.
-pub const NO_TOKEN_PLACEHOLDER: &str = "NoBootstrapTokenPlaceholder";
+pub(super) const NO_TOKEN_PLACEHOLDER: &str = "NoBootstrapTokenPlaceholder";
 
 /// Finds the VM (adoption after a crash) or creates it, initializes it when the driver asks
 /// for it, and records providerID and the `node` label. Pending is the next step.
-pub async fn create_vm(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Action, Error> {
+pub(crate) async fn create_vm(
+    ctx: &Ctx,
+    m: &Machine,
+    cfg: &MachineConfig,
+) -> Result<Action, Error> {
     // A wake-up by the status write of the last failed attempt is not a reason to retry
     // before the backoff is over (that would be a hot loop against the cloud).
     if let Some(left) = ctx.backoff_left(m) {
@@ -332,7 +336,11 @@ pub(super) async fn settle_created(
 /// finish. The driver is asked for it; one that needs initialization is initialized; then the
 /// machine moves on as creation does. A failure is a creation failure (CrashLoopBackOff, an
 /// Event, a backoff retry; Failed after the creation timeout).
-pub async fn finish_creation(ctx: &Ctx, m: &Machine, cfg: &MachineConfig) -> Result<Action, Error> {
+pub(crate) async fn finish_creation(
+    ctx: &Ctx,
+    m: &Machine,
+    cfg: &MachineConfig,
+) -> Result<Action, Error> {
     if let Some(left) = ctx.backoff_left(m) {
         return Ok(Action::requeue(left));
     }
@@ -476,7 +484,7 @@ pub(super) async fn creation_failed(
 /// providerID, the `node` label (not without a target cluster: there is no Node, upstream's
 /// rule) and, unless set, the default deletion priority `machinepriority.machine.sapcloud.io:
 /// "3"`. Pure.
-pub fn record_vm_patch(
+pub(super) fn record_vm_patch(
     m: &Machine,
     provider_id: &str,
     node_name: &str,

@@ -40,7 +40,7 @@ pub(super) async fn delete_bootstrap_token(ctx: &Ctx, m: &Machine) -> Result<(),
 /// observed (a node to drain, a VM to delete, or nothing at all). A bootstrap token the
 /// machine may still have ([`token::may_exist`], read from the phase it leaves) is deleted
 /// first, so a crash before the Terminating write repeats it.
-pub async fn mark_terminating(
+pub(crate) async fn mark_terminating(
     ctx: &Ctx,
     m: &Machine,
     node: Option<&Node>,
@@ -65,7 +65,7 @@ pub async fn mark_terminating(
 
 /// Drained: delete the VolumeAttachments still pointing at the node (those already being
 /// deleted are left to their attacher).
-pub async fn delete_volume_attachments(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
+pub(crate) async fn delete_volume_attachments(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
     let Some(node_name) = m.node_name() else {
         return Ok(Action::requeue(DELETION_STEP_REQUEUE));
     };
@@ -79,7 +79,7 @@ pub async fn delete_volume_attachments(ctx: &Ctx, m: &Machine) -> Result<Action,
 }
 
 /// The VolumeAttachments to `node_name` that are not being deleted yet.
-pub fn attachments_of(ctx: &Ctx, node_name: &str) -> Vec<String> {
+pub(crate) fn attachments_of(ctx: &Ctx, node_name: &str) -> Vec<String> {
     ctx.drain_stores
         .volume_attachments
         .state()
@@ -92,7 +92,7 @@ pub fn attachments_of(ctx: &Ctx, node_name: &str) -> Vec<String> {
 /// Deletes the VM (NotFound is success) and records that it did. A class that cannot be
 /// used, or a driver that calls the request invalid, blocks the deletion (the finalizer
 /// stays) until the class is fixed.
-pub async fn delete_vm(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
+pub(crate) async fn delete_vm(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
     let (class, secret) = match class_and_secret(ctx, m).await {
         Ok(x) => x,
         Err(Error::Class(problem)) => return deletion_blocked(ctx, m, &problem).await,
@@ -182,7 +182,7 @@ pub(super) fn vm_description(m: &Machine) -> String {
 
 /// A VM may exist but cannot be deleted with the class as it is: keep the finalizer, say
 /// exactly that (lastOperation and one Event), and retry (a class change wakes us too).
-pub async fn deletion_blocked(
+pub(crate) async fn deletion_blocked(
     ctx: &Ctx,
     m: &Machine,
     problem: &ClassProblem,
@@ -200,7 +200,7 @@ pub async fn deletion_blocked(
 
 /// The VM is gone (recorded so by an earlier release, or never requested) but the Node is
 /// still there: release its finalizer and delete it.
-pub async fn delete_node(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
+pub(crate) async fn delete_node(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
     remove_node(ctx, m).await?;
     Ok(Action::requeue(DELETION_STEP_REQUEUE))
 }
@@ -237,7 +237,7 @@ pub(super) async fn remove_node(ctx: &Ctx, m: &Machine) -> Result<(), Error> {
 
 /// Everything is gone (the bootstrap token went when the machine became Terminating):
 /// remove the finalizer.
-pub async fn finish_deletion(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
+pub(crate) async fn finish_deletion(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
     let note = if crate::machine::observe::vm_requested(m) {
         format!("Machine {}: VM and node deleted", name(m))
     } else {
@@ -257,7 +257,7 @@ pub async fn finish_deletion(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
 
 /// Whether a Machine of this name exists, read from the API server (used where the store
 /// could be stale, e.g. before deleting a VM as an orphan).
-pub async fn machine_exists(ctx: &Ctx, name: &str) -> Result<bool, Error> {
+pub(crate) async fn machine_exists(ctx: &Ctx, name: &str) -> Result<bool, Error> {
     Ok(machine_api(ctx)
         .get_opt(name)
         .await

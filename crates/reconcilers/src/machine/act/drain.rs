@@ -21,7 +21,7 @@ use crate::machine::drainplan::{self, DrainVerdict, Drained};
 
 /// What a drain pass is told by the decision.
 #[derive(Debug, Clone)]
-pub struct PassPlan<'a> {
+pub(crate) struct PassPlan<'a> {
     /// The first pass: the drain starts now (recorded with this pass's outcome).
     pub first: bool,
     /// Delete pods instead of evicting them.
@@ -82,7 +82,7 @@ pub(crate) fn drain_options(
 
 /// Where a pass of a deletion's drain leaves the machine.
 #[derive(Debug)]
-pub enum DeletionDrain {
+pub(crate) enum DeletionDrain {
     /// Pods or volumes are left: the pass recorded where it stands; come back.
     Wait(Action),
     /// The node is drained, nothing recorded yet: the deletion goes on in this reconcile
@@ -94,7 +94,7 @@ pub enum DeletionDrain {
 /// One pass of the drain: this round's evictions (or deletions); a pass that leaves pods or
 /// volumes records where it stands. Never waits for pods or volumes inside the reconcile. The
 /// first pass of a deletion's drain finds the node cordoned already ([`cordon_for_deletion`]).
-pub async fn drain_pass(
+pub(crate) async fn drain_pass(
     ctx: &Ctx,
     m: &Machine,
     cfg: &MachineConfig,
@@ -159,7 +159,7 @@ pub async fn drain_pass(
 /// A drain finished and the deletion goes on in this reconcile: nothing is recorded (a crash
 /// before the VM is deleted repeats a pass that finds the node drained). A drain that moved
 /// pods says so on the Machine and the node (`Drained`).
-pub async fn drained_and_going_on(ctx: &Ctx, m: &Machine, d: &Drained) -> Result<(), Error> {
+pub(crate) async fn drained_and_going_on(ctx: &Ctx, m: &Machine, d: &Drained) -> Result<(), Error> {
     announce(ctx, m, d.going_on()).await?;
     Ok(())
 }
@@ -167,7 +167,7 @@ pub async fn drained_and_going_on(ctx: &Ctx, m: &Machine, d: &Drained) -> Result
 /// A drain finished but the deletion's next step waits (VolumeAttachments, pre-terminate
 /// hooks, a class to fix): record the drain (its start too, when it finished in its first
 /// pass), announce it when pods were moved, and come back.
-pub async fn record_drained(ctx: &Ctx, m: &Machine, d: Drained) -> Result<Action, Error> {
+pub(crate) async fn record_drained(ctx: &Ctx, m: &Machine, d: Drained) -> Result<Action, Error> {
     set_progress_keys(ctx, m, &d.recorded_keys()).await?;
     announce(ctx, m, d.recorded()).await?;
     Ok(Action::requeue(RECHECK))
@@ -185,7 +185,7 @@ pub async fn record_drained(ctx: &Ctx, m: &Machine, d: Drained) -> Result<Action
 /// (the Go MCM's order). A Node that is itself being deleted keeps it until the VM is gone,
 /// so that it stays while it is drained. Nothing is written when there is nothing to change;
 /// a node gone is fine.
-pub async fn cordon_for_deletion(ctx: &Ctx, node: &Node) -> Result<(), Error> {
+pub(crate) async fn cordon_for_deletion(ctx: &Ctx, node: &Node) -> Result<(), Error> {
     let Some(patch) = cordon_and_release(node) else {
         return Ok(());
     };
@@ -227,7 +227,7 @@ pub(crate) fn cordon_and_release(node: &Node) -> Option<serde_json::Value> {
 }
 
 /// Sets the node's `Terminating` condition (unless it is set), before its drain starts.
-pub async fn set_node_terminating(ctx: &Ctx, node: &Node, m: &Machine) -> Result<(), Error> {
+pub(crate) async fn set_node_terminating(ctx: &Ctx, node: &Node, m: &Machine) -> Result<(), Error> {
     let already = crate::machine::observe::node_conditions_of(node)
         .iter()
         .any(|c| c.type_ == node_conditions::TERMINATING && c.status == "True");

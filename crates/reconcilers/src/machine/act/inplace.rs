@@ -16,7 +16,7 @@ use std::time::Duration;
 
 /// Carries out an in-place step; `None` for [`InPlaceStep::Nothing`] (the lifecycle step
 /// goes on).
-pub async fn inplace_step(
+pub(crate) async fn inplace_step(
     ctx: &Ctx,
     m: &Machine,
     cfg: &MachineConfig,

@@ -26,8 +26,8 @@ pub(crate) use drain::{
     DeletionDrain, PassPlan, cordon_for_deletion, drain_node_pass, drain_options, drain_pass,
     drained_and_going_on, patch_node_condition, record_drained, set_node_terminating,
 };
-pub use inplace::inplace_step;
-pub use preserve::preserve_step;
+pub(crate) use inplace::inplace_step;
+pub(crate) use preserve::preserve_step;
 pub(crate) use records::{
     add_finalizer, await_hooks, class_and_secret, expire_hooks, patch_machine, patch_status,
 };

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 /// Carries out a preservation step; `None` for [`PreserveStep::Nothing`] (the lifecycle
 /// step goes on).
-pub async fn preserve_step(
+pub(crate) async fn preserve_step(
     ctx: &Ctx,
     m: &Machine,
     cfg: &MachineConfig,

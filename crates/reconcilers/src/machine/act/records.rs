@@ -121,7 +121,7 @@ pub(super) async fn record(
 
 /// Adds our finalizer (replacing a legacy name), guarded by the resource version. A Machine
 /// gone meanwhile needs nothing more.
-pub async fn add_finalizer(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
+pub(crate) async fn add_finalizer(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
     let api = machine_api(ctx);
     let _ = kube_api::set_finalizer_as(&api, m, FINALIZER, LEGACY_FINALIZERS, true)
         .await
@@ -158,7 +158,10 @@ pub(super) async fn remove_finalizer(ctx: &Ctx, m: &Machine) -> Result<(), Error
 }
 
 /// Reads the class and its secrets for a driver call.
-pub async fn class_and_secret(ctx: &Ctx, m: &Machine) -> Result<(MachineClass, SecretData), Error> {
+pub(crate) async fn class_and_secret(
+    ctx: &Ctx,
+    m: &Machine,
+) -> Result<(MachineClass, SecretData), Error> {
     let class_name = crate::machine::observe::class_name(m).map_err(Error::Class)?;
     let class = ctx
         .class(class_name)
@@ -241,7 +244,7 @@ pub(super) async fn patch_machine_for(
 /// Deletion waits for the lifecycle hooks of `stage`: said once in the status and an Event,
 /// then looked at again when the Machine changes (the owner removes its annotation) or the
 /// hook timeout passes.
-pub async fn await_hooks(
+pub(crate) async fn await_hooks(
     ctx: &Ctx,
     m: &Machine,
     stage: HookStage,
@@ -264,7 +267,7 @@ pub async fn await_hooks(
 
 /// The hook timeout passed: the stage's hooks are given up on (recorded durably, so the
 /// deletion goes on past them after a restart too), with a Warning.
-pub async fn expire_hooks(
+pub(crate) async fn expire_hooks(
     ctx: &Ctx,
     m: &Machine,
     stage: HookStage,

@@ -25,7 +25,7 @@ use crate::machine::outcome;
 
 /// The VM exists and there is no target cluster to join: `Available` (upstream's phase for
 /// this mode), announced once.
-pub async fn mark_available(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
+pub(crate) async fn mark_available(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
     let op = Operation::successful(
         MachineOperationType::Create,
         "Created machine on cloud provider".to_string(),
@@ -43,7 +43,11 @@ pub async fn mark_available(ctx: &Ctx, m: &Machine) -> Result<Action, Error> {
 }
 
 /// The Node is Ready and healthy: Running (and the bootstrap token is no longer needed).
-pub async fn mark_running(ctx: &Ctx, m: &Machine, node: Option<&Node>) -> Result<Action, Error> {
+pub(crate) async fn mark_running(
+    ctx: &Ctx,
+    m: &Machine,
+    node: Option<&Node>,
+) -> Result<Action, Error> {
     // Unknown, or a preserved Failed machine whose node recovered.
     let from_unknown = matches!(
         m.phase(),
@@ -108,7 +112,11 @@ pub async fn mark_running(ctx: &Ctx, m: &Machine, node: Option<&Node>) -> Result
 
 /// Healthy and Running: copy Node conditions when they changed and apply the node template.
 /// No API call unless something changed: this runs on every relevant Node update.
-pub async fn keep_running(ctx: &Ctx, m: &Machine, node: Option<&Node>) -> Result<Action, Error> {
+pub(crate) async fn keep_running(
+    ctx: &Ctx,
+    m: &Machine,
+    node: Option<&Node>,
+) -> Result<Action, Error> {
     if let Some(node) = node {
         copy_node_status(ctx, m, node, false).await?;
     }
@@ -135,7 +143,7 @@ pub(super) async fn copy_node_status(
 }
 
 /// The Node is missing or unhealthy: Unknown.
-pub async fn mark_unknown(
+pub(crate) async fn mark_unknown(
     ctx: &Ctx,
     m: &Machine,
     reason: &str,
@@ -157,7 +165,7 @@ pub async fn mark_unknown(
 
 /// The machine would fail, but the replacement budget of its deployment is used up:
 /// record why (once, with an Event) and check again later.
-pub async fn throttle_replacement(
+pub(crate) async fn throttle_replacement(
     ctx: &Ctx,
     m: &Machine,
     throttled: &str,
@@ -173,11 +181,11 @@ pub async fn throttle_replacement(
 }
 
 /// How soon a machine whose failure lost the race for its deployment's permit looks again.
-pub const PERMIT_BUSY_RECHECK: Duration = Duration::from_secs(1);
+pub(crate) const PERMIT_BUSY_RECHECK: Duration = Duration::from_secs(1);
 
 /// The machine is beyond repair: Failed (its deployment's budget allowed it, see
 /// [`Replacement`](crate::machine::model::Replacement)).
-pub async fn mark_failed(ctx: &Ctx, m: &Machine, reason: &str) -> Result<Action, Error> {
+pub(crate) async fn mark_failed(ctx: &Ctx, m: &Machine, reason: &str) -> Result<Action, Error> {
     let kind = match m.phase() {
         Some(MachinePhase::Unknown) | Some(MachinePhase::Running) => {
             MachineOperationType::HealthCheck
@@ -213,7 +221,7 @@ pub async fn mark_failed(ctx: &Ctx, m: &Machine, reason: &str) -> Result<Action,
 /// `ZonePartitionHold` on its MachineDeployment names the zone (one Event series per
 /// deployment and zone: the machines of a zone give the same note). Comes back within
 /// `remaining`, when the hold ends unless the Node has reported again.
-pub async fn hold_for_partition(
+pub(crate) async fn hold_for_partition(
     ctx: &Ctx,
     m: &Machine,
     deployment: Option<&MachineDeployment>,
@@ -251,7 +259,7 @@ pub async fn hold_for_partition(
 }
 
 /// Records that a step is held back (frozen, protected) without changing the phase.
-pub async fn hold(ctx: &Ctx, m: &Machine, why: &str) -> Result<Action, Error> {
+pub(crate) async fn hold(ctx: &Ctx, m: &Machine, why: &str) -> Result<Action, Error> {
     let kind = if m.metadata.deletion_timestamp.is_some() {
         MachineOperationType::Delete
     } else {
@@ -265,7 +273,7 @@ pub async fn hold(ctx: &Ctx, m: &Machine, why: &str) -> Result<Action, Error> {
 /// Asks the driver about the VM of an unhealthy machine (the fast path): gone, stopped (its
 /// VM resource reported `Stopped` or `Failed`), present, or `NotAsked` when the driver
 /// could not tell (an error other than `NotFound`, or the class is unusable).
-pub async fn vm_report(ctx: &Ctx, m: &Machine) -> VmReport {
+pub(crate) async fn vm_report(ctx: &Ctx, m: &Machine) -> VmReport {
     let Ok((class, secret)) = class_and_secret(ctx, m).await else {
         return VmReport::NotAsked;
     };
