@@ -72,7 +72,10 @@ impl StatusPacer {
         }
     }
 
-    /// The same pacer taking time from `clock`.
+    /// The same pacer taking time from `clock` (for tests: a pacer paces real API traffic,
+    /// so the controllers keep it on the system's clock even under a test's `ManualClock`,
+    /// which would otherwise hold a paced write until the test steps the clock).
+    #[cfg(test)]
     pub(crate) fn with_clock(mut self, clock: SharedClock) -> Self {
         self.clock = clock;
         self
