@@ -70,8 +70,11 @@ pub(crate) struct ZoneMember {
     pub zone: Option<String>,
     /// Its Node's `Ready` condition is `Unknown` (or missing).
     pub unreachable: bool,
-    /// Its Node is Ready and the machine Running.
-    pub healthy: bool,
+    /// Serving, as the partition rule counts: its Node is Ready and the machine Running.
+    /// Not the machine's own health ([`NodeHealth::healthy`](super::model::NodeHealth::healthy),
+    /// which reads that machine's bad conditions and rules): the manager counts the same
+    /// way without them.
+    pub serving: bool,
 }
 
 /// A partition of one zone, as counted.
@@ -121,7 +124,7 @@ pub(crate) fn zone_partition(
             unreachable += usize::from(m.unreachable);
         } else {
             elsewhere += 1;
-            healthy_elsewhere += usize::from(m.healthy);
+            healthy_elsewhere += usize::from(m.serving);
         }
     }
     let partitioned = unreachable >= rule.min_unreachable.max(1)
@@ -153,7 +156,7 @@ pub(crate) fn member(
     ZoneMember {
         zone: node.and_then(|n| node_zone(n.metadata.labels.as_ref())),
         unreachable: health.as_ref().is_some_and(|h| h.unreachable),
-        healthy: health.is_some_and(|h| h.ready)
+        serving: health.is_some_and(|h| h.ready)
             && machine.phase() == Some(&mcm_api::MachinePhase::Running),
     }
 }
@@ -172,11 +175,11 @@ pub(crate) fn node_zone(labels: Option<&BTreeMap<String, String>>) -> Option<Str
 mod tests {
     use super::*;
 
-    fn member(zone: &str, unreachable: bool, healthy: bool) -> ZoneMember {
+    fn member(zone: &str, unreachable: bool, serving: bool) -> ZoneMember {
         ZoneMember {
             zone: Some(zone.into()),
             unreachable,
-            healthy,
+            serving,
         }
     }
 
@@ -232,7 +235,7 @@ mod tests {
                     ZoneMember {
                         zone: None,
                         unreachable: true,
-                        healthy: false,
+                        serving: false,
                     };
                     4
                 ],

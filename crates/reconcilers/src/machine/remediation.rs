@@ -37,9 +37,13 @@ pub(crate) struct Member {
     pub deleting: bool,
     /// Failed (and not preserved), Terminating or being deleted: in flight.
     pub being_replaced: bool,
-    /// Unknown or Failed, or its Node is not Ready. Nodes of a zone outage go NotReady
-    /// together, before the machine controller marks their machines Unknown one by one.
-    pub unhealthy: bool,
+    /// Impaired, as the census counts: Unknown or Failed, or its Node is not Ready. Not the
+    /// machine's own health ([`NodeHealth::healthy`](super::model::NodeHealth::healthy),
+    /// which also reads the bad conditions and per-condition rules of that machine's
+    /// configuration): the census counts every machine of a deployment alike, also in the
+    /// manager, which has neither. Nodes of a zone outage go NotReady together, before the
+    /// machine controller marks their machines Unknown one by one.
+    pub impaired: bool,
 }
 
 impl Member {
@@ -51,7 +55,7 @@ impl Member {
         Member {
             deleting: machine.metadata.deletion_timestamp.is_some(),
             being_replaced: super::observe::is_being_replaced(machine),
-            unhealthy: node_not_ready
+            impaired: node_not_ready
                 || matches!(
                     machine.phase(),
                     Some(MachinePhase::Unknown | MachinePhase::Failed)
@@ -63,7 +67,7 @@ impl Member {
     /// flight yet.
     pub(crate) fn deciding(self) -> Member {
         Member {
-            unhealthy: true,
+            impaired: true,
             being_replaced: false,
             ..self
         }
@@ -84,7 +88,7 @@ pub(crate) fn census(replicas: i32, members: impl IntoIterator<Item = Member>) -
             continue;
         }
         c.machines += 1;
-        c.unhealthy += usize::from(m.unhealthy);
+        c.unhealthy += usize::from(m.impaired);
     }
     c
 }
@@ -316,6 +320,46 @@ mod tests {
                 "{v} of {replicas} with {in_flight} in flight: {got:?}"
             );
         }
+    }
+
+    #[test]
+    fn the_census_and_the_zone_count_by_readiness_not_by_a_machines_health() {
+        use k8s_openapi::api::core::v1::Node;
+        // A Running machine whose Node is Ready but has a condition its configuration calls
+        // bad: unhealthy to the machine itself, not impaired to the census, and serving to
+        // the zone count.
+        let machine: Machine = serde_json::from_value(serde_json::json!({
+            "apiVersion": "machine.sapcloud.io/v1alpha1", "kind": "Machine",
+            "metadata": { "name": "m" }, "spec": {},
+            "status": { "currentStatus": { "phase": "Running" } }
+        }))
+        .unwrap();
+        let node = |ready: &str| -> Node {
+            serde_json::from_value(serde_json::json!({
+                "metadata": { "name": "n" },
+                "status": { "conditions": [
+                    { "type": "Ready", "status": ready },
+                    { "type": "DiskPressure", "status": "True" },
+                ]}
+            }))
+            .unwrap()
+        };
+        let mut cfg = crate::machine::observe::machine_config_in(
+            &machine,
+            None,
+            &crate::machine::plan::tests::settings().defaults,
+        )
+        .0;
+        cfg.bad_conditions = vec!["DiskPressure".into()];
+        let bad = node("True");
+        assert!(!crate::machine::observe::health(&bad, &cfg).healthy());
+        assert!(!Member::of(&machine, Some(&bad)).impaired);
+        assert!(crate::machine::partition::member(&machine, Some(&bad)).serving);
+        // Not Ready: impaired to the census, not serving, and unhealthy to the machine.
+        let down = node("False");
+        assert!(!crate::machine::observe::health(&down, &cfg).healthy());
+        assert!(Member::of(&machine, Some(&down)).impaired);
+        assert!(!crate::machine::partition::member(&machine, Some(&down)).serving);
     }
 
     #[test]

@@ -859,7 +859,7 @@ mod tests {
         let member = |zone: &str, down: bool| ZoneMember {
             zone: Some(zone.into()),
             unreachable: down,
-            healthy: !down,
+            serving: !down,
         };
         let cut: Vec<ZoneMember> = (0..3)
             .map(|_| member("a", true))

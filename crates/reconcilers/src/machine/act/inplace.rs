@@ -3,7 +3,7 @@
 
 use crate::machine::decide::MachineConfig;
 use crate::machine::drainplan;
-use crate::machine::inplace::*;
+use crate::machine::inplace::{InPlaceStep, NEXT_STEP};
 use crate::machine::status::{self, Operation};
 use crate::machine::{Ctx, Error};
 use k8s_openapi::api::core::v1::Node;

@@ -4,7 +4,9 @@
 use crate::kube_api::{self, Part};
 use crate::machine::decide::MachineConfig;
 use crate::machine::drainplan;
-use crate::machine::preserve::*;
+use crate::machine::preserve::{
+    NEXT_STEP, NodeWork, PreserveStep, condition_for, preserved_condition, taints_of,
+};
 use crate::machine::{Ctx, Error};
 use jiff::Timestamp;
 use k8s_openapi::api::core::v1::{Node, Taint};
