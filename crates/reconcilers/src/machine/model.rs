@@ -8,7 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, NodeCondition};
+use mcm_api::constants::node_conditions;
 use mcm_api::{Machine, MachinePhase};
 
 use super::health::ConditionRule;
@@ -150,6 +151,58 @@ pub(crate) struct NodeHealth {
 }
 
 impl NodeHealth {
+    /// The health of `node` under `bad_conditions` and the per-condition `rules`.
+    pub(crate) fn of(
+        node: &Node,
+        bad_conditions: &[String],
+        rules: &[ConditionRule],
+    ) -> NodeHealth {
+        let conditions = node_conditions_of(node);
+        let ready_cond = conditions
+            .iter()
+            .find(|c| c.type_ == node_conditions::READY);
+        let ready = ready_cond.is_some_and(|c| c.status == "True");
+        let not_ready_since = if ready {
+            None
+        } else {
+            ready_cond
+                .and_then(|c| c.last_transition_time.as_ref())
+                .map(|t| t.0)
+                .or_else(|| node.metadata.creation_timestamp.as_ref().map(|t| t.0))
+        };
+        let bad = conditions
+            .iter()
+            .filter(|c| c.status == "True" && bad_conditions.contains(&c.type_))
+            .map(|c| c.type_.clone())
+            .collect();
+        let created = node.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        let rule_matches = rules
+            .iter()
+            .filter_map(|rule| {
+                let c = conditions
+                    .iter()
+                    .find(|c| c.type_ == rule.type_ && c.status == rule.status)?;
+                let since = c
+                    .last_transition_time
+                    .as_ref()
+                    .map(|t| t.0)
+                    .or(created)
+                    .unwrap_or(Timestamp::UNIX_EPOCH);
+                Some(RuleMatch {
+                    rule: rule.clone(),
+                    since,
+                })
+            })
+            .collect();
+        NodeHealth {
+            ready,
+            not_ready_since,
+            bad_conditions: bad,
+            unreachable: ready_cond.is_none_or(|c| c.status == "Unknown"),
+            rule_matches,
+        }
+    }
+
     /// Ready and without bad conditions.
     pub(crate) fn healthy(&self) -> bool {
         self.ready && self.bad_conditions.is_empty() && self.rule_matches.is_empty()
@@ -205,7 +258,7 @@ pub(crate) struct Observed {
     pub failure_protected: Option<String>,
     /// The partition of the machine's zone, if its zone is partitioned
     /// ([`super::partition`]); counted only for an Unknown machine whose Node is unreachable.
-    pub zone_partition: Option<super::partition::ZonePartition>,
+    pub zone_partition: Option<ZonePartition>,
     /// A VM may exist: a providerID is recorded, or creation was requested (the
     /// `vm-requested` progress annotation). Without either, the Machine never asked for a
     /// VM and is deleted without touching the driver (or needing its class).
@@ -338,7 +391,7 @@ pub(crate) enum Step {
     /// Failed (no drain, no deletion, no replacement) for up to `remaining`.
     HeldByPartition {
         /// The partition, as counted.
-        partition: super::partition::ZonePartition,
+        partition: ZonePartition,
         /// How long the hold may still last.
         remaining: Duration,
     },
@@ -390,6 +443,32 @@ pub(crate) enum Replacement {
     Allowed,
     /// The budget is used up, or the remediation policy holds (why).
     Throttled(String),
+}
+
+/// A partition of one zone, as counted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ZonePartition {
+    /// The zone.
+    pub zone: String,
+    /// Its machines whose Nodes are unreachable.
+    pub unreachable: usize,
+    /// Its machines.
+    pub machines: usize,
+    /// Healthy machines of the other zones.
+    pub healthy_elsewhere: usize,
+    /// Machines of the other zones.
+    pub elsewhere: usize,
+}
+
+impl ZonePartition {
+    /// The reason a held machine gives, naming the zone.
+    pub(crate) fn describe(&self) -> String {
+        format!(
+            "zone {} is partitioned: the Nodes of {} of its {} machines are unreachable while \
+             {} of the {} machines of the other zones are healthy",
+            self.zone, self.unreachable, self.machines, self.healthy_elsewhere, self.elsewhere
+        )
+    }
 }
 
 /// What the Node store says about the Node a Machine records.
@@ -444,5 +523,13 @@ pub(crate) struct Snapshot {
     pub vm: VmReport,
     /// The partition of the machine's zone, counted for an Unknown machine whose Node is
     /// unreachable ([`super::partition`]).
-    pub zone_partition: Option<super::partition::ZonePartition>,
+    pub zone_partition: Option<ZonePartition>,
+}
+
+/// The Node's conditions (empty when it has no status yet).
+pub(crate) fn node_conditions_of(node: &Node) -> &[NodeCondition] {
+    node.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_deref())
+        .unwrap_or(&[])
 }

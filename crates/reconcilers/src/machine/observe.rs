@@ -1,17 +1,16 @@
 //! Turning cluster objects into the [`Observed`] snapshot the decision is made from. Pure.
 
+pub(crate) use super::model::node_conditions_of;
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Node, NodeCondition};
-use mcm_api::constants::{annotations, labels, node_conditions};
+use k8s_openapi::api::core::v1::Node;
+use mcm_api::constants::{annotations, labels};
 use mcm_api::{Machine, MachineClass, MachinePhase};
 
 use std::collections::BTreeMap;
 
-use super::decide::{
-    ClassProblem, DeletionFacts, MachineConfig, NodeHealth, Observed, RuleMatch, VmReport,
-};
+use super::decide::{ClassProblem, DeletionFacts, MachineConfig, NodeHealth, Observed, VmReport};
 use super::health::{self, ConditionRule};
 use super::hooks::{HookStage, hooks_of};
 
@@ -188,58 +187,7 @@ pub(crate) fn node_health_with(
     bad_conditions: &[String],
     rules: &[ConditionRule],
 ) -> NodeHealth {
-    let conditions = node_conditions_of(node);
-    let ready_cond = conditions
-        .iter()
-        .find(|c| c.type_ == node_conditions::READY);
-    let ready = ready_cond.is_some_and(|c| c.status == "True");
-    let not_ready_since = if ready {
-        None
-    } else {
-        ready_cond
-            .and_then(|c| c.last_transition_time.as_ref())
-            .map(|t| t.0)
-            .or_else(|| node.metadata.creation_timestamp.as_ref().map(|t| t.0))
-    };
-    let bad = conditions
-        .iter()
-        .filter(|c| c.status == "True" && bad_conditions.contains(&c.type_))
-        .map(|c| c.type_.clone())
-        .collect();
-    let created = node.metadata.creation_timestamp.as_ref().map(|t| t.0);
-    let rule_matches = rules
-        .iter()
-        .filter_map(|rule| {
-            let c = conditions
-                .iter()
-                .find(|c| c.type_ == rule.type_ && c.status == rule.status)?;
-            let since = c
-                .last_transition_time
-                .as_ref()
-                .map(|t| t.0)
-                .or(created)
-                .unwrap_or(Timestamp::UNIX_EPOCH);
-            Some(RuleMatch {
-                rule: rule.clone(),
-                since,
-            })
-        })
-        .collect();
-    NodeHealth {
-        ready,
-        not_ready_since,
-        bad_conditions: bad,
-        unreachable: ready_cond.is_none_or(|c| c.status == "Unknown"),
-        rule_matches,
-    }
-}
-
-/// The Node's conditions (empty when it has no status yet).
-pub(crate) fn node_conditions_of(node: &Node) -> &[NodeCondition] {
-    node.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_deref())
-        .unwrap_or(&[])
+    NodeHealth::of(node, bad_conditions, rules)
 }
 
 /// When the current phase began: `currentStatus.lastUpdateTime`, else the creation time.
@@ -359,6 +307,7 @@ pub(crate) fn is_being_replaced(machine: &Machine) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::core::v1::NodeCondition;
 
     fn machine_config(machine: &Machine, d: &Defaults) -> MachineConfig {
         machine_config_in(machine, None, d).0

@@ -77,31 +77,7 @@ pub(crate) struct ZoneMember {
     pub serving: bool,
 }
 
-/// A partition of one zone, as counted.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct ZonePartition {
-    /// The zone.
-    pub zone: String,
-    /// Its machines whose Nodes are unreachable.
-    pub unreachable: usize,
-    /// Its machines.
-    pub machines: usize,
-    /// Healthy machines of the other zones.
-    pub healthy_elsewhere: usize,
-    /// Machines of the other zones.
-    pub elsewhere: usize,
-}
-
-impl ZonePartition {
-    /// The reason a held machine gives, naming the zone.
-    pub(crate) fn describe(&self) -> String {
-        format!(
-            "zone {} is partitioned: the Nodes of {} of its {} machines are unreachable while \
-             {} of the {} machines of the other zones are healthy",
-            self.zone, self.unreachable, self.machines, self.healthy_elsewhere, self.elsewhere
-        )
-    }
-}
+pub(crate) use super::model::ZonePartition;
 
 /// Whether `percent` of `of` is at most `count` (rounded up: 50 % of 3 needs 2).
 fn at_least_percent(count: usize, of: usize, percent: u32) -> bool {
@@ -152,7 +128,7 @@ pub(crate) fn member(
     machine: &mcm_api::Machine,
     node: Option<&k8s_openapi::api::core::v1::Node>,
 ) -> ZoneMember {
-    let health = node.map(|n| super::observe::node_health(n, &[]));
+    let health = node.map(|n| super::model::NodeHealth::of(n, &[], &[]));
     ZoneMember {
         zone: node.and_then(|n| node_zone(n.metadata.labels.as_ref())),
         unreachable: health.as_ref().is_some_and(|h| h.unreachable),

@@ -51,7 +51,7 @@ impl Member {
     /// bad-condition list is a flag of the machine controller that the manager does not have,
     /// and a machine whose Node has a bad condition is marked Unknown at its next reconcile.
     pub(crate) fn of(machine: &Machine, node: Option<&Node>) -> Member {
-        let node_not_ready = node.is_some_and(|n| !super::observe::node_health(n, &[]).ready);
+        let node_not_ready = node.is_some_and(|n| !super::model::NodeHealth::of(n, &[], &[]).ready);
         Member {
             deleting: machine.metadata.deletion_timestamp.is_some(),
             being_replaced: super::observe::is_being_replaced(machine),

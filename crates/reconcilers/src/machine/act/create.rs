@@ -10,8 +10,8 @@ use mcm_api::constants::annotations::progress;
 use mcm_api::constants::{annotations, labels};
 use mcm_api::{Machine, MachineClass, MachineOperationType, MachinePhase};
 use mcm_driver::{
-    Code, CreateMachineRequest, DriverError, GetMachineStatusRequest, GetMachineStatusResponse,
-    IdempotencyKey, InitializeMachineRequest, RequestId, SecretData, USER_DATA_KEY,
+    Code, CreateMachineRequest, DriverError, GetMachineStatusResponse, IdempotencyKey,
+    InitializeMachineRequest, RequestId, SecretData, USER_DATA_KEY,
 };
 use serde_json::json;
 
@@ -24,7 +24,7 @@ use crate::machine::{Ctx, Error, FINALIZER, LEGACY_FINALIZERS, token};
 use super::announce::announce;
 use super::records::{
     RECHECK, class_and_secret, clear_progress, name, patch_machine, patch_machine_for,
-    patch_status_for, record, record_duration, since,
+    patch_status_for, record, record_duration, since, vm_status,
 };
 use super::running::{mark_available, mark_running};
 use crate::machine::announcement::{Announcement, Note};
@@ -409,23 +409,6 @@ pub(super) async fn finalizer_after_failure(ctx: &Ctx, m: &Machine) {
     if let Err(e) = record_vm_request(ctx, m, None).await {
         tracing::debug!(error = %e, "finalizer not added this round; the next attempt adds it");
     }
-}
-
-/// Asks the driver for the machine's VM.
-pub(super) async fn vm_status(
-    ctx: &Ctx,
-    m: &Machine,
-    class: &MachineClass,
-    secret: &SecretData,
-    request_id: &RequestId,
-) -> Result<GetMachineStatusResponse, DriverError> {
-    let request = GetMachineStatusRequest {
-        machine: m.clone(),
-        machine_class: class.clone(),
-        secret: secret.clone(),
-        request_id: request_id.clone(),
-    };
-    ctx.driver.get_machine_status(request).await
 }
 
 pub(super) async fn initialize(

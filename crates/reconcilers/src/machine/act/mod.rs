@@ -11,6 +11,7 @@ mod announce;
 mod create;
 mod delete;
 mod drain;
+mod hooks;
 mod inplace;
 mod preserve;
 mod records;
@@ -26,11 +27,10 @@ pub(crate) use drain::{
     DeletionDrain, PassPlan, cordon_for_deletion, drain_node_pass, drain_options, drain_pass,
     drained_and_going_on, patch_node_condition, record_drained, set_node_terminating,
 };
+pub(crate) use hooks::{await_hooks, expire_hooks};
 pub(crate) use inplace::inplace_step;
 pub(crate) use preserve::preserve_step;
-pub(crate) use records::{
-    add_finalizer, await_hooks, class_and_secret, expire_hooks, patch_machine, patch_status,
-};
+pub(crate) use records::{add_finalizer, class_and_secret, patch_machine, patch_status};
 pub(crate) use running::{
     PERMIT_BUSY_RECHECK, hold, hold_for_partition, keep_running, mark_available, mark_failed,
     mark_running, mark_unknown, throttle_replacement, vm_report,

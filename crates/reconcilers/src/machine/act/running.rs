@@ -15,10 +15,11 @@ use crate::machine::status::{self, Operation};
 use crate::machine::{Ctx, Error};
 
 use super::announce::announce;
-use super::create::vm_status;
+
 use super::delete::delete_bootstrap_token;
 use super::records::{
-    RECHECK, class_and_secret, name, patch_status, placement_labels, record, record_duration, since,
+    RECHECK, class_and_secret, name, patch_status, placement_labels, record, record_duration,
+    since, vm_status,
 };
 use crate::machine::announcement::{Announcement, Note, Target};
 use crate::machine::outcome;
