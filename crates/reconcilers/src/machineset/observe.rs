@@ -15,8 +15,6 @@ use mcm_api::{Machine, MachineDeployment, MachineDisruptionBudget, MachinePhase,
 
 use crate::disruptionbudget;
 use crate::selector::selector_matches;
-#[cfg(test)]
-use {super::model::MachineView, jiff::Timestamp};
 
 /// The machines of the store in namespace `ns`.
 pub(crate) fn machines_in(machines: &Store<Machine>, ns: &str) -> Vec<Arc<Machine>> {
@@ -24,29 +22,6 @@ pub(crate) fn machines_in(machines: &Store<Machine>, ns: &str) -> Vec<Arc<Machin
         .state()
         .into_iter()
         .filter(|m| m.metadata.namespace.as_deref() == Some(ns))
-        .collect()
-}
-
-/// The views of the `claimed` machines of `set` at `now`; a Failed machine's with its
-/// Node's preserve annotation ([`node_preserve_annotation`]), which decides only whether a
-/// Failed machine is kept ([`MachineView::keep_if_failed`]): the Node store is not read
-/// for the others.
-#[cfg(test)]
-pub(crate) fn views(
-    nodes: &Store<Node>,
-    set: &MachineSet,
-    claimed: &[Arc<Machine>],
-    now: Timestamp,
-) -> Vec<MachineView> {
-    let template_labels = set.template_labels();
-    claimed
-        .iter()
-        .map(|m| {
-            let node = (m.phase() == Some(&MachinePhase::Failed))
-                .then(|| node_preserve_annotation(nodes, m))
-                .flatten();
-            MachineView::from_machine(m, template_labels, node.as_deref(), now)
-        })
         .collect()
 }
 
@@ -192,13 +167,18 @@ mod tests {
         }))
         .unwrap();
         let claimed = [machine("failed", "Failed"), machine("running", "Running")];
-        let seen = views(&nodes, &set, &claimed, Timestamp::now());
+        // As gather reads the Nodes and plan makes the views.
+        let views = |nodes: &Store<Node>, claimed: &[Arc<Machine>]| {
+            let preserve = node_preserve_annotations(nodes, claimed);
+            super::super::decide::views(&set, claimed, &preserve, jiff::Timestamp::UNIX_EPOCH)
+        };
+        let seen = views(&nodes, &claimed);
         // The Node's `when-failed` keeps the Failed machine instead of replacing it.
         assert!(seen[0].keep_if_failed);
         assert!(!seen[0].is_failed_to_replace());
         // Without its Node's value the same machine would be replaced.
         let (empty, _writer) = reflector::store::<Node>();
-        let alone = views(&empty, &set, &claimed[..1], Timestamp::now());
+        let alone = views(&empty, &claimed[..1]);
         assert!(alone[0].is_failed_to_replace());
         // A machine that has not failed is neither kept nor replaced for it.
         assert!(!seen[1].is_failed_to_replace());
